@@ -1,0 +1,152 @@
+"""One exception tree that says whose fault a failure is.
+
+* ``ConfigError``   – the user's configuration is wrong (never retried).
+* ``DecodeError``   – the server sent bytes we cannot accept (never retried: retrying reads
+  the same bytes again).
+* ``SourceError``   – talking to PostgreSQL failed.
+* ``SinkError``     – talking to Kafka failed.
+* ``InternalError`` – a bug in pgrouter.
+
+Whether a failure is retried is decided in one place, ``RETRYABLE`` below, keyed by type,
+never by message text.
+"""
+
+from __future__ import annotations
+
+
+class PgRouterError(Exception):
+    """Base of every error pgrouter raises on purpose."""
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+class ConfigError(PgRouterError):
+    """The configuration is invalid. ``path`` names the offending key (``routes[1].topic``)."""
+
+    def __init__(self, message: str, *, path: str | None = None, source: str | None = None):
+        self.path = path
+        self.source = source
+        where = ""
+        if source:
+            where += f"{source}: "
+        if path:
+            where += f"{path}: "
+        super().__init__(f"{where}{message}")
+
+
+class FilterError(ConfigError):
+    """A row filter is not valid. Carries the 1-based line and column of the construct."""
+
+    def __init__(self, message: str, *, line: int = 1, column: int = 1, expression: str = "",
+                 path: str | None = None):
+        self.line = line
+        self.column = column
+        self.expression = expression
+        super().__init__(f"{message} (line {line}, column {column})", path=path)
+
+
+# --- bad input from the server -------------------------------------------------------------
+
+
+class DecodeError(PgRouterError):
+    """Bytes from the server that do not form a valid pgoutput message."""
+
+    def __init__(self, message: str, *, offset: int | None = None):
+        self.offset = offset
+        if offset is not None:
+            message = f"{message} at byte offset {offset}"
+        super().__init__(message)
+
+
+class TruncatedMessage(DecodeError):
+    """The message ended before a field it must contain."""
+
+
+class TrailingBytes(DecodeError):
+    """The message has bytes left over after its last field."""
+
+
+class UnknownMessageType(DecodeError):
+    """The type byte names no message this protocol version can send."""
+
+
+class ProtocolViolation(DecodeError):
+    """Well-formed messages in an order the protocol does not allow (e.g. Insert outside a
+    transaction, or a change for a relation never described)."""
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------
+
+
+class SourceError(PgRouterError):
+    """Talking to PostgreSQL failed."""
+
+
+class SourceUnavailable(SourceError):
+    """Connection refused, dropped or reset; the server restarting. Transient."""
+
+
+class SlotInUse(SourceError):
+    """Another process streams from the slot. Permanent until that process stops."""
+
+
+class SlotMissing(SourceError):
+    """The slot does not exist and the config does not allow creating it."""
+
+
+class PublicationMissing(SourceError):
+    """A publication named in the config does not exist."""
+
+
+# --- Kafka ---------------------------------------------------------------------------------
+
+
+class SinkError(PgRouterError):
+    """Producing to Kafka failed."""
+
+
+class SinkUnavailable(SinkError):
+    """Broker unreachable, leader changing, request timed out. Transient."""
+
+
+class RecordTooLarge(SinkError):
+    """A record exceeds what the topic accepts. Permanent: the data needs a config change."""
+
+
+class SinkRejected(SinkError):
+    """Kafka refused the records for a reason retrying will not fix (authorization, invalid
+    topic, fenced producer)."""
+
+
+# --- bugs ----------------------------------------------------------------------------------
+
+
+class InternalError(PgRouterError):
+    """An invariant of pgrouter itself was broken."""
+
+
+#: Which failures the supervisor retries (with capped backoff). Everything not listed stops the
+#: router with its message. Subclasses inherit their parent's entry.
+RETRYABLE: dict[type[BaseException], bool] = {
+    ConfigError: False,
+    DecodeError: False,
+    SourceUnavailable: True,
+    SlotInUse: False,
+    SlotMissing: False,
+    PublicationMissing: False,
+    SourceError: True,
+    SinkUnavailable: True,
+    RecordTooLarge: False,
+    SinkRejected: False,
+    SinkError: True,
+    InternalError: False,
+}
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Look ``exc`` up in ``RETRYABLE`` by its most specific type."""
+    for cls in type(exc).__mro__:
+        if cls in RETRYABLE:
+            return RETRYABLE[cls]
+    return False
