@@ -1,0 +1,104 @@
+"""Bounds-checked reading of untrusted pgoutput bytes.
+
+Rules:
+
+* Every read checks the length first; running past the end raises ``TruncatedMessage`` with
+  the byte offset of the field that could not be read. Fixed-size groups of fields are checked
+  with a single comparison (one ``Struct.unpack_from`` per group), which keeps the hot path
+  cheap without ever indexing unchecked bytes.
+* Nothing but ``DecodeError`` subclasses leaves this module: ``struct.error``, ``IndexError``
+  and ``UnicodeDecodeError`` cannot happen (lengths are checked) or are translated.
+* Readers are plain functions taking ``(data, pos)`` and returning ``(value, new_pos)``;
+  ``data`` is always ``bytes``, so slicing copies only the value itself.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ..errors import DecodeError, TrailingBytes, TruncatedMessage
+from .messages import UNCHANGED_TOAST
+
+U8 = struct.Struct("!B")
+U32 = struct.Struct("!I")
+I16 = struct.Struct("!h")
+I32 = struct.Struct("!i")
+U64 = struct.Struct("!Q")
+
+#: Upper bound for a tuple's column count: PostgreSQL's MaxTupleAttributeNumber.
+MAX_COLUMNS = 1664
+
+_KIND_NULL = ord("n")
+_KIND_UNCHANGED = ord("u")
+_KIND_TEXT = ord("t")
+_KIND_BINARY = ord("b")
+
+
+def truncated(what: str, pos: int, data: bytes) -> TruncatedMessage:
+    return TruncatedMessage(f"message ends before {what} ({len(data) - pos} bytes left)",
+                            offset=pos)
+
+
+def need(data: bytes, pos: int, size: int, what: str) -> None:
+    if pos + size > len(data):
+        raise truncated(what, pos, data)
+
+
+def expect_end(data: bytes, pos: int, what: str) -> None:
+    if pos != len(data):
+        raise TrailingBytes(f"{len(data) - pos} bytes after the end of {what}", offset=pos)
+
+
+def read_cstring(data: bytes, pos: int, what: str) -> tuple[str, int]:
+    """A NUL-terminated string (PostgreSQL ``String``), decoded as UTF-8."""
+    end = data.find(b"\x00", pos)
+    if end < 0:
+        raise TruncatedMessage(f"message ends inside {what} (no NUL terminator)", offset=pos)
+    try:
+        return data[pos:end].decode(), end + 1
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"{what} is not valid UTF-8", offset=pos + exc.start) from None
+
+
+def read_tuple(data: bytes, pos: int) -> tuple[tuple, int]:
+    """TupleData: Int16 column count, then per column a kind byte and maybe Int32 + bytes."""
+    end = len(data)
+    if pos + 2 > end:
+        raise truncated("tuple column count", pos, data)
+    natts = (data[pos] << 8) | data[pos + 1]
+    if natts > MAX_COLUMNS:
+        # PostgreSQL reads this as uint16; anything above the attribute limit (and so every
+        # "negative" count) cannot come from a real server.
+        raise DecodeError(f"tuple column count {natts} exceeds {MAX_COLUMNS}", offset=pos)
+    pos += 2
+    values = []
+    append = values.append
+    unpack_len = I32.unpack_from
+    start = pos
+    try:
+        for _ in range(natts):
+            if pos >= end:
+                raise truncated("tuple column kind", pos, data)
+            kind = data[pos]
+            pos += 1
+            if kind == _KIND_TEXT or kind == _KIND_BINARY:
+                if pos + 4 > end:
+                    raise truncated("tuple value length", pos, data)
+                size = unpack_len(data, pos)[0]
+                if size < 0:
+                    raise DecodeError(f"negative tuple value length {size}", offset=pos)
+                pos += 4
+                start = pos
+                pos += size
+                if pos > end:
+                    raise truncated("tuple value", start, data)
+                append(data[start:pos].decode() if kind == _KIND_TEXT else data[start:pos])
+            elif kind == _KIND_NULL:
+                append(None)
+            elif kind == _KIND_UNCHANGED:
+                append(UNCHANGED_TOAST)
+            else:
+                raise DecodeError(f"unknown tuple column kind {kind:#04x}", offset=pos - 1)
+    except UnicodeDecodeError as exc:
+        raise DecodeError("text value is not valid UTF-8", offset=start + exc.start) from None
+    return tuple(values), pos
