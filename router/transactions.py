@@ -1,0 +1,510 @@
+"""Transaction assembly: decoded pgoutput messages in, whole committed transactions out.
+
+``TransactionAssembler.feed(lsn, msg)`` returns the events the message completes:
+``Transaction`` (with its ``Change``s), ``NonTransactionalMessage``, and — only with
+``emit_prepared_at="prepare"`` — ``PreparedOutcome`` for Commit/Rollback Prepared.
+
+Rules:
+
+* Begin … Commit is a normal transaction; its changes are released at Commit.
+* Relation and Type messages update the ``RelationCache`` wherever they appear. Each
+  ``Change`` keeps the ``Relation`` in effect when it was decoded, so a relation altered in
+  the middle of a transaction is described correctly on both sides of the change.
+* Transactional logical messages belong to their transaction; non-transactional ones are
+  released at once.
+* Streamed transactions (v2): Stream Start … Stop blocks of several xids may interleave; each
+  xid is buffered until Stream Commit. The xid of a streamed data message is the
+  *subtransaction's*, so every buffered change remembers it: Stream Abort with
+  ``subxid != xid`` drops that subtransaction's changes, with ``subxid == xid`` the whole
+  transaction. (A transactional logical message is sent with the top-level xid by pgoutput,
+  so it survives the abort of the subtransaction that emitted it.)
+* Two-phase (v3): Begin Prepare … Prepare and Stream Prepare are held by gid until Commit
+  Prepared (released as a ``Transaction`` with ``gid`` set) or Rollback Prepared (dropped).
+  With ``emit_prepared_at="prepare"`` the transaction is released at Prepare instead and the
+  outcome follows as a ``PreparedOutcome``. In commit mode a consumer must not confirm an LSN
+  past a held prepare (``pending_prepared``): the server would not send its changes again.
+* Memory: buffered changes are estimated in bytes; beyond ``memory_limit`` the largest
+  buffers are written to a temporary file (msgpack, in ``spill_dir``) and read back when the
+  transaction's ``changes`` are iterated. This is the one place the core touches a file.
+* Anything out of order (a change outside a transaction, Commit without Begin, nested Begin,
+  a Stream Commit for an unknown xid, …) raises ``ProtocolViolation``.
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from typing import Iterator, Literal
+
+import msgspec
+
+from .errors import ProtocolViolation
+from .pgoutput import messages as m
+from .relations import RelationCache
+
+DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+#: Fixed per-change overhead added to the payload bytes when estimating memory.
+CHANGE_OVERHEAD = 120
+
+
+class Change(msgspec.Struct, frozen=True, gc=False):
+    """One change of a transaction. ``old`` is the key-only tuple (``old_is_key``) or the full
+    old row (REPLICA IDENTITY FULL); ``relations``/``options`` for truncate, ``message`` for
+    a transactional logical message."""
+
+    op: Literal["insert", "update", "delete", "truncate", "message"]
+    lsn: int
+    relation: m.Relation | None = None
+    old: tuple | None = None
+    old_is_key: bool = False
+    new: tuple | None = None
+    relations: tuple[m.Relation, ...] | None = None
+    options: int = 0
+    message: m.Message | None = None
+
+
+class Transaction(msgspec.Struct, frozen=True):
+    """A finished transaction. For two-phase transactions ``gid`` is set; released at
+    Prepare (``prepared=True``) ``commit_lsn``/``end_lsn``/``commit_time`` are the prepare's."""
+
+    xid: int
+    final_lsn: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+    origin_name: str | None
+    origin_lsn: int | None
+    gid: str | None
+    changes: "Changes"
+    change_count: int
+    streamed: bool = False
+    prepared: bool = False
+
+
+class NonTransactionalMessage(msgspec.Struct, frozen=True, gc=False):
+    lsn: int
+    message: m.Message
+
+
+class PreparedOutcome(msgspec.Struct, frozen=True, gc=False):
+    """``emit_prepared_at="prepare"`` only: the fate of a transaction released at Prepare."""
+
+    xid: int
+    gid: str
+    committed: bool
+    lsn: int  # commit_lsn of Commit Prepared, rollback_end_lsn of Rollback Prepared
+    end_lsn: int
+    time: int
+
+
+_UNCHANGED_EXT = 1
+_FRAME = struct.Struct("!I")
+
+
+def _enc_hook(obj):
+    if obj is m.UNCHANGED_TOAST:
+        return msgspec.msgpack.Ext(_UNCHANGED_EXT, b"")
+    raise TypeError(f"cannot spill {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: memoryview):
+    if code == _UNCHANGED_EXT:
+        return m.UNCHANGED_TOAST
+    raise ValueError(f"unknown spill extension {code}")
+
+
+_encode = msgspec.msgpack.Encoder(enc_hook=_enc_hook).encode
+_decode = msgspec.msgpack.Decoder(ext_hook=_ext_hook).decode
+
+
+def _payload(values: tuple | None) -> int:
+    if values is None:
+        return 0
+    return sum(len(v) for v in values if type(v) is str or type(v) is bytes)
+
+
+class _Buffer:
+    """Changes of one open transaction, in memory and (after spilling) in a file."""
+
+    __slots__ = ("xid", "final_lsn", "origin_name", "origin_lsn", "gid", "streamed",
+                 "changes", "subxids", "memory", "file", "relations", "relation_index",
+                 "aborted", "subxid_counts", "count")
+
+    def __init__(self, xid: int, final_lsn: int = 0, gid: str | None = None,
+                 streamed: bool = False):
+        self.xid, self.final_lsn, self.gid, self.streamed = xid, final_lsn, gid, streamed
+        self.origin_name: str | None = None
+        self.origin_lsn: int | None = None
+        self.changes: list[Change] = []
+        self.subxids: list[int] = []
+        self.memory = 0
+        self.count = 0
+        self.file = None
+        self.relations: list[m.Relation] = []
+        self.relation_index: dict[int, int] = {}
+        self.aborted: set[int] = set()
+        self.subxid_counts: dict[int, int] = {}
+
+    def add(self, change: Change, subxid: int, size: int) -> None:
+        self.changes.append(change)
+        self.subxids.append(subxid)
+        self.memory += size
+        self.count += 1
+        if self.streamed:
+            self.subxid_counts[subxid] = self.subxid_counts.get(subxid, 0) + 1
+
+    def abort_subxact(self, subxid: int) -> int:
+        """Drop ``subxid``'s changes; returns the memory released."""
+        self.aborted.add(subxid)
+        self.count -= self.subxid_counts.pop(subxid, 0)
+        keep = [i for i, s in enumerate(self.subxids) if s != subxid]
+        if len(keep) == len(self.subxids):
+            return 0
+        before = self.memory
+        self.changes = [self.changes[i] for i in keep]
+        self.subxids = [self.subxids[i] for i in keep]
+        self.memory = sum(_change_size(c) for c in self.changes)
+        return before - self.memory
+
+    def spill(self, spill_dir: str | None) -> int:
+        """Append the in-memory changes to the spill file; returns the memory released."""
+        if not self.changes:
+            return 0
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="pgrouter-txn-", dir=spill_dir)
+        records = [self._record(c, s) for c, s in zip(self.changes, self.subxids)]
+        blob = _encode(records)
+        self.file.seek(0, 2)
+        self.file.write(_FRAME.pack(len(blob)))
+        self.file.write(blob)
+        released, self.memory = self.memory, 0
+        self.changes, self.subxids = [], []
+        return released
+
+    def _rel(self, relation: m.Relation | None) -> int:
+        if relation is None:
+            return -1
+        index = self.relation_index.get(id(relation))
+        if index is None:
+            index = self.relation_index[id(relation)] = len(self.relations)
+            self.relations.append(relation)
+        return index
+
+    def _record(self, c: Change, subxid: int) -> list:
+        msg = c.message
+        return [subxid, c.op, c.lsn, self._rel(c.relation), c.old, c.old_is_key, c.new,
+                None if c.relations is None else [self._rel(r) for r in c.relations],
+                c.options,
+                None if msg is None else [msg.transactional, msg.message_lsn, msg.prefix,
+                                          msg.content, msg.xid]]
+
+    def release(self) -> "Changes":
+        return Changes(self.changes, self.subxids, self.file, tuple(self.relations),
+                       frozenset(self.aborted), self.count)
+
+
+def _change_size(c: Change) -> int:
+    return CHANGE_OVERHEAD + _payload(c.old) + _payload(c.new)
+
+
+class Changes:
+    """The changes of a released transaction, in order; iterable any number of times.
+    Spilled changes are read back from the file on each iteration."""
+
+    __slots__ = ("_memory", "_subxids", "_file", "_relations", "_aborted", "_count")
+
+    def __init__(self, memory, subxids, file, relations, aborted, count):
+        self._memory, self._subxids, self._file = memory, subxids, file
+        self._relations, self._aborted, self._count = relations, aborted, count
+
+    @property
+    def spilled(self) -> bool:
+        return self._file is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Change]:
+        if self._file is not None:
+            yield from self._read_spilled()
+        if self._aborted:
+            for change, subxid in zip(self._memory, self._subxids):
+                if subxid not in self._aborted:
+                    yield change
+        else:
+            yield from self._memory
+
+    def _read_spilled(self) -> Iterator[Change]:
+        f, rels, aborted = self._file, self._relations, self._aborted
+        f.seek(0)
+        while header := f.read(4):
+            blob = f.read(_FRAME.unpack(header)[0])
+            for (subxid, op, lsn, rel, old, old_is_key, new, trel, options,
+                 msg) in _decode(blob):
+                if subxid in aborted:
+                    continue
+                yield Change(
+                    op, lsn, None if rel < 0 else rels[rel],
+                    None if old is None else tuple(old), old_is_key,
+                    None if new is None else tuple(new),
+                    None if trel is None else tuple(rels[i] for i in trel), options,
+                    None if msg is None else m.Message(*msg))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class TransactionAssembler:
+    def __init__(self, relations: RelationCache, *, memory_limit: int = DEFAULT_MEMORY_LIMIT,
+                 spill_dir: str | None = None,
+                 emit_prepared_at: Literal["commit", "prepare"] = "commit"):
+        if emit_prepared_at not in ("commit", "prepare"):
+            raise ValueError(f"emit_prepared_at must be 'commit' or 'prepare', "
+                             f"not {emit_prepared_at!r}")
+        self.relations = relations
+        self.memory_limit = memory_limit
+        self.spill_dir = spill_dir
+        self.emit_prepared_at = emit_prepared_at
+        self._current: _Buffer | None = None  # Begin or Begin Prepare … not yet finished
+        self._streams: dict[int, _Buffer] = {}
+        self._stream_xid: int | None = None  # inside Stream Start … Stop of this xid
+        self._prepared: dict[str, _Buffer] = {}
+        self._memory = 0
+        self.spill_count = 0
+
+    # -- introspection --------------------------------------------------------------------
+
+    @property
+    def memory(self) -> int:
+        """Estimated bytes of changes currently buffered in memory."""
+        return self._memory
+
+    @property
+    def pending_prepared(self) -> dict[str, int]:
+        """gid -> xid of prepared transactions held until Commit/Rollback Prepared."""
+        return {gid: buf.xid for gid, buf in self._prepared.items()}
+
+    @property
+    def open_streams(self) -> tuple[int, ...]:
+        return tuple(self._streams)
+
+    # -- feeding --------------------------------------------------------------------------
+
+    def feed(self, lsn: int, msg) -> list:
+        handler = self._HANDLERS.get(type(msg))
+        if handler is None:
+            raise TypeError(f"not a pgoutput message: {type(msg).__name__}")
+        return handler(self, lsn, msg)
+
+    def _violation(self, text: str) -> ProtocolViolation:
+        return ProtocolViolation(text)
+
+    def _target(self, what: str) -> tuple[_Buffer, int]:
+        if self._current is not None:
+            return self._current, self._current.xid
+        if self._stream_xid is not None:
+            return self._streams[self._stream_xid], self._stream_xid
+        raise self._violation(f"{what} outside a transaction")
+
+    def _add(self, what: str, change: Change, subxid: int | None) -> list:
+        buf, default_subxid = self._target(what)
+        size = _change_size(change)
+        buf.add(change, default_subxid if subxid is None else subxid, size)
+        self._memory += size
+        if self._memory > self.memory_limit:
+            self._spill()
+        return []
+
+    def _spill(self) -> None:
+        buffers = [b for b in (self._current, *self._streams.values(),
+                               *self._prepared.values()) if b is not None]
+        for buf in sorted(buffers, key=lambda b: b.memory, reverse=True):
+            if self._memory <= self.memory_limit // 2:
+                break
+            if buf.memory:
+                self._memory -= buf.spill(self.spill_dir)
+                self.spill_count += 1
+
+    def _forget(self, buf: _Buffer) -> None:
+        self._memory -= buf.memory
+        buf.memory = 0
+
+    def _on_catalog(self, lsn: int, msg) -> list:
+        self.relations.apply(msg)
+        return []
+
+    def _on_insert(self, lsn: int, msg: m.Insert) -> list:
+        rel = self.relations.get(msg.relation_id)
+        return self._add("Insert", Change("insert", lsn, rel, None, False, msg.new), msg.xid)
+
+    def _on_update(self, lsn: int, msg: m.Update) -> list:
+        rel = self.relations.get(msg.relation_id)
+        old = msg.key if msg.key is not None else msg.old
+        change = Change("update", lsn, rel, old, msg.key is not None, msg.new)
+        return self._add("Update", change, msg.xid)
+
+    def _on_delete(self, lsn: int, msg: m.Delete) -> list:
+        rel = self.relations.get(msg.relation_id)
+        old = msg.key if msg.key is not None else msg.old
+        return self._add("Delete", Change("delete", lsn, rel, old, msg.key is not None),
+                         msg.xid)
+
+    def _on_truncate(self, lsn: int, msg: m.Truncate) -> list:
+        rels = tuple(self.relations.get(r) for r in msg.relation_ids)
+        change = Change("truncate", lsn, relations=rels, options=msg.options)
+        return self._add("Truncate", change, msg.xid)
+
+    def _on_message(self, lsn: int, msg: m.Message) -> list:
+        if not msg.transactional:
+            return [NonTransactionalMessage(lsn, msg)]
+        return self._add("transactional Message", Change("message", lsn, message=msg), msg.xid)
+
+    def _on_origin(self, lsn: int, msg: m.Origin) -> list:
+        buf, _ = self._target("Origin")
+        buf.origin_name, buf.origin_lsn = msg.name, msg.commit_lsn
+        return []
+
+    def _check_idle(self, what: str) -> None:
+        if self._current is not None:
+            raise self._violation(f"{what} inside transaction {self._current.xid}")
+        if self._stream_xid is not None:
+            raise self._violation(f"{what} inside the stream block of {self._stream_xid}")
+
+    def _on_begin(self, lsn: int, msg: m.Begin) -> list:
+        self._check_idle("Begin")
+        self._current = _Buffer(msg.xid, msg.final_lsn)
+        return []
+
+    def _on_commit(self, lsn: int, msg: m.Commit) -> list:
+        buf = self._current
+        if buf is None or buf.gid is not None:
+            raise self._violation("Commit without Begin")
+        if msg.commit_lsn != buf.final_lsn:
+            raise self._violation(f"Commit LSN {msg.commit_lsn:X} differs from Begin's final "
+                                  f"LSN {buf.final_lsn:X}")
+        self._current = None
+        self._forget(buf)
+        return [self._transaction(buf, msg.commit_lsn, msg.end_lsn, msg.commit_time)]
+
+    def _transaction(self, buf: _Buffer, commit_lsn: int, end_lsn: int, time: int,
+                     prepared: bool = False) -> Transaction:
+        changes = buf.release()
+        return Transaction(buf.xid, buf.final_lsn or commit_lsn, commit_lsn, end_lsn, time,
+                           buf.origin_name, buf.origin_lsn, buf.gid, changes, len(changes),
+                           buf.streamed, prepared)
+
+    # streaming (v2)
+
+    def _on_stream_start(self, lsn: int, msg: m.StreamStart) -> list:
+        self._check_idle("Stream Start")
+        known = msg.xid in self._streams
+        if msg.first_segment and known:
+            raise self._violation(f"first stream segment of {msg.xid} seen twice")
+        if not msg.first_segment and not known:
+            raise self._violation(f"stream segment of unknown transaction {msg.xid}")
+        if not known:
+            self._streams[msg.xid] = _Buffer(msg.xid, streamed=True)
+        self._stream_xid = msg.xid
+        return []
+
+    def _on_stream_stop(self, lsn: int, msg: m.StreamStop) -> list:
+        if self._stream_xid is None:
+            raise self._violation("Stream Stop outside a stream block")
+        self._stream_xid = None
+        return []
+
+    def _stream(self, what: str, xid: int) -> _Buffer:
+        self._check_idle(what)
+        try:
+            return self._streams.pop(xid)
+        except KeyError:
+            raise self._violation(f"{what} for unknown streamed transaction {xid}") from None
+
+    def _on_stream_commit(self, lsn: int, msg: m.StreamCommit) -> list:
+        buf = self._stream("Stream Commit", msg.xid)
+        self._forget(buf)
+        return [self._transaction(buf, msg.commit_lsn, msg.end_lsn, msg.commit_time)]
+
+    def _on_stream_abort(self, lsn: int, msg: m.StreamAbort) -> list:
+        self._check_idle("Stream Abort")
+        buf = self._streams.get(msg.xid)
+        if buf is None:
+            raise self._violation(f"Stream Abort for unknown streamed transaction {msg.xid}")
+        if msg.subxid == msg.xid:
+            del self._streams[msg.xid]
+            self._forget(buf)
+            if buf.file is not None:
+                buf.file.close()
+        else:
+            self._memory -= buf.abort_subxact(msg.subxid)
+        return []
+
+    # two-phase (v3)
+
+    def _on_begin_prepare(self, lsn: int, msg: m.BeginPrepare) -> list:
+        self._check_idle("Begin Prepare")
+        self._current = _Buffer(msg.xid, msg.prepare_lsn, gid=msg.gid)
+        return []
+
+    def _prepared_event(self, buf: _Buffer, msg) -> list:
+        if buf.gid in self._prepared:
+            raise self._violation(f"transaction {buf.gid!r} prepared twice")
+        buf.final_lsn = msg.prepare_lsn
+        if self.emit_prepared_at == "prepare":
+            self._forget(buf)
+            return [self._transaction(buf, msg.prepare_lsn, msg.end_lsn, msg.prepare_time,
+                                      prepared=True)]
+        self._prepared[buf.gid] = buf
+        return []
+
+    def _on_prepare(self, lsn: int, msg: m.Prepare) -> list:
+        buf = self._current
+        if buf is None or buf.gid is None:
+            raise self._violation("Prepare without Begin Prepare")
+        if buf.gid != msg.gid or buf.xid != msg.xid:
+            raise self._violation(f"Prepare of {msg.gid!r} inside Begin Prepare of {buf.gid!r}")
+        self._current = None
+        return self._prepared_event(buf, msg)
+
+    def _on_stream_prepare(self, lsn: int, msg: m.StreamPrepare) -> list:
+        buf = self._stream("Stream Prepare", msg.xid)
+        buf.gid = msg.gid
+        return self._prepared_event(buf, msg)
+
+    def _on_commit_prepared(self, lsn: int, msg: m.CommitPrepared) -> list:
+        self._check_idle("Commit Prepared")
+        if self.emit_prepared_at == "prepare":
+            return [PreparedOutcome(msg.xid, msg.gid, True, msg.commit_lsn, msg.end_lsn,
+                                    msg.commit_time)]
+        buf = self._prepared.pop(msg.gid, None)
+        if buf is None:
+            raise self._violation(f"Commit Prepared of unknown transaction {msg.gid!r}")
+        self._forget(buf)
+        return [self._transaction(buf, msg.commit_lsn, msg.end_lsn, msg.commit_time)]
+
+    def _on_rollback_prepared(self, lsn: int, msg: m.RollbackPrepared) -> list:
+        self._check_idle("Rollback Prepared")
+        if self.emit_prepared_at == "prepare":
+            return [PreparedOutcome(msg.xid, msg.gid, False, msg.rollback_end_lsn,
+                                    msg.rollback_end_lsn, msg.rollback_time)]
+        # An unknown gid is legal: a transaction prepared before two-phase decoding was
+        # enabled is rolled back without its Prepare ever having been sent.
+        buf = self._prepared.pop(msg.gid, None)
+        if buf is not None:
+            self._forget(buf)
+            if buf.file is not None:
+                buf.file.close()
+        return []
+
+    _HANDLERS = {
+        m.Relation: _on_catalog, m.Type: _on_catalog, m.Insert: _on_insert,
+        m.Update: _on_update, m.Delete: _on_delete, m.Truncate: _on_truncate,
+        m.Message: _on_message, m.Origin: _on_origin, m.Begin: _on_begin,
+        m.Commit: _on_commit, m.StreamStart: _on_stream_start,
+        m.StreamStop: _on_stream_stop, m.StreamCommit: _on_stream_commit,
+        m.StreamAbort: _on_stream_abort, m.BeginPrepare: _on_begin_prepare,
+        m.Prepare: _on_prepare, m.StreamPrepare: _on_stream_prepare,
+        m.CommitPrepared: _on_commit_prepared, m.RollbackPrepared: _on_rollback_prepared,
+    }
