@@ -32,35 +32,16 @@ Rules:
 
 from __future__ import annotations
 
-import struct
-import tempfile
-from typing import Iterator, Literal
+from typing import Literal
 
 import msgspec
 
 from .errors import ProtocolViolation
 from .pgoutput import messages as m
+from .changes import Change, ChangeBuffer, Changes, change_size
 from .relations import RelationCache
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
-#: Fixed per-change overhead added to the payload bytes when estimating memory.
-CHANGE_OVERHEAD = 120
-
-
-class Change(msgspec.Struct, frozen=True, gc=False):
-    """One change of a transaction. ``old`` is the key-only tuple (``old_is_key``) or the full
-    old row (REPLICA IDENTITY FULL); ``relations``/``options`` for truncate, ``message`` for
-    a transactional logical message."""
-
-    op: Literal["insert", "update", "delete", "truncate", "message"]
-    lsn: int
-    relation: m.Relation | None = None
-    old: tuple | None = None
-    old_is_key: bool = False
-    new: tuple | None = None
-    relations: tuple[m.Relation, ...] | None = None
-    options: int = 0
-    message: m.Message | None = None
 
 
 class Transaction(msgspec.Struct, frozen=True):
@@ -75,7 +56,7 @@ class Transaction(msgspec.Struct, frozen=True):
     origin_name: str | None
     origin_lsn: int | None
     gid: str | None
-    changes: "Changes"
+    changes: Changes
     change_count: int
     streamed: bool = False
     prepared: bool = False
@@ -97,165 +78,6 @@ class PreparedOutcome(msgspec.Struct, frozen=True, gc=False):
     time: int
 
 
-_UNCHANGED_EXT = 1
-_FRAME = struct.Struct("!I")
-
-
-def _enc_hook(obj):
-    if obj is m.UNCHANGED_TOAST:
-        return msgspec.msgpack.Ext(_UNCHANGED_EXT, b"")
-    raise TypeError(f"cannot spill {type(obj).__name__}")
-
-
-def _ext_hook(code: int, data: memoryview):
-    if code == _UNCHANGED_EXT:
-        return m.UNCHANGED_TOAST
-    raise ValueError(f"unknown spill extension {code}")
-
-
-_encode = msgspec.msgpack.Encoder(enc_hook=_enc_hook).encode
-_decode = msgspec.msgpack.Decoder(ext_hook=_ext_hook).decode
-
-
-def _payload(values: tuple | None) -> int:
-    if values is None:
-        return 0
-    return sum(len(v) for v in values if type(v) is str or type(v) is bytes)
-
-
-class _Buffer:
-    """Changes of one open transaction, in memory and (after spilling) in a file."""
-
-    __slots__ = ("xid", "final_lsn", "origin_name", "origin_lsn", "gid", "streamed",
-                 "changes", "subxids", "memory", "file", "relations", "relation_index",
-                 "aborted", "subxid_counts", "count")
-
-    def __init__(self, xid: int, final_lsn: int = 0, gid: str | None = None,
-                 streamed: bool = False):
-        self.xid, self.final_lsn, self.gid, self.streamed = xid, final_lsn, gid, streamed
-        self.origin_name: str | None = None
-        self.origin_lsn: int | None = None
-        self.changes: list[Change] = []
-        self.subxids: list[int] = []
-        self.memory = 0
-        self.count = 0
-        self.file = None
-        self.relations: list[m.Relation] = []
-        self.relation_index: dict[int, int] = {}
-        self.aborted: set[int] = set()
-        self.subxid_counts: dict[int, int] = {}
-
-    def add(self, change: Change, subxid: int, size: int) -> None:
-        self.changes.append(change)
-        self.subxids.append(subxid)
-        self.memory += size
-        self.count += 1
-        if self.streamed:
-            self.subxid_counts[subxid] = self.subxid_counts.get(subxid, 0) + 1
-
-    def abort_subxact(self, subxid: int) -> int:
-        """Drop ``subxid``'s changes; returns the memory released."""
-        self.aborted.add(subxid)
-        self.count -= self.subxid_counts.pop(subxid, 0)
-        keep = [i for i, s in enumerate(self.subxids) if s != subxid]
-        if len(keep) == len(self.subxids):
-            return 0
-        before = self.memory
-        self.changes = [self.changes[i] for i in keep]
-        self.subxids = [self.subxids[i] for i in keep]
-        self.memory = sum(_change_size(c) for c in self.changes)
-        return before - self.memory
-
-    def spill(self, spill_dir: str | None) -> int:
-        """Append the in-memory changes to the spill file; returns the memory released."""
-        if not self.changes:
-            return 0
-        if self.file is None:
-            self.file = tempfile.TemporaryFile(prefix="pgrouter-txn-", dir=spill_dir)
-        records = [self._record(c, s) for c, s in zip(self.changes, self.subxids)]
-        blob = _encode(records)
-        self.file.seek(0, 2)
-        self.file.write(_FRAME.pack(len(blob)))
-        self.file.write(blob)
-        released, self.memory = self.memory, 0
-        self.changes, self.subxids = [], []
-        return released
-
-    def _rel(self, relation: m.Relation | None) -> int:
-        if relation is None:
-            return -1
-        index = self.relation_index.get(id(relation))
-        if index is None:
-            index = self.relation_index[id(relation)] = len(self.relations)
-            self.relations.append(relation)
-        return index
-
-    def _record(self, c: Change, subxid: int) -> list:
-        msg = c.message
-        return [subxid, c.op, c.lsn, self._rel(c.relation), c.old, c.old_is_key, c.new,
-                None if c.relations is None else [self._rel(r) for r in c.relations],
-                c.options,
-                None if msg is None else [msg.transactional, msg.message_lsn, msg.prefix,
-                                          msg.content, msg.xid]]
-
-    def release(self) -> "Changes":
-        return Changes(self.changes, self.subxids, self.file, tuple(self.relations),
-                       frozenset(self.aborted), self.count)
-
-
-def _change_size(c: Change) -> int:
-    return CHANGE_OVERHEAD + _payload(c.old) + _payload(c.new)
-
-
-class Changes:
-    """The changes of a released transaction, in order; iterable any number of times.
-    Spilled changes are read back from the file on each iteration."""
-
-    __slots__ = ("_memory", "_subxids", "_file", "_relations", "_aborted", "_count")
-
-    def __init__(self, memory, subxids, file, relations, aborted, count):
-        self._memory, self._subxids, self._file = memory, subxids, file
-        self._relations, self._aborted, self._count = relations, aborted, count
-
-    @property
-    def spilled(self) -> bool:
-        return self._file is not None
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[Change]:
-        if self._file is not None:
-            yield from self._read_spilled()
-        if self._aborted:
-            for change, subxid in zip(self._memory, self._subxids):
-                if subxid not in self._aborted:
-                    yield change
-        else:
-            yield from self._memory
-
-    def _read_spilled(self) -> Iterator[Change]:
-        f, rels, aborted = self._file, self._relations, self._aborted
-        f.seek(0)
-        while header := f.read(4):
-            blob = f.read(_FRAME.unpack(header)[0])
-            for (subxid, op, lsn, rel, old, old_is_key, new, trel, options,
-                 msg) in _decode(blob):
-                if subxid in aborted:
-                    continue
-                yield Change(
-                    op, lsn, None if rel < 0 else rels[rel],
-                    None if old is None else tuple(old), old_is_key,
-                    None if new is None else tuple(new),
-                    None if trel is None else tuple(rels[i] for i in trel), options,
-                    None if msg is None else m.Message(*msg))
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
 class TransactionAssembler:
     def __init__(self, relations: RelationCache, *, memory_limit: int = DEFAULT_MEMORY_LIMIT,
                  spill_dir: str | None = None,
@@ -267,10 +89,10 @@ class TransactionAssembler:
         self.memory_limit = memory_limit
         self.spill_dir = spill_dir
         self.emit_prepared_at = emit_prepared_at
-        self._current: _Buffer | None = None  # Begin or Begin Prepare … not yet finished
-        self._streams: dict[int, _Buffer] = {}
+        self._current: ChangeBuffer | None = None  # Begin or Begin Prepare … not yet finished
+        self._streams: dict[int, ChangeBuffer] = {}
         self._stream_xid: int | None = None  # inside Stream Start … Stop of this xid
-        self._prepared: dict[str, _Buffer] = {}
+        self._prepared: dict[str, ChangeBuffer] = {}
         self._memory = 0
         self.spill_count = 0
 
@@ -301,7 +123,7 @@ class TransactionAssembler:
     def _violation(self, text: str) -> ProtocolViolation:
         return ProtocolViolation(text)
 
-    def _target(self, what: str) -> tuple[_Buffer, int]:
+    def _target(self, what: str) -> tuple[ChangeBuffer, int]:
         if self._current is not None:
             return self._current, self._current.xid
         if self._stream_xid is not None:
@@ -310,7 +132,7 @@ class TransactionAssembler:
 
     def _add(self, what: str, change: Change, subxid: int | None) -> list:
         buf, default_subxid = self._target(what)
-        size = _change_size(change)
+        size = change_size(change)
         buf.add(change, default_subxid if subxid is None else subxid, size)
         self._memory += size
         if self._memory > self.memory_limit:
@@ -327,7 +149,7 @@ class TransactionAssembler:
                 self._memory -= buf.spill(self.spill_dir)
                 self.spill_count += 1
 
-    def _forget(self, buf: _Buffer) -> None:
+    def _forget(self, buf: ChangeBuffer) -> None:
         self._memory -= buf.memory
         buf.memory = 0
 
@@ -374,7 +196,7 @@ class TransactionAssembler:
 
     def _on_begin(self, lsn: int, msg: m.Begin) -> list:
         self._check_idle("Begin")
-        self._current = _Buffer(msg.xid, msg.final_lsn)
+        self._current = ChangeBuffer(msg.xid, msg.final_lsn)
         return []
 
     def _on_commit(self, lsn: int, msg: m.Commit) -> list:
@@ -388,7 +210,7 @@ class TransactionAssembler:
         self._forget(buf)
         return [self._transaction(buf, msg.commit_lsn, msg.end_lsn, msg.commit_time)]
 
-    def _transaction(self, buf: _Buffer, commit_lsn: int, end_lsn: int, time: int,
+    def _transaction(self, buf: ChangeBuffer, commit_lsn: int, end_lsn: int, time: int,
                      prepared: bool = False) -> Transaction:
         changes = buf.release()
         return Transaction(buf.xid, buf.final_lsn or commit_lsn, commit_lsn, end_lsn, time,
@@ -405,7 +227,7 @@ class TransactionAssembler:
         if not msg.first_segment and not known:
             raise self._violation(f"stream segment of unknown transaction {msg.xid}")
         if not known:
-            self._streams[msg.xid] = _Buffer(msg.xid, streamed=True)
+            self._streams[msg.xid] = ChangeBuffer(msg.xid, streamed=True)
         self._stream_xid = msg.xid
         return []
 
@@ -415,7 +237,7 @@ class TransactionAssembler:
         self._stream_xid = None
         return []
 
-    def _stream(self, what: str, xid: int) -> _Buffer:
+    def _stream(self, what: str, xid: int) -> ChangeBuffer:
         self._check_idle(what)
         try:
             return self._streams.pop(xid)
@@ -445,10 +267,10 @@ class TransactionAssembler:
 
     def _on_begin_prepare(self, lsn: int, msg: m.BeginPrepare) -> list:
         self._check_idle("Begin Prepare")
-        self._current = _Buffer(msg.xid, msg.prepare_lsn, gid=msg.gid)
+        self._current = ChangeBuffer(msg.xid, msg.prepare_lsn, gid=msg.gid)
         return []
 
-    def _prepared_event(self, buf: _Buffer, msg) -> list:
+    def _prepared_event(self, buf: ChangeBuffer, msg) -> list:
         if buf.gid in self._prepared:
             raise self._violation(f"transaction {buf.gid!r} prepared twice")
         buf.final_lsn = msg.prepare_lsn
