@@ -1,0 +1,52 @@
+# pgrouter — the two commands of the README: `make demo` and `make test`.
+# Both set up everything on a fresh Debian machine: system packages (PostgreSQL, Java, Maven)
+# when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
+# Spark jars from Maven Central (fetched by `pgrouter devstack up` into .devstack/cache).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto
+PYTEST_ARGS ?=
+
+.PHONY: test demo system venv stack down bench clean
+
+test: venv stack
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: venv stack
+	$(BIN)/python -m actors.demo
+
+# System packages the stack needs, installed only when missing.
+system:
+	@missing=""; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
+	command -v mvn  >/dev/null 2>&1 || missing="$$missing maven"; \
+	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql postgresql-contrib"; \
+	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: system $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev,spark,librdkafka]'
+	rm -f $(VENV)/.installed-*; touch $@
+
+stack: venv
+	$(STACK) --spark
+
+down:
+	-$(BIN)/pgrouter devstack down
+
+bench: venv stack
+	$(BIN)/python bench/decode.py
+
+clean: down
+	rm -rf .devstack $(VENV)

@@ -1,0 +1,142 @@
+"""The embedded dev stack shared by the tests and the demo: PostgreSQL + Apache Kafka.
+
+``up`` is idempotent: it reuses what runs, starts what does not, and waits until each service
+really answers (a PostgreSQL query, a Kafka metadata request). State (ports, data, logs, the
+jar cache) lives under one ignored folder, ``.devstack/`` by default. ``down`` stops only
+processes this folder's pid files name.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import msgspec
+
+from . import maven
+from .kafka import Kafka
+from .postgres import Postgres, install
+from .process import StackError, pick_port
+
+__all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars"]
+
+
+class StackInfo(msgspec.Struct, frozen=True):
+    pg_dsn: str
+    kafka_bootstrap: str
+    pg_port: int
+    kafka_port: int
+    controller_port: int
+    extra_pg: dict[str, str] = {}
+    state_dir: str = ""
+
+
+def _state_file(root: pathlib.Path) -> pathlib.Path:
+    return root / "state.json"
+
+
+def _load(root: pathlib.Path) -> StackInfo | None:
+    try:
+        return msgspec.json.decode(_state_file(root).read_bytes(), type=StackInfo)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def _components(root: pathlib.Path, info: StackInfo):
+    cache = root / "cache"
+    pg = Postgres(root, info.pg_port)
+    kafka = Kafka(root, info.kafka_port, info.controller_port, cache)
+    extras = {name: Postgres(root, int(dsn.rsplit(":", 1)[1].split("/")[0]), name=name)
+              for name, dsn in info.extra_pg.items()}
+    return pg, kafka, extras
+
+
+def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
+              extra_postgres: int = 0, spark: bool = False) -> StackInfo:
+    """Bring the stack up (or find it up) and return where its services listen."""
+    root = pathlib.Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    info = _load(root)
+    if info is None:
+        pg_p = pick_port(pg_port, 5432, what="PostgreSQL", flag="--pg-port")
+        k_p = pick_port(kafka_port, 9092, what="Kafka", flag="--kafka-port")
+        c_p = pick_port("auto", k_p + 1 if k_p != 9092 else 9093, what="Kafka controller",
+                        flag="--kafka-port")
+        info = StackInfo(pg_dsn=f"postgresql://postgres@127.0.0.1:{pg_p}/postgres",
+                         kafka_bootstrap=f"127.0.0.1:{k_p}", pg_port=pg_p, kafka_port=k_p,
+                         controller_port=c_p, state_dir=str(root))
+    extra = dict(info.extra_pg)
+    for i in range(len(extra), extra_postgres):
+        name = f"pg{i + 2}"
+        port = pick_port("auto", info.pg_port + 1 + i, what=f"PostgreSQL {name}", flag="--pg-port")
+        extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    info = msgspec.structs.replace(info, extra_pg=extra)
+    _state_file(root).write_bytes(msgspec.json.encode(info))
+
+    pg, kafka, extras = _components(root, info)
+    bindir = install()
+    for node in (pg, *extras.values()):
+        node.init(bindir)
+        if node.pid() is None:
+            node.start(bindir)
+        elif not node.ready():
+            raise StackError(f"PostgreSQL at {node.data} runs but does not answer on {node.port}")
+    jars = kafka.init()
+    if kafka.pid() is None:
+        kafka.start(jars)
+    if spark:
+        maven.fetch("spark", root / "cache")
+    return info
+
+
+def _artifact(jar: pathlib.Path) -> str:
+    """``jackson-core-2.13.5.jar`` -> ``jackson-core``."""
+    return re.sub(r"-\d[\w.\-]*$", "", jar.stem)
+
+
+def spark_jars(root: pathlib.Path) -> list[str]:
+    """The jars Spark needs for Kafka and Delta (fetched on first use), less every artifact
+    pyspark already ships: a second, older copy (jackson, hadoop, scala) breaks Spark."""
+    import pyspark
+
+    folder = maven.fetch("spark", pathlib.Path(root).resolve() / "cache")
+    shipped = {_artifact(p) for p in (pathlib.Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(str(p) for p in folder.glob("*.jar") if _artifact(p) not in shipped)
+
+
+def status(root: pathlib.Path) -> dict[str, object]:
+    root = pathlib.Path(root).resolve()
+    info = _load(root)
+    if info is None:
+        return {"running": False}
+    pg, kafka, extras = _components(root, info)
+    out: dict[str, object] = {
+        "postgres": {"dsn": info.pg_dsn, "running": pg.pid() is not None},
+        "kafka": {"bootstrap": info.kafka_bootstrap, "running": kafka.pid() is not None},
+    }
+    for name, node in extras.items():
+        out[name] = {"dsn": info.extra_pg[name], "running": node.pid() is not None}
+    out["running"] = all(v["running"] for v in out.values() if isinstance(v, dict))
+    return out
+
+
+def down(root: pathlib.Path) -> list[str]:
+    root = pathlib.Path(root).resolve()
+    info = _load(root)
+    if info is None:
+        return []
+    pg, kafka, extras = _components(root, info)
+    stopped = []
+    if kafka.pid() is not None:
+        kafka.stop()
+        stopped.append("kafka")
+    for node in (pg, *extras.values()):
+        if node.pid() is not None:
+            node.stop()
+            stopped.append(node.name)
+    return stopped
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, indent=2)

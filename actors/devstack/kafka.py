@@ -1,0 +1,119 @@
+"""A single-node Apache Kafka in KRaft mode (broker and controller in one JVM).
+
+Rules: jars come from Maven Central through ``maven.fetch`` (no tarball); storage is
+formatted once with ``kafka.tools.StorageTool format --standalone``; the internal topics
+have replication factor 1 so transactional and idempotent producers work on one node.
+"""
+
+from __future__ import annotations
+
+import base64
+import pathlib
+import subprocess
+import uuid
+
+from . import maven
+from .process import StackError, port_open, read_pid, spawn, stop_pid, wait_until
+
+
+class Kafka:
+    def __init__(self, root: pathlib.Path, port: int, controller_port: int, cache: pathlib.Path):
+        self.root = root / "kafka"
+        self.port = port
+        self.controller_port = controller_port
+        self.cache = cache
+        self.config = self.root / "server.properties"
+        self.log = self.root / "kafka.log"
+        self.pidfile = self.root / "kafka.pid"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def properties(self) -> str:
+        return "\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.root / 'data'}",
+            "num.partitions=1",
+            "default.replication.factor=1",
+            "min.insync.replicas=1",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=4",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "message.max.bytes=10485760",
+            "log.retention.hours=168",
+            "",
+        ])
+
+    def pid(self) -> int | None:
+        return read_pid(self.pidfile)
+
+    def _java(self, jars: pathlib.Path, main: str, *args: str, heap: str = "256m") -> list[str]:
+        return ["java", f"-Xmx{heap}", "-cp", f"{jars}/*",
+                f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}", main, *args]
+
+    def init(self) -> pathlib.Path:
+        jars = maven.fetch("kafka", self.cache)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "log4j2.properties").write_text(
+            "rootLogger.level=WARN\nrootLogger.appenderRef.out.ref=out\n"
+            "appender.out.type=Console\nappender.out.name=out\n"
+            "appender.out.layout.type=PatternLayout\n"
+            "appender.out.layout.pattern=[%d] %p %m (%c)%n\n")
+        props = self.properties()
+        formatted = (self.root / "data" / "meta.properties").exists()
+        if formatted and self.config.exists() and self.config.read_text() == props:
+            return jars
+        if formatted:  # ports changed: start from empty storage rather than a stale quorum
+            import shutil
+
+            shutil.rmtree(self.root / "data")
+        self.config.write_text(props)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        proc = subprocess.run(
+            self._java(jars, "kafka.tools.StorageTool", "format", "--standalone", "-t",
+                       cluster_id, "-c", str(self.config)),
+            capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise StackError(f"formatting Kafka storage failed:\n{proc.stdout[-1500:]}"
+                             f"{proc.stderr[-1500:]}")
+        return jars
+
+    def start(self, jars: pathlib.Path) -> None:
+        pid = spawn(self._java(jars, "kafka.Kafka", str(self.config), heap="1g"),
+                    log=self.log, cwd=self.root)
+        self.pidfile.write_text(str(pid))
+        wait_until(self.ready, timeout=120, what=f"Kafka on port {self.port}", log=self.log,
+                   alive=lambda: self.pid() is not None)
+
+    def ready(self) -> bool:
+        if not port_open(self.port):
+            return False
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000,
+                                 client_id="pgrouter-devstack")
+        try:
+            admin.list_topics()
+            return bool(admin.describe_cluster().get("brokers"))
+        finally:
+            admin.close()
+
+    def stop(self) -> None:
+        pid = self.pid()
+        if pid is not None:
+            stop_pid(pid, timeout=60)
+        self.pidfile.unlink(missing_ok=True)

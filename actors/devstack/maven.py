@@ -1,0 +1,90 @@
+"""Jars from Maven Central, fetched with ``mvn dependency:copy-dependencies`` into a cache.
+
+The versions here are the project's single source for the Java side (see DESIGN.md's pins).
+Nothing is downloaded at run time by Spark or Kafka: they are started with these folders.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+
+from .process import StackError
+
+KAFKA_VERSION = "4.3.1"
+SPARK_VERSION = "4.2.0"
+#: Maven Central here serves delta-spark_4.2_2.13 only as 4.4.0 (4.4.1 is absent), so the
+#: jar and the Python package (pyproject) are both pinned to 4.4.0.
+DELTA_VERSION = "4.4.0"
+
+#: bundle name -> Maven coordinates (group, artifact, version)
+BUNDLES: dict[str, list[tuple[str, str, str]]] = {
+    "kafka": [
+        ("org.apache.kafka", "kafka_2.13", KAFKA_VERSION),
+        ("org.slf4j", "slf4j-simple", "1.7.36"),
+    ],
+    "spark": [
+        ("org.apache.spark", "spark-sql-kafka-0-10_2.13", SPARK_VERSION),
+        ("io.delta", f"delta-spark_{SPARK_VERSION.rsplit('.', 1)[0]}_2.13", DELTA_VERSION),
+    ],
+}
+
+
+#: versions forced for transitive dependencies. Maven Central here serves
+#: spark-token-provider-kafka-0-10 only as 4.0.0 (4.0.1–4.2.0 are absent), so the Kafka source
+#: of Spark 4.2.0 is given that one; its API (KafkaConfigUpdater, KafkaTokenUtil) is unchanged
+#: across the 4.x line and the Spark integration test exercises it.
+MANAGED: dict[str, list[tuple[str, str, str]]] = {
+    "spark": [("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4.0.0")],
+}
+
+
+def _deps(coords: list[tuple[str, str, str]]) -> str:
+    return "".join(
+        f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+        f"<version>{v}</version></dependency>"
+        for g, a, v in coords
+    )
+
+
+def _pom(bundle: str) -> str:
+    managed = MANAGED.get(bundle)
+    management = (f"<dependencyManagement><dependencies>{_deps(managed)}</dependencies>"
+                  "</dependencyManagement>") if managed else ""
+    return (
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        f"<groupId>pgrouter.devstack</groupId><artifactId>{bundle}</artifactId>"
+        "<version>1</version><packaging>pom</packaging>"
+        f"{management}<dependencies>{_deps(BUNDLES[bundle])}</dependencies></project>"
+    )
+
+
+def fetch(bundle: str, cache: pathlib.Path) -> pathlib.Path:
+    """Return a folder holding the bundle's jars, fetching them on first use."""
+    cache = cache.resolve()  # mvn resolves relative paths against the pom's folder
+    target = cache / "jars" / bundle
+    stamp = target / ".complete"
+    pom = _pom(bundle)
+    if stamp.exists() and stamp.read_text() == pom:
+        return target
+    if shutil.which("mvn") is None:
+        raise StackError("Maven (mvn) is not installed; it fetches the Kafka and Spark jars "
+                         "(apt-get install maven)")
+    if shutil.which("java") is None:
+        raise StackError("Java is not installed (apt-get install openjdk-17-jre-headless)")
+    if target.exists():
+        shutil.rmtree(target)
+    work = cache / "poms" / bundle
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(pom)
+    proc = subprocess.run(
+        ["mvn", "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+         f"-DoutputDirectory={target}", "-DincludeScope=runtime"],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        raise StackError(f"mvn could not fetch the {bundle} jars:\n  " + "\n  ".join(tail))
+    stamp.write_text(pom)
+    return target

@@ -1,0 +1,114 @@
+"""Processes the dev stack starts: pid files, liveness, ports, stopping only our own."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+
+
+class StackError(Exception):
+    """The dev stack cannot be brought up; the message says what to do."""
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return not port_open(port)
+
+
+def pick_port(requested: str | int, default: int, *, what: str, flag: str) -> int:
+    """``requested`` is a number or ``auto`` (first free port from ``default`` upwards)."""
+    if str(requested) == "auto":
+        for port in range(default, default + 200):
+            if port_free(port):
+                return port
+        raise StackError(f"no free port for {what} near {default}")
+    port = int(requested)
+    if not port_free(port):
+        raise StackError(f"port {port} for {what} is taken by another process; "
+                         f"choose another with {flag} PORT (or {flag} auto)")
+    return port
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def read_pid(path: pathlib.Path) -> int | None:
+    try:
+        pid = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def spawn(argv: list[str], *, log: pathlib.Path, cwd: pathlib.Path,
+          env: dict[str, str] | None = None) -> int:
+    """Start a daemon in its own session (so it outlives us) with output to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=cwd, env=env, start_new_session=True)
+    return proc.pid
+
+
+def stop_pid(pid: int, *, timeout: float = 30.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return
+        time.sleep(0.2)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_until(check, *, timeout: float, what: str, log: pathlib.Path | None = None,
+               alive=None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            break
+        try:
+            if check():
+                return
+        except Exception as exc:  # the service is still starting
+            last = exc
+        time.sleep(0.3)
+    tail = ""
+    if log is not None and log.exists():
+        tail = "\n  ".join(log.read_text(errors="replace").splitlines()[-12:])
+        tail = f"\n  last lines of {log}:\n  {tail}"
+    reason = "exited" if alive is not None and not alive() else f"not ready after {timeout:.0f}s"
+    raise StackError(f"{what} {reason}" + (f" ({last})" if last else "") + tail)

@@ -1,0 +1,91 @@
+"""The dev stack's services are real and reachable the ways pgrouter uses them."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+import pytest
+import trio
+import trio_asyncio
+
+pytestmark = pytest.mark.services
+
+
+async def _poll(conn) -> None:
+    """Drive a psycopg2 async connection to POLL_OK without blocking the trio thread."""
+    while True:
+        state = conn.poll()
+        if state == psycopg2.extensions.POLL_OK:
+            return
+        if state == psycopg2.extensions.POLL_READ:
+            await trio.lowlevel.wait_readable(conn.fileno())
+        elif state == psycopg2.extensions.POLL_WRITE:
+            await trio.lowlevel.wait_writable(conn.fileno())
+
+
+async def test_logical_slot_streams_a_change_over_the_replication_protocol(pg_dsn):
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    sql = psycopg2.connect(pg_dsn)
+    sql.autocommit = True
+    cur = sql.cursor()
+    cur.execute(f"create table {name} (id int primary key, v text)")
+    cur.execute(f"create publication {name} for table {name}")
+    cur.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+    cur.execute(f"insert into {name} values (1, 'hello')")
+    repl = psycopg2.connect(pg_dsn, async_=True,
+                            connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        await _poll(repl)
+        rcur = repl.cursor()
+        rcur.start_replication(slot_name=name, decode=False,
+                               options={"proto_version": "1", "publication_names": name})
+        await _poll(repl)
+        kinds = []
+        with trio.fail_after(30):
+            while b"C" not in kinds:
+                msg = rcur.read_message()
+                if msg is None:
+                    await trio.lowlevel.wait_readable(repl.fileno())
+                    continue
+                kinds.append(msg.payload[:1])
+                if msg.payload[:1] == b"I":
+                    assert b"hello" in msg.payload
+        assert kinds[0] == b"B" and b"R" in kinds and b"I" in kinds
+    finally:
+        repl.close()
+        cur.execute("select pg_drop_replication_slot(%s)", (name,))
+        cur.execute(f"drop publication {name}")
+        cur.execute(f"drop table {name}")
+        sql.close()
+
+
+def test_kafka_produce_and_consume(kafka_bootstrap):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    topic = f"stack-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all",
+                             enable_idempotence=True)
+    meta = producer.send(topic, key=b"k", value=b"v1").get(timeout=60)
+    producer.close()
+    assert meta.topic == topic and meta.offset == 0
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=20000)
+    got = [(m.key, m.value) for m in consumer]
+    consumer.close()
+    assert got == [(b"k", b"v1")]
+
+
+async def test_asyncpg_under_trio_asyncio(pg_dsn):
+    import asyncpg
+
+    async with trio_asyncio.open_loop():
+        conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(pg_dsn)
+        try:
+            value = await trio_asyncio.aio_as_trio(conn.fetchval)(
+                "select current_setting('wal_level') || ':' || (40 + 2)::text")
+        finally:
+            await trio_asyncio.aio_as_trio(conn.close)()
+    assert value == "logical:42"

@@ -1,0 +1,34 @@
+"""router/ is the sans-I/O core: it must never import an I/O library."""
+
+import ast
+import pathlib
+
+FORBIDDEN = {"trio", "trio_asyncio", "asyncio", "asyncpg", "psycopg2", "kafka", "confluent_kafka",
+             "pyspark", "delta", "socket", "subprocess", "actors"}
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "router"
+# the CLI entry point is allowed to reach the I/O side
+EXEMPT = {ROOT / "__main__.py"}
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_router_imports_no_io_library():
+    files = [p for p in ROOT.rglob("*.py") if p not in EXEMPT]
+    assert files, "router/ has no modules?"
+    offenders = {str(p.relative_to(ROOT)): sorted(imported_modules(p) & FORBIDDEN) for p in files}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_scanner_catches_a_forbidden_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import trio\nfrom kafka.producer import KafkaProducer\n")
+    assert imported_modules(bad) & FORBIDDEN == {"trio", "kafka"}
