@@ -33,27 +33,33 @@ GOLDEN = ROOT / "tests" / "router" / "pgoutput" / "golden"
 
 def build_stream(changes: int) -> tuple[list[bytes], int]:
     decoder = Decoder(2)
-    catalog, shapes, begin, commit = [], [], None, None
+    catalog: dict[int, bytes] = {}
+    shapes, begin, commit = [], None, None
     for name in ("v1_text.tsv", "v2_stream.tsv"):
         for lineno, line in enumerate((GOLDEN / name).read_text().splitlines(), 1):
             _, data = parse_line(line, lineno)
             inside = decoder.in_stream
             msg = decoder.decode(data)
-            if inside:
-                continue  # streamed messages carry an xid; keep the plain shapes
+            if inside and type(msg) in (Relation, Insert, Update, Delete):
+                data = data[:1] + data[5:]  # drop the streamed xid: the same message, plain
             kind = type(msg)
             if kind is Relation:
-                catalog.append(data)
-            elif kind in (Insert, Update, Delete) and len(data) < 2000:
-                shapes.append(data)
+                catalog[msg.relation_id] = data
+            elif kind in (Insert, Update, Delete) and len(data) < 2000 \
+                    and msg.relation_id in catalog:
+                shapes.append((data, catalog[msg.relation_id]))
             elif kind is Begin and begin is None:
                 begin = data
             elif kind is Commit and commit is None:
                 commit = data
     # keep the mix realistic: a few wide-row shapes, many narrow bulk inserts
-    narrow = [s for s in shapes if len(s) < 400][:50]
-    mix = shapes[:20] + narrow
-    stream = list(dict.fromkeys(catalog))
+    # (only shapes decoded under the relation's final layout, so conversion lines up)
+    current = set(catalog.values())
+    shapes = [data for data, rel in shapes if rel in current]
+    wide = [s for s in shapes if s[5:6] != b"N" or s[6:8] != b"\x00\x02"]
+    narrow = [s for s in shapes if s not in wide][:30]
+    mix = wide[:20] + narrow
+    stream = list(catalog.values())
     n = 0
     while n < changes:
         stream.append(begin)
