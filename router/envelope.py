@@ -1,0 +1,193 @@
+"""Kafka records: the Debezium-shaped envelope pgrouter writes for every routed change.
+
+Rules (see README "Message format"):
+
+* key   = JSON object of the replica-identity key columns (``{"id": 7}``), or ``null`` when the
+  table has none (REPLICA IDENTITY FULL/NOTHING without a key) and for truncates/messages.
+* value = ``{"op", "before", "after", "source", "ts_ms"}`` (+ ``"unchanged_toast"`` when the new
+  row has unchanged-TOAST columns, which are then left out of ``after``). ``op``: ``c`` insert,
+  ``u`` update, ``d`` delete, ``t`` truncate, ``r`` snapshot read, ``m`` logical message.
+* ``source``: ``db``, ``schema``, ``table``, ``lsn`` (the change's WAL position),
+  ``commit_lsn``, ``seq`` (ordinal of the change in its transaction, 0-based), ``xid``,
+  ``commit_time`` (ISO-8601 UTC, microseconds), ``origin``/``origin_lsn`` (replication origin
+  of the transaction, null when local), ``route``, ``schema_id`` (see ``router.schema``).
+  LSNs are JSON integers so consumers can order by ``(commit_lsn, seq)``.
+* ``ts_ms`` is the commit time in Unix milliseconds, not the time of sending: a record written
+  again after a restart is byte-identical to the first copy.
+* Values: integer types and OIDs → JSON numbers, float4/8 → numbers (``"NaN"``,
+  ``"Infinity"``, ``"-Infinity"`` stay strings), bool → JSON booleans, everything else
+  PostgreSQL's text form (numeric, timestamps, json, arrays, bytea as ``\\x…`` …): lossless.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Callable
+
+import msgspec
+
+from .pgoutput import UNCHANGED_TOAST, Relation
+from .pgoutput.timestamps import pg_time_to_iso, pg_time_to_unix_ms
+from .schema import TableSchema, table_schema
+from .values import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, OID
+
+_encode = msgspec.json.Encoder().encode
+_NONFINITE = {"NaN", "Infinity", "-Infinity"}
+
+
+def _float(text: str):
+    return text if text in _NONFINITE else float(text)
+
+
+def _bool(text: str) -> bool:
+    return text == "t"
+
+
+_JSON_FROM_TEXT: dict[int, Callable[[str], object]] = {
+    INT2: int, INT4: int, INT8: int, OID: int, FLOAT4: _float, FLOAT8: _float, BOOL: _bool,
+}
+
+
+def _binary(value: bytes) -> str:
+    # binary-mode tuples carry the type's send() form; bytea's is the raw bytes, and its
+    # text form is hex, which is what every other consumer of pgrouter sees.
+    return "\\x" + value.hex()
+
+
+class TxContext(msgspec.Struct, frozen=True):
+    """What every record of one transaction shares."""
+
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int  # µs since 2000-01-01, as on the wire
+    origin: str | None = None
+    origin_lsn: int | None = None
+
+    @property
+    def commit_time_iso(self) -> str:
+        return pg_time_to_iso(self.commit_time)
+
+    @property
+    def ts_ms(self) -> int:
+        return pg_time_to_unix_ms(self.commit_time)
+
+
+class TableEncoder:
+    """Encodes changes of one relation layout for one route. Built once per Relation message
+    (layouts change only with a new Relation), used for every change of that layout."""
+
+    __slots__ = ("relation", "route", "db", "schema", "_names", "_conv", "_pick", "_key_pick",
+                 "_key_names", "_source_static")
+
+    def __init__(self, relation: Relation, *, route: str, db: str,
+                 column_indexes: tuple[int, ...] | None = None,
+                 type_names: dict[int, str] | None = None):
+        self.relation = relation
+        self.route = route
+        self.db = db
+        self.schema: TableSchema = table_schema(relation, column_indexes, type_names)
+        cols = relation.columns
+        pick = tuple(range(len(cols))) if column_indexes is None else tuple(column_indexes)
+        self._pick = pick
+        self._names = tuple(cols[i].name for i in pick)
+        self._conv = tuple(_JSON_FROM_TEXT.get(cols[i].type_oid) for i in pick)
+        self._key_pick = tuple(i for i, c in enumerate(cols) if c.flags & 1)
+        self._key_names = tuple(cols[i].name for i in self._key_pick)
+        self._source_static = {"db": db, "schema": relation.namespace, "table": relation.name}
+
+    # -- rows ----------------------------------------------------------------------------------
+
+    def _value(self, conv, value):
+        if value is None:
+            return None
+        if type(value) is bytes:
+            return _binary(value)
+        return value if conv is None else conv(value)
+
+    def row(self, values: tuple, *, skip_nulls: bool = False) -> tuple[dict, list[str] | None]:
+        """Project and convert a tuple. Returns the JSON object and the names of
+        unchanged-TOAST columns (left out of the object), or None when there are none."""
+        out = {}
+        toast = None
+        conv = self._conv
+        names = self._names
+        for j, i in enumerate(self._pick):
+            v = values[i]
+            if v is None:
+                if not skip_nulls:
+                    out[names[j]] = None
+            elif v is UNCHANGED_TOAST:
+                if toast is None:
+                    toast = []
+                toast.append(names[j])
+            elif type(v) is bytes:
+                out[names[j]] = _binary(v)
+            else:
+                c = conv[j]
+                out[names[j]] = v if c is None else c(v)
+        return out, toast
+
+    def key(self, values: tuple | None) -> bytes:
+        if not self._key_pick or values is None:
+            return b"null"
+        rel = self.relation.columns
+        out = {}
+        for i in self._key_pick:
+            v = values[i]
+            c = _JSON_FROM_TEXT.get(rel[i].type_oid)
+            out[rel[i].name] = self._value(c, v)
+        return _encode(out)
+
+    # -- records -------------------------------------------------------------------------------
+
+    def _source(self, tx: TxContext, lsn: int, seq: int) -> dict:
+        src = dict(self._source_static)
+        src["lsn"] = lsn
+        src["commit_lsn"] = tx.commit_lsn
+        src["seq"] = seq
+        src["xid"] = tx.xid
+        src["commit_time"] = tx.commit_time_iso
+        src["origin"] = tx.origin
+        src["origin_lsn"] = tx.origin_lsn
+        src["route"] = self.route
+        src["schema_id"] = self.schema.schema_id
+        return src
+
+    def encode(self, op: str, tx: TxContext, lsn: int, seq: int, *, old: tuple | None,
+               old_is_key: bool, new: tuple | None) -> tuple[bytes, bytes]:
+        """(key, value) for a row change. ``op`` is ``c``, ``u``, ``d`` or ``r``."""
+        before = after = None
+        toast = None
+        if old is not None:
+            before, _ = self.row(old, skip_nulls=old_is_key)
+        if new is not None:
+            after, toast = self.row(new)
+        value = {"op": op, "before": before, "after": after,
+                 "source": self._source(tx, lsn, seq), "ts_ms": tx.ts_ms}
+        if toast:
+            value["unchanged_toast"] = toast
+        key_row = new if new is not None else old
+        return self.key(key_row), _encode(value)
+
+    def encode_truncate(self, tx: TxContext, lsn: int, seq: int, options: int) -> tuple[bytes, bytes]:
+        value = {"op": "t", "before": None, "after": None,
+                 "source": self._source(tx, lsn, seq), "ts_ms": tx.ts_ms,
+                 "truncate": {"cascade": bool(options & 1), "restart_identity": bool(options & 2)}}
+        return b"null", _encode(value)
+
+
+def encode_message(*, db: str, route: str, tx: TxContext | None, lsn: int, seq: int,
+                   transactional: bool, prefix: str, content: bytes) -> tuple[bytes, bytes]:
+    """A logical decoding message (``pg_logical_emit_message``) as an ``op: m`` record."""
+    source = {"db": db, "schema": None, "table": None, "lsn": lsn,
+              "commit_lsn": tx.commit_lsn if tx else None, "seq": seq,
+              "xid": tx.xid if tx else None,
+              "commit_time": tx.commit_time_iso if tx else None,
+              "origin": tx.origin if tx else None, "origin_lsn": tx.origin_lsn if tx else None,
+              "route": route, "schema_id": None}
+    value = {"op": "m", "before": None, "after": None, "source": source,
+             "ts_ms": tx.ts_ms if tx else None,
+             "message": {"prefix": prefix, "transactional": transactional,
+                         "content": base64.b64encode(content).decode()}}
+    return b"null", _encode(value)
