@@ -291,64 +291,74 @@ MAX_PROTO_VERSION = 4
 
 
 class Decoder:
-    """Decodes one pgoutput message at a time for a given ``proto_version`` (1–4)."""
+    """Decodes one pgoutput message at a time for a given ``proto_version`` (1–4).
 
-    __slots__ = ("proto_version", "_in_stream", "_plain", "_known")
+    The stream-block state is the dispatch table in use: Stream Start switches to the table
+    whose data decoders read the xid first, Stream Stop switches back, so the hot path is one
+    dict lookup and one call whatever the state."""
+
+    __slots__ = ("proto_version", "_table", "_plain", "_streamed")
 
     def __init__(self, proto_version: int = 1):
         if not 1 <= proto_version <= MAX_PROTO_VERSION:
             raise ValueError(f"unsupported pgoutput proto_version {proto_version}")
         self.proto_version = proto_version
-        self._in_stream = False
         plain = dict(DATA_DECODERS)
         for version in range(1, proto_version + 1):
             plain.update(CONTROL_DECODERS[version])
-        self._plain = plain
-        self._known = frozenset(plain)
+        streamed = {kind: self._violation for kind in plain}
+        streamed.update({kind: _with_xid(fn) for kind, fn in DATA_DECODERS.items()})
+        streamed[_ORIGIN_BYTE] = decode_origin
+        if _STREAM_START_BYTE in plain:
+            plain[_STREAM_START_BYTE] = self._stream_start
+            plain[_STREAM_STOP_BYTE] = self._violation
+            streamed[_STREAM_STOP_BYTE] = self._stream_stop
+        self._plain, self._streamed = plain, streamed
+        self._table = plain
 
     @property
     def in_stream(self) -> bool:
         """True between a Stream Start and its Stream Stop."""
-        return self._in_stream
+        return self._table is self._streamed
 
     def decode(self, data: bytes):
         if type(data) is not bytes:
             data = bytes(data)
-        if self._in_stream:
-            return self._decode_in_stream(data)
         try:
-            fn = self._plain[data[0]]
+            fn = self._table[data[0]]
         except IndexError:
             raise TruncatedMessage("empty message", offset=0) from None
         except KeyError:
-            raise self._unknown(data[0]) from None
-        if fn is decode_stream_stop:
-            raise ProtocolViolation("Stream Stop outside a stream block", offset=0)
-        msg = fn(data, 1, None)
-        if fn is decode_stream_start:
-            self._in_stream = True
+            raise UnknownMessageType(
+                f"unknown message type {chr(data[0])!r} ({data[0]:#04x}) for proto_version "
+                f"{self.proto_version}", offset=0) from None
+        return fn(data, 1, None)
+
+    def _stream_start(self, data: bytes, pos: int, xid: None) -> StreamStart:
+        msg = decode_stream_start(data, pos, xid)
+        self._table = self._streamed
         return msg
 
-    def _decode_in_stream(self, data: bytes):
-        if not data:
-            raise TruncatedMessage("empty message", offset=0)
-        kind = data[0]
-        fn = DATA_DECODERS.get(kind)
-        if fn is not None:
-            if len(data) < 5:
-                raise truncated("streamed xid", 1, data)
-            return fn(data, 5, U32.unpack_from(data, 1)[0])
-        if kind == _STREAM_STOP_BYTE:
-            msg = decode_stream_stop(data, 1, None)
-            self._in_stream = False
-            return msg
-        if kind == _ORIGIN_BYTE:
-            return decode_origin(data, 1, None)
-        if kind in self._known:
-            raise ProtocolViolation(f"message {chr(kind)!r} inside a stream block", offset=0)
-        raise self._unknown(kind)
+    def _stream_stop(self, data: bytes, pos: int, xid: None) -> StreamStop:
+        msg = decode_stream_stop(data, pos, xid)
+        self._table = self._plain
+        return msg
 
-    def _unknown(self, kind: int) -> UnknownMessageType:
-        return UnknownMessageType(
-            f"unknown message type {chr(kind)!r} ({kind:#04x}) for proto_version "
-            f"{self.proto_version}", offset=0)
+    def _violation(self, data: bytes, pos: int, xid: None):
+        where = "inside" if self.in_stream else "outside"
+        raise ProtocolViolation(f"message {chr(data[0])!r} {where} a stream block", offset=0)
+
+
+def _with_xid(fn):
+    """Inside a stream block a data message starts with the Int32 (sub)transaction xid."""
+
+    def decode_streamed(data: bytes, pos: int, xid: None):
+        if len(data) < 5:
+            raise truncated("streamed xid", 1, data)
+        return fn(data, 5, _U32_UNPACK(data, 1)[0])
+
+    decode_streamed.__name__ = f"{fn.__name__}_streamed"
+    return decode_streamed
+
+
+_U32_UNPACK = U32.unpack_from
