@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import uuid as _uuid
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 
 from . import temporal
 
@@ -169,10 +169,13 @@ def parse_numeric(s: str) -> Decimal:
     return normalize_numeric(Decimal(s))
 
 
+_BIG = Context(prec=1_000_000, Emax=999_999_999, Emin=-999_999_999)
+
+
 def normalize_numeric(d: Decimal) -> Decimal:
     """PostgreSQL keeps no positive exponent: 1e3 is 1000 with display scale 0."""
     if d.is_finite() and d.as_tuple().exponent > 0:
-        return d.quantize(Decimal(1))
+        return d.quantize(Decimal(1), context=_BIG)
     return d
 
 
