@@ -344,13 +344,25 @@ class _Binder:
         return T.BoolOp(BOOL, p, "and" if node.negated else "or", (rng(lo, hi), rng(hi, lo)))
 
     def bind_InList(self, node: N.InList) -> T.TNode:
+        """As PostgreSQL's transformAExprIn: two or more items without column references
+        become ``arg = ANY (ARRAY[...])`` in their common type; the others (or all, if fewer
+        than two qualify) are separate comparisons OR-ed (AND-ed for NOT IN) in order."""
         arg = self.bind(node.arg)
-        items = [self.bind(i) for i in node.items]
-        typ = self.common([arg, *items], node.pos)
-        op = "<>" if node.negated else "="
-        array = T.Array(array_of(typ), node.pos, tuple(self.coerce(i, typ) for i in items))
-        return T.ArrayOp(BOOL, node.pos, self.coerce(arg, typ), array,
-                         arith.comparator(typ, op), node.negated)
+        op, join = ("<>", "and") if node.negated else ("=", "or")
+        bound = [(self.bind(i), _has_column(i)) for i in node.items]
+        nonvars = [b for b, has in bound if not has]
+        rest = [b for b, _ in bound]
+        result = None
+        if len(nonvars) > 1:
+            typ = self.common([arg, *nonvars], node.pos)
+            array = T.Array(array_of(typ), node.pos, tuple(self.coerce(i, typ) for i in nonvars))
+            result = T.ArrayOp(BOOL, node.pos, self.coerce(arg, typ), array,
+                               arith.comparator(typ, op), node.negated)
+            rest = [b for b, has in bound if has]
+        for item in rest:
+            cmp = self.operator(op, arg, item, node.pos)
+            result = cmp if result is None else T.BoolOp(BOOL, node.pos, join, (result, cmp))
+        return result
 
     def bind_ArrayExpr(self, node: N.ArrayExpr) -> T.TNode:
         items = [self.bind(i) for i in node.items]
@@ -458,3 +470,18 @@ class _Binder:
         params, ret, impl = found
         args = tuple(self.coerce(a, p) for a, p in zip(args, params))
         return T.Call(ret, node.pos, name, impl, args)
+
+
+def _has_column(node) -> bool:
+    if isinstance(node, N.Column):
+        return True
+    for field in getattr(node, "__slots__", ()):
+        value = getattr(node, field)
+        items = value if isinstance(value, tuple) else (value,)
+        for item in items:
+            if isinstance(item, tuple):
+                if any(_has_column(x) for x in item if isinstance(x, N.Node)):
+                    return True
+            elif isinstance(item, N.Node) and _has_column(item):
+                return True
+    return False
