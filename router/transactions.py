@@ -112,6 +112,22 @@ class TransactionAssembler:
     def open_streams(self) -> tuple[int, ...]:
         return tuple(self._streams)
 
+    @property
+    def idle(self) -> bool:
+        """No transaction, stream or prepared transaction is being buffered: every change
+        received so far has been released."""
+        return (self._current is None and self._stream_xid is None and not self._streams
+                and not self._prepared)
+
+    @property
+    def hold_lsn(self) -> int | None:
+        """The earliest prepare LSN of prepared transactions held until COMMIT PREPARED.
+        Confirming a flush position at or past it would make PostgreSQL skip the prepared
+        changes after a restart (it would send only the COMMIT PREPARED)."""
+        if not self._prepared:
+            return None
+        return min(buf.final_lsn for buf in self._prepared.values())
+
     # -- feeding --------------------------------------------------------------------------
 
     def feed(self, lsn: int, msg) -> list:

@@ -1,0 +1,190 @@
+"""The router's configuration file (TOML), decoded and validated with msgspec.
+
+Rules: unknown keys and wrong types are rejected with the key's path (``routes[1].topic``);
+every value is checked once here, so the actors never meet a half-valid config. Secrets
+(DSN passwords, SASL passwords) are masked whenever the config is shown or logged.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import tomllib
+from typing import Literal
+
+import msgspec
+
+from .errors import ConfigError
+
+Operation = Literal["insert", "update", "delete", "truncate"]
+ALL_OPERATIONS: tuple[Operation, ...] = ("insert", "update", "delete", "truncate")
+_TOPIC_FIELDS = {"route", "schema", "table"}
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._\-]+$")
+
+
+class _Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class SourceConfig(_Base):
+    dsn: str
+    slot: str
+    publications: list[str]
+    create_slot: bool = False
+    #: pgoutput protocol version; 0 = the highest the server supports (4 on PG16+, 3 on 15)
+    proto_version: int = 0
+    #: stream large in-progress transactions (proto ≥ 2); the router buffers them until commit
+    streaming: bool = True
+    #: decode prepared transactions at PREPARE (proto ≥ 3); records are released at COMMIT
+    #: PREPARED. Off: PostgreSQL sends them as ordinary transactions at COMMIT PREPARED.
+    two_phase: bool = False
+    messages: bool = True
+    binary: bool = False
+    #: seconds between standby status updates
+    status_interval: float = 2.0
+    #: bytes of buffered streamed-transaction changes kept in memory before spilling to disk
+    memory_limit: int = 64 * 1024 * 1024
+    spill_dir: str | None = None
+
+
+class TopicSettings(_Base):
+    partitions: int = 1
+    replication_factor: int = 1
+    configs: dict[str, str] = {}
+
+
+class KafkaConfig(_Base):
+    bootstrap_servers: str | list[str]
+    client: Literal["kafka-python", "librdkafka"] = "kafka-python"
+    #: compacted topic holding the table schemas records refer to (``source.schema_id``)
+    schema_topic: str = "pgrouter.schemas"
+    #: topic for logical decoding messages (``pg_logical_emit_message``); empty = dropped
+    messages_topic: str = ""
+    create_topics: bool = True
+    #: passed to the Kafka client as they are (compression_type, linger_ms, security_protocol,
+    #: sasl_*, ssl_* …); acks and idempotence are pgrouter's and cannot be overridden
+    settings: dict[str, str | int | float | bool] = {}
+
+
+class RouteConfig(_Base):
+    name: str
+    tables: list[str] = []
+    schemas: list[str] = []
+    all_tables: bool = False
+    operations: list[Operation] = msgspec.field(default_factory=lambda: list(ALL_OPERATIONS))
+    topic: str = "{route}.{schema}.{table}"
+    topic_settings: TopicSettings = msgspec.field(default_factory=TopicSettings)
+
+
+class LogConfig(_Base):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+    #: seconds between progress lines
+    progress_interval: float = 10.0
+
+
+class Config(_Base):
+    source: SourceConfig
+    kafka: KafkaConfig
+    routes: list[RouteConfig]
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+
+
+_PATH_RE = re.compile(r"at `\$(.*?)`")
+
+
+def _path(msg: str) -> str | None:
+    m = _PATH_RE.search(msg)
+    if not m:
+        return None
+    return m.group(1).lstrip(".") or None
+
+
+def parse_config(text: str, *, source: str = "<config>") -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
+    try:
+        cfg = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        raise ConfigError(_PATH_RE.sub("", msg).strip(" -"), path=_path(msg),
+                          source=source) from exc
+    validate(cfg, source=source)
+    return cfg
+
+
+def load_config(path: str) -> Config:
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror}", source=path) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config file is not UTF-8", source=path) from exc
+    return parse_config(text, source=path)
+
+
+def _qualified(name: str, *, path: str, source: str) -> tuple[str, str]:
+    schema, dot, table = name.partition(".")
+    if not dot:
+        schema, table = "public", name
+    if not schema or not table:
+        raise ConfigError(f"table must be written schema.table, got {name!r}", path=path,
+                          source=source)
+    return schema, table
+
+
+def validate(cfg: Config, *, source: str = "<config>") -> None:
+    if not cfg.source.publications:
+        raise ConfigError("at least one publication is needed", path="source.publications",
+                          source=source)
+    if cfg.source.proto_version not in (0, 1, 2, 3, 4):
+        raise ConfigError("must be 0 (auto) or 1–4", path="source.proto_version", source=source)
+    if not cfg.routes:
+        raise ConfigError("at least one [[routes]] entry is needed", path="routes", source=source)
+    names = set()
+    for i, route in enumerate(cfg.routes):
+        where = f"routes[{i}]"
+        if not route.name or not _TOPIC_CHARS.match(route.name):
+            raise ConfigError("route names use letters, digits, '.', '_' and '-'",
+                              path=f"{where}.name", source=source)
+        if route.name in names:
+            raise ConfigError(f"duplicate route name {route.name!r}", path=f"{where}.name",
+                              source=source)
+        names.add(route.name)
+        chosen = sum((bool(route.tables), bool(route.schemas), route.all_tables))
+        if chosen != 1:
+            raise ConfigError("give exactly one of tables, schemas or all_tables = true",
+                              path=where, source=source)
+        for j, t in enumerate(route.tables):
+            _qualified(t, path=f"{where}.tables[{j}]", source=source)
+        if not route.operations:
+            raise ConfigError("at least one operation", path=f"{where}.operations", source=source)
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(route.topic) if f}
+        except ValueError as exc:
+            raise ConfigError(f"bad topic template: {exc}", path=f"{where}.topic",
+                              source=source) from exc
+        if fields - _TOPIC_FIELDS:
+            raise ConfigError(f"unknown placeholder(s) {sorted(fields - _TOPIC_FIELDS)}; use "
+                              "{route}, {schema}, {table}", path=f"{where}.topic", source=source)
+        if route.topic_settings.partitions < 1:
+            raise ConfigError("must be ≥ 1", path=f"{where}.topic_settings.partitions",
+                              source=source)
+    for key in ("acks", "enable_idempotence", "key_serializer", "value_serializer",
+                "bootstrap_servers", "transactional_id"):
+        if key in cfg.kafka.settings:
+            raise ConfigError("set by pgrouter (acks=all, idempotent producer); remove it",
+                              path=f"kafka.settings.{key}", source=source)
+
+
+def qualified(name: str) -> tuple[str, str]:
+    return _qualified(name, path="", source="")
+
+
+def mask_dsn(dsn: str) -> str:
+    """Hide the password of a ``postgresql://user:secret@host/db`` URL or ``password=`` pair."""
+    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", dsn)

@@ -1,0 +1,247 @@
+"""From committed transactions to Kafka records, route by route.
+
+Rules:
+
+* A route takes a table when its selector matches (``tables``, ``schemas`` or
+  ``all_tables``); what it does with the table's changes is a ``TablePlan``: which actions
+  it publishes, an optional row filter per action, an optional column list, the topic and
+  the encoder. Plans are built once per Relation layout and cached by relation id (a new
+  Relation message means a new plan).
+* PostgreSQL's publication semantics (pgoutput.c ``pgoutput_row_filter``):
+  - a filter that evaluates to NULL counts as false; TRUNCATE is never filtered;
+  - UPDATE evaluates the filter on the old and the new row: no/no → dropped, no/yes →
+    INSERT of the new row, yes/no → DELETE of the old row, yes/yes → UPDATE. Without an old
+    tuple only the new row is evaluated and nothing is transformed. Unchanged-TOAST columns of
+    the new row are taken from the old tuple where it has them. A transformed change is not
+    checked again against the published actions;
+  - column lists project ``before`` and ``after``; filters see the whole row.
+* Positions: ``seq`` is the change's ordinal in its transaction, counted before routing, so
+  the same change carries the same position on every route and every rerun.
+* Output comes in ``RoutedChunk``s of at most ``CHUNK_RECORDS`` records so a huge
+  transaction never sits in memory twice. A chunk lists the table schemas not seen before
+  this router started; the sink makes them durable before the chunk's records.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Callable, Iterator
+
+import msgspec
+
+from .changes import Change
+from .envelope import TableEncoder, TxContext, encode_message
+from .pgoutput import UNCHANGED_TOAST, Relation
+from .schema import TableSchema
+from .transactions import NonTransactionalMessage, Transaction
+
+CHUNK_RECORDS = 2000
+
+#: (topic, key, value, headers)
+Record = tuple
+RowPredicate = Callable[[tuple], bool]
+
+
+class TablePlan(msgspec.Struct, frozen=True):
+    """What one route does with one relation layout."""
+
+    route: str
+    topic: str
+    encoder: TableEncoder
+    publish_insert: bool = True
+    publish_update: bool = True
+    publish_delete: bool = True
+    publish_truncate: bool = True
+    #: row filters per action (None: no filtering for that action)
+    insert_filter: RowPredicate | None = None
+    update_filter: RowPredicate | None = None
+    delete_filter: RowPredicate | None = None
+
+
+class RoutedChunk(msgspec.Struct):
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    records: list
+    schemas: list[TableSchema]
+    last: bool  # the transaction's final chunk
+
+
+class RouteSpec(msgspec.Struct, frozen=True):
+    """A route as the core sees it. ``planner`` builds the plan for a relation the route
+    takes (or returns None to skip it); the default planner handles config routes."""
+
+    name: str
+    tables: frozenset[tuple[str, str]] = frozenset()
+    schemas: frozenset[str] = frozenset()
+    all_tables: bool = False
+    operations: frozenset[str] = frozenset({"insert", "update", "delete", "truncate"})
+    topic: str = "{route}.{schema}.{table}"
+    planner: Callable[[Relation], dict | None] | None = None
+
+    def takes(self, schema: str, table: str) -> bool:
+        if self.all_tables:
+            return True
+        if (schema, table) in self.tables:
+            return True
+        return any(fnmatch.fnmatchcase(schema, s) for s in self.schemas)
+
+    def topic_for(self, schema: str, table: str) -> str:
+        return self.topic.format(route=self.name, schema=schema, table=table)
+
+
+def _headers(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
+    return [("pgrouter.commit_lsn", str(commit_lsn).encode()), ("pgrouter.seq", str(seq).encode())]
+
+
+def _fill_toast(new: tuple, old: tuple | None) -> tuple:
+    if old is None or UNCHANGED_TOAST not in new:
+        return new
+    return tuple(o if n is UNCHANGED_TOAST and o is not UNCHANGED_TOAST else n
+                 for n, o in zip(new, old))
+
+
+class ChangeRouter:
+    def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
+                 type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS):
+        self.routes = routes
+        self.db = db
+        self.messages_topic = messages_topic
+        self.type_names = type_names if type_names is not None else {}
+        self.chunk_records = chunk_records
+        self._plans: dict[int, tuple[Relation, tuple[TablePlan, ...]]] = {}
+        self._seen_schemas: set[str] = set()
+
+    # -- plans ---------------------------------------------------------------------------------
+
+    def plans_for(self, relation: Relation) -> tuple[TablePlan, ...]:
+        cached = self._plans.get(relation.relation_id)
+        if cached is not None and cached[0] is relation:
+            return cached[1]
+        plans = []
+        for spec in self.routes:
+            if spec.planner is not None:
+                extra = spec.planner(relation)
+                if extra is None:
+                    continue
+            elif spec.takes(relation.namespace, relation.name):
+                extra = {}
+            else:
+                continue
+            ops = spec.operations
+            kwargs = dict(publish_insert="insert" in ops, publish_update="update" in ops,
+                          publish_delete="delete" in ops, publish_truncate="truncate" in ops)
+            kwargs.update(extra)
+            columns = kwargs.pop("columns", None)
+            publish_as = kwargs.pop("publish_as", None) or relation
+            encoder = TableEncoder(publish_as, route=spec.name, db=self.db,
+                                   column_indexes=columns, type_names=self.type_names)
+            topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace,
+                                                                publish_as.name)
+            plans.append(TablePlan(route=spec.name, topic=topic, encoder=encoder, **kwargs))
+        result = tuple(plans)
+        self._plans[relation.relation_id] = (relation, result)
+        return result
+
+    def forget_plans(self) -> None:
+        """Drop cached plans (route definitions changed, e.g. after SIGHUP)."""
+        self._plans.clear()
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def route(self, txn: Transaction) -> Iterator[RoutedChunk]:
+        tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
+                       commit_time=txn.commit_time, origin=txn.origin_name,
+                       origin_lsn=txn.origin_lsn)
+        records: list = []
+        schemas: list[TableSchema] = []
+        limit = self.chunk_records
+        seq = 0
+        for change in txn.changes:
+            self._route_change(change, tx, seq, records, schemas)
+            seq += 1
+            if len(records) >= limit:
+                yield RoutedChunk(txn.xid, txn.commit_lsn, txn.end_lsn, records, schemas, False)
+                records, schemas = [], []
+        yield RoutedChunk(txn.xid, txn.commit_lsn, txn.end_lsn, records, schemas, True)
+
+    def route_message(self, msg: NonTransactionalMessage) -> list:
+        if not self.messages_topic:
+            return []
+        m = msg.message
+        key, value = encode_message(db=self.db, route="", tx=None, lsn=msg.lsn, seq=0,
+                                    transactional=False, prefix=m.prefix, content=m.content)
+        return [(self.messages_topic, key, value, _headers(msg.lsn, 0))]
+
+    def _schema(self, plan: TablePlan, schemas: list) -> None:
+        sid = plan.encoder.schema.schema_id
+        if sid not in self._seen_schemas:
+            self._seen_schemas.add(sid)
+            schemas.append(plan.encoder.schema)
+
+    def _route_change(self, change: Change, tx: TxContext, seq: int, out: list,
+                      schemas: list) -> None:
+        op = change.op
+        if op == "message":
+            if self.messages_topic:
+                m = change.message
+                key, value = encode_message(db=self.db, route="", tx=tx, lsn=change.lsn, seq=seq,
+                                            transactional=True, prefix=m.prefix,
+                                            content=m.content)
+                out.append((self.messages_topic, key, value, _headers(tx.commit_lsn, seq)))
+            return
+        if op == "truncate":
+            for rel in change.relations or ():
+                for plan in self.plans_for(rel):
+                    if plan.publish_truncate:
+                        self._schema(plan, schemas)
+                        key, value = plan.encoder.encode_truncate(tx, change.lsn, seq,
+                                                                  change.options)
+                        out.append((plan.topic, key, value, _headers(tx.commit_lsn, seq)))
+            return
+        for plan in self.plans_for(change.relation):
+            result = self._apply_plan(plan, change)
+            if result is None:
+                continue
+            kind, old, old_is_key, new = result
+            self._schema(plan, schemas)
+            key, value = plan.encoder.encode(kind, tx, change.lsn, seq, old=old,
+                                             old_is_key=old_is_key, new=new)
+            out.append((plan.topic, key, value, _headers(tx.commit_lsn, seq)))
+
+    @staticmethod
+    def _apply_plan(plan: TablePlan, change: Change):
+        """(op, old, old_is_key, new) to publish, or None to drop the change."""
+        op = change.op
+        if op == "insert":
+            if not plan.publish_insert:
+                return None
+            f = plan.insert_filter
+            if f is not None and not f(change.new):
+                return None
+            return "c", None, False, change.new
+        if op == "delete":
+            if not plan.publish_delete:
+                return None
+            f = plan.delete_filter
+            if f is not None and not f(change.old):
+                return None
+            return "d", change.old, change.old_is_key, None
+        # update
+        if not plan.publish_update:
+            return None
+        f = plan.update_filter
+        old, new = change.old, change.new
+        if f is None:
+            return "u", old, change.old_is_key, new
+        if old is None:
+            return ("u", None, False, new) if f(new) else None
+        new = _fill_toast(new, old)
+        old_match, new_match = f(old), f(new)
+        if old_match and new_match:
+            return "u", old, change.old_is_key, new
+        if new_match:
+            return "c", None, False, new
+        if old_match:
+            return "d", old, change.old_is_key, None
+        return None

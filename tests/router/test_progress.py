@@ -1,0 +1,64 @@
+"""The flush-LSN rule: only end LSNs of durable transactions, in commit order."""
+
+from router.progress import ProgressTracker
+
+
+def test_confirms_a_transaction_once_done():
+    p = ProgressTracker()
+    p.begin("t", 100)
+    assert p.confirmed == 0
+    p.done("t")
+    assert p.confirmed == 100
+
+
+def test_later_transaction_waits_for_earlier_one():
+    p = ProgressTracker()
+    p.begin("a", 100)
+    p.begin("b", 200)
+    p.done("b")
+    assert p.confirmed == 0, "b is durable but a is not: nothing may be confirmed"
+    p.done("a")
+    assert p.confirmed == 200
+
+
+def test_keepalive_waits_for_in_flight_and_confirms_when_idle():
+    p = ProgressTracker()
+    p.begin(1, 100)
+    p.keepalive(500)
+    assert p.confirmed == 0
+    p.done(1)
+    assert p.confirmed == 500
+    p.keepalive(600)
+    assert p.confirmed == 600
+    assert p.in_flight == 0
+
+
+def test_transaction_after_keepalive_does_not_block_it():
+    p = ProgressTracker()
+    p.keepalive(50)
+    p.begin(1, 100)
+    assert p.confirmed == 50
+    p.done(1)
+    assert p.confirmed == 100
+
+
+def test_hold_caps_confirmation_and_never_moves_back():
+    p = ProgressTracker(start_lsn=50)
+    p.set_hold(120)
+    p.begin(1, 200)
+    p.done(1)
+    assert p.confirmed == 120
+    p.set_hold(10)
+    p.keepalive(300)
+    assert p.confirmed == 120, "never backwards"
+    p.set_hold(None)
+    p.keepalive(300)
+    assert p.confirmed == 300
+
+
+def test_confirmed_never_moves_backwards_on_an_older_keepalive():
+    p = ProgressTracker()
+    p.begin(1, 500)
+    p.done(1)
+    p.keepalive(400)
+    assert p.confirmed == 500
