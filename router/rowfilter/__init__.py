@@ -44,8 +44,9 @@ class RowFilter:
         self._names = [c.name for c in columns]
         self.columns_used = frozenset(self._names[i] for i in used)
         # text-like columns need no conversion; everything else is parsed once per row
-        self._convs = tuple((i, _types.PARSERS[t]) for i, t in sorted(used.items())
-                            if _types.PARSERS[t] is not _types.PARSERS[_types.TEXT])
+        parsers = {i: _types.PARSERS[_types.BY_OID[columns[i].type_oid]] for i in used}
+        self._convs = tuple((i, p) for i, p in sorted(parsers.items())
+                            if p is not _types.PARSERS[_types.TEXT])
 
     def evaluate(self, row: Sequence[str | None]) -> bool | None:
         if len(row) != self._width:
@@ -86,7 +87,9 @@ def compile_filter(sql: str, columns: Sequence[ColumnType]) -> RowFilter:
 def _collect(node, used: dict) -> None:
     from . import typed as T
     if isinstance(node, T.Col):
-        used[node.index] = node.type
+        # the column's own type: a relabelled reference (float4 read as float8) still
+        # parses its text as the column's type
+        used[node.index] = node.index
         return
     for field in node.__slots__:
         value = getattr(node, field)

@@ -66,6 +66,8 @@ def implicit(src: PgType, dst: PgType):
         return None
     if src is BPCHAR and dst is TEXT:
         return _rtrim
+    if src in (VARCHAR, NAME, TEXT) and dst is BPCHAR:
+        return None  # binary coercible; bpchar's operators then ignore trailing spaces
     if src is DATE and dst is TIMESTAMP:
         return temporal.date_to_timestamp
     if {src, dst} <= {DATE, TIMESTAMP, TIMESTAMPTZ}:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from . import arith, casts, functions, lexer, typed as T
 from . import nodes as N
-from .types import (BOOL, BPCHAR, DATE, FLOAT4, FLOAT8, INTS, INT4, INT8, NUMERIC, STRINGS,
+from .types import (VARCHAR, BOOL, BPCHAR, DATE, FLOAT4, FLOAT8, INTS, INT4, INT8, NUMERIC, STRINGS,
                     TEXT, TIMESTAMP, TIMESTAMPTZ, UNKNOWN, PgType, array_of, parse_array,
                     parse_text, resolve_type_name, INT_RANGE)
 
@@ -107,28 +107,39 @@ class _Binder:
             raise self.err(node.pos, f"values of type {node.type.display} can only be tested "
                                      "with IS [NOT] NULL in pgrouter")
 
-    def common(self, nodes: list[T.TNode], pos: int, what: str = "=") -> PgType:
-        """The type PostgreSQL compares / combines ``nodes`` in."""
+    def common(self, nodes: list[T.TNode], pos: int, what: str = "=", *,
+               union: bool = False) -> PgType:
+        """The type PostgreSQL compares (operator resolution) or, with ``union``, combines
+        (``select_common_type``: CASE, COALESCE, GREATEST/LEAST, IN lists) ``nodes`` in."""
         typ = UNKNOWN
         for node in nodes:
             self.supported(node)
-            typ = self.pair(typ, node.type, pos, what)
+            typ = self.pair(typ, node.type, pos, what, union)
         return TEXT if typ is UNKNOWN else typ
 
-    def pair(self, a: PgType, b: PgType, pos: int, what: str) -> PgType:
+    def pair(self, a: PgType, b: PgType, pos: int, what: str, union: bool = False) -> PgType:
         if a is UNKNOWN:
             return b
         if b is UNKNOWN or a is b:
             return a
         ca, cb = a.category, b.category
         if ca == cb == "N":
-            if a in (FLOAT4, FLOAT8) or b in (FLOAT4, FLOAT8):
+            if FLOAT8 in (a, b):
                 return FLOAT8
+            if FLOAT4 in (a, b):
+                # float4 with numeric/int: operators pick the float48 variants, while
+                # select_common_type stays on float4 (numeric -> float4 is implicit)
+                return FLOAT4 if union else FLOAT8
             if NUMERIC in (a, b):
                 return NUMERIC
             return a if INTS.index(a) > INTS.index(b) else b
         if ca == cb == "S":
-            return BPCHAR if a is b is BPCHAR else TEXT
+            if union:  # the first type wins: every string type coerces implicitly to every other
+                return BPCHAR if a is BPCHAR else TEXT
+            # bpchar = varchar resolves to bpchareq (one exact match); bpchar = text to texteq
+            if BPCHAR in (a, b) and TEXT not in (a, b):
+                return BPCHAR if {a, b} <= {BPCHAR, VARCHAR} else TEXT
+            return TEXT
         if {a, b} == {DATE, TIMESTAMP}:
             return TIMESTAMP
         if {a, b} <= {DATE, TIMESTAMP, TIMESTAMPTZ}:
@@ -354,7 +365,7 @@ class _Binder:
         rest = [b for b, _ in bound]
         result = None
         if len(nonvars) > 1:
-            typ = self.common([arg, *nonvars], node.pos)
+            typ = self.common([arg, *nonvars], node.pos, union=True)
             array = T.Array(array_of(typ), node.pos, tuple(self.coerce(i, typ) for i in nonvars))
             result = T.ArrayOp(BOOL, node.pos, self.coerce(arg, typ), array,
                                arith.comparator(typ, op), node.negated)
@@ -368,7 +379,7 @@ class _Binder:
         items = [self.bind(i) for i in node.items]
         if not items:
             raise self.err(node.pos, "cannot determine type of empty array")
-        typ = self.common(items, node.pos)
+        typ = self.common(items, node.pos, union=True)
         return T.Array(array_of(typ), node.pos, tuple(self.coerce(i, typ) for i in items))
 
     def bind_AnyAll(self, node: N.AnyAll) -> T.TNode:
@@ -415,7 +426,7 @@ class _Binder:
             results.append(self.bind(result))
         default = self.bind(node.default) if node.default is not None else None
         outs = results + ([default] if default is not None else [])
-        typ = self.common(outs, node.pos, "CASE")
+        typ = self.common(outs, node.pos, "CASE", union=True)
         results = [self.coerce(r, typ) for r in results]
         default = self.coerce(default, typ) if default is not None else T.Lit(typ, node.pos, None)
         return T.CaseWhen(typ, node.pos, tuple(zip(conds, results)), default)
@@ -440,7 +451,7 @@ class _Binder:
             name = raw.pop(0).value
         args = [self.bind(a) for a in raw]
         if name in ("coalesce", "greatest", "least") and args:
-            typ = self.common(args, node.pos, name.upper())
+            typ = self.common(args, node.pos, name.upper(), union=True)
             args = tuple(self.coerce(a, typ) for a in args)
             if name == "coalesce":
                 return T.Coalesce(typ, node.pos, args)

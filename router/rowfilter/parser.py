@@ -368,7 +368,12 @@ class _Parser:
                             "row filter")
         if name == "trim":
             return self.trim_args(tok)
-        first = self.expr(0)
+        if name == "position":
+            first = self.expr(_LIKE)
+            if self.accept_word("in"):
+                return [self.expr(_LIKE), first]  # POSITION(a IN b) is position(b, a)
+        else:
+            first = self.expr(0)
         if name in ("substring", "overlay") and self.is_word("from"):
             self.next()
             args = [first, self.expr(0)]
@@ -378,10 +383,6 @@ class _Parser:
         if name == "substring" and self.is_word("for"):
             self.next()
             return [first, Const(first.pos, "int", "1"), self.expr(0)]
-        if name == "position" and isinstance(first, InList) and len(first.items) == 1 \
-                and not first.negated:
-            # POSITION(a IN b) parses as "a IN (b)"; PostgreSQL calls position(b, a)
-            return [first.items[0], first.arg]
         if name == "extract" and self.is_word("from"):
             raise self.fail(tok.offset, "EXTRACT is not supported by pgrouter")
         args = [first]

@@ -14,6 +14,7 @@ session uses TimeZone=UTC, as the router does.
 
 from __future__ import annotations
 
+import os
 import random
 import urllib.parse
 
@@ -26,9 +27,9 @@ from router.rowfilter import ColumnType, compile_filter
 from router.rowfilter.errors import FilterEvaluationError
 
 DB = "pgrouter_rowfilter_diff"
-SEED = 20240501
+SEED = int(os.environ.get("PGROUTER_ROWFILTER_SEED", "20240501"))
 N_ROWS = 60
-N_EXPRS = 260
+N_EXPRS = int(os.environ.get("PGROUTER_ROWFILTER_EXPRS", "260"))
 BATCH = 50
 
 
