@@ -1,0 +1,47 @@
+"""``pgrouter materialize -c FILE [--available-now]``: run the Spark materializer on local Spark.
+
+The job itself is ``actors/materialize/job.py`` (also runnable with ``spark-submit``). This
+command validates the config with msgspec, supplies the Kafka/Delta jars from the dev stack's
+Maven cache when the config names none (``[spark] jars`` or ``spark.jars`` in ``[spark] conf``),
+and turns the job's failures into one-line errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from router.errors import ConfigError, PgRouterError
+
+
+class MaterializeFailed(PgRouterError):
+    """The Spark job stopped (missing schema, incompatible type change, keyless table…)."""
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", required=True, type=pathlib.Path,
+                   help="materialize config (TOML; see configs/materialize.toml)")
+    p.add_argument("--available-now", action="store_true",
+                   help="process what is in Kafka now (Trigger.AvailableNow), then exit")
+    p.add_argument("--devstack-dir", default=".devstack", type=pathlib.Path,
+                   help="dev stack folder whose Maven cache supplies the Spark jars when the "
+                   "config names none (default .devstack)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from actors.materialize import config
+
+    cfg = config.load(str(args.config))
+    try:
+        from actors.materialize import job
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
+        raise ConfigError(f"pyspark/delta-spark are not installed ({exc.name}); "
+                          "pip install 'pgrouter[spark]'") from exc
+    if not cfg.jars and "spark.jars" not in cfg.spark_conf:
+        from actors.devstack import spark_jars
+        cfg.jars = spark_jars(args.devstack_dir)
+    try:
+        job.run(cfg, available_now=args.available_now)
+    except job.MaterializeError as exc:
+        raise MaterializeFailed(str(exc)) from exc
+    return 0
