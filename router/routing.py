@@ -65,6 +65,8 @@ class RoutedChunk(msgspec.Struct):
     records: list
     schemas: list[TableSchema]
     last: bool  # the transaction's final chunk
+    #: topics this router had not used before, with the route that writes them
+    new_topics: list[tuple[str, str]] = []
 
 
 class RouteSpec(msgspec.Struct, frozen=True):
@@ -111,6 +113,8 @@ class ChangeRouter:
         self.chunk_records = chunk_records
         self._plans: dict[int, tuple[Relation, tuple[TablePlan, ...]]] = {}
         self._seen_schemas: set[str] = set()
+        self._seen_topics: set[str] = set()
+        self._new_topics: list[tuple[str, str]] = []
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -138,6 +142,9 @@ class ChangeRouter:
                                    column_indexes=columns, type_names=self.type_names)
             topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace,
                                                                 publish_as.name)
+            if topic not in self._seen_topics:
+                self._seen_topics.add(topic)
+                self._new_topics.append((topic, spec.name))
             plans.append(TablePlan(route=spec.name, topic=topic, encoder=encoder, **kwargs))
         result = tuple(plans)
         self._plans[relation.relation_id] = (relation, result)
@@ -161,17 +168,27 @@ class ChangeRouter:
             self._route_change(change, tx, seq, records, schemas)
             seq += 1
             if len(records) >= limit:
-                yield RoutedChunk(txn.xid, txn.commit_lsn, txn.end_lsn, records, schemas, False)
+                yield self._chunk(txn, records, schemas, False)
                 records, schemas = [], []
-        yield RoutedChunk(txn.xid, txn.commit_lsn, txn.end_lsn, records, schemas, True)
+        yield self._chunk(txn, records, schemas, True)
 
-    def route_message(self, msg: NonTransactionalMessage) -> list:
-        if not self.messages_topic:
-            return []
-        m = msg.message
-        key, value = encode_message(db=self.db, route="", tx=None, lsn=msg.lsn, seq=0,
-                                    transactional=False, prefix=m.prefix, content=m.content)
-        return [(self.messages_topic, key, value, _headers(msg.lsn, 0))]
+    def _chunk(self, txn: Transaction, records: list, schemas: list, last: bool) -> RoutedChunk:
+        new_topics = self._new_topics
+        if new_topics:
+            self._new_topics = []
+        return RoutedChunk(txn.xid, txn.commit_lsn, txn.end_lsn, records, schemas, last,
+                           new_topics)
+
+    def route_message(self, msg: NonTransactionalMessage) -> RoutedChunk:
+        """A non-transactional logical message: a chunk of its own that confirms nothing
+        (``end_lsn`` 0)."""
+        records = []
+        if self.messages_topic:
+            m = msg.message
+            key, value = encode_message(db=self.db, route="", tx=None, lsn=msg.lsn, seq=0,
+                                        transactional=False, prefix=m.prefix, content=m.content)
+            records.append((self.messages_topic, key, value, _headers(msg.lsn, 0)))
+        return RoutedChunk(0, msg.lsn, 0, records, [], True)
 
     def _schema(self, plan: TablePlan, schemas: list) -> None:
         sid = plan.encoder.schema.schema_id

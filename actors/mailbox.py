@@ -1,0 +1,60 @@
+"""Channel item types shared by the actors, and ``Latest``: a one-slot mailbox that keeps
+only the newest value (the flush LSN travelling back to the slot reader)."""
+
+from __future__ import annotations
+
+import msgspec
+import trio
+
+#: bounded channel sizes, in items (an item is a batch or a chunk, never a single message)
+WAL_BATCHES = 4
+EVENT_BATCHES = 4
+CHUNKS = 8
+PROGRESS_EVENTS = 256
+
+
+class WalBatch(msgspec.Struct):
+    """Messages read from the walsender in one go, with the server's position when the
+    reader found nothing more to read (``keepalive``)."""
+
+    messages: list  # [(lsn, payload bytes)]
+    keepalive: int | None = None
+
+
+class Keepalive(msgspec.Struct, frozen=True):
+    lsn: int
+
+
+class Hold(msgspec.Struct, frozen=True):
+    lsn: int | None
+
+
+class Begin(msgspec.Struct, frozen=True):
+    ticket: int
+    end_lsn: int
+
+
+class Done(msgspec.Struct, frozen=True):
+    ticket: int
+    records: int
+
+
+class Latest:
+    """Newest-value mailbox: ``set`` never blocks, ``wait_changed`` wakes on every set."""
+
+    def __init__(self, value: int = 0):
+        self.value = value
+        self.closed = False
+        self._event = trio.Event()
+
+    def set(self, value: int) -> None:
+        self.value = value
+        self._event.set()
+        self._event = trio.Event()
+
+    def close(self) -> None:
+        self.closed = True
+        self._event.set()
+
+    async def wait_changed(self) -> None:
+        await self._event.wait()

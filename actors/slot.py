@@ -1,0 +1,190 @@
+"""The slot reader: the walsender stream of one logical replication slot.
+
+psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
+``trio.lowlevel.wait_readable`` (asyncpg has no CopyBoth support; no threads). Rules:
+
+* Messages are read in batches as long as the socket has data and sent downstream as one
+  ``WalBatch``; when nothing more is buffered, the batch carries the server's position
+  (``cursor.wal_end``) as a keepalive candidate — in band, so it is confirmed only after
+  everything read before it.
+* Keepalives that ask for a reply are answered by psycopg2 inside ``read_message`` with the
+  flush position we last gave it. Standby status updates carry the flush LSN from the
+  progress actor, sent when it moves and at least every ``status_interval`` seconds; when
+  idle they ask the server for a keepalive, so quiet slots confirm recent positions.
+* Draining: ``stop_reading()`` ends the read loop and closes the output channel; the
+  connection stays open until the progress actor closes the flush mailbox, so the final
+  flush position is sent before the connection closes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+import trio
+
+from router.errors import PublicationMissing, SlotInUse, SlotMissing, SourceError, SourceUnavailable
+from router.lsn import format_lsn
+
+from . import log
+from .mailbox import Latest, WalBatch
+
+MAX_BATCH_MESSAGES = 2000
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+_log = log.get("slot")
+
+
+def source_error(exc: psycopg2.Error, *, streaming: bool) -> SourceError:
+    """Map a psycopg2 error to the router's tree (by SQLSTATE class, never by text)."""
+    if isinstance(exc, psycopg2.errors.ObjectInUse):
+        return SlotInUse(f"replication slot is in use by another process: {exc}".strip())
+    if isinstance(exc, psycopg2.errors.UndefinedObject):
+        if streaming:
+            return PublicationMissing(f"{exc}".strip())
+        return SlotMissing(f"{exc}".strip())
+    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        return SourceUnavailable(f"walsender connection failed: {exc}".strip())
+    return SourceError(f"walsender error: {exc}".strip())
+
+
+def pgoutput_options(*, proto_version: int, publications: list[str], streaming: bool,
+                     messages: bool, binary: bool, two_phase: bool,
+                     origin: str | None = None) -> dict[str, str]:
+    quoted = ",".join('"' + p.replace('"', '""') + '"' for p in publications)
+    opts = {"proto_version": str(proto_version), "publication_names": quoted}
+    if messages:
+        opts["messages"] = "true"
+    if binary:
+        opts["binary"] = "true"
+    if streaming and proto_version >= 2:
+        opts["streaming"] = "parallel" if proto_version >= 4 else "on"
+    if two_phase and proto_version >= 3:
+        opts["two_phase"] = "on"
+    if origin is not None:
+        opts["origin"] = origin
+    return opts
+
+
+async def _poll(conn) -> None:
+    while True:
+        state = conn.poll()
+        if state == psycopg2.extensions.POLL_OK:
+            return
+        if state == psycopg2.extensions.POLL_READ:
+            await trio.lowlevel.wait_readable(conn.fileno())
+        elif state == psycopg2.extensions.POLL_WRITE:
+            await trio.lowlevel.wait_writable(conn.fileno())
+
+
+class SlotReader:
+    def __init__(self, *, dsn: str, slot: str, options: dict[str, str],
+                 out: trio.MemorySendChannel, flush: Latest, status_interval: float = 2.0,
+                 stats=None):
+        self.dsn = dsn
+        self.slot = slot
+        self.options = options
+        self.out = out
+        self.flush = flush
+        self.status_interval = status_interval
+        self.stats = stats
+        self._stop = trio.Event()
+        self._conn = None
+        self._cur = None
+        self._last_status = 0.0
+        self._sent_flush = 0
+        self._streaming = False
+
+    def stop_reading(self) -> None:
+        self._stop.set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            self._conn = psycopg2.connect(
+                self.dsn, async_=True, application_name="pgrouter",
+                connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            await _poll(self._conn)
+            self._cur = self._conn.cursor()
+            self._cur.start_replication(slot_name=self.slot, decode=False, start_lsn=0,
+                                        options=self.options)
+            await _poll(self._conn)
+            self._streaming = True
+            log.event(_log, "streaming started", slot=self.slot,
+                      proto_version=self.options["proto_version"])
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_loop)
+                nursery.start_soon(self._status_loop)
+        except psycopg2.Error as exc:
+            raise source_error(exc, streaming=self._streaming) from exc
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    async def _read_loop(self) -> None:
+        cur = self._cur
+        fd = self._conn.fileno()
+        last_marker = 0
+        stats = self.stats
+        async with self.out:
+            while not self._stop.is_set():
+                batch: list = []
+                size = 0
+                while len(batch) < MAX_BATCH_MESSAGES and size < MAX_BATCH_BYTES:
+                    msg = cur.read_message()
+                    if msg is None:
+                        break
+                    payload = msg.payload
+                    batch.append((msg.data_start, payload))
+                    size += len(payload)
+                if batch:
+                    if stats is not None:
+                        stats.received_lsn = batch[-1][0]
+                        stats.received_messages += len(batch)
+                    wal_end = cur.wal_end
+                    await self.out.send(WalBatch(batch, wal_end if msg is None and wal_end > batch[-1][0] else None))
+                    continue
+                wal_end = cur.wal_end
+                if wal_end > last_marker:
+                    last_marker = wal_end
+                    if stats is not None:
+                        stats.server_lsn = max(stats.server_lsn, wal_end)
+                    await self.out.send(WalBatch([], wal_end))
+                with trio.move_on_after(self.status_interval / 2):
+                    await self._wait_readable_or_stop(fd)
+
+    async def _wait_readable_or_stop(self, fd: int) -> None:
+        async with trio.open_nursery() as nursery:
+            async def stopper():
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(stopper)
+            await trio.lowlevel.wait_readable(fd)
+            nursery.cancel_scope.cancel()
+
+    async def _status_loop(self) -> None:
+        """Send standby status updates until the progress actor closes the mailbox."""
+        while True:
+            with trio.move_on_after(self.status_interval):
+                await self.flush.wait_changed()
+            idle = self._stop.is_set() or (time.monotonic() - self._last_status) >= self.status_interval
+            self._send_status(force=idle, reply=idle and not self._stop.is_set())
+            if self.flush.closed:
+                self._send_status(force=True, reply=False)
+                log.event(_log, "final flush position sent", slot=self.slot,
+                          flush_lsn=format_lsn(self._sent_flush))
+                return
+
+    def _send_status(self, *, force: bool, reply: bool) -> None:
+        lsn = self.flush.value
+        if not force and lsn <= self._sent_flush:
+            return
+        try:
+            self._cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, reply=reply,
+                                    force=True)
+        except psycopg2.Error as exc:
+            raise source_error(exc, streaming=True) from exc
+        self._sent_flush = max(self._sent_flush, lsn)
+        self._last_status = time.monotonic()

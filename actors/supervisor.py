@@ -1,0 +1,302 @@
+"""The supervisor: owns the nursery, wires the actors, restarts on transient failures.
+
+Rules:
+
+* Before streaming, a preflight over SQL checks the server (``wal_level``, version), the slot
+  (exists or is created when ``create_slot``; uses pgoutput; not in use — a slot still held
+  by the walsender of a killed predecessor is waited for briefly) and the publications.
+* Actors: slot reader → decoder → router → Kafka sink → progress → (flush LSN) → slot reader,
+  joined by small bounded channels, so backpressure reaches the replication socket.
+* A failure is retried when ``router.errors.is_retryable`` says so, with capped exponential
+  backoff; the pipeline restarts from the slot's confirmed position (PostgreSQL resends
+  everything not confirmed; records already in Kafka are sent again, identical, at the same
+  position). Anything else stops the router with its message.
+* Before a restart the old producer is closed (bounded, shielded wait) so records it still
+  holds cannot land after the new pipeline's records of the same key.
+* SIGTERM/SIGINT drain: stop reading, let every channel empty, flush Kafka, send the final
+  flush LSN, exit 0. A second signal aborts.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import trio
+import trio_asyncio
+
+from router.config import Config, mask_dsn
+from router.errors import (ConfigError, InternalError, PgRouterError, PublicationMissing,
+                           SlotInUse, SlotMissing, SourceError, is_retryable)
+from router.lsn import format_lsn, parse_lsn
+from router.pgoutput import Decoder
+from router.relations import RelationCache
+from router.routing import ChangeRouter, RouteSpec
+from router.transactions import TransactionAssembler
+from router.config import qualified
+
+from . import log
+from .decoder import DecoderActor
+from .fanout import FanoutActor
+from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
+from .pg import SqlSession
+from .progress import ProgressActor, Stats
+from .sink import SinkActor, TopicSpec
+from .slot import SlotReader, pgoutput_options
+
+_log = log.get("supervisor")
+BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+SLOT_BUSY_WAIT = 30.0
+
+
+class ServerInfo:
+    def __init__(self, version: int, db: str, start_lsn: int, proto_version: int):
+        self.version = version
+        self.db = db
+        self.start_lsn = start_lsn
+        self.proto_version = proto_version
+
+
+def route_specs(cfg: Config) -> list[RouteSpec]:
+    specs = []
+    for r in cfg.routes:
+        specs.append(RouteSpec(
+            name=r.name, tables=frozenset(qualified(t) for t in r.tables),
+            schemas=frozenset(r.schemas), all_tables=r.all_tables,
+            operations=frozenset(r.operations), topic=r.topic))
+    return specs
+
+
+def max_proto_version(server_version: int) -> int:
+    if server_version >= 160000:
+        return 4
+    if server_version >= 150000:
+        return 3
+    if server_version >= 140000:
+        return 2
+    return 1
+
+
+async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
+    src = cfg.source
+    version = int(await sql.fetchval("select current_setting('server_version_num')"))
+    wal_level = await sql.fetchval("select current_setting('wal_level')")
+    if wal_level != "logical":
+        raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
+                          "wal_level=logical (and a restart)", path="source.dsn")
+    found = {r["pubname"] for r in await sql.fetch(
+        "select pubname from pg_publication where pubname = any($1::text[])", src.publications)}
+    missing = [p for p in src.publications if p not in found]
+    if missing:
+        raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
+                                 f"database {await sql.fetchval('select current_database()')}")
+    deadline = time.monotonic() + SLOT_BUSY_WAIT
+    while True:
+        row = await sql.fetch("select plugin, active, active_pid, confirmed_flush_lsn::text as lsn,"
+                              " database from pg_replication_slots where slot_name = $1", src.slot)
+        if not row:
+            if not src.create_slot:
+                raise SlotMissing(f"replication slot {src.slot!r} does not exist (set "
+                                  "source.create_slot = true to create it)")
+            await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', false, $2)",
+                            src.slot, src.two_phase)
+            log.event(_log, "replication slot created", slot=src.slot)
+            continue
+        slot = row[0]
+        if slot["plugin"] != "pgoutput":
+            raise ConfigError(f"slot {src.slot!r} uses plugin {slot['plugin']}, not pgoutput",
+                              path="source.slot")
+        db = await sql.fetchval("select current_database()")
+        if slot["database"] != db:
+            raise ConfigError(f"slot {src.slot!r} belongs to database {slot['database']}, the "
+                              f"DSN connects to {db}", path="source.dsn")
+        if not slot["active"]:
+            break
+        if time.monotonic() > deadline:
+            raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
+                            f"{slot['active_pid']}; stop that consumer first")
+        await trio.sleep(0.5)
+    proto = src.proto_version or max_proto_version(version)
+    if proto > max_proto_version(version):
+        raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
+                          f"{max_proto_version(version)} at most", path="source.proto_version")
+    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto)
+
+
+def _primary(exc: BaseException) -> BaseException:
+    """The exception that explains a failed nursery: a non-retryable router error first,
+    then any router error, then anything else."""
+    leaves: list[BaseException] = []
+
+    def walk(e):
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        elif not isinstance(e, trio.Cancelled):
+            leaves.append(e)
+    walk(exc)
+    ours = [e for e in leaves if isinstance(e, PgRouterError)]
+    for e in ours:
+        if not is_retryable(e):
+            return e
+    if ours:
+        return ours[0]
+    return leaves[0] if leaves else exc
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, *, until_caught_up: bool = False, client_factory=None):
+        self.cfg = cfg
+        self.until_caught_up = until_caught_up
+        self.client_factory = client_factory or _default_client
+        self.drain = trio.Event()
+        self.stats = Stats()
+        self.until_lsn: int | None = None
+        self.restarts = 0
+
+    async def run(self) -> int:
+        async with trio_asyncio.open_loop():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._signals, nursery.cancel_scope)
+                try:
+                    await self._run_with_retries()
+                finally:
+                    nursery.cancel_scope.cancel()
+        return 0
+
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if not self.drain.is_set():
+                    log.event(_log, "draining", signal=signal.Signals(signum).name)
+                    self.drain.set()
+                else:
+                    log.event(_log, "aborting", signal=signal.Signals(signum).name)
+                    scope.cancel()
+                    return
+
+    async def _run_with_retries(self) -> None:
+        backoff = BACKOFF_MIN
+        while True:
+            started = time.monotonic()
+            try:
+                await self._run_once()
+                return
+            except BaseException as exc:  # noqa: BLE001 — classified right below
+                primary = _primary(exc)
+                if isinstance(primary, (KeyboardInterrupt, SystemExit)):
+                    raise
+                if not isinstance(primary, PgRouterError):
+                    raise InternalError(f"unexpected failure: {primary!r}") from primary
+                if not is_retryable(primary) or self.drain.is_set():
+                    raise primary from None
+                if time.monotonic() - started > 60:
+                    backoff = BACKOFF_MIN
+                self.restarts += 1
+                log.event(_log, "restarting after transient failure", error=str(primary),
+                          kind=type(primary).__name__, backoff_s=round(backoff, 2),
+                          restarts=self.restarts)
+                with trio.move_on_after(backoff):
+                    await self.drain.wait()
+                if self.drain.is_set():
+                    return
+                backoff = min(BACKOFF_MAX, backoff * 2)
+
+    async def _run_once(self) -> None:
+        cfg = self.cfg
+        src = cfg.source
+        async with await SqlSession.connect(src.dsn) as sql:
+            info = await preflight(sql, cfg)
+            if self.until_caught_up and self.until_lsn is None:
+                self.until_lsn = parse_lsn(await sql.fetchval("select pg_current_wal_lsn()::text"))
+        log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
+                  server_version=info.version, proto_version=info.proto_version,
+                  confirmed_lsn=format_lsn(info.start_lsn),
+                  until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None)
+        if self.until_lsn is not None and info.start_lsn >= self.until_lsn:
+            log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
+            return
+        client = await trio.to_thread.run_sync(self.client_factory, cfg)
+        try:
+            await self._pipeline(info, client)
+        finally:
+            with trio.move_on_after(15) as scope:
+                scope.shield = True
+                await trio.to_thread.run_sync(client.close, 10.0)
+
+    async def _pipeline(self, info: ServerInfo, client) -> None:
+        cfg, src = self.cfg, self.cfg.source
+        wal_tx, wal_rx = trio.open_memory_channel(WAL_BATCHES)
+        ev_tx, ev_rx = trio.open_memory_channel(EVENT_BATCHES)
+        chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
+        prog_tx, prog_rx = trio.open_memory_channel(PROGRESS_EVENTS)
+        flush = Latest(info.start_lsn)
+        caught_up = trio.Event()
+        relations = RelationCache()
+        slot = SlotReader(
+            dsn=src.dsn, slot=src.slot, out=wal_tx, flush=flush,
+            status_interval=src.status_interval, stats=self.stats,
+            options=pgoutput_options(proto_version=info.proto_version,
+                                     publications=src.publications, streaming=src.streaming,
+                                     messages=src.messages, binary=src.binary,
+                                     two_phase=src.two_phase))
+        decoder = DecoderActor(
+            decoder=Decoder(info.proto_version),
+            assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
+                                           spill_dir=src.spill_dir),
+            inbox=wal_rx, out=ev_tx)
+        fanout = FanoutActor(router=ChangeRouter(route_specs(cfg), db=info.db,
+                                                 messages_topic=cfg.kafka.messages_topic,
+                                                 type_names=_TypeNames(relations)),
+                             inbox=ev_rx, out=chunk_tx)
+        specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
+                                   r.topic_settings.replication_factor,
+                                   r.topic_settings.configs) for r in cfg.routes}
+        specs[""] = TopicSpec("", 1, max((s.replication_factor for s in specs.values()),
+                                         default=1))
+        sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
+                         schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
+                         create_topics=cfg.kafka.create_topics, stats=self.stats)
+        progress = ProgressActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
+                                 stats=self.stats, interval=cfg.log.progress_interval,
+                                 until_lsn=self.until_lsn, caught_up=caught_up)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(progress.run)
+            await nursery.start(sink.run)
+            await nursery.start(fanout.run)
+            await nursery.start(decoder.run)
+            await nursery.start(slot.run)
+            nursery.start_soon(self._drain_when, slot, caught_up)
+        if self.until_lsn is not None and flush.value >= self.until_lsn:
+            log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
+                      until_lsn=format_lsn(self.until_lsn))
+
+    async def _drain_when(self, slot: SlotReader, caught_up: trio.Event) -> None:
+        async with trio.open_nursery() as nursery:
+            async def wait(ev):
+                await ev.wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(wait, self.drain)
+            nursery.start_soon(wait, caught_up)
+        slot.stop_reading()
+
+
+class _TypeNames:
+    """``dict.get``-like view of the relation cache's type names (for schema records)."""
+
+    def __init__(self, relations: RelationCache):
+        self._relations = relations
+
+    def get(self, oid: int, default=None):
+        return self._relations.type_name(oid) or default
+
+
+def _default_client(cfg: Config):
+    if cfg.kafka.client == "librdkafka":
+        from .rdkafka_client import RdKafkaClient
+
+        return RdKafkaClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))
+    from .kafka_client import KafkaPythonClient
+
+    return KafkaPythonClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))
