@@ -243,7 +243,7 @@ def _array_udf():
     if _UDF is None:
         from pyspark.sql import functions as F
         from pyspark.sql.types import ArrayType, StringType
-        _UDF = F.udf(parse_pg_array, ArrayType(StringType()))
+        _UDF = F.udf(lambda text: parse_pg_array(text), ArrayType(StringType()), useArrow=False)
     return _UDF
 
 

@@ -1,0 +1,384 @@
+"""The materializer against real Kafka, real Spark and Delta, with PostgreSQL as the oracle.
+
+The state-mode test applies a workload to a real PostgreSQL table and, for each statement,
+produces the records pgrouter would send (``TableEncoder`` fed with PostgreSQL's own text forms
+of the rows), plus duplicates and late older records; after each micro-batch run the Delta
+table must equal the PostgreSQL table. The changelog tests check that every position is held
+exactly once after a re-run batch and after a hard kill of ``pgrouter materialize``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from decimal import Decimal
+
+import psycopg2
+import pytest
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from router.envelope import TableEncoder, TxContext
+from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
+from router.schema import encode_schema
+
+pytestmark = [pytest.mark.services, pytest.mark.spark]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NUMERIC_12_2 = (12 << 16 | 2) + 4
+
+
+@pytest.fixture(scope="session")
+def spark(kafka_bootstrap):
+    from actors.devstack import spark_jars
+    from actors.materialize import job
+
+    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, warehouse="-", checkpoint="-",
+                        master="local[2]", spark_conf={"spark.sql.shuffle.partitions": "2"},
+                        jars=spark_jars(ROOT / ".devstack"))
+    session = job.build_session(cfg)
+    yield session
+    session.stop()
+
+
+class Feed:
+    """Produces pgrouter records to one data topic (2 partitions) and a schema topic."""
+
+    def __init__(self, bootstrap: str, tag: str):
+        self.topic, self.schema_topic = f"mz.{tag}", f"mz.schemas.{tag}"
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        admin.create_topics([NewTopic(self.topic, 2, 1), NewTopic(self.schema_topic, 1, 1)])
+        admin.close()
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        self.commit_lsn = 0x1000000
+        self.sent: list[tuple[bytes, bytes]] = []
+
+    def schema(self, enc: TableEncoder) -> None:
+        k, v = encode_schema(enc.schema)
+        self.producer.send(self.schema_topic, key=k, value=v).get(timeout=30)
+
+    def tx(self) -> TxContext:
+        self.commit_lsn += 0x1000
+        return TxContext(xid=self.commit_lsn // 0x1000, commit_lsn=self.commit_lsn,
+                         end_lsn=self.commit_lsn + 1, commit_time=789_000_000_000_000)
+
+    def send(self, kv: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+        self.producer.send(self.topic, key=kv[0], value=kv[1])
+        self.sent.append(kv)
+        return kv
+
+    def flush(self) -> None:
+        self.producer.flush(timeout=30)
+
+
+def _config(tmp: pathlib.Path, bootstrap: str, feed: Feed, mode: str, **extra):
+    from actors.materialize import job
+
+    return job.JobConfig(bootstrap_servers=bootstrap, topics=[feed.topic],
+                         schema_topic=feed.schema_topic, warehouse=str(tmp / "wh"),
+                         checkpoint=str(tmp / "ck"), mode=mode, **extra)
+
+
+# --- state mode, PostgreSQL as the oracle ----------------------------------------------------
+
+COLS = ("id int4 PRIMARY KEY, name text, amount numeric(12,2), big numeric, f float8, ok bool, "
+        "d date, ts timestamp, tstz timestamptz, raw bytea, tags int4[], doc jsonb, note text")
+SELECT = ("SELECT id::text, name, amount::text, big::text, f::text, "
+          "CASE WHEN ok THEN 't' WHEN NOT ok THEN 'f' END, d::text, ts::text, tstz::text, "
+          "raw::text, tags::text, doc::text, note{extra} FROM {t} WHERE id = %s")
+
+
+def _relation(table: str, extra: bool) -> Relation:
+    cols = [RelationColumn(1, "id", 23, -1), RelationColumn(0, "name", 25, -1),
+            RelationColumn(0, "amount", 1700, NUMERIC_12_2), RelationColumn(0, "big", 1700, -1),
+            RelationColumn(0, "f", 701, -1), RelationColumn(0, "ok", 16, -1),
+            RelationColumn(0, "d", 1082, -1), RelationColumn(0, "ts", 1114, -1),
+            RelationColumn(0, "tstz", 1184, -1), RelationColumn(0, "raw", 17, -1),
+            RelationColumn(0, "tags", 1007, -1), RelationColumn(0, "doc", 3802, -1),
+            RelationColumn(0, "note", 25, -1)]
+    if extra:
+        cols.append(RelationColumn(0, "extra", 20, -1))
+    return Relation(77, "public", table, "d", tuple(cols))
+
+
+class Oracle:
+    """Runs each statement on PostgreSQL and sends the records pgrouter would send for it."""
+
+    def __init__(self, dsn: str, feed: Feed, table: str):
+        self.conn = psycopg2.connect(dsn)
+        self.conn.autocommit = True
+        self.cur = self.conn.cursor()
+        self.cur.execute("SET TimeZone = 'UTC'")
+        self.feed, self.table, self.extra = feed, table, False
+        self.cur.execute(f"DROP TABLE IF EXISTS {table}; CREATE TABLE {table} ({COLS})")
+        self.enc = TableEncoder(_relation(table, False), route="orders", db="postgres")
+        feed.schema(self.enc)
+
+    def add_column(self) -> None:
+        self.cur.execute(f"ALTER TABLE {self.table} ADD COLUMN extra int8")
+        self.extra = True
+        self.enc = TableEncoder(_relation(self.table, True), route="orders", db="postgres")
+        self.feed.schema(self.enc)
+
+    def row(self, id_: int) -> tuple:
+        self.cur.execute(SELECT.format(t=self.table, extra=", extra::text" if self.extra else ""),
+                         (id_,))
+        return self.cur.fetchone()
+
+    def key(self, id_: int) -> tuple:
+        return (str(id_),) + (None,) * (len(self.enc.relation.columns) - 1)
+
+    def insert(self, tx, seq, values: dict):
+        names = ", ".join(values)
+        self.cur.execute(f"INSERT INTO {self.table} ({names}) VALUES "
+                         f"({', '.join(['%s'] * len(values))})", tuple(values.values()))
+        new = self.row(values["id"])
+        return self.feed.send(self.enc.encode("c", tx, tx.commit_lsn - 0x100 + seq, seq,
+                                              old=None, old_is_key=False, new=new))
+
+    def update(self, tx, seq, id_: int, sets: dict, *, toast: tuple[str, ...] = ()):
+        self.cur.execute(f"UPDATE {self.table} SET {', '.join(f'{k} = %s' for k in sets)} "
+                         f"WHERE id = %s", (*sets.values(), id_))
+        new_id = sets.get("id", id_)
+        new = list(self.row(new_id))
+        names = [c.name for c in self.enc.relation.columns]
+        for c in toast:
+            new[names.index(c)] = UNCHANGED_TOAST
+        old = self.key(id_) if new_id != id_ else None
+        return self.feed.send(self.enc.encode("u", tx, tx.commit_lsn - 0x100 + seq, seq, old=old,
+                                              old_is_key=True, new=tuple(new)))
+
+    def delete(self, tx, seq, id_: int):
+        self.cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (id_,))
+        return self.feed.send(self.enc.encode("d", tx, tx.commit_lsn - 0x100 + seq, seq,
+                                              old=self.key(id_), old_is_key=True, new=None))
+
+    def truncate(self, tx, seq):
+        self.cur.execute(f"TRUNCATE {self.table}")
+        return self.feed.send(self.enc.encode_truncate(tx, tx.commit_lsn - 0x100 + seq, seq, 0))
+
+    def rows(self) -> list[tuple]:
+        self.cur.execute(f"SELECT id, name, amount, big, f, ok, d, ts, tstz, raw, tags, doc, note"
+                         f"{', extra' if self.extra else ''} FROM {self.table} ORDER BY id")
+        return [_norm(r) for r in self.cur.fetchall()]
+
+
+def _norm(r) -> tuple:
+    """A row from either side in one comparable shape."""
+    (id_, name, amount, big, f, ok, d, ts, tstz, raw, tags, doc, note, *extra) = r
+    return (id_, name, amount, None if big is None else Decimal(big),
+            "nan" if isinstance(f, float) and math.isnan(f) else f, ok, d, ts,
+            None if tstz is None else round(tstz.timestamp(), 6),
+            None if raw is None else bytes(raw), tags,
+            json.loads(doc) if isinstance(doc, str) else doc, note, *(extra or [None]))
+
+
+def _delta_rows(spark, path: str, extra: bool) -> list[tuple]:
+    df = spark.read.format("delta").load(path).filter("NOT _pgr_deleted").orderBy("id")
+    cols = ["id", "name", "amount", "big", "f", "ok", "d", "ts", "tstz", "raw", "tags", "doc",
+            "note"] + (["extra"] if extra else [])
+    return [_norm(tuple(r)) for r in df.select(*cols).collect()]
+
+
+def test_state_matches_postgres(spark, pg_dsn, kafka_bootstrap, tmp_path):
+    from actors.materialize import job
+
+    tag = uuid.uuid4().hex[:8]
+    feed = Feed(kafka_bootstrap, tag)
+    pg = Oracle(pg_dsn, feed, f"mz_orders_{tag}")
+    cfg = _config(tmp_path, kafka_bootstrap, feed, "state")
+    path = f"{cfg.warehouse}/orders/public/{pg.table}"
+    long_note = "toast me " * 400
+
+    def run_and_compare():
+        feed.flush()
+        job.Materializer(spark, cfg).run(available_now=True)
+        assert _delta_rows(spark, path, pg.extra) == pg.rows()
+
+    # batch 1: inserts of every type, updates, unchanged TOAST, delete, key change, duplicates
+    tx = feed.tx()
+    first = {}
+    for i in range(1, 9):
+        first[i] = pg.insert(tx, i, {
+            "id": i, "name": f"n{i} ü" if i % 3 else None, "amount": Decimal(f"{i}.5{i}"),
+            "big": "123456789012345678901234567890.000000000000000000001" if i == 1 else i,
+            "f": ["NaN", "Infinity", "-Infinity", 1.5, -0.25, None, 1e300, 3][i - 1],
+            "ok": [True, False, None][i % 3], "d": f"2024-01-0{i}",
+            "ts": f"2024-01-02 03:04:0{i}.12345{i}", "tstz": f"2024-01-02 03:04:05.5+0{i}:30",
+            "raw": bytes([0, i, 255]), "tags": [i, None, -i] if i % 2 else [],
+            "doc": json.dumps({"k": i, "s": "x\"y"}), "note": long_note + str(i)})
+    tx = feed.tx()
+    upd1 = pg.update(tx, 0, 1, {"name": "renamed"})
+    pg.update(tx, 1, 2, {"amount": Decimal("99.99")}, toast=("note",))
+    tx = feed.tx()
+    pg.delete(tx, 0, 3)
+    pg.update(tx, 1, 4, {"id": 104, "name": "moved"})
+    feed.send(first[5])  # duplicates, byte-identical
+    feed.send(upd1)
+    run_and_compare()
+
+    # batch 2: late older records, TOAST against the stored value, an added column
+    feed.send(first[3])  # older than the delete of 3: must not resurrect it
+    feed.send(first[1])  # older than the rename of 1: must not overwrite it
+    feed.send(first[4])  # older than the key change
+    tx = feed.tx()
+    pg.update(tx, 0, 2, {"name": "toast kept"}, toast=("note", "doc"))
+    ins9 = pg.insert(tx, 1, {"id": 9, "name": "nine", "note": "short"})
+    pg.add_column()
+    tx = feed.tx()
+    pg.update(tx, 0, 5, {"extra": 42})
+    pg.insert(tx, 1, {"id": 11, "name": "eleven", "extra": -7})
+    run_and_compare()
+
+    # batch 3: truncate, then changes after it in the same batch; late records from before it
+    tx = feed.tx()
+    pg.truncate(tx, 0)
+    tx = feed.tx()
+    ins20 = pg.insert(tx, 0, {"id": 20, "name": "after truncate", "note": long_note, "extra": 1})
+    pg.insert(tx, 1, {"id": 21, "name": "twenty-one"})
+    tx = feed.tx()
+    pg.update(tx, 0, 20, {"name": "after truncate, updated"}, toast=("note",))
+    feed.send(ins9)
+    feed.send(ins20)
+    feed.send(first[6])
+    run_and_compare()
+    assert len(pg.rows()) == 2
+
+    # a re-run with the same checkpoint finds nothing new and changes nothing
+    before = spark.read.format("delta").load(path).count()
+    run_and_compare()
+    assert spark.read.format("delta").load(path).count() == before
+
+
+def test_state_refuses_keyless_table(spark, kafka_bootstrap, tmp_path):
+    from actors.materialize import job
+
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    rel = Relation(5, "public", "nokey", "f", (RelationColumn(0, "a", 23, -1),))
+    enc = TableEncoder(rel, route="r", db="postgres")
+    feed.schema(enc)
+    feed.send(enc.encode("c", feed.tx(), 1, 0, old=None, old_is_key=False, new=("1",)))
+    feed.flush()
+    with pytest.raises(job.MaterializeError, match="no key columns"):
+        job.Materializer(spark, _config(tmp_path, kafka_bootstrap, feed, "state")).run(
+            available_now=True)
+
+
+def test_incompatible_type_change_stops(spark, kafka_bootstrap, tmp_path):
+    from actors.materialize import job
+
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    cfg = _config(tmp_path, kafka_bootstrap, feed, "state")
+    for oid, value in ((23, "1"), (25, "one")):
+        rel = Relation(6, "public", "t", "d", (RelationColumn(1, "id", 23, -1),
+                                               RelationColumn(0, "v", oid, -1)))
+        enc = TableEncoder(rel, route="r", db="postgres")
+        feed.schema(enc)
+        feed.send(enc.encode("c", feed.tx(), 1, 0, old=None, old_is_key=False, new=("1", value)))
+        feed.flush()
+        if oid == 23:
+            job.Materializer(spark, cfg).run(available_now=True)
+    with pytest.raises(job.MaterializeError, match="incompatible type change"):
+        job.Materializer(spark, cfg).run(available_now=True)
+
+
+# --- changelog mode: each position exactly once ------------------------------------------------
+
+
+def _changelog_workload(feed: Feed, n_tx: int, per_tx: int) -> set[tuple[int, int]]:
+    rel = Relation(9, "public", "events", "d", (RelationColumn(1, "id", 20, -1),
+                                                RelationColumn(0, "v", 25, -1)))
+    enc = TableEncoder(rel, route="log", db="postgres")
+    feed.schema(enc)
+    positions = set()
+    for _ in range(n_tx):
+        tx = feed.tx()
+        for seq in range(per_tx):
+            k = (tx.commit_lsn + seq) % 500
+            op = "c" if seq % 3 == 0 else ("u" if seq % 3 == 1 else "d")
+            new = None if op == "d" else (str(k), f"v{tx.xid}.{seq}")
+            kv = feed.send(enc.encode(op, tx, tx.commit_lsn + seq, seq,
+                                      old=(str(k), None) if op == "d" else None,
+                                      old_is_key=True, new=new))
+            positions.add((tx.commit_lsn, seq))
+            if seq % 17 == 0:
+                feed.send(kv)  # a duplicate, as after a router restart
+    feed.flush()
+    return positions
+
+
+def _positions(spark, path: str) -> list[tuple[int, int]]:
+    return [(r[0], r[1]) for r in
+            spark.read.format("delta").load(path).select("_pgr_commit_lsn", "_pgr_seq").collect()]
+
+
+def test_changelog_exactly_once_after_rerun(spark, kafka_bootstrap, tmp_path):
+    from actors.materialize import job
+
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    want = _changelog_workload(feed, 40, 50)
+    cfg = _config(tmp_path, kafka_bootstrap, feed, "changelog", max_offsets_per_trigger=700)
+    path = f"{cfg.warehouse}/log/public/events"
+    job.Materializer(spark, cfg).run(available_now=True)
+    got = _positions(spark, path)
+    assert len(got) == len(set(got)) and set(got) == want
+
+    # "killed after the Delta commit, before the checkpoint commit": forget the last two
+    # batch commits, so Spark runs those batches again with the same ids
+    commits = sorted((pathlib.Path(cfg.checkpoint) / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    assert len(commits) >= 3
+    for p in commits[-2:]:
+        p.unlink()
+        pathlib.Path(p.parent, f".{p.name}.crc").unlink(missing_ok=True)
+    want |= _changelog_workload(feed, 4, 50)
+    job.Materializer(spark, cfg).run(available_now=True)
+    got = _positions(spark, path)
+    assert len(got) == len(set(got)) and set(got) == want
+    ops = spark.read.format("delta").load(path).groupBy("_pgr_op").count().collect()
+    assert {r[0] for r in ops} == {"c", "u", "d"}
+
+
+def test_changelog_exactly_once_after_hard_kill(spark, kafka_bootstrap, tmp_path):
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    want = _changelog_workload(feed, 300, 100)
+    conf = tmp_path / "materialize.toml"
+    conf.write_text(f"""
+[kafka]
+bootstrap_servers = "{kafka_bootstrap}"
+topics = ["{feed.topic}"]
+schema_topic = "{feed.schema_topic}"
+max_offsets_per_trigger = 1500
+[spark]
+master = "local[2]"
+conf = {{ "spark.sql.shuffle.partitions" = "2" }}
+[delta]
+warehouse = "{tmp_path / 'wh'}"
+checkpoint = "{tmp_path / 'ck'}"
+mode = "changelog"
+""")
+    cmd = [sys.executable, "-m", "actors.cli", "materialize", "-c", str(conf),
+           "--devstack-dir", str(ROOT / ".devstack")]
+    log = open(tmp_path / "run1.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    delta_log = tmp_path / "wh" / "log" / "public" / "events" / "_delta_log"
+    deadline = time.monotonic() + 150
+    try:
+        while len(list(delta_log.glob("*.json"))) < 4:  # create + a few batches written
+            assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "materializer made no progress"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the JVM is in the same new session
+        proc.wait(timeout=30)
+    done = subprocess.run(cmd + ["--available-now"], cwd=ROOT, capture_output=True, timeout=240)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    got = _positions(spark, str(delta_log.parent))
+    assert len(got) == len(set(got)) and set(got) == want
