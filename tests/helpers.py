@@ -1,0 +1,166 @@
+"""Helpers for tests against the real services: SQL, running the router, reading topics."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psycopg2
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+class Pg:
+    """An autocommit psycopg2 connection for test set-up and checks."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self.conn = psycopg2.connect(dsn)
+        self.conn.autocommit = True
+
+    def run(self, sql: str, *args):
+        with self.conn.cursor() as cur:
+            cur.execute(sql, args or None)
+            return cur.fetchall() if cur.description else None
+
+    def one(self, sql: str, *args):
+        return self.run(sql, *args)[0][0]
+
+    def close(self):
+        self.conn.close()
+
+    def drop_slot(self, slot: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.run("select active from pg_replication_slots where slot_name = %s", slot)
+            if not rows:
+                return
+            if not rows[0][0]:
+                self.run("select pg_drop_replication_slot(%s)", slot)
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"slot {slot} still active after {timeout}s")
+
+
+def write_config(path: pathlib.Path, *, dsn: str, slot: str, publications: list[str],
+                 bootstrap: str, routes: str, extra: str = "", source_extra: str = "",
+                 kafka_extra: str = "") -> pathlib.Path:
+    pubs = ", ".join(json.dumps(p) for p in publications)
+    path.write_text(f"""
+[source]
+dsn = {json.dumps(dsn)}
+slot = {json.dumps(slot)}
+publications = [{pubs}]
+create_slot = true
+status_interval = 0.5
+{source_extra}
+
+[kafka]
+bootstrap_servers = {json.dumps(bootstrap)}
+{kafka_extra}
+
+[log]
+progress_interval = 2
+
+{routes}
+{extra}
+""")
+    return path
+
+
+def router_cmd(config: pathlib.Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "router", "run", "-c", str(config), *extra]
+
+
+def run_router(config: pathlib.Path, *, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``pgrouter run --until-caught-up``; fails the test on a non-zero exit."""
+    proc = subprocess.run(router_cmd(config, "--until-caught-up"), capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, f"router exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def start_router(config: pathlib.Path, log: pathlib.Path) -> subprocess.Popen:
+    fh = open(log, "ab")
+    return subprocess.Popen(router_cmd(config), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                            start_new_session=True)
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def read_topic(bootstrap: str, topic: str, *, timeout: float = 60) -> list[dict]:
+    """Every record of ``topic`` (all partitions) up to its end offsets at call time, as
+    dicts with key, value (decoded JSON), headers, partition, offset."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=1000)
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        deadline = time.monotonic() + timeout
+        while parts is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            consumer.topics()
+            parts = consumer.partitions_for_topic(topic)
+        if parts is None:
+            return []
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out = []
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out reading {topic}")
+            for tp, msgs in consumer.poll(timeout_ms=500).items():
+                for m in msgs:
+                    if m.offset < ends[tp]:
+                        out.append({"key": json.loads(m.key) if m.key else None,
+                                    "value": json.loads(m.value), "headers": dict(m.headers),
+                                    "partition": m.partition, "offset": m.offset,
+                                    "raw": (m.key, m.value)})
+        return out
+    finally:
+        consumer.close()
+
+
+def fold_rows(records: list[dict], key_columns: list[str]) -> dict:
+    """Apply change records in position order to a dict key -> row (what a consumer that
+    materializes the topic would hold)."""
+    rows: dict = {}
+    ordered = sorted(records, key=lambda r: (r["value"]["source"]["commit_lsn"],
+                                             r["value"]["source"]["seq"]))
+    for r in ordered:
+        v = r["value"]
+        op = v["op"]
+        if op == "t":
+            rows.clear()
+        elif op in ("c", "r", "u"):
+            if v["before"] is not None:
+                old_key = tuple(v["before"][k] for k in key_columns)
+                rows.pop(old_key, None)
+            after = dict(v["after"])
+            new_key = tuple(after[k] for k in key_columns)
+            prev = rows.get(new_key, {})
+            for col in v.get("unchanged_toast", []):
+                after[col] = prev.get(col)
+            rows[new_key] = after
+        elif op == "d":
+            rows.pop(tuple(v["before"][k] for k in key_columns), None)
+    return rows
