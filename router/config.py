@@ -15,6 +15,7 @@ from typing import Literal
 import msgspec
 
 from .errors import ConfigError
+from .origins import OriginSetting, parse_policy
 
 Operation = Literal["insert", "update", "delete", "truncate"]
 ALL_OPERATIONS: tuple[Operation, ...] = ("insert", "update", "delete", "truncate")
@@ -61,6 +62,9 @@ class KafkaConfig(_Base):
     #: topic for logical decoding messages (``pg_logical_emit_message``); empty = dropped
     messages_topic: str = ""
     create_topics: bool = True
+    #: topic with a BEGIN and an END record per source transaction (Debezium's transaction
+    #: metadata; END counts the records written to each topic); empty = not written
+    transactions_topic: str = ""
     #: passed to the Kafka client as they are (compression_type, linger_ms, security_protocol,
     #: sasl_*, ssl_* …); acks and idempotence are pgrouter's and cannot be overridden
     settings: dict[str, str | int | float | bool] = {}
@@ -74,6 +78,8 @@ class RouteConfig(_Base):
     operations: list[Operation] = msgspec.field(default_factory=lambda: list(ALL_OPERATIONS))
     topic: str = "{route}.{schema}.{table}"
     topic_settings: TopicSettings = msgspec.field(default_factory=TopicSettings)
+    #: replaces the router-wide [origin] policy for this route (see router.origins)
+    origin: OriginSetting | None = None
 
 
 class LogConfig(_Base):
@@ -88,6 +94,8 @@ class Config(_Base):
     kafka: KafkaConfig
     routes: list[RouteConfig]
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    #: which transactions to publish by replication origin (router.origins); default "any"
+    origin: OriginSetting | None = None
 
 
 _PATH_RE = re.compile(r"at `\$(.*?)`")
@@ -144,9 +152,11 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         raise ConfigError("must be 0 (auto) or 1–4", path="source.proto_version", source=source)
     if not cfg.routes:
         raise ConfigError("at least one [[routes]] entry is needed", path="routes", source=source)
+    parse_policy(cfg.origin, path="origin", source=source)
     names = set()
     for i, route in enumerate(cfg.routes):
         where = f"routes[{i}]"
+        parse_policy(route.origin, path=f"{where}.origin", source=source)
         if not route.name or not _TOPIC_CHARS.match(route.name):
             raise ConfigError("route names use letters, digits, '.', '_' and '-'",
                               path=f"{where}.name", source=source)
