@@ -32,13 +32,16 @@ from router.errors import (ConfigError, InternalError, PgRouterError, Publicatio
 from router.lsn import format_lsn, parse_lsn
 from router.pgoutput import Decoder
 from router.relations import RelationCache
+from router.origins import rules_from_config
 from router.routing import ChangeRouter, RouteSpec
+from router.transaction_meta import TransactionMeta
 from router.transactions import TransactionAssembler
 from router.config import qualified
 
 from . import log
 from .decoder import DecoderActor
 from .fanout import FanoutActor
+from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
 from .pg import SqlSession
 from .progress import ProgressActor, Stats
@@ -227,6 +230,7 @@ class Supervisor:
 
     async def _pipeline(self, info: ServerInfo, client) -> None:
         cfg, src = self.cfg, self.cfg.source
+        origins = rules_from_config(cfg)
         wal_tx, wal_rx = trio.open_memory_channel(WAL_BATCHES)
         ev_tx, ev_rx = trio.open_memory_channel(EVENT_BATCHES)
         chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
@@ -240,16 +244,30 @@ class Supervisor:
             options=pgoutput_options(proto_version=info.proto_version,
                                      publications=src.publications, streaming=src.streaming,
                                      messages=src.messages, binary=src.binary,
-                                     two_phase=src.two_phase))
+                                     two_phase=src.two_phase,
+                                     origin=origins.server_option(info.version)))
         decoder = DecoderActor(
             decoder=Decoder(info.proto_version),
             assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
                                            spill_dir=src.spill_dir),
             inbox=wal_rx, out=ev_tx)
-        fanout = FanoutActor(router=ChangeRouter(route_specs(cfg), db=info.db,
-                                                 messages_topic=cfg.kafka.messages_topic,
-                                                 type_names=_TypeNames(relations)),
-                             inbox=ev_rx, out=chunk_tx)
+        # origin filter between decoder and fanout, unless nothing can be dropped or the
+        # server drops it (PG >= 16, "none" everywhere)
+        origin_filter = None
+        if not origins.passes_everything and origins.server_option(info.version) is None:
+            of_tx, of_rx = trio.open_memory_channel(EVENT_BATCHES)
+            origin_filter = OriginFilterActor(rules=origins, inbox=ev_rx, out=of_tx)
+            ev_rx = of_rx
+        routes = route_specs(cfg)
+
+        def router_for(names=None):
+            return ChangeRouter([r for r in routes if names is None or r.name in names],
+                                db=info.db, messages_topic=cfg.kafka.messages_topic,
+                                type_names=_TypeNames(relations))
+        fanout = FanoutActor(router=router_for(), inbox=ev_rx, out=chunk_tx,
+                             router_for=router_for,
+                             meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db)
+                                   if cfg.kafka.transactions_topic else None))
         specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
                                    r.topic_settings.replication_factor,
                                    r.topic_settings.configs) for r in cfg.routes}
@@ -265,6 +283,8 @@ class Supervisor:
             await nursery.start(progress.run)
             await nursery.start(sink.run)
             await nursery.start(fanout.run)
+            if origin_filter is not None:
+                await nursery.start(origin_filter.run)
             await nursery.start(decoder.run)
             await nursery.start(slot.run)
             nursery.start_soon(self._drain_when, slot, caught_up)
