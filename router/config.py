@@ -80,6 +80,16 @@ class RouteConfig(_Base):
     topic_settings: TopicSettings = msgspec.field(default_factory=TopicSettings)
     #: replaces the router-wide [origin] policy for this route (see router.origins)
     origin: OriginSetting | None = None
+    #: take tables, actions, row filters and column lists from a catalog publication (or
+    #: several, combined as one subscription would) instead of tables/schemas/all_tables
+    publication: str = ""
+    publications: list[str] = []
+    #: with ``tables``: a row filter (publication WHERE syntax) and a column list of our own
+    where: str = ""
+    columns: list[str] = []
+
+    def publication_names(self) -> list[str]:
+        return [self.publication] if self.publication else list(self.publications)
 
 
 class LogConfig(_Base):
@@ -164,10 +174,12 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
             raise ConfigError(f"duplicate route name {route.name!r}", path=f"{where}.name",
                               source=source)
         names.add(route.name)
-        chosen = sum((bool(route.tables), bool(route.schemas), route.all_tables))
+        chosen = sum((bool(route.tables), bool(route.schemas), route.all_tables,
+                      bool(route.publication), bool(route.publications)))
         if chosen != 1:
-            raise ConfigError("give exactly one of tables, schemas or all_tables = true",
-                              path=where, source=source)
+            raise ConfigError("give exactly one of tables, schemas, all_tables = true, "
+                              "publication or publications", path=where, source=source)
+        _validate_route_filter(route, where, source)
         for j, t in enumerate(route.tables):
             _qualified(t, path=f"{where}.tables[{j}]", source=source)
         if not route.operations:
@@ -188,6 +200,28 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         if key in cfg.kafka.settings:
             raise ConfigError("set by pgrouter (acks=all, idempotent producer); remove it",
                               path=f"kafka.settings.{key}", source=source)
+
+
+def _validate_route_filter(route: RouteConfig, where: str, source: str) -> None:
+    """``where``/``columns`` are what ``FOR TABLE t WHERE (…) (cols)`` allows: only with
+    ``tables``; the filter's syntax is checked here (types once the table is known)."""
+    if len(set(route.publications)) != len(route.publications):
+        raise ConfigError("publication named twice", path=f"{where}.publications",
+                          source=source)
+    for key, value in (("where", route.where), ("columns", route.columns)):
+        if value and not route.tables:
+            raise ConfigError(f"{key} needs tables = [...] (publications bring their own "
+                              "filters and column lists; PostgreSQL allows none with schemas "
+                              "or all tables)", path=f"{where}.{key}", source=source)
+    if len(set(route.columns)) != len(route.columns):
+        raise ConfigError("column named twice", path=f"{where}.columns", source=source)
+    if route.where:
+        from .rowfilter.parser import parse  # syntax only; types need the table's columns
+
+        try:
+            parse(route.where)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), path=f"{where}.where", source=source) from exc
 
 
 def qualified(name: str) -> tuple[str, str]:

@@ -56,6 +56,10 @@ class TablePlan(msgspec.Struct, frozen=True):
     insert_filter: RowPredicate | None = None
     update_filter: RowPredicate | None = None
     delete_filter: RowPredicate | None = None
+    #: publishing a partition as an ancestor: source column index for each ancestor column
+    row_map: tuple[int, ...] | None = None
+    #: ... and the ancestor's leaf partitions (a TRUNCATE of all of them truncates it)
+    root_leaves: frozenset | None = None
 
 
 class RoutedChunk(msgspec.Struct):
@@ -96,11 +100,13 @@ def _headers(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
     return [("pgrouter.commit_lsn", str(commit_lsn).encode()), ("pgrouter.seq", str(seq).encode())]
 
 
-def _fill_toast(new: tuple, old: tuple | None) -> tuple:
-    if old is None or UNCHANGED_TOAST not in new:
+def _fill_toast(new: tuple, old: tuple) -> tuple:
+    # pgoutput_row_filter: an unchanged-TOAST value of the new row is taken from the old
+    # tuple only where the old tuple has a (non-NULL, not itself unchanged) value
+    if UNCHANGED_TOAST not in new:
         return new
-    return tuple(o if n is UNCHANGED_TOAST and o is not UNCHANGED_TOAST else n
-                 for n, o in zip(new, old))
+    return tuple(o if n is UNCHANGED_TOAST and o is not None and o is not UNCHANGED_TOAST
+                 else n for n, o in zip(new, old))
 
 
 class ChangeRouter:
@@ -115,6 +121,7 @@ class ChangeRouter:
         self._seen_schemas: set[str] = set()
         self._seen_topics: set[str] = set()
         self._new_topics: list[tuple[str, str]] = []
+        self._pending_routes: list[RouteSpec] | None = None
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -156,7 +163,15 @@ class ChangeRouter:
 
     # -- routing -------------------------------------------------------------------------------
 
+    def replace_routes(self, routes: list[RouteSpec]) -> None:
+        """New route definitions (e.g. publications re-read on SIGHUP), used from the next
+        transaction on; a transaction already being routed finishes with the old ones."""
+        self._pending_routes = routes
+
     def route(self, txn: Transaction) -> Iterator[RoutedChunk]:
+        if self._pending_routes is not None:
+            self.routes, self._pending_routes = self._pending_routes, None
+            self.forget_plans()
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
                        commit_time=txn.commit_time, origin=txn.origin_name,
                        origin_lsn=txn.origin_lsn)
@@ -208,57 +223,96 @@ class ChangeRouter:
                 out.append((self.messages_topic, key, value, _headers(tx.commit_lsn, seq)))
             return
         if op == "truncate":
-            for rel in change.relations or ():
-                for plan in self.plans_for(rel):
-                    if plan.publish_truncate:
-                        self._schema(plan, schemas)
-                        key, value = plan.encoder.encode_truncate(tx, change.lsn, seq,
-                                                                  change.options)
-                        out.append((plan.topic, key, value, _headers(tx.commit_lsn, seq)))
+            self._route_truncate(change, tx, seq, out, schemas)
             return
+        headers = None
         for plan in self.plans_for(change.relation):
-            result = self._apply_plan(plan, change)
+            result = _apply_plan(plan, change)
             if result is None:
                 continue
             kind, old, old_is_key, new = result
-            self._schema(plan, schemas)
+            sid = plan.encoder.schema.schema_id
+            if sid not in self._seen_schemas:
+                self._seen_schemas.add(sid)
+                schemas.append(plan.encoder.schema)
             key, value = plan.encoder.encode(kind, tx, change.lsn, seq, old=old,
                                              old_is_key=old_is_key, new=new)
-            out.append((plan.topic, key, value, _headers(tx.commit_lsn, seq)))
+            if headers is None:
+                headers = _headers(tx.commit_lsn, seq)
+            out.append((plan.topic, key, value, headers))
 
-    @staticmethod
-    def _apply_plan(plan: TablePlan, change: Change):
-        """(op, old, old_is_key, new) to publish, or None to drop the change."""
-        op = change.op
-        if op == "insert":
-            if not plan.publish_insert:
-                return None
-            f = plan.insert_filter
-            if f is not None and not f(change.new):
-                return None
-            return "c", None, False, change.new
-        if op == "delete":
-            if not plan.publish_delete:
-                return None
-            f = plan.delete_filter
-            if f is not None and not f(change.old):
-                return None
-            return "d", change.old, change.old_is_key, None
-        # update
-        if not plan.publish_update:
+    def _route_truncate(self, change: Change, tx: TxContext, seq: int, out: list,
+                        schemas: list) -> None:
+        # pgoutput_truncate: a partition published as an ancestor is not truncated on its own.
+        # The stream of a slot whose publications send partitions cannot say whether the
+        # ancestor itself was truncated; truncating every leaf partition of it empties it, so
+        # that is published as the ancestor's TRUNCATE (once per statement).
+        via_root: dict[str, tuple[TablePlan, set]] = {}
+        for rel in change.relations or ():
+            for plan in self.plans_for(rel):
+                if not plan.publish_truncate:
+                    continue
+                if plan.root_leaves is not None:
+                    entry = via_root.setdefault(plan.topic + "\0" + plan.route, (plan, set()))
+                    entry[1].add((rel.namespace, rel.name))
+                    continue
+                self._emit_truncate(plan, change, tx, seq, out, schemas)
+        for plan, covered in via_root.values():
+            if plan.root_leaves and plan.root_leaves <= covered:
+                self._emit_truncate(plan, change, tx, seq, out, schemas)
+
+    def _emit_truncate(self, plan: TablePlan, change: Change, tx: TxContext, seq: int,
+                       out: list, schemas: list) -> None:
+        self._schema(plan, schemas)
+        key, value = plan.encoder.encode_truncate(tx, change.lsn, seq, change.options)
+        out.append((plan.topic, key, value, _headers(tx.commit_lsn, seq)))
+
+
+def _apply_plan(plan: TablePlan, change: Change):
+    """(op, old, old_is_key, new) to publish, or None to drop the change
+    (pgoutput_change + pgoutput_row_filter)."""
+    op = change.op
+    row_map = plan.row_map
+    if op == "insert":
+        if not plan.publish_insert:
             return None
-        f = plan.update_filter
-        old, new = change.old, change.new
-        if f is None:
-            return "u", old, change.old_is_key, new
-        if old is None:
-            return ("u", None, False, new) if f(new) else None
-        new = _fill_toast(new, old)
-        old_match, new_match = f(old), f(new)
-        if old_match and new_match:
-            return "u", old, change.old_is_key, new
-        if new_match:
-            return "c", None, False, new
-        if old_match:
-            return "d", old, change.old_is_key, None
+        new = change.new
+        if row_map is not None:
+            new = tuple([new[i] for i in row_map])
+        f = plan.insert_filter
+        if f is not None and not f(new):
+            return None
+        return "c", None, False, new
+    if op == "delete":
+        if not plan.publish_delete:
+            return None
+        old = change.old
+        if row_map is not None:
+            old = tuple([old[i] for i in row_map])
+        f = plan.delete_filter
+        if f is not None and not f(old):
+            return None
+        return "d", old, change.old_is_key, None
+    # update
+    if not plan.publish_update:
         return None
+    old, new = change.old, change.new
+    if row_map is not None:
+        new = tuple([new[i] for i in row_map])
+        if old is not None:
+            old = tuple([old[i] for i in row_map])
+    f = plan.update_filter
+    if f is None:
+        return "u", old, change.old_is_key, new
+    if old is None:
+        # key unchanged, no old tuple: the new row alone decides, nothing is transformed
+        return ("u", None, False, new) if f(new) else None
+    filled = _fill_toast(new, old)
+    old_match, new_match = f(old), f(filled)
+    if old_match:
+        if new_match:
+            return "u", old, change.old_is_key, new  # the new tuple as sent, not the filled one
+        return "d", old, change.old_is_key, None
+    if new_match:
+        return "c", None, False, filled
+    return None
