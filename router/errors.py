@@ -119,6 +119,19 @@ class SinkRejected(SinkError):
     topic, fenced producer)."""
 
 
+# --- applier (pgrouter apply: Kafka topics into another PostgreSQL) -----------------------
+
+
+class ApplyError(PgRouterError):
+    """Applying a source transaction to the target PostgreSQL failed for a reason retrying
+    will not fix (a table or column missing on the target, a value it refuses)."""
+
+
+class ApplyConflict(ApplyError):
+    """A change does not fit the target's rows (insert of an existing key, update or delete
+    of a missing row) and the conflict policy is ``error``."""
+
+
 # --- bugs ----------------------------------------------------------------------------------
 
 
@@ -140,6 +153,7 @@ RETRYABLE: dict[type[BaseException], bool] = {
     RecordTooLarge: False,
     SinkRejected: False,
     SinkError: True,
+    ApplyError: False,
     InternalError: False,
 }
 
