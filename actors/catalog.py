@@ -21,9 +21,11 @@ from __future__ import annotations
 import fnmatch
 
 from router.config import Config, qualified
-from router.errors import PublicationMissing
+from router.errors import ConfigError, PublicationMissing
 from router.publications import (Catalog, CatalogColumn, FilterCache, Planner, PubTable,
-                                 Publication, TableInfo, config_resolver, publication_resolver)
+                                 Publication, Resolved, TableInfo, config_resolver,
+                                 publication_resolver, resolve)
+from router.rowfilter import ColumnType, compile_filter
 from router.routing import RouteSpec
 
 from .pg import SqlSession
@@ -184,5 +186,141 @@ def build_route_specs(cfg: Config, catalog: Catalog | None) -> list[RouteSpec]:
     return specs
 
 
-def schema_matches(patterns, schema: str) -> bool:
-    return any(fnmatch.fnmatchcase(schema, p) for p in patterns)
+def needs_catalog(cfg: Config) -> bool:
+    return any(r.publication_names() or r.where or r.columns for r in cfg.routes)
+
+
+def _route_resolver(route, catalog: Catalog):
+    if route.publication_names():
+        return publication_resolver([catalog.publications[p] for p in route.publication_names()],
+                                    catalog)
+    if route.tables:
+        return config_resolver(frozenset(qualified(t) for t in route.tables), route.where,
+                               route.columns)
+
+    def by_selector(table, relation):
+        if route.all_tables or any(fnmatch.fnmatchcase(table[0], p) for p in route.schemas):
+            return Resolved(publish_as=table, insert=True, update=True, delete=True,
+                            truncate=True)
+        return None
+    return by_selector
+
+
+def _route_path(route, i: int) -> str:
+    if route.publication:
+        return f"routes[{i}].publication"
+    if route.publications:
+        return f"routes[{i}].publications"
+    return f"routes[{i}].where" if route.where else f"routes[{i}]"
+
+
+def route_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]:
+    """What keeps routes from replicating exactly what their publications define, as
+    (config key path, message): filters or column lists that do not fit the table, UPDATE/
+    DELETE without a usable replica identity or filtered on columns outside it, and the
+    slot's own publications hiding rows, columns, actions or tables a route needs."""
+    problems: list[tuple[str, str]] = []
+    tables = catalog.tables
+    slot_pubs = [catalog.publications[p] for p in cfg.source.publications
+                 if p in catalog.publications]
+    leaves = [t for t in tables.values() if t.relkind == "r"]
+    for i, route in enumerate(cfg.routes):
+        path = _route_path(route, i)
+        missing = [p for p in route.publication_names() if p not in catalog.publications]
+        if missing:
+            problems.append((path, f"publication(s) {', '.join(missing)} do not exist"))
+            continue
+        for t in route.tables:
+            if qualified(t) not in tables:
+                problems.append((f"routes[{i}].tables", f"table {t} does not exist"))
+        resolver = _route_resolver(route, catalog)
+        ops = frozenset(route.operations)
+        for table in leaves:
+            try:
+                res = resolver(table.qualified, None)
+            except ConfigError as exc:
+                problems.append((path, str(exc)))
+                continue
+            if res is None:
+                continue
+            name = f"{table.schema}.{table.name}"
+            problems.extend((path, f"table {name}: {m}")
+                            for m in _table_problems(table, res, ops, tables))
+            problems.extend(("source.publications", f"route {route.name!r}, table {name}: {m}")
+                            for m in _slot_problems(table, res, ops, slot_pubs, tables))
+    return problems
+
+
+def _compiled(res: Resolved, info: TableInfo, action: str):
+    sqls = getattr(res, f"{action}_filters") or ()
+    ctypes = tuple(ColumnType(c.name, c.type_oid, c.type_modifier) for c in info.columns)
+    return [compile_filter(s, ctypes) for s in sqls]
+
+
+def _table_problems(table: TableInfo, res: Resolved, ops, tables) -> list[str]:
+    out = []
+    info = tables.get(res.publish_as, table)
+    names = {c.name for c in info.columns}
+    if res.columns is not None and res.columns - names:
+        out.append(f"column list names unknown column(s) {sorted(res.columns - names)}")
+    keys = {c.name for c in info.columns if c.key}
+    for action in ("update", "delete"):
+        if not (getattr(res, action) and action in ops):
+            continue
+        if not keys and info.replica_identity != "f":
+            out.append(f"publishes {action.upper()} but has no usable replica identity "
+                       f"(REPLICA IDENTITY {'NOTHING' if info.replica_identity == 'n' else 'DEFAULT without a primary key'})")
+    for action in ("insert", "update", "delete"):
+        if not (getattr(res, action) and action in ops):
+            continue
+        try:
+            compiled = _compiled(res, info, action)
+        except ConfigError as exc:
+            out.append(f"row filter for {action.upper()}: {exc}")
+            continue
+        if action != "insert" and info.replica_identity != "f":
+            outside = set().union(*(f.columns_used for f in compiled)) - keys if compiled else set()
+            if outside:
+                out.append(f"publishes {action.upper()} with a row filter on column(s) "
+                           f"{sorted(outside)} outside the replica identity (PostgreSQL "
+                           "refuses such UPDATE/DELETE; the old row only has key columns)")
+    return list(dict.fromkeys(out))
+
+
+def _slot_problems(table: TableInfo, res: Resolved, ops, slot_pubs, tables) -> list[str]:
+    try:
+        slot = resolve(table, slot_pubs, tables)
+    except ConfigError as exc:
+        return [f"the slot's publications cannot be combined: {exc}"]
+    if slot is None:
+        return ["not in the slot's publications (source.publications)"]
+    out = []
+    if slot.publish_as != table.qualified and slot.publish_as != res.publish_as:
+        out.append(f"the slot's publications send it as {'.'.join(slot.publish_as)} "
+                   "(publish_via_partition_root), the route needs "
+                   f"{'.'.join(res.publish_as)}")
+    for action in ("insert", "update", "delete", "truncate"):
+        if getattr(res, action) and action in ops and not getattr(slot, action):
+            out.append(f"the slot's publications do not publish {action.upper()}")
+        if action == "truncate":
+            continue
+        want = getattr(res, f"{action}_filters")
+        have = getattr(slot, f"{action}_filters")
+        if getattr(res, action) and action in ops and have is not None and (
+                want is None or not set(want) <= set(have)):
+            out.append(f"the slot's publications filter {action.upper()} with "
+                       f"{' OR '.join(have)}, narrower than the route's "
+                       f"{' OR '.join(want) if want else '(no filter)'}")
+    if slot.columns is not None:
+        info = tables.get(res.publish_as, table)
+        needed = res.columns if res.columns is not None else {c.name for c in info.columns}
+        for action in ("insert", "update", "delete"):
+            try:
+                needed = needed | set().union(*(f.columns_used
+                                                 for f in _compiled(res, info, action)))
+            except ConfigError:
+                pass
+        if needed - slot.columns:
+            out.append(f"the slot's publications send only columns {sorted(slot.columns)}; "
+                       f"the route needs {sorted(needed - slot.columns)} too")
+    return out

@@ -36,9 +36,10 @@ from router.origins import rules_from_config
 from router.routing import ChangeRouter, RouteSpec
 from router.transaction_meta import TransactionMeta
 from router.transactions import TransactionAssembler
-from router.config import qualified
+from router.publications import Catalog
 
 from . import log
+from .catalog import build_route_specs, load_catalog, needs_catalog, route_problems
 from .decoder import DecoderActor
 from .fanout import FanoutActor
 from .origin_filter import OriginFilterActor
@@ -61,14 +62,10 @@ class ServerInfo:
         self.proto_version = proto_version
 
 
-def route_specs(cfg: Config) -> list[RouteSpec]:
-    specs = []
-    for r in cfg.routes:
-        specs.append(RouteSpec(
-            name=r.name, tables=frozenset(qualified(t) for t in r.tables),
-            schemas=frozenset(r.schemas), all_tables=r.all_tables,
-            operations=frozenset(r.operations), topic=r.topic))
-    return specs
+def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
+    """Route specs from the config; publication routes take their definitions from
+    ``catalog`` (``actors.catalog``), read at startup and again on SIGHUP."""
+    return build_route_specs(cfg, catalog)
 
 
 def max_proto_version(server_version: int) -> int:
@@ -157,15 +154,19 @@ class Supervisor:
         self.stats = Stats()
         self.until_lsn: int | None = None
         self.restarts = 0
+        self.catalog: Catalog | None = None
 
     async def run(self) -> int:
-        async with trio_asyncio.open_loop():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._signals, nursery.cancel_scope)
-                try:
-                    await self._run_with_retries()
-                finally:
-                    nursery.cancel_scope.cancel()
+        try:
+            async with trio_asyncio.open_loop():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._signals, nursery.cancel_scope)
+                    try:
+                        await self._run_with_retries()
+                    finally:
+                        nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise _primary(group) from None
         return 0
 
     async def _signals(self, scope: trio.CancelScope) -> None:
@@ -191,7 +192,9 @@ class Supervisor:
                 if isinstance(primary, (KeyboardInterrupt, SystemExit)):
                     raise
                 if not isinstance(primary, PgRouterError):
-                    raise InternalError(f"unexpected failure: {primary!r}") from primary
+                    _log.error("unexpected failure", exc_info=primary)
+                    raise InternalError(f"unexpected failure (a bug in pgrouter; the traceback "
+                                        f"is in the log above): {primary!r}") from primary
                 if not is_retryable(primary) or self.drain.is_set():
                     raise primary from None
                 if time.monotonic() - started > 60:
@@ -211,6 +214,10 @@ class Supervisor:
         src = cfg.source
         async with await SqlSession.connect(src.dsn) as sql:
             info = await preflight(sql, cfg)
+            if needs_catalog(cfg):
+                self.catalog = await load_catalog(sql, cfg)
+                for path, problem in route_problems(cfg, self.catalog):
+                    log.event(_log, "route problem", path=path, problem=problem)
             if self.until_caught_up and self.until_lsn is None:
                 self.until_lsn = parse_lsn(await sql.fetchval("select pg_current_wal_lsn()::text"))
         log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
@@ -258,12 +265,15 @@ class Supervisor:
             of_tx, of_rx = trio.open_memory_channel(EVENT_BATCHES)
             origin_filter = OriginFilterActor(rules=origins, inbox=ev_rx, out=of_tx)
             ev_rx = of_rx
-        routes = route_specs(cfg)
+        state = {"routes": route_specs(cfg, self.catalog)}
+        routers: list[tuple[frozenset | None, ChangeRouter]] = []
 
         def router_for(names=None):
-            return ChangeRouter([r for r in routes if names is None or r.name in names],
-                                db=info.db, messages_topic=cfg.kafka.messages_topic,
-                                type_names=_TypeNames(relations))
+            router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
+                                  db=info.db, messages_topic=cfg.kafka.messages_topic,
+                                  type_names=_TypeNames(relations))
+            routers.append((names, router))
+            return router
         fanout = FanoutActor(router=router_for(), inbox=ev_rx, out=chunk_tx,
                              router_for=router_for,
                              meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db)
@@ -288,9 +298,32 @@ class Supervisor:
             await nursery.start(decoder.run)
             await nursery.start(slot.run)
             nursery.start_soon(self._drain_when, slot, caught_up)
+            if needs_catalog(cfg):
+                nursery.start_soon(self._reload_on_hup, state, routers)
         if self.until_lsn is not None and flush.value >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))
+
+    async def _reload_on_hup(self, state: dict, routers: list) -> None:
+        """SIGHUP: read the publications again; every router uses the new definitions from
+        its next transaction on. A failed reload keeps the current ones."""
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                try:
+                    async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+                        catalog = await load_catalog(sql, self.cfg)
+                    specs = route_specs(self.cfg, catalog)
+                except PgRouterError as exc:
+                    log.event(_log, "reload failed, keeping the current publications",
+                              error=str(exc), kind=type(exc).__name__)
+                    continue
+                for path, problem in route_problems(self.cfg, catalog):
+                    log.event(_log, "route problem", path=path, problem=problem)
+                self.catalog = catalog
+                state["routes"] = specs
+                for names, router in routers:
+                    router.replace_routes([r for r in specs if names is None or r.name in names])
+                log.event(_log, "publications reloaded", routes=len(specs))
 
     async def _drain_when(self, slot: SlotReader, caught_up: trio.Event) -> None:
         async with trio.open_nursery() as nursery:
