@@ -1,0 +1,106 @@
+"""The applier's configuration file (``pgrouter apply -c FILE``), decoded with msgspec.
+
+Rules as in ``router.config``: unknown keys and wrong types are rejected with the key's path;
+values are checked once here. Example::
+
+    [kafka]
+    bootstrap_servers = "127.0.0.1:9092"
+    transactions_topic = "node_a.transactions"   # the router's [kafka] transactions_topic
+    topics = ["node_a.*"]                        # data topics to apply (globs); default all
+
+    [target]
+    dsn = "postgresql://postgres@node-b/app"
+    origin = "node_a"          # replication origin the applied transactions are tagged with
+    conflict = "error"         # error | skip | upsert (last writer wins)
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from typing import Literal
+
+import msgspec
+
+from .config import LogConfig
+from .errors import ConfigError
+
+_ORIGIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
+
+
+class _Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ApplyKafka(_Base):
+    bootstrap_servers: str | list[str]
+    transactions_topic: str
+    #: glob patterns of the data topics to apply; records on other topics are ignored
+    topics: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    #: passed to kafka-python's KafkaConsumer as they are (security_protocol, sasl_* …)
+    settings: dict[str, str | int | float | bool] = {}
+    #: seconds a poll waits for records
+    poll_timeout: float = 0.2
+
+
+class ApplyTarget(_Base):
+    dsn: str
+    #: replication origin name (created when missing); the target's own router sees the
+    #: applied transactions with this origin and can drop them (origin = "none")
+    origin: str
+    conflict: Literal["error", "skip", "upsert"] = "error"
+    #: source "schema.table" -> target "schema.table" (default: the same name)
+    tables: dict[str, str] = {}
+
+
+class ApplyConfig(_Base):
+    kafka: ApplyKafka
+    target: ApplyTarget
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+
+
+_PATH_RE = re.compile(r"at `\$(.*?)`")
+
+
+def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
+    try:
+        cfg = msgspec.convert(raw, ApplyConfig)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        m = _PATH_RE.search(msg)
+        path = m.group(1).lstrip(".") or None if m else None
+        raise ConfigError(_PATH_RE.sub("", msg).strip(" -"), path=path, source=source) from exc
+    if not cfg.kafka.transactions_topic:
+        raise ConfigError("the router's transactions topic is needed to apply whole "
+                          "transactions", path="kafka.transactions_topic", source=source)
+    if not cfg.kafka.topics:
+        raise ConfigError("at least one topic pattern", path="kafka.topics", source=source)
+    if not _ORIGIN_NAME.match(cfg.target.origin) or cfg.target.origin.startswith("pg_"):
+        raise ConfigError("origin names use 1-63 letters, digits, '_', '.', '-' and must not "
+                          "start with pg_", path="target.origin", source=source)
+    for src_name, dst_name in cfg.target.tables.items():
+        for name in (src_name, dst_name):
+            schema, _, table = name.partition(".")
+            if not table or not schema:
+                raise ConfigError(f"table must be written schema.table, got {name!r}",
+                                  path=f"target.tables.{src_name}", source=source)
+    return cfg
+
+
+def load_apply_config(path: str) -> ApplyConfig:
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror}", source=path) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config file is not UTF-8", source=path) from exc
+    return parse_apply_config(text, source=path)
+
+
+__all__ = ["ApplyConfig", "ApplyKafka", "ApplyTarget", "load_apply_config",
+           "parse_apply_config"]
