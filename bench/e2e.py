@@ -1,0 +1,206 @@
+"""End to end: draining one backlog with pgrouter (each Kafka client) vs ``pg_recvlogical``.
+
+    .venv/bin/python bench/e2e.py [--changes 500000] [--txn-rows 50000] [--partitions 1]
+                                  [--runs pg_recvlogical,librdkafka,kafka-python] [--profile DIR]
+    .venv/bin/python bench/e2e.py --quick        # 60k changes, for a smoke run
+
+One slot per measured run is created (pgoutput) *before* the workload, so every run decodes
+the same WAL from the same place. The workload inserts ``--changes`` rows of a 6-column table
+(bigint key, int, numeric, text, text, timestamptz; ~200 bytes a row) in transactions of
+``--txn-rows`` (below ``logical_decoding_work_mem``, so nothing is streamed or spilled).
+Then, one after the other:
+
+* ``pg_recvlogical --start --endpos <lsn> -f /dev/null`` (proto_version=1): the walsender's
+  own speed, the reference;
+* ``pgrouter run --until-caught-up`` with ``[kafka] client = "librdkafka"`` and
+  ``"kafka-python"``: decode → route → encode → produce, done when every record is
+  acknowledged by Kafka (acks=all) and the slot confirmed. Process start included.
+
+It prints seconds, changes/s and the ratio to pg_recvlogical (time / reference time) side by
+side from one run. ``--profile DIR`` runs pgrouter under cProfile (``DIR/<client>.prof``; the
+timings then include the profiler's overhead). Slots, publication, table and topics are
+removed afterwards, also after a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg2  # noqa: E402
+
+PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
+RECV = "pg_recvlogical"
+CLIENTS = ("librdkafka", "kafka-python")
+_ACKED = re.compile(r"records_acked=(\d+)")
+
+
+def sql(dsn: str, *statements, fetch: bool = False):
+    with psycopg2.connect(dsn) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for st in statements:
+                cur.execute(st)
+            return cur.fetchall() if fetch else None
+
+
+def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            for start in range(1, changes + 1, txn_rows):
+                end = min(changes, start + txn_rows - 1)
+                cur.execute(
+                    f"insert into {table} select g, g % 977, (g * 1.25)::numeric(12,2), "
+                    "case when g % 3 = 0 then 'pending' else 'settled' end, "
+                    "'payment for order ' || lpad(g::text, 8, '0') || ' via card ending ' "
+                    "|| lpad((g % 10000)::text, 4, '0'), "
+                    "timestamptz '2026-11-22 00:00:00+00' + g * interval '1 ms' "
+                    f"from generate_series({start}, {end}) g")
+                conn.commit()
+    finally:
+        conn.close()
+
+
+def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
+           route: str, schema_topic: str, partitions: int) -> str:
+    return f"""
+[source]
+dsn = "{dsn}"
+slot = "{slot}"
+publications = ["{pub}"]
+[kafka]
+bootstrap_servers = "{bootstrap}"
+client = "{client}"
+schema_topic = "{schema_topic}"
+[[routes]]
+name = "{route}"
+tables = ["public.{table}"]
+topic_settings = {{ partitions = {partitions} }}
+[log]
+progress_interval = 5.0
+"""
+
+
+def run_router(cfg_path: str, profile: str | None) -> tuple[float, str]:
+    cmd = [sys.executable]
+    if profile:
+        cmd += ["-m", "cProfile", "-o", profile]
+    cmd += ["-m", "router", "run", "-c", cfg_path, "--until-caught-up"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"pgrouter failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed, proc.stderr
+
+
+def run_recvlogical(dsn: str, slot: str, pub: str, endpos: str) -> float:
+    cmd = [PG_RECVLOGICAL, "-d", dsn, "--slot", slot, "--start", "-o", "proto_version=1",
+           "-o", f"publication_names={pub}", "--endpos", endpos, "-f", "/dev/null",
+           "--no-loop"]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, timeout=1800)
+    return time.perf_counter() - start
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    from kafka import KafkaAdminClient
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="pgrouter-bench")
+    try:
+        existing = set(admin.list_topics())
+        gone = [t for t in topics if t in existing]
+        if gone:
+            admin.delete_topics(gone)
+    finally:
+        admin.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--changes", type=int, default=500_000)
+    ap.add_argument("--txn-rows", type=int, default=50_000)
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--runs", default=",".join((RECV,) + CLIENTS))
+    ap.add_argument("--quick", action="store_true", help="60k changes (a smoke run)")
+    ap.add_argument("--profile", metavar="DIR", help="run pgrouter under cProfile into DIR")
+    ap.add_argument("--dsn", default=os.environ.get(
+        "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
+                                                          "127.0.0.1:9092"))
+    args = ap.parse_args()
+    if args.quick:
+        args.changes = min(args.changes, 60_000)
+        args.txn_rows = min(args.txn_rows, 20_000)
+    runs = args.runs.split(",")
+    unknown = set(runs) - {RECV, *CLIENTS}
+    if unknown:
+        raise SystemExit(f"unknown run(s): {sorted(unknown)}")
+    tag = uuid.uuid4().hex[:8]
+    table, pub = f"bench_e2e_{tag}", f"bench_e2e_{tag}"
+    slots = {run: f"bench_e2e_{tag}_{i}" for i, run in enumerate(runs)}
+    schema_topic = f"bench.e2e.{tag}.schemas"
+    routes = {c: f"bench-{c}-{tag}" for c in CLIENTS}
+    topics = [schema_topic] + [f"{routes[c]}.public.{table}" for c in CLIENTS]
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    results: dict[str, float] = {}
+    acked: dict[str, str] = {}
+    try:
+        sql(args.dsn, f"create table {table} (id bigint primary key, account int, "
+                      "amount numeric(12,2), status text, note text, created_at timestamptz)",
+            f"create publication {pub} for table {table}")
+        for slot in slots.values():
+            sql(args.dsn, f"select pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+        t0 = time.perf_counter()
+        workload(args.dsn, table, args.changes, args.txn_rows)
+        endpos = sql(args.dsn, "select pg_current_wal_lsn()::text", fetch=True)[0][0]
+        print(f"backlog: {args.changes} inserts into a 6-column table in transactions of "
+              f"{args.txn_rows} ({time.perf_counter() - t0:.1f} s to write), up to {endpos}; "
+              f"{args.partitions} partition(s)", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            for run in runs:
+                if run == RECV:
+                    results[run] = run_recvlogical(args.dsn, slots[run], pub, endpos)
+                else:
+                    cfg = os.path.join(tmp, f"{run}.toml")
+                    with open(cfg, "w") as fh:
+                        fh.write(config(args.dsn, args.bootstrap, slots[run], pub, table, run,
+                                        routes[run], schema_topic, args.partitions))
+                    prof = os.path.join(args.profile, f"{run}.prof") if args.profile else None
+                    results[run], log = run_router(cfg, prof)
+                    found = _ACKED.findall(log)
+                    acked[run] = found[-1] if found else "?"
+                print(f"  {run:<15} {results[run]:7.2f} s  "
+                      f"{args.changes / results[run]:10,.0f} changes/s"
+                      + (f"  (records acked: {acked[run]})" if run in acked else ""),
+                      flush=True)
+    finally:
+        for slot in slots.values():
+            try:
+                sql(args.dsn, "select pg_drop_replication_slot(slot_name) from "
+                              f"pg_replication_slots where slot_name = '{slot}'")
+            except psycopg2.Error as exc:
+                print(f"could not drop slot {slot}: {exc}", file=sys.stderr)
+        sql(args.dsn, f"drop publication if exists {pub}", f"drop table if exists {table}")
+        delete_topics(args.bootstrap, topics)
+    ref = results.get(RECV)
+    if ref:
+        print("ratio to pg_recvlogical (time / its time; goal for librdkafka <= 1.2):")
+        for run in runs:
+            if run != RECV and run in results:
+                print(f"  {run:<15} {results[run] / ref:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
