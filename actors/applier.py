@@ -70,7 +70,7 @@ class ConsumerActor:
         self.reassembler = reassembler
         self.out = out
         self.until_caught_up = until_caught_up
-        self.stop = stop or trio.Event()
+        self.stop = stop if stop is not None else trio.Event()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         reader, ra = self.reader, self.reassembler

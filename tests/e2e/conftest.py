@@ -1,0 +1,81 @@
+"""Fixtures for multi-node tests: the dev stack with two extra PostgreSQL instances
+(``devstack up --extra-postgres 2``), and throw-away databases on them.
+
+``pg_nodes`` maps node names (``pg``, ``pg2``, ``pg3``) to server DSNs. ``node_db`` creates a
+fresh database on a node and, at the end of the test, drops the replication slots and origins
+made in it (leftover slots retain WAL) and the database itself.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+
+import psycopg2
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def pg_nodes() -> dict[str, str]:
+    from actors.devstack import ensure_up
+
+    try:
+        info = ensure_up(ROOT / ".devstack", extra_postgres=2)
+    except Exception as exc:  # a missing service fails the run, it is never skipped
+        pytest.fail(f"dev stack with extra PostgreSQL could not be started: {exc}",
+                    pytrace=False)
+    return {"pg": info.pg_dsn, **info.extra_pg}
+
+
+def _with_db(server_dsn: str, db: str) -> str:
+    base, _, _ = server_dsn.rpartition("/")
+    return f"{base}/{db}"
+
+
+def _admin(server_dsn: str, sql: str, *args) -> list:
+    conn = psycopg2.connect(server_dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def node_db(pg_nodes):
+    """``node_db(node, name) -> dsn`` of a new database; everything in it is cleaned up."""
+    made: list[tuple[str, str]] = []
+    origins: list[tuple[str, str]] = []
+
+    def make(node: str, name: str = "") -> str:
+        db = f"mm_{name}_{uuid.uuid4().hex[:8]}"
+        _admin(pg_nodes[node], f'create database "{db}"')
+        made.append((pg_nodes[node], db))
+        return _with_db(pg_nodes[node], db)
+
+    make.origins = origins  # tests register (server_dsn, origin) to drop
+    make.nodes = pg_nodes
+    yield make
+    for server, origin in origins:
+        try:
+            _admin(server, "select pg_replication_origin_drop(%s) where exists (select 1 from "
+                   "pg_replication_origin where roname = %s)", origin, origin)
+        except psycopg2.Error:
+            pass
+    for server, db in made:
+        _admin(server, "select pg_terminate_backend(active_pid) from pg_replication_slots "
+               "where database = %s and active_pid is not null", db)
+        for _ in range(50):
+            try:
+                _admin(server, "select pg_drop_replication_slot(slot_name) from "
+                       "pg_replication_slots where database = %s", db)
+                break
+            except psycopg2.Error:  # a walsender still exiting
+                import time
+
+                time.sleep(0.2)
+        _admin(server, f'drop database if exists "{db}" with (force)')
