@@ -47,6 +47,11 @@ def source_error(exc: psycopg2.Error, *, streaming: bool) -> SourceError:
         return SlotMissing(f"{exc}".strip())
     if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
         return SourceUnavailable(f"walsender connection failed: {exc}".strip())
+    code = getattr(exc, "pgcode", None)
+    if code is None or code.startswith(("08", "57")):
+        # no SQLSTATE: the connection itself ended (e.g. "no COPY in progress" after the
+        # server shut down); 08 connection exceptions, 57 operator intervention (shutdown)
+        return SourceUnavailable(f"walsender connection lost: {exc}".strip())
     return SourceError(f"walsender error: {exc}".strip())
 
 
@@ -115,13 +120,19 @@ class SlotReader:
                       proto_version=self.options["proto_version"])
             task_status.started()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_loop)
-                nursery.start_soon(self._status_loop)
+                nursery.start_soon(self._guarded, self._read_loop)
+                nursery.start_soon(self._guarded, self._status_loop)
         except psycopg2.Error as exc:
             raise source_error(exc, streaming=self._streaming) from exc
         finally:
             if self._conn is not None:
                 self._conn.close()
+
+    async def _guarded(self, loop) -> None:
+        try:
+            await loop()
+        except psycopg2.Error as exc:
+            raise source_error(exc, streaming=True) from exc
 
     async def _read_loop(self) -> None:
         cur = self._cur

@@ -19,7 +19,7 @@ from .kafka import Kafka
 from .postgres import Postgres, install
 from .process import StackError, pick_port
 
-__all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars"]
+__all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service"]
 
 
 class StackInfo(msgspec.Struct, frozen=True):
@@ -103,6 +103,17 @@ def spark_jars(root: pathlib.Path) -> list[str]:
     folder = maven.fetch("spark", pathlib.Path(root).resolve() / "cache")
     shipped = {_artifact(p) for p in (pathlib.Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     return sorted(str(p) for p in folder.glob("*.jar") if _artifact(p) not in shipped)
+
+
+def stop_service(root: pathlib.Path, name: str) -> None:
+    """Stop one service of a running stack (``kafka``, ``pg``, ``pg2``…), e.g. for fault tests."""
+    root = pathlib.Path(root).resolve()
+    info = _load(root)
+    if info is None:
+        raise StackError(f"no dev stack in {root}")
+    pg, kafka, extras = _components(root, info)
+    node = {"kafka": kafka, "pg": pg, **extras}[name]
+    node.stop()
 
 
 def status(root: pathlib.Path) -> dict[str, object]:
