@@ -202,7 +202,7 @@ def wait_for(cond, what: str, timeout: float, procs: Processes | None = None) ->
         time.sleep(0.3)
 
 
-def workload(dsn: str, base: int, txns: int) -> int:
+def workload(dsn: str, base: int, txns: int, pause: float = 0.0) -> int:
     """Inserts, updates (some leaving the TOASTed doc alone, some changing the key) and
     deletes on keys base+…; returns the number of row changes made."""
     conn = psycopg2.connect(dsn)
@@ -224,6 +224,8 @@ def workload(dsn: str, base: int, txns: int) -> int:
                     cur.execute("delete from t where id = %s", (k - 10,))
                     changes += cur.rowcount
                 conn.commit()
+                if pause:
+                    time.sleep(pause)
     finally:
         conn.close()
     return changes
@@ -368,18 +370,20 @@ def test_applier_kill_9_exactly_once(node_db, kafka_bootstrap, tmp_path, procs):
     procs.start("run", a.router_config('origin = "none"'))
     applier = procs.start("apply", b.apply_config(a))
     result = {}
-    load = threading.Thread(target=lambda: result.__setitem__("n", workload(a.dsn, 1, 400)))
+    load = threading.Thread(target=lambda: result.__setitem__("n", workload(a.dsn, 1, 400, 0.02)))
     load.start()
     audit = lambda: sql(b.dsn, "select count(*) from audit", fetch=True)[0][0]  # noqa: E731
     wait_for(lambda: audit() >= 100, "the applier to be mid-way", 60, procs)
     applier.send_signal(signal.SIGKILL)
     applier.wait(timeout=10)
+    killed_at = audit()
     assert load.is_alive(), "the load finished before the applier was killed"
     procs.start("apply", b.apply_config(a))
     load.join(timeout=120)
     total = result["n"]
     wait_for(lambda: rows(a.dsn) == rows(b.dsn), "B to catch up after the restart", 90, procs)
     time.sleep(1)
+    assert killed_at < total
     assert audit() == total  # every row change applied once: none twice, none lost
     # and atomically: each source transaction is one target transaction, whole
     per_txn = sql(b.dsn, "select count(distinct txid) from audit", fetch=True)[0][0]
