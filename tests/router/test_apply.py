@@ -1,0 +1,120 @@
+"""The applier's pure parts: reassembling transactions across topics (router.reassembly),
+the SQL it runs (router.statements) and its config (router.apply_config)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.apply_config import parse_apply_config
+from router.errors import ApplyError, ConfigError, DecodeError
+from router.reassembly import Reassembler
+from router.statements import TargetTable, affected, to_text
+
+
+def end(lsn: int, counts: dict[str, int]) -> bytes:
+    return json.dumps({"status": "END", "id": f"7:{lsn}", "event_count": sum(counts.values()),
+                       "data_collections": [{"data_collection": t, "event_count": n}
+                                            for t, n in counts.items()],
+                       "ts_ms": 0, "source": {"commit_lsn": lsn, "xid": 7,
+                                              "commit_time": "2026-01-01T00:00:00Z"}}).encode()
+
+
+def rec(lsn: int, seq: int, op: str = "c", table: str = "t") -> bytes:
+    return json.dumps({"op": op, "before": None, "after": {"id": seq},
+                       "source": {"commit_lsn": lsn, "seq": seq, "schema": "public",
+                                  "table": table, "route": "r"}}).encode()
+
+
+def test_released_in_commit_order_when_complete():
+    ra = Reassembler(lambda t: t != "skip")
+    assert ra.add_transaction_record(end(100, {"x": 2, "y": 1, "skip": 5})) == ["x", "y"]
+    assert ra.add_transaction_record(end(200, {"x": 1})) == []
+    ra.add_record("x", rec(200, 0))  # the later transaction completes first …
+    ra.add_record("x", rec(100, 1))
+    assert list(ra.ready()) == []  # … but never overtakes
+    ra.add_record("y", rec(100, 0))
+    ra.add_record("x", rec(100, 1))  # duplicate (re-sent after a router restart)
+    assert list(ra.ready()) == []
+    ra.add_record("x", rec(100, 2))
+    first, second = list(ra.ready())
+    assert (first.commit_lsn, second.commit_lsn) == (100, 200)
+    assert [(t, r.source.seq) for t, r in first.records] == [("y", 0), ("x", 1), ("x", 2)]
+    assert ra.duplicates == 1 and ra.pending == 0
+
+
+def test_duplicates_and_applied_transactions_are_skipped():
+    ra = Reassembler(lambda t: True, applied_lsn=150)
+    ra.add_transaction_record(end(100, {"x": 1}))  # applied already
+    ra.add_record("x", rec(100, 0))
+    assert ra.pending == 0
+    ra.add_transaction_record(end(200, {"x": 1}))
+    ra.add_transaction_record(end(200, {"x": 1}))  # re-sent END
+    ra.add_record("x", rec(200, 0))
+    assert [t.commit_lsn for t in ra.ready()] == [200]
+    ra.add_record("x", rec(200, 0))  # late duplicate of an applied transaction
+    assert list(ra.ready()) == [] and ra.pending == 0
+
+
+def test_begin_records_and_garbage():
+    ra = Reassembler(lambda t: True)
+    begin = json.loads(end(100, {}))
+    begin.update(status="BEGIN", event_count=None, data_collections=None)
+    assert ra.add_transaction_record(json.dumps(begin).encode()) == [] and ra.pending == 0
+    with pytest.raises(DecodeError):
+        ra.add_transaction_record(b"{")
+    with pytest.raises(DecodeError):
+        ra.add_record("x", b'{"op": 1}')
+
+
+TABLE = TargetTable("public", "t", {"id": "integer", "v": "text", "b": "boolean"}, ("id",))
+
+
+def test_statements():
+    sql, args = TABLE.insert({"id": 1, "v": "a", "b": True}, "error")
+    assert sql == ('insert into "public"."t" ("id", "v", "b") values ($1::text::integer, '
+                   '$2::text::text, $3::text::boolean)')
+    assert args == ["1", "a", "t"]
+    sql, _ = TABLE.insert({"id": 1, "v": "a"}, "upsert")
+    assert sql.endswith('on conflict ("id") do update set "v" = excluded."v" returning (xmax = 0)')
+    sql, args = TABLE.update({"id": 1}, {"id": 2, "v": None})  # key change
+    assert sql == ('update "public"."t" set "id" = $1::text::integer, "v" = $2::text::text '
+                   'where "id" = $3::text::integer')
+    assert args == ["2", None, "1"]
+    sql, args = TABLE.update(None, {"id": 2, "b": False})
+    assert args == ["2", "f", "2"]
+    sql, args = TABLE.delete({"id": 3})
+    assert sql == 'delete from "public"."t" where "id" = $1::text::integer' and args == ["3"]
+    assert TABLE.truncate({"cascade": True, "restart_identity": True}).endswith(
+        "restart identity cascade")
+    keyless = TargetTable("s", "k", {"a": "integer", "b": "text"}, ())
+    sql, args = keyless.delete({"a": 1, "b": None})
+    assert "is not distinct from" in sql and "limit 1" in sql and args == ["1", None]
+    with pytest.raises(ApplyError):
+        TABLE.insert({"id": 1, "nope": 2}, "error")
+    with pytest.raises(ApplyError):
+        keyless.update(None, {"a": 1})
+    assert affected("UPDATE 0") == 0 and affected("INSERT 0 3") == 3
+    assert to_text(1.5) == "1.5" and to_text(None) is None and to_text(7) == "7"
+
+
+APPLY = """
+[kafka]
+bootstrap_servers = "k:9092"
+transactions_topic = "a.tx"
+[target]
+dsn = "postgresql://u@h/db"
+origin = "node_a"
+"""
+
+
+def test_apply_config():
+    cfg = parse_apply_config(APPLY)
+    assert cfg.kafka.topics == ["*"] and cfg.target.conflict == "error"
+    for text, path in [(APPLY.replace('"node_a"', '"pg_x"'), "target.origin"),
+                       (APPLY.replace('"a.tx"', '""'), "kafka.transactions_topic"),
+                       (APPLY + 'conflict = "sometimes"\n', "target.conflict")]:
+        with pytest.raises(ConfigError) as info:
+            parse_apply_config(text)
+        assert info.value.path == path, str(info.value)
