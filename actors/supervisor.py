@@ -289,17 +289,19 @@ class Supervisor:
         progress = ProgressActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
                                  stats=self.stats, interval=cfg.log.progress_interval,
                                  until_lsn=self.until_lsn, caught_up=caught_up)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(progress.run)
-            await nursery.start(sink.run)
-            await nursery.start(fanout.run)
-            if origin_filter is not None:
-                await nursery.start(origin_filter.run)
-            await nursery.start(decoder.run)
-            await nursery.start(slot.run)
-            nursery.start_soon(self._drain_when, slot, caught_up)
-            if needs_catalog(cfg):
-                nursery.start_soon(self._reload_on_hup, state, routers)
+        async with trio.open_nursery() as reloader:
+            if needs_catalog(cfg):  # lives as long as the pipeline, not longer
+                reloader.start_soon(self._reload_on_hup, state, routers)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(progress.run)
+                await nursery.start(sink.run)
+                await nursery.start(fanout.run)
+                if origin_filter is not None:
+                    await nursery.start(origin_filter.run)
+                await nursery.start(decoder.run)
+                await nursery.start(slot.run)
+                nursery.start_soon(self._drain_when, slot, caught_up)
+            reloader.cancel_scope.cancel()
         if self.until_lsn is not None and flush.value >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))
