@@ -33,6 +33,7 @@ from .values import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, OID
 
 _encode = msgspec.json.Encoder().encode
 _NONFINITE = {"NaN", "Infinity", "-Infinity"}
+_PLAIN = frozenset({str, type(None)})
 
 
 def _float(text: str):
@@ -78,7 +79,8 @@ class TableEncoder:
     (layouts change only with a new Relation), used for every change of that layout."""
 
     __slots__ = ("relation", "route", "db", "schema", "_names", "_conv", "_pick", "_key_pick",
-                 "_key_names", "_source_static")
+                 "_key_names", "_source_static", "_identity", "_convs", "_key_single",
+                 "_tx", "_source_tmpl", "_ts_ms")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
@@ -95,6 +97,21 @@ class TableEncoder:
         self._key_pick = tuple(i for i, c in enumerate(cols) if c.flags & 1)
         self._key_names = tuple(cols[i].name for i in self._key_pick)
         self._source_static = {"db": db, "schema": relation.namespace, "table": relation.name}
+        # hot path (once per record): plain rows (text values and NULLs only, every column)
+        # are built with one dict(zip()) and the converted columns patched in; a one-column
+        # key is encoded from a pre-encoded prefix. Both give the same bytes as the general
+        # path below.
+        self._identity = column_indexes is None
+        self._convs = tuple((j, self._names[j], c) for j, c in enumerate(self._conv)
+                            if c is not None)
+        self._key_single = None
+        if len(self._key_pick) == 1:
+            i = self._key_pick[0]
+            self._key_single = (i, b"{" + _encode(cols[i].name) + b":",
+                                _JSON_FROM_TEXT.get(cols[i].type_oid))
+        self._tx: TxContext | None = None
+        self._source_tmpl: dict = {}
+        self._ts_ms = 0
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -108,6 +125,13 @@ class TableEncoder:
     def row(self, values: tuple, *, skip_nulls: bool = False) -> tuple[dict, list[str] | None]:
         """Project and convert a tuple. Returns the JSON object and the names of
         unchanged-TOAST columns (left out of the object), or None when there are none."""
+        if self._identity and not skip_nulls and set(map(type, values)) <= _PLAIN:
+            out = dict(zip(self._names, values))
+            for j, name, c in self._convs:
+                v = values[j]
+                if v is not None:
+                    out[name] = c(v)
+            return out, None
         out = {}
         toast = None
         conv = self._conv
@@ -131,6 +155,12 @@ class TableEncoder:
     def key(self, values: tuple | None) -> bytes:
         if not self._key_pick or values is None:
             return b"null"
+        single = self._key_single
+        if single is not None:
+            i, prefix, c = single
+            v = values[i]
+            if type(v) is str:
+                return prefix + _encode(v if c is None else c(v)) + b"}"
         rel = self.relation.columns
         out = {}
         for i in self._key_pick:
@@ -142,16 +172,23 @@ class TableEncoder:
     # -- records -------------------------------------------------------------------------------
 
     def _source(self, tx: TxContext, lsn: int, seq: int) -> dict:
-        src = dict(self._source_static)
+        if tx is not self._tx:  # what a transaction's records share is computed once
+            src = dict(self._source_static)
+            src["lsn"] = 0
+            src["commit_lsn"] = tx.commit_lsn
+            src["seq"] = 0
+            src["xid"] = tx.xid
+            src["commit_time"] = tx.commit_time_iso
+            src["origin"] = tx.origin
+            src["origin_lsn"] = tx.origin_lsn
+            src["route"] = self.route
+            src["schema_id"] = self.schema.schema_id
+            self._source_tmpl = src
+            self._ts_ms = tx.ts_ms
+            self._tx = tx
+        src = self._source_tmpl.copy()  # keys keep their order: lsn and seq are overwritten
         src["lsn"] = lsn
-        src["commit_lsn"] = tx.commit_lsn
         src["seq"] = seq
-        src["xid"] = tx.xid
-        src["commit_time"] = tx.commit_time_iso
-        src["origin"] = tx.origin
-        src["origin_lsn"] = tx.origin_lsn
-        src["route"] = self.route
-        src["schema_id"] = self.schema.schema_id
         return src
 
     def encode(self, op: str, tx: TxContext, lsn: int, seq: int, *, old: tuple | None,
@@ -163,8 +200,9 @@ class TableEncoder:
             before, _ = self.row(old, skip_nulls=old_is_key)
         if new is not None:
             after, toast = self.row(new)
-        value = {"op": op, "before": before, "after": after,
-                 "source": self._source(tx, lsn, seq), "ts_ms": tx.ts_ms}
+        source = self._source(tx, lsn, seq)  # (re)computes _ts_ms for a new transaction
+        value = {"op": op, "before": before, "after": after, "source": source,
+                 "ts_ms": self._ts_ms}
         if toast:
             value["unchanged_toast"] = toast
         key_row = new if new is not None else old
