@@ -1,0 +1,129 @@
+"""Routing with PostgreSQL's publication semantics (pgoutput_row_filter): the UPDATE
+transformation table, NULL is false, unchanged TOAST, truncate never filtered, via root."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.changes import Change
+from router.envelope import TableEncoder, TxContext
+from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
+from router.routing import ChangeRouter, RouteSpec, TablePlan, _apply_plan
+
+INT4, TEXT = 23, 25
+REL = Relation(1, "public", "t", "d", (RelationColumn(1, "id", INT4, -1),
+                                       RelationColumn(0, "v", INT4, -1),
+                                       RelationColumn(0, "big", TEXT, -1)))
+U = UNCHANGED_TOAST
+
+
+def v_over_5(row):
+    return row[1] is not None and row[1] is not U and int(row[1]) > 5
+
+
+def plan(**kw):
+    return TablePlan(route="r", topic="t", encoder=TableEncoder(REL, route="r", db="d"), **kw)
+
+
+def update(old, new, old_is_key=False):
+    return Change("update", 1, REL, old=old, old_is_key=old_is_key, new=new)
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    (("1", "1", "x"), ("1", "2", "x"), None),                            # no/no: dropped
+    (("1", "1", "x"), ("1", "9", "x"), ("c", None, ("1", "9", "x"))),   # no/yes: insert
+    (("1", "9", "x"), ("1", "1", "x"), ("d", ("1", "9", "x"), None)),   # yes/no: delete
+    (("1", "9", "x"), ("1", "8", "x"), ("u", ("1", "9", "x"), ("1", "8", "x"))),
+    (("1", None, "x"), ("1", "9", "x"), ("c", None, ("1", "9", "x"))),  # NULL is false
+])
+def test_update_transformation_table(old, new, expected):
+    got = _apply_plan(plan(update_filter=v_over_5), update(old, new))
+    assert (got and (got[0], got[1], got[3])) == expected if expected else got is None
+
+
+def test_update_without_old_tuple_checks_new_row_only():
+    p = plan(update_filter=v_over_5)
+    assert _apply_plan(p, update(None, ("1", "9", "x")))[0] == "u"
+    assert _apply_plan(p, update(None, ("1", "1", "x"))) is None
+
+
+def test_unchanged_toast_filled_from_old_for_filter_and_insert_only():
+    def big_is_x(row):
+        return row[2] == "x"
+    p = plan(update_filter=big_is_x)
+    # old matches, new (filled) matches: UPDATE keeps the tuple as sent ('u' stays)
+    got = _apply_plan(p, update(("1", "1", "x"), ("1", "2", U)))
+    assert got[0] == "u" and got[3] == ("1", "2", U)
+    # transformed INSERT carries the filled row
+    got = _apply_plan(plan(update_filter=lambda r: r[1] == "2"),
+                      update(("1", "1", "x"), ("1", "2", U)))
+    assert got[0] == "c" and got[3] == ("1", "2", "x")
+    # a NULL in the old tuple (key-only) does not replace the unchanged value
+    got = _apply_plan(plan(update_filter=lambda r: r[1] == "2"),
+                      update(("1", None, None), ("1", "2", U), old_is_key=True))
+    assert got[0] == "c" and got[3] == ("1", "2", U)
+
+
+def test_transformed_change_not_rechecked_against_actions():
+    p = plan(update_filter=v_over_5, publish_insert=False, publish_delete=False)
+    assert _apply_plan(p, update(("1", "1", "x"), ("1", "9", "x")))[0] == "c"
+    assert _apply_plan(p, update(("1", "9", "x"), ("1", "1", "x")))[0] == "d"
+
+
+def test_insert_delete_filters_and_actions():
+    p = plan(insert_filter=v_over_5, delete_filter=v_over_5)
+    assert _apply_plan(p, Change("insert", 1, REL, new=("1", "9", "x")))[0] == "c"
+    assert _apply_plan(p, Change("insert", 1, REL, new=("1", None, "x"))) is None
+    assert _apply_plan(p, Change("delete", 1, REL, old=("1", "1", None), old_is_key=True)) is None
+    assert _apply_plan(plan(publish_delete=False),
+                       Change("delete", 1, REL, old=("1", None, None))) is None
+
+
+class _Txn:
+    def __init__(self, changes):
+        self.xid, self.commit_lsn, self.end_lsn, self.commit_time = 5, 100, 101, 0
+        self.origin_name = self.origin_lsn = None
+        self.changes = changes
+
+
+CHILD = Relation(2, "public", "child", "d", (RelationColumn(0, "v", INT4, -1),
+                                             RelationColumn(1, "id", INT4, -1)))
+OTHER = Relation(3, "public", "other", "d", (RelationColumn(1, "id", INT4, -1),))
+ROOT = Relation(0, "public", "parent", "d", (RelationColumn(1, "id", INT4, -1),
+                                             RelationColumn(0, "v", INT4, -1)))
+
+
+def _via_root_router():
+    def planner(rel):
+        if rel.name == "child":
+            return {"publish_as": ROOT, "row_map": (1, 0),
+                    "root_leaves": frozenset({("public", "child")}),
+                    "insert_filter": lambda row: row[0] == "3"}
+        if rel.name == "other":
+            return {"insert_filter": lambda row: False}
+        return None
+    return ChangeRouter([RouteSpec(name="r", planner=planner)], db="d")
+
+
+def test_via_root_rows_mapped_and_truncate_never_filtered():
+    router = _via_root_router()
+    changes = [Change("insert", 10, CHILD, new=("7", "3")),
+               Change("insert", 11, CHILD, new=("7", "4")),
+               Change("truncate", 12, relations=(CHILD, OTHER))]
+    chunks = list(router.route(_Txn(changes)))
+    records = [r for c in chunks for r in c.records]
+    # one TRUNCATE per table; the root's (all its leaves truncated) after the plain ones
+    assert [r[0] for r in records] == ["r.public.parent", "r.public.other", "r.public.parent"]
+    first = json.loads(records[0][2])
+    assert first["after"] == {"id": 3, "v": 7} and first["source"]["table"] == "parent"
+    assert json.loads(records[0][1]) == {"id": 3}
+    assert [json.loads(r[2])["op"] for r in records] == ["c", "t", "t"]
+
+
+def test_replace_routes_applies_from_next_transaction():
+    router = _via_root_router()
+    router.replace_routes([])
+    assert [r for c in router.route(_Txn([Change("insert", 1, CHILD, new=("7", "3"))]))
+            for r in c.records] == []
