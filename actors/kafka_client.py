@@ -112,6 +112,8 @@ class KafkaPythonClient:
         config = dict(DEFAULTS)
         config.update(translate(dict(settings or {}), KAFKA_PYTHON))
         buffer_memory = config.pop("buffer_memory", BUFFER_MEMORY)
+        # the first contact waits as long as any request (librdkafka has no separate limit)
+        config["bootstrap_timeout_ms"] = config["request_timeout_ms"]
         self._admin_config = {k: v for k, v in config.items()
                               if k.startswith(("security_", "ssl_", "sasl_")) or k == "client_id"}
         self.bootstrap_servers = bootstrap_servers

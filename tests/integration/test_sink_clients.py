@@ -1,0 +1,259 @@
+"""Both Kafka clients against the dev stack's real Kafka: one delivery contract.
+
+* a record is reported once, and only with what the broker assigned on acknowledgement
+  (its offset), and it is then readable from the topic with its key, value and headers;
+* reports arrive by themselves when the client is otherwise idle (no flush needed);
+* failures are typed: a record above the topic's ``max.message.bytes`` → ``RecordTooLarge``,
+  an unreachable bootstrap → ``SinkUnavailable``; bad ``[kafka] settings`` → ``ConfigError``
+  naming the key;
+* the same key lands on the same partition with either client (and where Kafka's own
+  murmur2 partitioner puts it).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.partitioner.default import murmur2 as kafka_murmur2
+
+from actors.kafka_client import KafkaPythonClient, murmur2
+from actors.rdkafka_client import RdKafkaClient
+from actors.sink import TopicSpec
+from router.errors import ConfigError, RecordTooLarge, SinkError, SinkUnavailable
+
+pytestmark = pytest.mark.services
+
+CLIENTS = {"kafka-python": KafkaPythonClient, "librdkafka": RdKafkaClient}
+DEADLINE = 30.0
+
+
+@pytest.fixture(params=sorted(CLIENTS))
+def client_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def topics(kafka_bootstrap):
+    """Names of topics a test creates; deleted afterwards."""
+    made: list[str] = []
+    yield made
+    if made:
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
+        try:
+            admin.delete_topics([t for t in made if t in set(admin.list_topics())])
+        finally:
+            admin.close()
+
+
+def new_topic(topics: list[str], prefix: str) -> str:
+    name = f"test.sink.{prefix}.{uuid.uuid4().hex[:10]}"
+    topics.append(name)
+    return name
+
+
+class Reports:
+    """Collects ``on_delivery(ticket, result)`` calls (from the client's thread)."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.calls: list[tuple[int, object, str]] = []
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+
+    def __call__(self, ticket, result) -> None:
+        with self._lock:
+            self.calls.append((ticket, result, threading.current_thread().name))
+            if len(self.calls) >= self.expected:
+                self.done.set()
+
+    def wait(self, timeout: float = DEADLINE) -> None:
+        assert self.done.wait(timeout), f"{len(self.calls)} of {self.expected} reports"
+
+
+def where(result) -> tuple[int, int]:
+    """(partition, offset) of a successful report, whichever client made it."""
+    partition, offset = result.partition, result.offset
+    if callable(partition):  # confluent_kafka.Message
+        partition, offset = partition(), offset()
+    return partition, offset
+
+
+def failure(exc_or_result, client) -> SinkError:
+    assert isinstance(exc_or_result, BaseException), exc_or_result
+    return client.map_error(exc_or_result)
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, count: int) -> list:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             consumer_timeout_ms=2000)
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        consumer.seek_to_beginning()
+        out: list = []
+        deadline = time.monotonic() + DEADLINE
+        while len(out) < count and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500).values():
+                out.extend(batch)
+        return out
+    finally:
+        consumer.close()
+
+
+def test_reports_only_acknowledged_records_once_each(client_name, kafka_bootstrap, topics):
+    client = CLIENTS[client_name](kafka_bootstrap, {})
+    try:
+        topic = new_topic(topics, "ack")
+        client.ensure_topics([TopicSpec(topic, 3, 1)])
+        client.ensure_topics([TopicSpec(topic, 3, 1)])  # idempotent
+        records = [(topic, b'{"id":%d}' % i, b'{"op":"c","n":%d}' % i,
+                    [("pgrouter.commit_lsn", b"42"), ("pgrouter.seq", b"%d" % i)])
+                   for i in range(300)]
+        reports = Reports(len(records))
+        client.produce(records[:150], 7, reports)
+        client.produce(records[150:], 8, reports)
+        reports.wait()
+        time.sleep(0.3)  # a second report for any record would show up here
+        assert len(reports.calls) == len(records)
+        assert sorted(t for t, _, _ in reports.calls) == [7] * 150 + [8] * 150
+        assert all(not isinstance(r, BaseException) for _, r, _ in reports.calls)
+        # reports come from the client's own thread, never the caller's
+        assert threading.current_thread().name not in {n for _, _, n in reports.calls}
+        # what was reported is what the broker assigned: distinct offsets per partition,
+        # and those records are in the topic with key, value and headers intact
+        positions = [where(r) for _, r, _ in reports.calls]
+        assert len(set(positions)) == len(records)
+        assert all(offset >= 0 for _, offset in positions)
+        got = read_topic(kafka_bootstrap, topic, 3, len(records))
+        assert {(m.partition, m.offset) for m in got} == set(positions)
+        assert sorted((m.key, m.value, list(m.headers)) for m in got) == \
+            sorted((k, v, h) for _, k, v, h in records)
+    finally:
+        client.close(10.0)
+
+
+def test_reports_arrive_when_idle(client_name, kafka_bootstrap, topics):
+    client = CLIENTS[client_name](kafka_bootstrap, {})
+    try:
+        topic = new_topic(topics, "idle")
+        client.ensure_topics([TopicSpec(topic)])
+        client.produce_sync(topic, b"null", b"{}")  # connections and producer id ready
+        reports = Reports(1)
+        client.produce([(topic, b'{"id":1}', b"{}", [])], 1, reports)
+        reports.wait(5.0)  # nobody calls flush: the client delivers its reports by itself
+        assert not isinstance(reports.calls[0][1], BaseException)
+    finally:
+        client.close(10.0)
+
+
+def test_record_too_large_for_topic(client_name, kafka_bootstrap, topics):
+    client = CLIENTS[client_name](kafka_bootstrap, {"delivery_timeout_ms": 20_000,
+                                                  "request_timeout_ms": 10_000})
+    try:
+        topic = new_topic(topics, "large")
+        client.ensure_topics([TopicSpec(topic, 1, 1, {"max.message.bytes": "2048"})])
+        client.produce_sync(topic, b"null", b"{}")
+        with pytest.raises(RecordTooLarge):
+            client.produce_sync(topic, b"null", b"x" * 20_000, timeout=DEADLINE)
+        reports = Reports(1)
+        try:
+            client.produce([(topic, b"null", b"y" * 20_000, [])], 3, reports)
+        except SinkError as exc:  # refused before sending: also typed
+            assert isinstance(exc, RecordTooLarge)
+        else:
+            reports.wait()
+            assert isinstance(failure(reports.calls[0][1], client), RecordTooLarge)
+    finally:
+        client.close(5.0)
+
+
+def test_record_too_large_for_client(client_name, kafka_bootstrap, topics):
+    client = CLIENTS[client_name](kafka_bootstrap, {"max_request_size": 4096})
+    try:
+        topic = new_topic(topics, "limit")
+        client.ensure_topics([TopicSpec(topic)])
+        reports = Reports(1)
+        try:
+            client.produce([(topic, b"null", b"z" * 10_000, [])], 1, reports)
+        except SinkError as exc:
+            assert isinstance(exc, RecordTooLarge)
+        else:
+            reports.wait()
+            assert isinstance(failure(reports.calls[0][1], client), RecordTooLarge)
+    finally:
+        client.close(5.0)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def test_unreachable_bootstrap_is_sink_unavailable(client_name):
+    settings = {"request_timeout_ms": 2000, "delivery_timeout_ms": 4000, "linger_ms": 5}
+    start = time.monotonic()
+    with pytest.raises(SinkUnavailable):
+        client = CLIENTS[client_name](f"127.0.0.1:{_closed_port()}", settings)
+        try:
+            client.produce_sync("test.sink.unreachable", b"null", b"{}", timeout=DEADLINE)
+        finally:
+            client.close(1.0)
+    assert time.monotonic() - start < DEADLINE
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"lingerms": 5}, "lingerms"),
+    ({"linger_ms": "5"}, "linger_ms"),
+    ({"compression_type": "brotli"}, "compression_type"),
+    ({"acks": "1"}, "acks"),
+])
+def test_bad_settings_name_the_key(client_name, settings, key):
+    with pytest.raises(ConfigError) as info:
+        CLIENTS[client_name]("127.0.0.1:1", settings)
+    assert info.value.path == f"kafka.settings.{key}"
+
+
+def test_librdkafka_only_setting_is_refused_by_kafka_python():
+    with pytest.raises(ConfigError) as info:
+        KafkaPythonClient("127.0.0.1:1", {"batch_num_messages": 100})
+    assert info.value.path == "kafka.settings.batch_num_messages"
+
+
+def test_same_key_same_partition_with_both_clients(kafka_bootstrap, topics):
+    keys = [b'{"id":%d}' % i for i in range(1000)] + [b"null", b'{"code":"\\u00e9"}']
+    placed: dict[str, dict[bytes, int]] = {}
+    for name, cls in CLIENTS.items():
+        client = cls(kafka_bootstrap, {})
+        try:
+            topic = new_topic(topics, "keys")
+            client.ensure_topics([TopicSpec(topic, 6, 1)])
+            reports = Reports(len(keys))
+            client.produce([(topic, k, b"{}", []) for k in keys], 0, reports)
+            reports.wait()
+            by_offset = {}
+            for _, result, _ in reports.calls:
+                assert not isinstance(result, BaseException), result
+            # reports do not name the key: read the records back
+            for m in read_topic(kafka_bootstrap, topic, 6, len(keys)):
+                by_offset[m.key] = m.partition
+            placed[name] = by_offset
+        finally:
+            client.close(10.0)
+    assert len(placed["kafka-python"]) == len(keys)
+    assert placed["kafka-python"] == placed["librdkafka"]
+    # …and where Kafka's default (Java) partitioner puts them
+    assert all(p == (kafka_murmur2(k) & 0x7FFFFFFF) % 6 for k, p in placed["librdkafka"].items())
+    assert len(set(placed["librdkafka"].values())) == 6
+
+
+def test_murmur2_matches_kafkas():
+    import random
+    rng = random.Random(8)
+    for n in range(0, 70):
+        data = bytes(rng.getrandbits(8) for _ in range(n))
+        assert murmur2(data) == kafka_murmur2(data)
