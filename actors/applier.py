@@ -271,6 +271,9 @@ class Applier:
 
         import trio_asyncio
 
+        from router.errors import PgRouterError
+
+        error: PgRouterError | None = None
         async with trio_asyncio.open_loop():
             async with trio.open_nursery() as nursery:
                 async def signals():
@@ -284,9 +287,13 @@ class Applier:
                 nursery.start_soon(signals)
                 try:
                     await self._run_with_retries()
+                except PgRouterError as exc:
+                    error = exc  # raised below, outside the nursery's exception group
                 finally:
                     nursery.cancel_scope.cancel()
         self._report("applier stopped")
+        if error is not None:
+            raise error
         return 0
 
     def _report(self, msg: str) -> None:
