@@ -15,6 +15,7 @@ from typing import Literal
 import msgspec
 
 from .errors import ConfigError
+from .kafka_settings import translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 
 Operation = Literal["insert", "update", "delete", "truncate"]
@@ -65,8 +66,9 @@ class KafkaConfig(_Base):
     #: topic with a BEGIN and an END record per source transaction (Debezium's transaction
     #: metadata; END counts the records written to each topic); empty = not written
     transactions_topic: str = ""
-    #: passed to the Kafka client as they are (compression_type, linger_ms, security_protocol,
-    #: sasl_*, ssl_* …); acks and idempotence are pgrouter's and cannot be overridden
+    #: client settings in one vocabulary for both clients (compression_type, linger_ms,
+    #: security_protocol, sasl_*, ssl_* …, see router.kafka_settings); unknown keys are
+    #: refused; acks and idempotence are pgrouter's and cannot be overridden
     settings: dict[str, str | int | float | bool] = {}
 
 
@@ -195,11 +197,8 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         if route.topic_settings.partitions < 1:
             raise ConfigError("must be ≥ 1", path=f"{where}.topic_settings.partitions",
                               source=source)
-    for key in ("acks", "enable_idempotence", "key_serializer", "value_serializer",
-                "bootstrap_servers", "transactional_id"):
-        if key in cfg.kafka.settings:
-            raise ConfigError("set by pgrouter (acks=all, idempotent producer); remove it",
-                              path=f"kafka.settings.{key}", source=source)
+    # the common settings vocabulary, checked for the chosen client (router.kafka_settings)
+    translate_kafka_settings(dict(cfg.kafka.settings), cfg.kafka.client, source=source)
 
 
 def _validate_route_filter(route: RouteConfig, where: str, source: str) -> None:
