@@ -107,6 +107,23 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+_CODECS = {"gzip": ("has_gzip", "(built in)"), "snappy": ("has_snappy", "python-snappy"),
+           "lz4": ("has_lz4", "lz4"), "zstd": ("has_zstd", "zstandard")}
+
+
+def _check_codec(compression: str | None) -> None:
+    """kafka-python compresses in Python: the codec's package must be installed."""
+    if compression not in _CODECS:
+        return
+    import kafka.codec
+
+    probe, package = _CODECS[compression]
+    if not getattr(kafka.codec, probe)():
+        raise ConfigError(f"{compression} with kafka-python needs the Python package "
+                          f"{package} (or use client = \"librdkafka\")",
+                          path="kafka.settings.compression_type")
+
+
 class KafkaPythonClient:
     def __init__(self, bootstrap_servers, settings: dict | None = None):
         config = dict(DEFAULTS)
@@ -117,6 +134,7 @@ class KafkaPythonClient:
         self._admin_config = {k: v for k, v in config.items()
                               if k.startswith(("security_", "ssl_", "sasl_")) or k == "client_id"}
         self.bootstrap_servers = bootstrap_servers
+        _check_codec(config.get("compression_type"))
         try:
             self.producer = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
                                           enable_idempotence=True, **config)
