@@ -338,6 +338,7 @@ class Planner:
                                   f"{sorted(res.columns - present)} of the column list")
             plan["columns"] = tuple(i for i, c in enumerate(view.columns) if c.name in res.columns)
         ctypes = tuple(ColumnType(c.name, c.type_oid, c.type_modifier) for c in view.columns)
+        used: set[str] = set()
         for action in ("insert", "update", "delete"):
             sqls = getattr(res, f"{action}_filters")
             if sqls and plan[f"publish_{action}"]:
@@ -346,6 +347,11 @@ class Planner:
                 except ConfigError as exc:
                     raise self._error(relation, f"row filter: {exc}") from exc
                 plan[f"{action}_filter"] = any_of(compiled)
+                used.update(n for f in compiled for n in f.columns_used)
+        index = {c.name: i for i, c in enumerate(view.columns)}
+        row_map = plan.get("row_map")
+        plan["filter_columns"] = tuple(sorted(
+            row_map[index[n]] if row_map is not None else index[n] for n in used))
         return plan
 
 

@@ -36,6 +36,10 @@ from .schema import TableSchema
 from .transactions import NonTransactionalMessage, Transaction
 
 CHUNK_RECORDS = 2000
+#: routing decisions remembered per relation layout, keyed by the filtered columns' values
+DECISIONS_MAX = 4096
+#: beyond this many filtered columns per relation decisions are not remembered
+DECISION_COLUMNS_MAX = 6
 
 #: (topic, key, value, headers)
 Record = tuple
@@ -60,6 +64,9 @@ class TablePlan(msgspec.Struct, frozen=True):
     row_map: tuple[int, ...] | None = None
     #: ... and the ancestor's leaf partitions (a TRUNCATE of all of them truncates it)
     root_leaves: frozenset | None = None
+    #: source-row indexes every filter of this plan reads (None: unknown). Filters are
+    #: immutable expressions, so their results depend on these values only.
+    filter_columns: tuple[int, ...] | None = None
 
 
 class RoutedChunk(msgspec.Struct):
@@ -122,6 +129,7 @@ class ChangeRouter:
         self._seen_topics: set[str] = set()
         self._new_topics: list[tuple[str, str]] = []
         self._pending_routes: list[RouteSpec] | None = None
+        self._dispatch: dict[int, tuple] = {}
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -160,6 +168,24 @@ class ChangeRouter:
     def forget_plans(self) -> None:
         """Drop cached plans (route definitions changed, e.g. after SIGHUP)."""
         self._plans.clear()
+        self._dispatch.clear()
+
+    def _dispatch_for(self, relation: Relation) -> tuple:
+        """(relation, plans, columns, decisions): ``columns`` are the source-row indexes any
+        plan's filter reads (None when unknown or too many to key on)."""
+        plans = self.plans_for(relation)
+        cols: set | None = set()
+        for plan in plans:
+            if plan.insert_filter or plan.update_filter or plan.delete_filter:
+                if plan.filter_columns is None:
+                    cols = None
+                    break
+                cols.update(plan.filter_columns)
+        if cols is not None and len(cols) > DECISION_COLUMNS_MAX:
+            cols = None
+        entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {})
+        self._dispatch[relation.relation_id] = entry
+        return entry
 
     # -- routing -------------------------------------------------------------------------------
 
@@ -225,12 +251,33 @@ class ChangeRouter:
         if op == "truncate":
             self._route_truncate(change, tx, seq, out, schemas)
             return
+        rel = change.relation
+        entry = self._dispatch.get(rel.relation_id)
+        if entry is None or entry[0] is not rel:
+            entry = self._dispatch_for(rel)
+        cols = entry[2]
+        if cols is None:
+            results = [(plan, *r) for plan in entry[1]
+                       if (r := _apply_plan(plan, change)) is not None]
+        else:
+            # every route's decision depends only on the filtered columns' values: remember
+            # the decisions (which plans publish, as what) per distinct values
+            new, old = change.new, change.old
+            key = (op, None if new is None else tuple([new[i] for i in cols]),
+                   None if old is None else tuple([old[i] for i in cols]))
+            decisions = entry[3].get(key)
+            if decisions is None:
+                decisions = tuple((plan, r[0]) for plan in entry[1]
+                                  if (r := _apply_plan(plan, change)) is not None)
+                if len(entry[3]) >= DECISIONS_MAX:
+                    entry[3].clear()
+                entry[3][key] = decisions
+            if not decisions:
+                return
+            results = [_materialize(plan, kind, change) for plan, kind in decisions]
         headers = None
-        for plan in self.plans_for(change.relation):
-            result = _apply_plan(plan, change)
-            if result is None:
-                continue
-            kind, old, old_is_key, new = result
+        for result in results:
+            plan, kind, old, old_is_key, new = result
             sid = plan.encoder.schema.schema_id
             if sid not in self._seen_schemas:
                 self._seen_schemas.add(sid)
@@ -266,6 +313,27 @@ class ChangeRouter:
         self._schema(plan, schemas)
         key, value = plan.encoder.encode_truncate(tx, change.lsn, seq, change.options)
         out.append((plan.topic, key, value, _headers(tx.commit_lsn, seq)))
+
+
+def _mapped(row: tuple | None, row_map: tuple[int, ...] | None) -> tuple | None:
+    if row_map is None or row is None:
+        return row
+    return tuple([row[i] for i in row_map])
+
+
+def _materialize(plan: TablePlan, kind: str, change: Change) -> tuple:
+    """The publishable change for a remembered decision (what ``_apply_plan`` returned)."""
+    m = plan.row_map
+    if kind == "c":
+        new = change.new
+        if change.op == "update":
+            new = _fill_toast(new, change.old)
+        return plan, "c", None, False, _mapped(new, m)
+    if kind == "d":
+        return plan, "d", _mapped(change.old, m), change.old_is_key, None
+    old = change.old
+    return (plan, "u", _mapped(old, m), change.old_is_key if old is not None else False,
+            _mapped(change.new, m))
 
 
 def _apply_plan(plan: TablePlan, change: Change):
