@@ -230,9 +230,9 @@ def route_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]:
         if missing:
             problems.append((path, f"publication(s) {', '.join(missing)} do not exist"))
             continue
-        for t in route.tables:
+        for j, t in enumerate(route.tables):
             if qualified(t) not in tables:
-                problems.append((f"routes[{i}].tables", f"table {t} does not exist"))
+                problems.append((f"routes[{i}].tables[{j}]", f"table {t} does not exist"))
         resolver = _route_resolver(route, catalog)
         ops = frozenset(route.operations)
         for table in leaves:
