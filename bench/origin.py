@@ -14,7 +14,9 @@ workload, so every run decodes the same WAL. Runs, alternating, ``--repeat`` tim
 * ``none``  – ``origin = "none"``: the replicated half is dropped (fewer records to write).
 
 Each is ``pgrouter run --until-caught-up`` (process start included), timed to exit. Printed
-side by side: seconds (best of the repeats), transactions/s and the ratio to ``any``. Also
+side by side: wall seconds (best of the repeats), transactions/s, the ratio to ``any``, and
+the router process's CPU seconds (user+sys, less sensitive to a busy machine) with its ratio.
+Also
 the filter's own cost per transaction, measured in-process. Everything created is removed.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import resource
 import subprocess
 import sys
 import tempfile
@@ -137,6 +140,7 @@ def main() -> None:
         *[f"select pg_create_logical_replication_slot('{s}', 'pgoutput')"
           for s in slots.values()])
     times: dict[str, list[float]] = {p: [] for p in POLICIES}
+    cpu: dict[str, list[float]] = {p: [] for p in POLICIES}
     try:
         t0 = time.monotonic()
         workload(dsn, table, origin, args.txns, args.rows)
@@ -149,19 +153,23 @@ def main() -> None:
                 cfg = pathlib.Path(tmp) / f"{policy}{rep}.toml"
                 cfg.write_text(config(dsn, bootstrap, slots[(policy, rep)], table, topic, policy))
                 t0 = time.monotonic()
+                r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 proc = subprocess.run([sys.executable, "-m", "router", "run", "-c", str(cfg),
                                        "--until-caught-up"], cwd=ROOT, capture_output=True,
                                       text=True)
                 elapsed = time.monotonic() - t0
+                r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[policy].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
                 if proc.returncode != 0:
                     raise SystemExit(f"{policy}: pgrouter failed:\n{proc.stderr[-3000:]}")
                 times[policy].append(elapsed)
-        base = min(times["any"])
-        print(f"{'policy':<8}{'best s':>9}{'txns/s':>10}{'ratio':>8}   all runs")
+        base, cbase = min(times["any"]), min(cpu["any"])
+        print(f"{'policy':<8}{'best s':>9}{'txns/s':>10}{'ratio':>8}{'cpu s':>9}{'ratio':>8}"
+              "   all runs (wall)")
         for policy, ts in times.items():
-            best = min(ts)
-            print(f"{policy:<8}{best:>9.2f}{args.txns / best:>10.0f}{best / base:>8.2f}   "
-                  + " ".join(f"{t:.2f}" for t in ts))
+            best, cbest = min(ts), min(cpu[policy])
+            print(f"{policy:<8}{best:>9.2f}{args.txns / best:>10.0f}{best / base:>8.2f}"
+                  f"{cbest:>9.2f}{cbest / cbase:>8.2f}   " + " ".join(f"{t:.2f}" for t in ts))
         print(f"filter cost in-process: {filter_cost():.0f} ns per transaction")
     finally:
         for s in slots.values():
