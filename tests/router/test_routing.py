@@ -127,3 +127,35 @@ def test_replace_routes_applies_from_next_transaction():
     router.replace_routes([])
     assert [r for c in router.route(_Txn([Change("insert", 1, CHILD, new=("7", "3"))]))
             for r in c.records] == []
+
+
+def test_remembered_decisions_equal_direct_evaluation():
+    """With ``filter_columns`` the router remembers decisions per filtered values; the
+    records must be the same as evaluating every plan for every change."""
+    def spec(name, k):
+        def planner(rel):
+            f = (lambda row: row[1] is not None and int(row[1]) % 3 == k)
+            return {"insert_filter": f, "update_filter": f, "delete_filter": f,
+                    "filter_columns": (1,) if name.startswith("m") else None}
+        return RouteSpec(name=name, planner=planner)
+    changes = []
+    for i in range(30):
+        changes.append(Change("insert", i, REL, new=(str(i), str(i % 5), "x")))
+    for i in range(30):
+        changes.append(Change("update", 100 + i, REL, old=(str(i), str(i % 5), "x"),
+                              new=(str(i), str((i + 1) % 5), U)))
+        changes.append(Change("update", 200 + i, REL, old=None, new=(str(i), str(i % 4), "y")))
+        changes.append(Change("delete", 300 + i, REL, old=(str(i), str(i % 7), None),
+                              old_is_key=True))
+
+    def records(prefix):
+        router = ChangeRouter([spec(f"{prefix}{k}", k) for k in range(3)], db="d")
+        out = []
+        for c in router.route(_Txn(changes)):
+            for topic, key, value, _ in c.records:
+                v = json.loads(value)
+                v["source"].pop("route")
+                out.append((topic[len(prefix):], key, v))
+        return out
+    remembered, direct = records("m"), records("d")
+    assert remembered == direct and len(direct) > 60
