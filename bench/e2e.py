@@ -17,7 +17,9 @@ Then, one after the other:
   acknowledged by Kafka (acks=all) and the slot confirmed. Process start included.
 
 It prints seconds, changes/s and the ratio to pg_recvlogical (time / reference time) side by
-side from one run. ``--profile DIR`` runs pgrouter under cProfile (``DIR/<client>.prof``; the
+side from one run, plus the CPU seconds the drainer process itself used (user+sys;
+pg_recvlogical's is small because the walsender does its work; on a loaded machine pgrouter's
+changes per CPU second say more than its wall time). ``--profile DIR`` runs pgrouter under cProfile (``DIR/<client>.prof``; the
 timings then include the profiler's overhead). Slots, publication, table and topics are
 removed afterwards, also after a failure.
 """
@@ -28,6 +30,7 @@ import argparse
 import os
 import pathlib
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -90,6 +93,11 @@ topic_settings = {{ partitions = {partitions} }}
 [log]
 progress_interval = 5.0
 """
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def run_router(cfg_path: str, profile: str | None) -> tuple[float, str]:
@@ -155,6 +163,7 @@ def main() -> None:
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     results: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     acked: dict[str, str] = {}
     try:
         sql(args.dsn, f"create table {table} (id bigint primary key, account int, "
@@ -165,11 +174,13 @@ def main() -> None:
         t0 = time.perf_counter()
         workload(args.dsn, table, args.changes, args.txn_rows)
         endpos = sql(args.dsn, "select pg_current_wal_lsn()::text", fetch=True)[0][0]
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"backlog: {args.changes} inserts into a 6-column table in transactions of "
               f"{args.txn_rows} ({time.perf_counter() - t0:.1f} s to write), up to {endpos}; "
               f"{args.partitions} partition(s)", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             for run in runs:
+                cpu_before = _children_cpu()
                 if run == RECV:
                     results[run] = run_recvlogical(args.dsn, slots[run], pub, endpos)
                 else:
@@ -181,8 +192,10 @@ def main() -> None:
                     results[run], log = run_router(cfg, prof)
                     found = _ACKED.findall(log)
                     acked[run] = found[-1] if found else "?"
+                cpu[run] = _children_cpu() - cpu_before
                 print(f"  {run:<15} {results[run]:7.2f} s  "
-                      f"{args.changes / results[run]:10,.0f} changes/s"
+                      f"{args.changes / results[run]:10,.0f} changes/s  "
+                      f"cpu {cpu[run]:6.2f} s ({args.changes / max(cpu[run], 1e-9):9,.0f}/cpu-s)"
                       + (f"  (records acked: {acked[run]})" if run in acked else ""),
                       flush=True)
     finally:
