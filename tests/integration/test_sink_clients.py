@@ -7,11 +7,12 @@
   an unreachable bootstrap → ``SinkUnavailable``; bad ``[kafka] settings`` → ``ConfigError``
   naming the key;
 * the same key lands on the same partition with either client (and where Kafka's own
-  murmur2 partitioner puts it).
+  murmur2 partitioner puts it), and ``pgrouter run`` writes the same records either way.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -25,6 +26,8 @@ from actors.kafka_client import KafkaPythonClient, murmur2
 from actors.rdkafka_client import RdKafkaClient
 from actors.sink import TopicSpec
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkUnavailable
+from tests.helpers import Pg, run_router, unique, write_config
+from tests.helpers import read_topic as read_records
 
 pytestmark = pytest.mark.services
 
@@ -257,3 +260,46 @@ def test_murmur2_matches_kafkas():
     for n in range(0, 70):
         data = bytes(rng.getrandbits(8) for _ in range(n))
         assert murmur2(data) == kafka_murmur2(data)
+
+
+def test_pipeline_writes_the_same_records_with_either_client(pg_dsn, kafka_bootstrap,
+                                                             tmp_path, topics):
+    """``pgrouter run`` with ``client = "librdkafka"`` and with kafka-python, each from its
+    own slot over the same changes: the same records (bar ``source.route``) on the same
+    partitions, in the same order per partition."""
+    pg = Pg(pg_dsn)
+    name = unique("sinkcl")
+    schema_topic = new_topic(topics, "schemas")
+    pg.run(f"create table {name} (id bigint primary key, v text, n int)")
+    pg.run(f"create publication {name} for table {name}")
+    configs = {}
+    try:
+        for client in CLIENTS:
+            route = f"{name}_{client.replace('-', '_')}"
+            topics.append(route)
+            configs[client] = write_config(
+                tmp_path / f"{client}.toml", dsn=pg_dsn, slot=route, publications=[name],
+                bootstrap=kafka_bootstrap,
+                kafka_extra=f'client = "{client}"\nschema_topic = "{schema_topic}"',
+                routes=f'[[routes]]\nname = "{route}"\ntables = ["public.{name}"]\n'
+                       f'topic = "{route}"\ntopic_settings = {{ partitions = 3 }}\n')
+            run_router(configs[client])  # creates the slot before the changes
+        pg.run(f"insert into {name} select g, 'v' || g, g from generate_series(1, 60) g")
+        pg.run(f"update {name} set v = v || '!' where id % 6 = 0")
+        pg.run(f"delete from {name} where id % 10 = 0")
+        seen = {}
+        for client, cfg in configs.items():
+            run_router(cfg)
+            records = read_records(kafka_bootstrap, f"{name}_{client.replace('-', '_')}")
+            for r in records:
+                r["value"]["source"].pop("route")
+            seen[client] = sorted((r["partition"], r["offset"], r["raw"][0],
+                                   json.dumps(r["value"], sort_keys=True)) for r in records)
+        assert len(seen["kafka-python"]) == 60 + 10 + 6
+        assert seen["kafka-python"] == seen["librdkafka"]
+    finally:
+        for client in configs:
+            pg.drop_slot(f"{name}_{client.replace('-', '_')}")
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
