@@ -66,7 +66,10 @@ _decode = msgspec.msgpack.Decoder(ext_hook=_ext_hook).decode
 def _payload(values: tuple | None) -> int:
     if values is None:
         return 0
-    return sum(len(v) for v in values if type(v) is str or type(v) is bytes)
+    try:  # once per change: text/binary values in C; filter drops the NULLs
+        return sum(map(len, filter(None, values)))
+    except TypeError:  # an unchanged-TOAST marker has no length
+        return sum(len(v) for v in values if type(v) is str or type(v) is bytes)
 
 
 class ChangeBuffer:
