@@ -365,7 +365,7 @@ class Materializer:
                     .groupBy("route", "schema", "table", "schema_id")
                     .agg(F.collect_set("toast").alias("toast"),
                          F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
-                         .alias("truncate"))
+                         .alias("truncate"), F.min("commit_lsn").alias("lo"))
                     .collect())
             groups: dict[tuple, list] = {}
             for m in meta:
@@ -412,7 +412,7 @@ class Materializer:
             part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state)
             rows = part if rows is None else rows.unionByName(part)
         if mode == CHANGELOG:
-            self._append(batch_id, state, rows)
+            self._append(batch_id, state, rows, min(m.lo for m in metas))
             return
         cut = max([*truncs, state.truncated_before or (-1, -1)])
         if truncs and max(truncs) > (state.truncated_before or (-1, -1)):
@@ -564,14 +564,10 @@ class Materializer:
         finally:
             self._untxn()
 
-    def _append(self, batch_id, state: TableState, rows) -> None:
+    def _append(self, batch_id, state: TableState, rows, lo: int) -> None:
         from delta.tables import DeltaTable
-        from pyspark.sql import functions as F
 
         rows = rows.dropDuplicates(list(POS))
-        lo = rows.agg(F.min("_pgr_commit_lsn")).collect()[0][0]
-        if lo is None:
-            return
         cond = (f"t._pgr_commit_lsn >= {lo} AND t._pgr_commit_lsn = s._pgr_commit_lsn "
                 "AND t._pgr_seq = s._pgr_seq")
         values = {quote(n): f"s.{quote(n)}" for n in state.types}
