@@ -303,3 +303,63 @@ def test_pipeline_writes_the_same_records_with_either_client(pg_dsn, kafka_boots
         pg.run(f"drop publication {name}")
         pg.run(f"drop table {name}")
         pg.close()
+
+
+@pytest.mark.parametrize("client", ["librdkafka"])
+def test_killed_router_confirms_nothing_kafka_lacks(client, pg_dsn, kafka_bootstrap, tmp_path,
+                                                    topics):
+    """SIGKILL mid-load with the librdkafka client (the lead's fault tests cover both clients
+    on a stack of their own; this one runs on the shared stack, killing only the router):
+    whatever PostgreSQL has as confirmed is in Kafka, and after a rerun every row is."""
+    import random
+    import time as _time
+
+    from tests.e2e import test_faults as faults
+    from tests.helpers import kill9, start_router
+
+    rows = 6000
+    pg = Pg(pg_dsn)
+    name = unique("sinkkill")
+    topics.append(name)
+    pg.run(f"create table {name} (id bigint primary key, batch int, payload text)")
+    pg.run(f"create publication {name} for table {name}")
+    pg.run("select pg_create_logical_replication_slot(%s, 'test_decoding')", f"{name}_oracle")
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra=f'client = "{client}"',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\ntopic_settings = {{ partitions = 3 }}\n')
+    try:
+        run_router(cfg)  # the slot exists before the load
+        load = faults.Load(pg_dsn, name, rows)
+        load.start()
+        rng = random.Random(8)
+        samples = []
+        for i in range(2):
+            proc = start_router(cfg, tmp_path / f"router-{i}.log")
+            _time.sleep(rng.uniform(2.5, 4.0))
+            assert proc.poll() is None, (tmp_path / f"router-{i}.log").read_text()[-3000:]
+            kill9(proc)
+            deadline = _time.monotonic() + DEADLINE
+            while pg.one("select active from pg_replication_slots where slot_name = %s", name):
+                assert _time.monotonic() < deadline, "slot stayed active after the kill"
+                _time.sleep(0.1)
+            samples.append((faults.confirmed_lsn(pg, name),
+                            faults.kafka_ids(kafka_bootstrap, name)[0]))
+        assert any(in_kafka for _, in_kafka in samples), "killed before it delivered anything"
+        load.join(timeout=120)
+        assert not load.is_alive() and load.error is None, load.error
+        run_router(cfg, timeout=120)
+        ids, records = faults.kafka_ids(kafka_bootstrap, name)
+        assert ids == {r[0] for r in pg.run(f"select id from {name}")}
+        assert len(ids) == rows
+        faults.assert_identical_duplicates(records)
+        txns = faults.oracle_transactions(pg, f"{name}_oracle")
+        for confirmed, in_kafka in samples:
+            unsafe = [lsn for lsn, t_ids in txns if lsn < confirmed and not t_ids <= in_kafka]
+            assert not unsafe, f"{len(unsafe)} transactions confirmed but not in Kafka"
+    finally:
+        pg.drop_slot(name)
+        pg.drop_slot(f"{name}_oracle")
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
