@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -41,6 +42,10 @@ DEFAULTS = {
 }
 _ADMIN_KEYS = ("client.id", "security.protocol", "sasl.", "ssl.", "request.timeout.ms",
                "reconnect.backoff", "socket.")
+#: librdkafka's own log lines (connection retries…) go through Python logging, under the
+#: "kafka" logger that ``actors.log`` quiets like kafka-python's: failures that matter reach
+#: the sink as typed delivery errors
+_LOGGER = logging.getLogger("kafka.librdkafka")
 POLL_INTERVAL = 0.1  # seconds a poll waits when idle (reports wake it at once)
 
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
@@ -86,6 +91,8 @@ class RdKafkaClient:
                             if k == "bootstrap.servers" or k.startswith(_ADMIN_KEYS)}
         self._fatal: KafkaError | None = None
         conf["error_cb"] = self._on_error
+        conf["logger"] = _LOGGER
+        self._admin_conf["logger"] = _LOGGER
         try:
             self.producer = Producer(conf)
         except KafkaException as exc:
