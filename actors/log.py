@@ -18,6 +18,8 @@ class _KeyValue(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, "fields", {})
         if self.as_json:
+            if record.exc_info:
+                fields = {**fields, "exception": self.formatException(record.exc_info)}
             return json.dumps({"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
                                "level": record.levelname.lower(), "logger": record.name,
                                "msg": record.getMessage(), **fields}, default=str)
@@ -26,7 +28,10 @@ class _KeyValue(logging.Formatter):
         for k, v in fields.items():
             text = str(v)
             parts.append(f'{k}="{text}"' if " " in text else f"{k}={text}")
-        return " ".join(parts)
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
 
 
 def setup(level: str = "info", fmt: str = "text") -> None:
