@@ -65,7 +65,7 @@ def client_for(name: str, bootstrap: str):
     return client
 
 
-def run_one(name: str, bootstrap: str, n: int, partitions: int) -> tuple[float, int]:
+def run_one(name: str, bootstrap: str, n: int, partitions: int) -> tuple[float, float]:
     topic = f"bench.sink.{name}.{uuid.uuid4().hex[:8]}"
     client = client_for(name, bootstrap)
     try:
@@ -87,15 +87,15 @@ def run_one(name: str, bootstrap: str, n: int, partitions: int) -> tuple[float, 
                 if state["acked"] == n:
                     done.set()
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for i in range(0, n, CHUNK_RECORDS):
             client.produce(records[i:i + CHUNK_RECORDS], i, on_delivery)
         if not done.wait(300):
             raise SystemExit(f"{name}: only {state['acked']} of {n} acknowledged in 300 s")
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         if state["failed"] is not None:
             raise SystemExit(f"{name}: delivery failed: {state['failed']!r}")
-        return elapsed, n
+        return elapsed, cpu
     finally:
         client.close(10.0)
         _delete_topic(bootstrap, topic)
@@ -119,13 +119,16 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA", "127.0.0.1:9092"))
     args = ap.parse_args()
     size = len(make_records("t", 1)[0][2])
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{args.records} records of ~{size} bytes, {args.partitions} partition(s), "
           f"acks=all, idempotent, chunks of {CHUNK_RECORDS}")
     results = {}
     for name in args.clients.split(","):
-        elapsed, n = run_one(name, args.bootstrap, args.records, args.partitions)
+        n = args.records
+        elapsed, cpu = run_one(name, args.bootstrap, n, args.partitions)
         results[name] = n / elapsed
-        print(f"  {name:<13} {elapsed:7.2f} s  {n / elapsed:10,.0f} records/s", flush=True)
+        print(f"  {name:<17} {elapsed:7.2f} s  {n / elapsed:10,.0f} records/s  cpu {cpu:6.2f} s"
+              f" ({n / max(cpu, 1e-9):9,.0f}/cpu-s, all threads)", flush=True)
     base = results.get("kafka-python")
     for name, rate in results.items():
         if base and name != "kafka-python":
