@@ -1,0 +1,109 @@
+"""Materializer throughput: change records per second from a Kafka backlog into Delta.
+
+Produces a backlog (default 500k records: inserts of 100k keys, then updates and deletes spread
+over them, as pgrouter's encoder writes them) to a fresh topic of the dev stack's Kafka, then
+times the materializer draining it with Trigger.AvailableNow on local[2]. Only the drain is
+timed (session start and backlog production are not). Not a timed test: prints figures.
+
+    .venv/bin/python bench/materialize.py [--records 500000] [--batch 250000] [--mode state]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kafka import KafkaProducer  # noqa: E402
+from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
+
+from actors.devstack import ensure_up, spark_jars  # noqa: E402
+from actors.materialize import job  # noqa: E402
+from router.envelope import TableEncoder, TxContext  # noqa: E402
+from router.pgoutput import Relation, RelationColumn  # noqa: E402
+from router.schema import encode_schema  # noqa: E402
+
+
+def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topic, 2, 1), NewTopic(schema_topic, 1, 1)])
+    admin.close()
+    rel = Relation(1, "public", "orders", "d", (
+        RelationColumn(1, "id", 20, -1), RelationColumn(0, "customer", 25, -1),
+        RelationColumn(0, "amount", 1700, (12 << 16 | 2) + 4), RelationColumn(0, "qty", 23, -1),
+        RelationColumn(0, "placed_at", 1184, -1), RelationColumn(0, "note", 25, -1)))
+    enc = TableEncoder(rel, route="bench", db="postgres")
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=512 * 1024,
+                      compression_type=None, acks=1)
+    k, v = encode_schema(enc.schema)
+    p.send(schema_topic, key=k, value=v).get(timeout=30)
+    per_tx = 100
+    for t in range(n // per_tx):
+        lsn = 0x10000000 + t * 0x10000
+        tx = TxContext(xid=1000 + t, commit_lsn=lsn, end_lsn=lsn + 1, commit_time=789_000_000_000_000)
+        for seq in range(per_tx):
+            i = t * per_tx + seq
+            key = i % keys
+            if i < keys:
+                op, old = "c", None
+            elif i % 10 == 9:
+                op, old = "d", (str(key), None, None, None, None, None)
+            else:
+                op, old = "u", None
+            new = None if op == "d" else (str(key), f"customer {key % 977}", f"{i % 100000}.{i % 100:02d}",
+                                          str(i % 50), "2026-11-01 10:00:00.123456+00",
+                                          "note " * (i % 7))
+            k, v = enc.encode(op, tx, lsn + seq, seq, old=old, old_is_key=True, new=new)
+            p.send(topic, key=k, value=v)
+    p.flush(timeout=120)
+    p.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=500_000)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=250_000, help="max_offsets_per_trigger")
+    ap.add_argument("--mode", choices=["state", "changelog"], default="state")
+    args = ap.parse_args()
+
+    info = ensure_up(ROOT / ".devstack")
+    tag = uuid.uuid4().hex[:8]
+    topic, schema_topic = f"bench.materialize.{tag}", f"bench.schemas.{tag}"
+    t0 = time.perf_counter()
+    produce(info.kafka_bootstrap, topic, schema_topic, args.records, args.keys)
+    produced = time.perf_counter() - t0
+    print(f"backlog: {args.records} records in {produced:.1f}s "
+          f"({args.records / produced:,.0f} records/s produced)")
+
+    with tempfile.TemporaryDirectory(prefix="pgrouter-bench-") as tmp:
+        cfg = job.JobConfig(bootstrap_servers=info.kafka_bootstrap, topics=[topic],
+                            schema_topic=schema_topic, warehouse=f"{tmp}/wh",
+                            checkpoint=f"{tmp}/ck", mode=args.mode,
+                            max_offsets_per_trigger=args.batch, master="local[2]",
+                            spark_conf={"spark.sql.shuffle.partitions": "2",
+                                        "spark.driver.memory": "4g"},
+                            jars=spark_jars(ROOT / ".devstack"))
+        spark = job.build_session(cfg)
+        spark.range(1).count()  # JVM and session warm, not timed
+        t0 = time.perf_counter()
+        job.Materializer(spark, cfg).run(available_now=True)
+        took = time.perf_counter() - t0
+        table = spark.read.format("delta").load(f"{tmp}/wh/bench/public/orders")
+        rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
+        spark.stop()
+    print(f"mode={args.mode} master=local[2] batch(max_offsets_per_trigger)={args.batch} "
+          f"records={args.records} keys={args.keys}")
+    print(f"materialized {args.records} change records in {took:.1f}s: "
+          f"{args.records / took:,.0f} records/s ({rows} rows in the table)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
