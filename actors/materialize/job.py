@@ -133,7 +133,8 @@ def validate(values: dict[str, Any]) -> JobConfig:
         raise MaterializeError("must be 'state' or 'changelog'", path="delta.mode")
     if values.get("max_offsets_per_trigger") is not None and values["max_offsets_per_trigger"] < 1:
         raise MaterializeError("must be >= 1", path="max_offsets_per_trigger")
-    values["spark_conf"] = {k: str(v) for k, v in values.get("spark_conf", {}).items()}
+    values["spark_conf"] = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                            for k, v in values.get("spark_conf", {}).items()}
     values["kafka_options"] = {k: str(v) for k, v in values.get("kafka_options", {}).items()}
     return JobConfig(**values)
 
