@@ -205,7 +205,8 @@ class KafkaPythonClient:
                     tp = tps[(murmur2(key) & 0x7FFFFFFF) % n]
                 if len(value) + (len(key) if key is not None else 0) > limit:
                     self._check_size(key, value, headers)
-                future, full, new_batch, _ = append(tp, None, key, value, headers)
+                future, full, new_batch, _ = append(tp, None, key, value,
+                                                    [] if headers is None else headers)
                 future._add_cb_eb(cb, cb)
                 if full or new_batch:
                     self._sender.wakeup()
