@@ -385,3 +385,56 @@ mode = "changelog"
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     got = _positions(spark, str(delta_log.parent))
     assert len(got) == len(set(got)) and set(got) == want
+
+
+# --- the whole pipeline: PostgreSQL -> pgrouter run -> Kafka -> Spark -> Delta ------------------
+
+
+def test_pipeline_postgres_router_delta(spark, pg_dsn, kafka_bootstrap, tmp_path):
+    from actors.materialize import job
+    from tests.helpers import Pg, run_router, unique, write_config
+
+    pg = Pg(pg_dsn)
+    name = unique("mzr")
+    t = f"{name}_t"
+    pg.run(f"create table {t} (id int primary key, name text, amount numeric(10,2), "
+           f"at timestamptz, tags int[], note text)")
+    pg.run(f"alter table {t} alter column note set storage external")  # TOAST without compression
+    pg.run(f"create publication {name} for table {t}")
+    cfg_path = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
+                            bootstrap=kafka_bootstrap,
+                            kafka_extra=f'schema_topic = "{name}.schemas"',
+                            routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{t}"]\n'
+                                   f'topic = "{{route}}.{{schema}}.{{table}}"\n')
+    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, topic_pattern=f"{name}\\.public\\..*",
+                        schema_topic=f"{name}.schemas", warehouse=str(tmp_path / "wh"),
+                        checkpoint=str(tmp_path / "ck"))
+    path = f"{cfg.warehouse}/{name}/public/{t}"
+    big = "x" * 5000
+    try:
+        pg.run(f"select pg_create_logical_replication_slot('{name}', 'pgoutput')")
+        pg.run(f"insert into {t} select i, 'n' || i, i * 1.25, '2024-01-02 03:04:05+02', "
+               f"array[i, null], '{big}' || i from generate_series(1, 40) i")
+        pg.run(f"update {t} set name = 'toast kept' where id <= 10")  # note: unchanged TOAST
+        pg.run(f"delete from {t} where id between 11 and 15")
+        pg.run(f"update {t} set id = id + 1000 where id between 16 and 18")  # key change
+        pg.run(f"truncate {t}")
+        pg.run(f"insert into {t} select i, 'after', i, now(), '{{}}', '{big}' from "
+               f"generate_series(100, 120) i")
+        pg.run(f"alter table {t} add column extra bigint")
+        pg.run(f"update {t} set extra = id * 2, name = 'toast again' where id < 110")
+        run_router(cfg_path)
+        job.Materializer(spark, cfg).run(available_now=True)
+        got = {r["id"]: r.asDict() for r in spark.read.format("delta").load(path)
+               .filter("NOT _pgr_deleted").collect()}
+        want = {r[0]: r for r in pg.run(f"select id, name, amount, at, tags, note, extra "
+                                        f"from {t}")}
+        assert set(got) == set(want)
+        for id_, (_, nm, amount, at, tags, note, extra) in want.items():
+            g = got[id_]
+            assert (g["name"], g["amount"], g["tags"], g["note"], g["extra"]) == \
+                   (nm, amount, tags, note, extra), id_
+            assert round(g["at"].timestamp(), 6) == round(at.timestamp(), 6)
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication if exists {name}")
