@@ -142,7 +142,10 @@ def _primary(exc: BaseException) -> BaseException:
             return e
     if ours:
         return ours[0]
-    return leaves[0] if leaves else exc
+    # a closed channel is the echo of another actor's failure, not its cause
+    causes = [e for e in leaves
+              if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError))]
+    return (causes or leaves or [exc])[0]
 
 
 class Supervisor:
@@ -192,7 +195,7 @@ class Supervisor:
                 if isinstance(primary, (KeyboardInterrupt, SystemExit)):
                     raise
                 if not isinstance(primary, PgRouterError):
-                    _log.error("unexpected failure", exc_info=primary)
+                    _log.error("unexpected failure", exc_info=exc)
                     raise InternalError(f"unexpected failure (a bug in pgrouter; the traceback "
                                         f"is in the log above): {primary!r}") from primary
                 if not is_retryable(primary) or self.drain.is_set():

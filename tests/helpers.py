@@ -112,13 +112,16 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 60) -> list[dict]
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                              auto_offset_reset="earliest", consumer_timeout_ms=1000)
     try:
+        # a topic the router has not created yet has no records; one being created may
+        # briefly report no partitions
         parts = consumer.partitions_for_topic(topic)
         deadline = time.monotonic() + timeout
-        while parts is None and time.monotonic() < deadline:
+        settle = time.monotonic() + 5
+        while not parts and time.monotonic() < settle:
             time.sleep(0.2)
             consumer.topics()
             parts = consumer.partitions_for_topic(topic)
-        if parts is None:
+        if not parts:
             return []
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)

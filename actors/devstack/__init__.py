@@ -17,7 +17,7 @@ import msgspec
 from . import maven
 from .kafka import Kafka
 from .postgres import Postgres, install
-from .process import StackError, pick_port
+from .process import StackError, pick_port, port_free
 
 __all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service"]
 
@@ -52,6 +52,29 @@ def _components(root: pathlib.Path, info: StackInfo):
     return pg, kafka, extras
 
 
+def _move_stopped_off_taken_ports(root: pathlib.Path, info: StackInfo) -> StackInfo:
+    """A stopped service whose remembered port another process took meanwhile (another
+    checkout's stack, a system PostgreSQL) moves to a free port instead of failing."""
+    pg, kafka, extras = _components(root, info)
+    replace = msgspec.structs.replace
+    if pg.pid() is None and not port_free(info.pg_port):
+        port = pick_port("auto", info.pg_port + 1, what="PostgreSQL", flag="--pg-port")
+        info = replace(info, pg_port=port,
+                       pg_dsn=f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    if kafka.pid() is None and not (port_free(info.kafka_port)
+                                    and port_free(info.controller_port)):
+        port = pick_port("auto", info.kafka_port + 2, what="Kafka", flag="--kafka-port")
+        ctl = pick_port("auto", port + 1, what="Kafka controller", flag="--kafka-port")
+        info = replace(info, kafka_port=port, controller_port=ctl,
+                       kafka_bootstrap=f"127.0.0.1:{port}")
+    extra = dict(info.extra_pg)
+    for name, node in extras.items():
+        if node.pid() is None and not port_free(node.port):
+            port = pick_port("auto", node.port + 1, what=f"PostgreSQL {name}", flag="--pg-port")
+            extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    return replace(info, extra_pg=extra)
+
+
 def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
               extra_postgres: int = 0, spark: bool = False) -> StackInfo:
     """Bring the stack up (or find it up) and return where its services listen."""
@@ -71,7 +94,7 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
         name = f"pg{i + 2}"
         port = pick_port("auto", info.pg_port + 1 + i, what=f"PostgreSQL {name}", flag="--pg-port")
         extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    info = msgspec.structs.replace(info, extra_pg=extra)
+    info = _move_stopped_off_taken_ports(root, msgspec.structs.replace(info, extra_pg=extra))
     _state_file(root).write_bytes(msgspec.json.encode(info))
 
     pg, kafka, extras = _components(root, info)
