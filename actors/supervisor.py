@@ -55,11 +55,25 @@ SLOT_BUSY_WAIT = 30.0
 
 
 class ServerInfo:
-    def __init__(self, version: int, db: str, start_lsn: int, proto_version: int):
+    def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
+                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None):
         self.version = version
         self.db = db
         self.start_lsn = start_lsn
         self.proto_version = proto_version
+        self.primary_keys = primary_keys or {}
+
+
+PRIMARY_KEYS = """
+select n.nspname, c.relname,
+       array_agg(a.attname::text order by array_position(i.indkey::int2[], a.attnum))
+from pg_index i
+join pg_class c on c.oid = i.indrelid
+join pg_namespace n on n.oid = c.relnamespace
+join pg_attribute a on a.attrelid = c.oid and a.attnum = any(i.indkey::int2[])
+where i.indisprimary and c.relreplident = 'f'
+group by n.nspname, c.relname
+"""
 
 
 def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
@@ -121,7 +135,8 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
     if proto > max_proto_version(version):
         raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
                           f"{max_proto_version(version)} at most", path="source.proto_version")
-    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto)
+    pks = {(r[0], r[1]): tuple(r[2]) for r in await sql.fetch(PRIMARY_KEYS)}
+    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks)
 
 
 def _primary(exc: BaseException) -> BaseException:
@@ -274,7 +289,8 @@ class Supervisor:
         def router_for(names=None):
             router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
                                   db=info.db, messages_topic=cfg.kafka.messages_topic,
-                                  type_names=_TypeNames(relations))
+                                  type_names=_TypeNames(relations),
+                                  primary_keys=info.primary_keys)
             routers.append((names, router))
             return router
         fanout = FanoutActor(router=router_for(), inbox=ev_rx, out=chunk_tx,

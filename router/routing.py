@@ -118,9 +118,13 @@ def _fill_toast(new: tuple, old: tuple) -> tuple:
 
 class ChangeRouter:
     def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
-                 type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS):
+                 type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
+                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None):
         self.routes = routes
         self.db = db
+        #: (schema, table) -> primary key columns, for tables with REPLICA IDENTITY FULL,
+        #: whose Relation message marks every column as key (see ``keyed``)
+        self.primary_keys = primary_keys or {}
         self.messages_topic = messages_topic
         self.type_names = type_names if type_names is not None else {}
         self.chunk_records = chunk_records
@@ -132,6 +136,20 @@ class ChangeRouter:
         self._dispatch: dict[int, tuple] = {}
 
     # -- plans ---------------------------------------------------------------------------------
+
+    def keyed(self, relation: Relation) -> Relation:
+        """With REPLICA IDENTITY FULL, PostgreSQL flags every column as part of the identity,
+        which would make the Kafka key the whole row: a row's key would change with every
+        update and its changes would spread over partitions. When the table has a primary
+        key, the primary key is the record key (and the schema's key columns) instead."""
+        if relation.replica_identity != "f":
+            return relation
+        pk = self.primary_keys.get((relation.namespace, relation.name))
+        if not pk or not set(pk) <= {c.name for c in relation.columns}:
+            return relation
+        cols = tuple(msgspec.structs.replace(c, flags=(c.flags | 1) if c.name in pk
+                                             else (c.flags & ~1)) for c in relation.columns)
+        return msgspec.structs.replace(relation, columns=cols)
 
     def plans_for(self, relation: Relation) -> tuple[TablePlan, ...]:
         cached = self._plans.get(relation.relation_id)
@@ -152,7 +170,7 @@ class ChangeRouter:
                           publish_delete="delete" in ops, publish_truncate="truncate" in ops)
             kwargs.update(extra)
             columns = kwargs.pop("columns", None)
-            publish_as = kwargs.pop("publish_as", None) or relation
+            publish_as = self.keyed(kwargs.pop("publish_as", None) or relation)
             encoder = TableEncoder(publish_as, route=spec.name, db=self.db,
                                    column_indexes=columns, type_names=self.type_names)
             topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace,

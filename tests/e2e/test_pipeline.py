@@ -51,12 +51,15 @@ def topic_rows(records, key: list[str]) -> dict:
 def env(pg_dsn, kafka_bootstrap, tmp_path):
     pg = Pg(pg_dsn)
     name = unique("pipe")
-    tables = {"pk": f"{name}_pk", "full": f"{name}_full", "idx": f"{name}_idx"}
+    tables = {"pk": f"{name}_pk", "full": f"{name}_full", "idx": f"{name}_idx",
+              "fullpk": f"{name}_fullpk"}
     pg.run(f"create table {tables['pk']} (id int primary key, qty int, price numeric(10,2), "
            f"note text, ok bool, at timestamptz, f float8)")
     pg.run(f"alter table {tables['pk']} alter column note set storage external")
     pg.run(f"create table {tables['full']} (a int, b text)")
     pg.run(f"alter table {tables['full']} replica identity full")
+    pg.run(f"create table {tables['fullpk']} (id int primary key, v text)")
+    pg.run(f"alter table {tables['fullpk']} replica identity full")
     pg.run(f"create table {tables['idx']} (id int not null, code text not null, v text)")
     pg.run(f"create unique index {tables['idx']}_ux on {tables['idx']} (code)")
     pg.run(f"alter table {tables['idx']} replica identity using index {tables['idx']}_ux")
@@ -96,6 +99,8 @@ def test_every_change_kind_arrives_in_order_and_folds_to_the_table(env, kafka_bo
     pg.run(f"insert into {t['full']} values (1, 'one'), (2, 'two')")
     pg.run(f"update {t['full']} set b = 'uno' where a = 1")
     pg.run(f"delete from {t['full']} where a = 2")
+    pg.run(f"insert into {t['fullpk']} values (1, 'a')")
+    pg.run(f"update {t['fullpk']} set v = 'b' where id = 1")
     pg.run(f"insert into {t['idx']} values (1, 'c1', 'v'), (2, 'c2', 'w')")
     pg.run(f"update {t['idx']} set code = 'c9' where code = 'c1'")
     pg.run(f"truncate {t['idx']}")
@@ -150,6 +155,11 @@ def test_every_change_kind_arrives_in_order_and_folds_to_the_table(env, kafka_bo
     assert [r["key"] for r in full][:2] == [{"a": 1, "b": "one"}, {"a": 2, "b": "two"}]
     dele = [r["value"] for r in full if r["value"]["op"] == "d"][0]
     assert dele["before"] == {"a": 2, "b": "two"}
+
+    fullpk = read_topic(kafka_bootstrap, f"{name}.{t['fullpk']}")
+    assert [r["key"] for r in fullpk] == [{"id": 1}, {"id": 1}], \
+        "REPLICA IDENTITY FULL with a primary key: the primary key is the record key"
+    assert fullpk[1]["value"]["before"] == {"id": 1, "v": "a"}
 
     idx = read_topic(kafka_bootstrap, f"{name}.{t['idx']}")
     assert [r["value"]["op"] for r in idx] == ["c", "c", "u", "t", "c"]

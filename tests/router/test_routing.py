@@ -159,3 +159,18 @@ def test_remembered_decisions_equal_direct_evaluation():
         return out
     remembered, direct = records("m"), records("d")
     assert remembered == direct and len(direct) > 60
+
+
+def test_full_identity_table_is_keyed_by_its_primary_key():
+    from router.pgoutput import Relation, RelationColumn
+    from router.routing import ChangeRouter
+
+    rel = Relation(relation_id=9, namespace="public", name="f", replica_identity="f",
+                   columns=(RelationColumn(1, "id", 23, -1), RelationColumn(1, "v", 25, -1)))
+    keyed = ChangeRouter([], db="d", primary_keys={("public", "f"): ("id",)}).keyed(rel)
+    assert [c.flags & 1 for c in keyed.columns] == [1, 0]
+    no_pk = ChangeRouter([], db="d").keyed(rel)
+    assert no_pk is rel, "without a primary key the identity (every column) stays the key"
+    default = Relation(relation_id=9, namespace="public", name="f", replica_identity="d",
+                       columns=rel.columns)
+    assert ChangeRouter([], db="d", primary_keys={("public", "f"): ("id",)}).keyed(default) is default
