@@ -1,0 +1,169 @@
+"""What an operator meets: `pgrouter check` on good and broken setups, clear one-line errors
+for bad input (config, unreachable services, slot in use), and SIGHUP re-reading the
+publications."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import (ROOT, Pg, read_topic, run_router, start_router, unique,
+                           write_config)
+
+pytestmark = pytest.mark.services
+
+
+def pgrouter(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture
+def table(pg_dsn):
+    pg = Pg(pg_dsn)
+    name = unique("ops")
+    pg.run(f"create table {name} (id int primary key, grp int, v text)")
+    pg.run(f"create publication {name} for table {name}")
+    yield pg, name
+    pg.drop_slot(name)
+    pg.run(f"drop publication if exists {name}, {name}_f")
+    pg.run(f"drop table {name}")
+    pg.close()
+
+
+def test_check_passes_a_good_config(table, kafka_bootstrap, tmp_path):
+    pg, name = table
+    cfg = write_config(tmp_path / "ok.toml", dsn=pg.dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
+    proc = pgrouter("check", "-c", str(cfg))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok" in proc.stdout.lower()
+
+
+def test_check_reports_every_problem_with_its_key(table, tmp_path):
+    pg, name = table
+    pg.run(f"create table {name}_nokey (a int, b text)")
+    try:
+        pg.run(f"alter publication {name} add table {name}_nokey")
+        cfg = write_config(
+            tmp_path / "bad.toml", dsn=pg.dsn, slot=name, publications=[name, "no_such_pub"],
+            bootstrap="127.0.0.1:1",
+            source_extra="",
+            routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\nwhere = "v = \'x\'"\n'
+                   f'[[routes]]\nname = "k"\ntables = ["public.{name}_nokey"]\n')
+        text = cfg.read_text().replace("create_slot = true", "create_slot = false")
+        cfg.write_text(text)
+        proc = pgrouter("check", "-c", str(cfg))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0
+        assert "Traceback" not in out
+        assert "source.slot" in out                      # missing slot, may not be created
+        assert "source.publications[1]" in out           # missing publication
+        assert "routes[0]" in out and "replica identity" in out.lower()  # filter on non-key col
+        assert "routes[1]" in out                        # no usable replica identity
+        assert "kafka" in out.lower()                    # broker unreachable
+    finally:
+        pg.run(f"drop table {name}_nokey")
+
+
+@pytest.mark.parametrize("text, where", [
+    ("[source]\ndsn = 1\n", "source.dsn"),
+    ("[source\n", "not valid TOML"),
+    ("", "source"),
+])
+def test_bad_config_is_one_line_with_the_key(tmp_path, text, where):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    proc = pgrouter("run", "-c", str(cfg))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert where in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_config_file(tmp_path):
+    proc = pgrouter("run", "-c", str(tmp_path / "nope.toml"))
+    assert proc.returncode == 2 and "cannot read config file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_publication_stops_with_a_clear_message(table, kafka_bootstrap, tmp_path):
+    pg, name = table
+    cfg = write_config(tmp_path / "c.toml", dsn=pg.dsn, slot=name, publications=["nope_" + name],
+                       bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
+    proc = pgrouter("run", "-c", str(cfg), "--until-caught-up")
+    assert proc.returncode == 1
+    assert f"nope_{name} do not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_slot_in_use_by_another_process_is_reported(table, kafka_bootstrap, tmp_path, monkeypatch):
+    pg, name = table
+    cfg = write_config(tmp_path / "c.toml", dsn=pg.dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
+    first = start_router(cfg, tmp_path / "first.log")
+    try:
+        deadline = time.monotonic() + 30
+        while not pg.run("select 1 from pg_replication_slots where slot_name = %s and active",
+                         name):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        env_cfg = cfg
+        proc = subprocess.run([sys.executable, "-c",
+                               "import actors.supervisor as s, sys; s.SLOT_BUSY_WAIT = 1; "
+                               "from actors.cli import main; sys.exit(main(sys.argv[1:]))",
+                               "run", "-c", str(env_cfg), "--until-caught-up"],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 1
+        assert "in use" in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=60)
+
+
+def test_unreachable_postgres_is_retried_then_drained_cleanly(kafka_bootstrap, tmp_path):
+    cfg = write_config(tmp_path / "c.toml", dsn="postgresql://postgres@127.0.0.1:1/postgres",
+                       slot="s", publications=["p"], bootstrap=kafka_bootstrap,
+                       routes='[[routes]]\nname = "r"\ntables = ["public.t"]\n')
+    proc = start_router(cfg, tmp_path / "r.log")
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    log = (tmp_path / "r.log").read_text()
+    assert "restarting after transient failure" in log and "cannot connect" in log
+    assert "Traceback" not in log
+
+
+def test_sighup_rereads_publications(table, kafka_bootstrap, tmp_path):
+    pg, name = table
+    pg.run(f"alter table {name} replica identity full")
+    pg.run(f"create publication {name}_f for table {name} where (grp = 1)")
+    cfg = write_config(tmp_path / "c.toml", dsn=pg.dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "{name}"\npublication = "{name}_f"\n'
+                              f'topic = "{name}"\n')
+    run_router(cfg)
+    proc = start_router(cfg, tmp_path / "r.log")
+    try:
+        time.sleep(3)
+        pg.run(f"insert into {name} values (1, 1, 'a'), (2, 2, 'b')")
+        time.sleep(2)
+        pg.run(f"alter publication {name}_f set table {name} where (grp = 2)")
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "publications reloaded" not in (tmp_path / "r.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "r.log").read_text()[-2000:]
+            time.sleep(0.2)
+        pg.run(f"insert into {name} values (3, 1, 'c'), (4, 2, 'd')")
+        time.sleep(3)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    ids = [r["key"]["id"] for r in read_topic(kafka_bootstrap, name)]
+    assert ids == [1, 4], "grp = 1 before the reload, grp = 2 after it"
