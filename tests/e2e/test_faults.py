@@ -28,7 +28,10 @@ from tests.helpers import (ROOT, Pg, kill9, read_topic, run_router, start_router
 
 pytestmark = pytest.mark.services
 
+# the SIGKILL test runs ≥ 100k changes; the restart tests need only a load that spans the
+# restart (override both with PGROUTER_FAULT_ROWS for quick runs)
 ROWS = int(os.environ.get("PGROUTER_FAULT_ROWS", "100000"))
+RESTART_ROWS = int(os.environ.get("PGROUTER_FAULT_ROWS", "30000"))
 BATCH = 100
 CLIENTS = ["kafka-python"]
 try:  # the librdkafka client (issue 8) rides the same contract when present
@@ -165,13 +168,14 @@ def setup(stack, tmp_path, request):
 
 
 def finish_and_check(info, pg: Pg, name: str, cfg, load: Load, samples=()) -> None:
+    rows = load.rows
     load.join(timeout=600)
     assert not load.is_alive(), "load did not finish"
     assert load.error is None, f"load failed: {load.error!r}"
     run_router(cfg, timeout=300)
     ids, records = kafka_ids(info.kafka_bootstrap, name)
     table_ids = {r[0] for r in pg.run(f"select id from {name}")}
-    assert len(table_ids) == ROWS
+    assert len(table_ids) == rows
     assert table_ids - ids == set(), f"{len(table_ids - ids)} committed rows missing in Kafka"
     assert ids - table_ids == set()
     assert_identical_duplicates(records)
@@ -210,7 +214,7 @@ def test_router_killed_with_sigkill_loses_nothing(setup):
 @pytest.mark.parametrize("setup", CLIENTS, indirect=True)
 def test_kafka_broker_restarted_mid_load(setup):
     root, info, pg, name, cfg, tmp = setup
-    load = Load(info.pg_dsn, name, ROWS)
+    load = Load(info.pg_dsn, name, RESTART_ROWS)
     load.start()
     proc = start_router(cfg, tmp / "router.log")
     try:
@@ -231,7 +235,7 @@ def test_kafka_broker_restarted_mid_load(setup):
 @pytest.mark.parametrize("setup", CLIENTS, indirect=True)
 def test_postgres_restarted_mid_load(setup):
     root, info, pg, name, cfg, tmp = setup
-    load = Load(info.pg_dsn, name, ROWS)
+    load = Load(info.pg_dsn, name, RESTART_ROWS)
     load.start()
     proc = start_router(cfg, tmp / "router.log")
     try:
