@@ -112,6 +112,11 @@ def run(info) -> int:
         router = subprocess.Popen([sys.executable, "-m", "router", "run", "-c", str(cfg)],
                                   stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
+        from actors.materialize import demo as spark_demo
+        spark_start = spark_demo.starting_point(info)
+    except ImportError:  # pyspark not installed: the demo ends with the topics
+        spark_demo = None
+    try:
         time.sleep(3)
         if router.poll() is not None:
             print(log.read_text(), file=sys.stderr)
@@ -125,9 +130,7 @@ def run(info) -> int:
     print(f"   router drained and exited {router.returncode} (log: {log.relative_to(ROOT)})")
     print("\n4. what arrived on each topic")
     _show(info.kafka_bootstrap, start)
-    try:
-        from actors.materialize import demo as spark_demo
-    except ImportError:
+    if spark_demo is None:
         return router.returncode
-    print("\n5. the topics materialized into Delta tables by Spark, next to PostgreSQL")
-    return spark_demo.run(info, ROOT) or router.returncode
+    print("\n5. the CDC topics materialized into Delta tables by Spark, next to PostgreSQL")
+    return spark_demo.run(info, ROOT, spark_start) or router.returncode
