@@ -185,3 +185,36 @@ def test_rerun_sends_nothing_new_once_confirmed(env, kafka_bootstrap):
     run_router(cfg)
     run_router(cfg)
     assert len(read_topic(kafka_bootstrap, f"{name}.{t['pk']}")) == 1
+
+
+def test_logical_decoding_messages_go_to_the_messages_topic(pg_dsn, kafka_bootstrap, tmp_path):
+    pg = Pg(pg_dsn)
+    name = unique("msg")
+    pg.run(f"create table {name} (id int primary key)")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra=f'messages_topic = "{name}.msgs"',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n')
+    try:
+        run_router(cfg)
+        pg.run("select pg_logical_emit_message(false, 'audit', 'outside')")
+        pg.run("begin")
+        pg.run(f"insert into {name} values (1)")
+        pg.run("select pg_logical_emit_message(true, 'audit', convert_to('inside é', 'UTF8'))")
+        pg.run("commit")
+        pg.run("begin")
+        pg.run("select pg_logical_emit_message(true, 'audit', 'rolled back')")
+        pg.run("rollback")
+        run_router(cfg)
+        msgs = [r["value"] for r in read_topic(kafka_bootstrap, f"{name}.msgs")]
+        import base64
+        got = [(m["op"], m["message"]["transactional"],
+                base64.b64decode(m["message"]["content"]).decode(), m["source"]["xid"] is None)
+               for m in msgs]
+        assert got == [("m", False, "outside", True), ("m", True, "inside é", False)]
+        assert {m["message"]["prefix"] for m in msgs} == {"audit"}
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
