@@ -41,6 +41,7 @@ from router.statements import TargetTable, affected, key_of
 from . import log
 from .applier_kafka import TopicReader
 from .pg import SqlSession
+from .retry import run_with_retries
 
 _log = log.get("applier")
 TRANSACTIONS = 16  # channel size, in transactions
@@ -303,32 +304,7 @@ class Applier:
                   **{f"conflicts_{k}": v for k, v in s.conflicts.items()})
 
     async def _run_with_retries(self) -> None:
-        from router.errors import PgRouterError, is_retryable
-
-        from .supervisor import BACKOFF_MAX, BACKOFF_MIN, _primary
-
-        backoff = BACKOFF_MIN
-        while True:
-            try:
-                await self._run_once()
-                return
-            except BaseException as exc:  # noqa: BLE001 — classified right below
-                primary = _primary(exc)
-                if isinstance(primary, (KeyboardInterrupt, SystemExit)):
-                    raise
-                if not isinstance(primary, PgRouterError):
-                    from router.errors import InternalError
-
-                    raise InternalError(f"unexpected failure: {primary!r}") from primary
-                if not is_retryable(primary) or self.stop.is_set():
-                    raise primary from None
-                log.event(_log, "restarting after transient failure", error=str(primary),
-                          kind=type(primary).__name__, backoff_s=backoff)
-                with trio.move_on_after(backoff):
-                    await self.stop.wait()
-                if self.stop.is_set():
-                    return
-                backoff = min(BACKOFF_MAX, backoff * 2)
+        await run_with_retries(self._run_once, stop=self.stop, logger=_log)
 
     async def _run_once(self) -> None:
         cfg = self.cfg

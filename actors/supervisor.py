@@ -27,8 +27,8 @@ import trio
 import trio_asyncio
 
 from router.config import Config, mask_dsn
-from router.errors import (ConfigError, InternalError, PgRouterError, PublicationMissing,
-                           SlotInUse, SlotMissing, SourceError, is_retryable)
+from router.errors import (ConfigError, PgRouterError, PublicationMissing,
+                           SlotInUse, SlotMissing, SourceError)
 from router.lsn import format_lsn, parse_lsn
 from router.pgoutput import Decoder
 from router.relations import RelationCache
@@ -46,11 +46,11 @@ from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
 from .pg import SqlSession
 from .progress import ProgressActor, Stats
+from .retry import primary, run_with_retries
 from .sink import SinkActor, TopicSpec
 from .slot import SlotReader, pgoutput_options
 
 _log = log.get("supervisor")
-BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 SLOT_BUSY_WAIT = 30.0
 
 
@@ -139,30 +139,6 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
     return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks)
 
 
-def _primary(exc: BaseException) -> BaseException:
-    """The exception that explains a failed nursery: a non-retryable router error first,
-    then any router error, then anything else."""
-    leaves: list[BaseException] = []
-
-    def walk(e):
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        elif not isinstance(e, trio.Cancelled):
-            leaves.append(e)
-    walk(exc)
-    ours = [e for e in leaves if isinstance(e, PgRouterError)]
-    for e in ours:
-        if not is_retryable(e):
-            return e
-    if ours:
-        return ours[0]
-    # a closed channel is the echo of another actor's failure, not its cause
-    causes = [e for e in leaves
-              if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError))]
-    return (causes or leaves or [exc])[0]
-
-
 class Supervisor:
     def __init__(self, cfg: Config, *, until_caught_up: bool = False, client_factory=None):
         self.cfg = cfg
@@ -184,7 +160,7 @@ class Supervisor:
                     finally:
                         nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            raise _primary(group) from None
+            raise primary(group) from None
         return 0
 
     async def _signals(self, scope: trio.CancelScope) -> None:
@@ -199,33 +175,7 @@ class Supervisor:
                     return
 
     async def _run_with_retries(self) -> None:
-        backoff = BACKOFF_MIN
-        while True:
-            started = time.monotonic()
-            try:
-                await self._run_once()
-                return
-            except BaseException as exc:  # noqa: BLE001 — classified right below
-                primary = _primary(exc)
-                if isinstance(primary, (KeyboardInterrupt, SystemExit)):
-                    raise
-                if not isinstance(primary, PgRouterError):
-                    _log.error("unexpected failure", exc_info=exc)
-                    raise InternalError(f"unexpected failure (a bug in pgrouter; the traceback "
-                                        f"is in the log above): {primary!r}") from primary
-                if not is_retryable(primary) or self.drain.is_set():
-                    raise primary from None
-                if time.monotonic() - started > 60:
-                    backoff = BACKOFF_MIN
-                self.restarts += 1
-                log.event(_log, "restarting after transient failure", error=str(primary),
-                          kind=type(primary).__name__, backoff_s=round(backoff, 2),
-                          restarts=self.restarts)
-                with trio.move_on_after(backoff):
-                    await self.drain.wait()
-                if self.drain.is_set():
-                    return
-                backoff = min(BACKOFF_MAX, backoff * 2)
+        self.restarts = await run_with_retries(self._run_once, stop=self.drain, logger=_log)
 
     async def _run_once(self) -> None:
         cfg = self.cfg

@@ -22,7 +22,7 @@ from typing import Literal
 
 import msgspec
 
-from .config import LogConfig
+from .config import LogConfig, read_config_text
 from .errors import ConfigError
 
 _ORIGIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
@@ -92,14 +92,7 @@ def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
 
 
 def load_apply_config(path: str) -> ApplyConfig:
-    try:
-        with open(path, "rb") as fh:
-            text = fh.read().decode()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file: {exc.strerror}", source=path) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config file is not UTF-8", source=path) from exc
-    return parse_apply_config(text, source=path)
+    return parse_apply_config(read_config_text(path), source=path)
 
 
 __all__ = ["ApplyConfig", "ApplyKafka", "ApplyTarget", "load_apply_config",

@@ -135,15 +135,18 @@ def parse_config(text: str, *, source: str = "<config>") -> Config:
     return cfg
 
 
-def load_config(path: str) -> Config:
+def read_config_text(path: str) -> str:
     try:
         with open(path, "rb") as fh:
-            text = fh.read().decode()
+            return fh.read().decode()
     except OSError as exc:
         raise ConfigError(f"cannot read config file: {exc.strerror}", source=path) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError("config file is not UTF-8", source=path) from exc
-    return parse_config(text, source=path)
+
+
+def load_config(path: str) -> Config:
+    return parse_config(read_config_text(path), source=path)
 
 
 def _qualified(name: str, *, path: str, source: str) -> tuple[str, str]:
