@@ -5,25 +5,14 @@ from __future__ import annotations
 import uuid
 
 import psycopg2
-import psycopg2.extensions
 import psycopg2.extras
 import pytest
 import trio
 import trio_asyncio
 
+from actors.slot import _poll as poll_until_ok
+
 pytestmark = pytest.mark.services
-
-
-async def _poll(conn) -> None:
-    """Drive a psycopg2 async connection to POLL_OK without blocking the trio thread."""
-    while True:
-        state = conn.poll()
-        if state == psycopg2.extensions.POLL_OK:
-            return
-        if state == psycopg2.extensions.POLL_READ:
-            await trio.lowlevel.wait_readable(conn.fileno())
-        elif state == psycopg2.extensions.POLL_WRITE:
-            await trio.lowlevel.wait_writable(conn.fileno())
 
 
 async def test_logical_slot_streams_a_change_over_the_replication_protocol(pg_dsn):
@@ -38,11 +27,11 @@ async def test_logical_slot_streams_a_change_over_the_replication_protocol(pg_ds
     repl = psycopg2.connect(pg_dsn, async_=True,
                             connection_factory=psycopg2.extras.LogicalReplicationConnection)
     try:
-        await _poll(repl)
+        await poll_until_ok(repl)
         rcur = repl.cursor()
         rcur.start_replication(slot_name=name, decode=False,
                                options={"proto_version": "1", "publication_names": name})
-        await _poll(repl)
+        await poll_until_ok(repl)
         kinds = []
         with trio.fail_after(30):
             while b"C" not in kinds:
