@@ -77,11 +77,17 @@ class TxContext(msgspec.Struct, frozen=True):
 
 class TableEncoder:
     """Encodes changes of one relation layout for one route. Built once per Relation message
-    (layouts change only with a new Relation), used for every change of that layout."""
+    (layouts change only with a new Relation), used for every change of that layout.
+
+    The hot path (once per record) never builds the envelope as dicts: per transaction the
+    value is encoded once with placeholders (``_value_template``) and every record fills in
+    ``op``, ``before``, ``after``, ``lsn`` and ``seq`` with one ``%``; plain rows (text values
+    and NULLs, all columns) are encoded from a Struct of the layout. Both give exactly the
+    bytes of the dict-built envelope (``tests/router/test_envelope.py`` checks that)."""
 
     __slots__ = ("relation", "route", "db", "schema", "_names", "_conv", "_pick", "_key_pick",
                  "_key_names", "_source_static", "_identity", "_convs", "_key_single",
-                 "_tx", "_source_tmpl", "_ts_ms")
+                 "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
@@ -98,13 +104,13 @@ class TableEncoder:
         self._key_pick = tuple(i for i, c in enumerate(cols) if c.flags & 1)
         self._key_names = tuple(cols[i].name for i in self._key_pick)
         self._source_static = {"db": db, "schema": relation.namespace, "table": relation.name}
-        # hot path (once per record): plain rows (text values and NULLs only, every column)
-        # are built with one dict(zip()) and the converted columns patched in; a one-column
-        # key is encoded from a pre-encoded prefix. Both give the same bytes as the general
-        # path below.
+        # plain rows (text values and NULLs only, every column) are encoded from a Struct of
+        # the layout with the converted columns patched in; a one-column key from a
+        # pre-encoded prefix. Both give the same bytes as the general path (``row``).
         self._identity = column_indexes is None
-        self._convs = tuple((j, self._names[j], c) for j, c in enumerate(self._conv)
-                            if c is not None)
+        self._width = len(cols)
+        self._convs = tuple((j, c) for j, c in enumerate(self._conv) if c is not None)
+        self._row_struct = _row_struct(self._names) if self._identity else None
         self._key_single = None
         if len(self._key_pick) == 1:
             i = self._key_pick[0]
@@ -113,6 +119,7 @@ class TableEncoder:
         self._tx: TxContext | None = None
         self._source_tmpl: dict = {}
         self._ts_ms = 0
+        self._value_tmpl = b""
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -126,13 +133,6 @@ class TableEncoder:
     def row(self, values: tuple, *, skip_nulls: bool = False) -> tuple[dict, list[str] | None]:
         """Project and convert a tuple. Returns the JSON object and the names of
         unchanged-TOAST columns (left out of the object), or None when there are none."""
-        if self._identity and not skip_nulls and set(map(type, values)) <= _PLAIN:
-            out = dict(zip(self._names, values))
-            for j, name, c in self._convs:
-                v = values[j]
-                if v is not None:
-                    out[name] = c(v)
-            return out, None
         out = {}
         toast = None
         conv = self._conv
@@ -153,6 +153,21 @@ class TableEncoder:
                 out[names[j]] = v if c is None else c(v)
         return out, toast
 
+    def row_json(self, values: tuple, skip_nulls: bool = False) -> tuple[bytes, list | None]:
+        """``row`` encoded as JSON: (bytes, unchanged-TOAST column names or None)."""
+        struct = self._row_struct
+        if (struct is not None and not skip_nulls and len(values) == self._width
+                and set(map(type, values)) <= _PLAIN):
+            if self._convs:
+                values = list(values)
+                for j, c in self._convs:
+                    v = values[j]
+                    if v is not None:
+                        values[j] = c(v)
+            return _encode(struct(*values)), None
+        out, toast = self.row(values, skip_nulls=skip_nulls)
+        return _encode(out), toast
+
     def key(self, values: tuple | None) -> bytes:
         if not self._key_pick or values is None:
             return b"null"
@@ -172,21 +187,26 @@ class TableEncoder:
 
     # -- records -------------------------------------------------------------------------------
 
+    def _use_tx(self, tx: TxContext) -> None:
+        """What a transaction's records share, computed once per transaction."""
+        src = dict(self._source_static)
+        src["lsn"] = 0
+        src["commit_lsn"] = tx.commit_lsn
+        src["seq"] = 0
+        src["xid"] = tx.xid
+        src["commit_time"] = tx.commit_time_iso
+        src["origin"] = tx.origin
+        src["origin_lsn"] = tx.origin_lsn
+        src["route"] = self.route
+        src["schema_id"] = self.schema.schema_id
+        self._source_tmpl = src
+        self._ts_ms = tx.ts_ms
+        self._value_tmpl = _value_template(src, self._ts_ms)
+        self._tx = tx
+
     def _source(self, tx: TxContext, lsn: int, seq: int) -> dict:
-        if tx is not self._tx:  # what a transaction's records share is computed once
-            src = dict(self._source_static)
-            src["lsn"] = 0
-            src["commit_lsn"] = tx.commit_lsn
-            src["seq"] = 0
-            src["xid"] = tx.xid
-            src["commit_time"] = tx.commit_time_iso
-            src["origin"] = tx.origin
-            src["origin_lsn"] = tx.origin_lsn
-            src["route"] = self.route
-            src["schema_id"] = self.schema.schema_id
-            self._source_tmpl = src
-            self._ts_ms = tx.ts_ms
-            self._tx = tx
+        if tx is not self._tx:
+            self._use_tx(tx)
         src = self._source_tmpl.copy()  # keys keep their order: lsn and seq are overwritten
         src["lsn"] = lsn
         src["seq"] = seq
@@ -195,25 +215,65 @@ class TableEncoder:
     def encode(self, op: str, tx: TxContext, lsn: int, seq: int, *, old: tuple | None,
                old_is_key: bool, new: tuple | None) -> tuple[bytes, bytes]:
         """(key, value) for a row change. ``op`` is ``c``, ``u``, ``d`` or ``r``."""
-        before = after = None
+        return self.encode_change(op, tx, lsn, seq, old, old_is_key, new)
+
+    def encode_change(self, op: str, tx: TxContext, lsn: int, seq: int, old: tuple | None,
+                      old_is_key: bool, new: tuple | None) -> tuple[bytes, bytes]:
+        """``encode`` with positional arguments (the router's hot path)."""
+        if tx is not self._tx:
+            self._use_tx(tx)
+        before = after = b"null"
         toast = None
         if old is not None:
-            before, _ = self.row(old, skip_nulls=old_is_key)
+            before = self.row_json(old, old_is_key)[0]
         if new is not None:
-            after, toast = self.row(new)
-        source = self._source(tx, lsn, seq)  # (re)computes _ts_ms for a new transaction
-        value = {"op": op, "before": before, "after": after, "source": source,
-                 "ts_ms": self._ts_ms}
+            after, toast = self.row_json(new)
+            key = self.key(new)
+        else:
+            key = self.key(old)
         if toast:
-            value["unchanged_toast"] = toast
-        key_row = new if new is not None else old
-        return self.key(key_row), _encode(value)
+            value = {"op": op, "before": msgspec.Raw(before), "after": msgspec.Raw(after),
+                     "source": self._source(tx, lsn, seq), "ts_ms": self._ts_ms,
+                     "unchanged_toast": toast}
+            return key, _encode(value)
+        return key, self._value_tmpl % (_OPS.get(op) or _encode(op), before, after, lsn, seq)
 
     def encode_truncate(self, tx: TxContext, lsn: int, seq: int, options: int) -> tuple[bytes, bytes]:
         value = {"op": "t", "before": None, "after": None,
                  "source": self._source(tx, lsn, seq), "ts_ms": tx.ts_ms,
                  "truncate": {"cascade": bool(options & 1), "restart_identity": bool(options & 2)}}
         return b"null", _encode(value)
+
+
+#: placeholders of the value template: op, before, after (JSON bytes), lsn, seq (integers).
+#: Control bytes cannot occur in encoded JSON (they are escaped inside strings).
+_MARKS = ((b"\x01", b"%b"), (b"\x02", b"%b"), (b"\x03", b"%b"), (b"\x04", b"%d"),
+          (b"\x05", b"%d"))
+_OPS = {op: _encode(op) for op in ("c", "u", "d", "r")}
+
+
+def _value_template(source: dict, ts_ms: int) -> bytes:
+    """The encoded envelope of one transaction's records as a ``%`` template."""
+    src = dict(source)
+    src["lsn"], src["seq"] = msgspec.Raw(b"\x04"), msgspec.Raw(b"\x05")
+    value = {"op": msgspec.Raw(b"\x01"), "before": msgspec.Raw(b"\x02"),
+             "after": msgspec.Raw(b"\x03"), "source": src, "ts_ms": ts_ms}
+    tmpl = _encode(value).replace(b"%", b"%%")
+    for mark, fmt in _MARKS:
+        if tmpl.count(mark) != 1:  # cannot happen: JSON escapes control characters
+            raise AssertionError(f"envelope template has {tmpl.count(mark)} {mark!r}")
+        tmpl = tmpl.replace(mark, fmt)
+    return tmpl
+
+
+def _row_struct(names: tuple[str, ...]):
+    """A Struct whose JSON encoding is the row object: fields in column order, renamed to
+    the column names (any names, also ones that are not Python identifiers)."""
+    fields = [f"c{i}" for i in range(len(names))]
+    try:
+        return msgspec.defstruct("Row", fields, rename=dict(zip(fields, names)), gc=False)
+    except (TypeError, ValueError):  # e.g. more fields than msgspec supports: general path
+        return None
 
 
 def encode_message(*, db: str, route: str, tx: TxContext | None, lsn: int, seq: int,

@@ -103,8 +103,13 @@ class RouteSpec(msgspec.Struct, frozen=True):
         return self.topic.format(route=self.name, schema=schema, table=table)
 
 
+_H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"
+#: the record kind of a change every plan publishes as it is
+_KINDS = {"insert": "c", "update": "u", "delete": "d"}
+
+
 def _headers(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
-    return [("pgrouter.commit_lsn", str(commit_lsn).encode()), ("pgrouter.seq", str(seq).encode())]
+    return [(_H_LSN, b"%d" % commit_lsn), (_H_SEQ, b"%d" % seq)]
 
 
 def _fill_toast(new: tuple, old: tuple) -> tuple:
@@ -189,8 +194,11 @@ class ChangeRouter:
         self._dispatch.clear()
 
     def _dispatch_for(self, relation: Relation) -> tuple:
-        """(relation, plans, columns, decisions): ``columns`` are the source-row indexes any
-        plan's filter reads (None when unknown or too many to key on)."""
+        """(relation, plans, columns, decisions, direct): ``columns`` are the source-row
+        indexes any plan's filter reads (None when unknown or too many to key on);
+        ``direct`` maps an operation to the plans that publish it as it is — no filter, no
+        row mapping — as ``(topic, encode_change, schema)``, or to None when some plan
+        has to evaluate the change (then every plan goes through ``_apply_plan``)."""
         plans = self.plans_for(relation)
         cols: set | None = set()
         for plan in plans:
@@ -201,7 +209,17 @@ class ChangeRouter:
                 cols.update(plan.filter_columns)
         if cols is not None and len(cols) > DECISION_COLUMNS_MAX:
             cols = None
-        entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {})
+        direct: dict[str, tuple | None] = {}
+        for op, publish, filt in (("insert", "publish_insert", "insert_filter"),
+                                  ("update", "publish_update", "update_filter"),
+                                  ("delete", "publish_delete", "delete_filter")):
+            taking = [p for p in plans if getattr(p, publish)]
+            if any(getattr(p, filt) is not None or p.row_map is not None for p in taking):
+                direct[op] = None
+            else:
+                direct[op] = tuple((p.topic, p.encoder.encode_change, p.encoder.schema)
+                                   for p in taking)
+        entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct)
         self._dispatch[relation.relation_id] = entry
         return entry
 
@@ -223,7 +241,38 @@ class ChangeRouter:
         schemas: list[TableSchema] = []
         limit = self.chunk_records
         seq = 0
+        seen = self._seen_schemas
+        dispatch = self._dispatch
+        commit_lsn = b"%d" % txn.commit_lsn
+        rel = direct = None
         for change in txn.changes:
+            op = change.op
+            if op in _KINDS:
+                # hot path: changes every plan publishes as they are (see _dispatch_for)
+                if change.relation is not rel:
+                    rel = change.relation
+                    entry = dispatch.get(rel.relation_id)
+                    if entry is None or entry[0] is not rel:
+                        entry = self._dispatch_for(rel)
+                    direct = entry[4]
+                targets = direct[op]
+                if targets is not None:
+                    if targets:
+                        headers = [(_H_LSN, commit_lsn), (_H_SEQ, b"%d" % seq)]
+                        kind = _KINDS[op]
+                        old, new, lsn = change.old, change.new, change.lsn
+                        old_is_key = change.old_is_key
+                        for topic, encode, schema in targets:
+                            if schema.schema_id not in seen:
+                                seen.add(schema.schema_id)
+                                schemas.append(schema)
+                            key, value = encode(kind, tx, lsn, seq, old, old_is_key, new)
+                            records.append((topic, key, value, headers))
+                    seq += 1
+                    if len(records) >= limit:
+                        yield self._chunk(txn, records, schemas, False)
+                        records, schemas = [], []
+                    continue
             self._route_change(change, tx, seq, records, schemas)
             seq += 1
             if len(records) >= limit:
@@ -300,8 +349,8 @@ class ChangeRouter:
             if sid not in self._seen_schemas:
                 self._seen_schemas.add(sid)
                 schemas.append(plan.encoder.schema)
-            key, value = plan.encoder.encode(kind, tx, change.lsn, seq, old=old,
-                                             old_is_key=old_is_key, new=new)
+            key, value = plan.encoder.encode_change(kind, tx, change.lsn, seq, old, old_is_key,
+                                                    new)
             if headers is None:
                 headers = _headers(tx.commit_lsn, seq)
             out.append((plan.topic, key, value, headers))
