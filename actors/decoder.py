@@ -23,17 +23,13 @@ class DecoderActor:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         decode = self.decoder.decode
-        feed = self.assembler.feed
         assembler = self.assembler
+        feed_batch = assembler.feed_batch
         hold = None
         task_status.started()
         async with self.inbox, self.out:
             async for batch in self.inbox:
-                events: list = []
-                for lsn, payload in batch.messages:
-                    released = feed(lsn, decode(payload))
-                    if released:
-                        events.extend(released)
+                events = feed_batch(batch.messages, decode)
                 if assembler.hold_lsn != hold:
                     hold = assembler.hold_lsn
                     events.append(Hold(None if hold is None else hold - 1))

@@ -92,7 +92,7 @@ def _assembled(batches):
     feed_batch = getattr(assembler, "feed_batch", None)
     for batch in batches:
         if feed_batch is not None:
-            events = feed_batch(batch, decoder)
+            events = feed_batch(batch, decoder.decode)
         else:
             events = []
             decode, feed = decoder.decode, assembler.feed

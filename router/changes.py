@@ -5,7 +5,10 @@ Rules:
 * A ``ChangeBuffer`` holds the changes of one open transaction with, for each, the
   (sub)transaction id it came from, so a subtransaction's changes can be dropped when it
   aborts — also after they were spilled (they are skipped on read-back).
-* Memory is an estimate: ``CHANGE_OVERHEAD`` plus the bytes of the tuple values.
+* Memory is an estimate: ``CHANGE_OVERHEAD`` plus the bytes of the tuple values (on the
+  assembler's batch path: the bytes of the message that carried them, a close upper bound).
+* Only streamed transactions remember each change's subtransaction (only they can lose a
+  subtransaction to Stream Abort); a normal transaction's changes all belong to its xid.
 * Spilling appends the in-memory changes to an anonymous temporary file as one msgpack frame
   (4-byte length + payload); relations are written as indexes into a per-buffer table, so a
   relation's layout is stored once, and ``UNCHANGED_TOAST`` as a msgpack extension.
@@ -15,6 +18,7 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tempfile
 from typing import Iterator, Literal
@@ -96,10 +100,10 @@ class ChangeBuffer:
 
     def add(self, change: Change, subxid: int, size: int) -> None:
         self.changes.append(change)
-        self.subxids.append(subxid)
         self.memory += size
         self.count += 1
         if self.streamed:
+            self.subxids.append(subxid)
             self.subxid_counts[subxid] = self.subxid_counts.get(subxid, 0) + 1
 
     def abort_subxact(self, subxid: int) -> int:
@@ -121,7 +125,8 @@ class ChangeBuffer:
             return 0
         if self.file is None:
             self.file = tempfile.TemporaryFile(prefix="pgrouter-txn-", dir=spill_dir)
-        records = [self._record(c, s) for c, s in zip(self.changes, self.subxids)]
+        subxids = self.subxids if self.streamed else itertools.repeat(self.xid)
+        records = [self._record(c, s) for c, s in zip(self.changes, subxids)]
         blob = _encode(records)
         self.file.seek(0, 2)
         self.file.write(_FRAME.pack(len(blob)))

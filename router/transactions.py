@@ -38,7 +38,7 @@ import msgspec
 
 from .errors import ProtocolViolation
 from .pgoutput import messages as m
-from .changes import Change, ChangeBuffer, Changes, change_size
+from .changes import CHANGE_OVERHEAD, Change, ChangeBuffer, Changes, change_size
 from .relations import RelationCache
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
@@ -135,6 +135,49 @@ class TransactionAssembler:
         if handler is None:
             raise TypeError(f"not a pgoutput message: {type(msg).__name__}")
         return handler(self, lsn, msg)
+
+    def feed_batch(self, messages, decode) -> list:
+        """``feed`` for a batch of ``(lsn, payload)``: every payload decoded with ``decode``
+        (``Decoder.decode``), the released events of the whole batch in order.
+
+        Row changes inside Begin … Commit (the bulk of any stream) take a short path with
+        the same outcome as ``feed``: the Change goes straight into the open buffer, its
+        memory estimated from the message size, the limit checked per change."""
+        events: list = []
+        get_rel = self.relations.get
+        limit = self.memory_limit
+        Insert, Update, Delete = m.Insert, m.Update, m.Delete
+        for lsn, payload in messages:
+            msg = decode(payload)
+            buf = self._current
+            if buf is not None:
+                kind = type(msg)
+                if kind is Insert:
+                    change = Change("insert", lsn, get_rel(msg.relation_id), None, False,
+                                    msg.new)
+                elif kind is Update:
+                    key = msg.key
+                    change = Change("update", lsn, get_rel(msg.relation_id),
+                                    msg.old if key is None else key, key is not None, msg.new)
+                elif kind is Delete:
+                    key = msg.key
+                    change = Change("delete", lsn, get_rel(msg.relation_id),
+                                    msg.old if key is None else key, key is not None)
+                else:
+                    change = None
+                if change is not None and msg.xid is None:
+                    buf.changes.append(change)
+                    size = CHANGE_OVERHEAD + len(payload)
+                    buf.memory += size
+                    buf.count += 1
+                    self._memory += size
+                    if self._memory > limit:
+                        self._spill()
+                    continue
+            released = self.feed(lsn, msg)
+            if released:
+                events.extend(released)
+        return events
 
     def _violation(self, text: str) -> ProtocolViolation:
         return ProtocolViolation(text)

@@ -290,3 +290,41 @@ def test_golden_v1_assembles():
     first, second, third = altered.changes
     assert first.op == "message"
     assert len(second.relation.columns) == 11 and len(third.relation.columns) == 12
+
+
+def _summary(events):
+    out = []
+    for e in events:
+        if isinstance(e, Transaction):
+            out.append((e.xid, e.final_lsn, e.commit_lsn, e.end_lsn, e.commit_time,
+                        e.origin_name, e.origin_lsn, e.gid, e.change_count, e.streamed,
+                        e.prepared, list(e.changes)))
+        else:
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("name, version", [("v1_text.tsv", 1), ("v1_binary.tsv", 1),
+                                           ("v2_stream.tsv", 2), ("v3_twophase.tsv", 3)])
+@pytest.mark.parametrize("memory_limit", [64 * 1024 * 1024, 4096])
+def test_feed_batch_equals_feed(tmp_path, name, version, memory_limit):
+    """The decoder actor's batch path gives the same events, changes and relations as
+    feeding message by message, also when transactions spill."""
+    rows = [parse_line(line, n) for n, line in
+            enumerate((GOLDEN / name).read_text().splitlines(), 1)]
+    rows = [r for r in rows if r is not None]
+    kw = dict(memory_limit=memory_limit, spill_dir=str(tmp_path))
+    one = TransactionAssembler(RelationCache(), **kw)
+    decoder = Decoder(version)
+    expected = []
+    for lsn, data in rows:
+        expected += one.feed(lsn, decoder.decode(data))
+    batched = TransactionAssembler(RelationCache(), **kw)
+    decoder = Decoder(version)
+    got = []
+    for i in range(0, len(rows), 37):
+        got += batched.feed_batch(rows[i:i + 37], decoder.decode)
+    assert _summary(got) == _summary(expected) and expected
+    assert batched.memory == one.memory == 0
+    if memory_limit < 1024 * 1024:
+        assert batched.spill_count > 0 and one.spill_count > 0
