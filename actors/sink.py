@@ -17,6 +17,9 @@ Rules (the delivery contract, whichever Kafka client is behind it):
   retry); nothing after it is reported done.
 * The client's blocking calls run in a worker thread; delivery callbacks arrive on the
   client's own thread and are handed to trio with ``run_sync_soon``.
+* Chunks already waiting in the inbox are taken together (a stream of small transactions
+  is one chunk per transaction): they are registered and sealed in order as above, and
+  their records handed to the client in one worker-thread call.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from . import log
 from .mailbox import Begin, Done, Hold, Keepalive
 
 _log = log.get("sink")
+#: channel items taken together at most (each a chunk of at most CHUNK_RECORDS records)
+MAX_GROUP = 64
 
 
 class TopicSpec:
@@ -143,12 +148,40 @@ class SinkActor:
         async with self.inbox:
             async for item in self.inbox:
                 self._raise_if_failed()
-                if type(item) is RoutedChunk:
-                    await self._chunk(item)
-                elif type(item) in (Keepalive, Hold):
-                    await self.progress.send(item)
+                items = [item]
+                while len(items) < MAX_GROUP:  # whatever else is waiting: one thread call
+                    try:
+                        items.append(self.inbox.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                batch: list = []  # (records, ticket) not yet handed to the client
+                for item in items:
+                    if type(item) is RoutedChunk:
+                        await self._chunk(item, batch)
+                    elif type(item) in (Keepalive, Hold):
+                        await self.progress.send(item)
+                await self._produce(batch)
 
-    async def _chunk(self, chunk: RoutedChunk) -> None:
+    async def _produce(self, batch: list) -> None:
+        if not batch:
+            return
+        if len(batch) == 1:
+            await trio.to_thread.run_sync(self.client.produce, *batch[0], self._on_delivery)
+        else:
+            await trio.to_thread.run_sync(self._produce_all, batch)
+        if self.stats is not None:
+            self.stats.sent_records += sum(len(records) for records, _ in batch)
+        batch.clear()
+
+    def _produce_all(self, batch: list) -> None:
+        produce, on_delivery = self.client.produce, self._on_delivery
+        for records, ticket in batch:
+            produce(records, ticket, on_delivery)
+
+    async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
+        """Registers the chunk's transaction and queues its records in ``batch``; topics and
+        schemas it needs are made ready first (and what is queued before them handed over,
+        so order is kept)."""
         if self._current is None:
             ticket = self._next_ticket
             self._next_ticket += 1
@@ -158,6 +191,7 @@ class SinkActor:
             await self.progress.send(Begin(ticket, chunk.end_lsn))
         ticket = self._current
         if chunk.new_topics and self.create_topics:
+            await self._produce(batch)
             specs = []
             for topic, route in chunk.new_topics:
                 tmpl = self.topic_specs.get(route) or TopicSpec(topic)
@@ -165,15 +199,13 @@ class SinkActor:
                                        tmpl.configs))
             await trio.to_thread.run_sync(self.client.ensure_topics, specs)
         if chunk.schemas:
+            await self._produce(batch)
             await self._send_schemas(chunk.schemas)
         if chunk.records:
             records = chunk.records
             with self._lock:
                 self._txns[ticket].sent += len(records)
-            await trio.to_thread.run_sync(self.client.produce, records, ticket,
-                                          self._on_delivery)
-            if self.stats is not None:
-                self.stats.sent_records += len(records)
+            batch.append((records, ticket))
         if chunk.last:
             self._current = None
             with self._lock:

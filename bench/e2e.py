@@ -45,6 +45,9 @@ import psycopg2  # noqa: E402
 PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
 RECV = "pg_recvlogical"
 CLIENTS = ("librdkafka", "kafka-python")
+#: pgrouter with a client that acknowledges every record at once, without Kafka: what the
+#: router itself costs (slot reading, decoding, routing, encoding, the sink's bookkeeping)
+NULL = "null"
 _ACKED = re.compile(r"records_acked=(\d+)")
 
 
@@ -100,11 +103,65 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_router(cfg_path: str, profile: str | None) -> tuple[float, str]:
+def _children_usage() -> tuple[float, float, int]:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime, r.ru_stime, r.ru_minflt
+
+
+class NullClient:
+    """The sink's client contract with no Kafka behind it: every record is acknowledged
+    as it is handed over."""
+
+    def produce(self, records, ticket, on_delivery):
+        for _ in records:
+            on_delivery(ticket, None)
+
+    def produce_sync(self, topic, key, value, timeout=60.0):
+        pass
+
+    def ensure_topics(self, specs):
+        pass
+
+    def flush(self, timeout=None):
+        pass
+
+    def close(self, timeout=10.0):
+        pass
+
+    @staticmethod
+    def map_error(exc):
+        return exc
+
+
+def run_null_router(cfg_path: str) -> None:
+    """``pgrouter run --until-caught-up`` with ``NullClient`` (in this process)."""
+    import trio
+
+    from actors import log
+    from actors.supervisor import Supervisor
+    from router.config import load_config
+
+    cfg = load_config(cfg_path)
+    import gc
+    if os.environ.get("BENCH_GC_OFF"):
+        gc.disable()
+    if os.environ.get("BENCH_GC_FREEZE"):
+        gc.freeze()
+    if os.environ.get("BENCH_GC_T0"):
+        gc.set_threshold(int(os.environ["BENCH_GC_T0"]), 10, 10)
+    log.setup(cfg.log.level, cfg.log.format)
+    trio.run(Supervisor(cfg, until_caught_up=True,
+                        client_factory=lambda cfg: NullClient()).run)
+
+
+def run_router(cfg_path: str, profile: str | None, null: bool = False) -> tuple[float, str]:
     cmd = [sys.executable]
     if profile:
         cmd += ["-m", "cProfile", "-o", profile]
-    cmd += ["-m", "router", "run", "-c", cfg_path, "--until-caught-up"]
+    if null:
+        cmd += [__file__, "--null-router", cfg_path]
+    else:
+        cmd += ["-m", "router", "run", "-c", cfg_path, "--until-caught-up"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     elapsed = time.perf_counter() - start
@@ -142,16 +199,19 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join((RECV,) + CLIENTS))
     ap.add_argument("--quick", action="store_true", help="60k changes (a smoke run)")
     ap.add_argument("--profile", metavar="DIR", help="run pgrouter under cProfile into DIR")
+    ap.add_argument("--null-router", metavar="CONFIG", help=argparse.SUPPRESS)
     ap.add_argument("--dsn", default=os.environ.get(
         "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
                                                           "127.0.0.1:9092"))
     args = ap.parse_args()
+    if args.null_router:
+        return run_null_router(args.null_router)
     if args.quick:
         args.changes = min(args.changes, 60_000)
         args.txn_rows = min(args.txn_rows, 20_000)
     runs = args.runs.split(",")
-    unknown = set(runs) - {RECV, *CLIENTS}
+    unknown = set(runs) - {RECV, NULL, *CLIENTS}
     if unknown:
         raise SystemExit(f"unknown run(s): {sorted(unknown)}")
     tag = uuid.uuid4().hex[:8]
@@ -181,18 +241,24 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for run in runs:
                 cpu_before = _children_cpu()
+                usage_before = _children_usage()
                 if run == RECV:
                     results[run] = run_recvlogical(args.dsn, slots[run], pub, endpos)
                 else:
                     cfg = os.path.join(tmp, f"{run}.toml")
+                    client = "librdkafka" if run == NULL else run
                     with open(cfg, "w") as fh:
-                        fh.write(config(args.dsn, args.bootstrap, slots[run], pub, table, run,
-                                        routes[run], schema_topic, args.partitions))
+                        fh.write(config(args.dsn, args.bootstrap, slots[run], pub, table, client,
+                                        routes[client], schema_topic, args.partitions))
                     prof = os.path.join(args.profile, f"{run}.prof") if args.profile else None
-                    results[run], log = run_router(cfg, prof)
+                    results[run], log = run_router(cfg, prof, null=run == NULL)
                     found = _ACKED.findall(log)
                     acked[run] = found[-1] if found else "?"
                 cpu[run] = _children_cpu() - cpu_before
+                usage = [a - b for a, b in zip(_children_usage(), usage_before)]
+                if os.environ.get("BENCH_USAGE"):
+                    print(f"  {run}: user {usage[0]:.2f} s, sys {usage[1]:.2f} s, "
+                          f"minor faults {usage[2]}")
                 print(f"  {run:<15} {results[run]:7.2f} s  "
                       f"{args.changes / results[run]:10,.0f} changes/s  "
                       f"cpu {cpu[run]:6.2f} s ({args.changes / max(cpu[run], 1e-9):9,.0f}/cpu-s)"

@@ -243,7 +243,7 @@ class ChangeRouter:
         seq = 0
         seen = self._seen_schemas
         dispatch = self._dispatch
-        commit_lsn = b"%d" % txn.commit_lsn
+        lsn_header = (_H_LSN, b"%d" % txn.commit_lsn)  # one tuple for the whole transaction
         rel = direct = None
         for change in txn.changes:
             op = change.op
@@ -258,7 +258,7 @@ class ChangeRouter:
                 targets = direct[op]
                 if targets is not None:
                     if targets:
-                        headers = [(_H_LSN, commit_lsn), (_H_SEQ, b"%d" % seq)]
+                        headers = [lsn_header, (_H_SEQ, b"%d" % seq)]
                         kind = _KINDS[op]
                         old, new, lsn = change.old, change.new, change.lsn
                         old_is_key = change.old_is_key
