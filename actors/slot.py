@@ -9,8 +9,10 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
   everything read before it.
 * Keepalives that ask for a reply are answered by psycopg2 inside ``read_message`` with the
   flush position we last gave it. Standby status updates carry the flush LSN from the
-  progress actor, sent when it moves and at least every ``status_interval`` seconds; when
-  idle they ask the server for a keepalive, so quiet slots confirm recent positions.
+  progress actor, sent when it moves (at most every ``STATUS_MIN_GAP`` seconds, so a stream
+  of small transactions is confirmed in batches, not one update per commit) and at least
+  every ``status_interval`` seconds; when idle they ask the server for a keepalive, so quiet
+  slots confirm recent positions.
 * Draining: ``stop_reading()`` ends the read loop and closes the output channel; the
   connection stays open until the progress actor closes the flush mailbox, so the final
   flush position is sent before the connection closes.
@@ -34,6 +36,7 @@ from .mailbox import Latest, WalBatch
 
 MAX_BATCH_MESSAGES = 2000
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+STATUS_MIN_GAP = 0.02
 _log = log.get("slot")
 
 
@@ -180,6 +183,9 @@ class SlotReader:
         while True:
             with trio.move_on_after(self.status_interval):
                 await self.flush.wait_changed()
+            gap = self._last_status + STATUS_MIN_GAP - time.monotonic()
+            if gap > 0 and not self.flush.closed and not self._stop.is_set():
+                await trio.sleep(gap)  # let more confirmations arrive: one update for all
             idle = self._stop.is_set() or (time.monotonic() - self._last_status) >= self.status_interval
             self._send_status(force=idle, reply=idle and not self._stop.is_set())
             if self.flush.closed:

@@ -10,6 +10,8 @@ the same WAL from the same place. The workload inserts ``--changes`` rows of a 6
 ``--txn-rows`` (below ``logical_decoding_work_mem``, so nothing is streamed or spilled).
 Then, one after the other:
 
+* ``null`` (only when asked for with ``--runs``): ``pgrouter run`` in-process with a client
+  that acknowledges every record as it is handed over — the router's own cost, no Kafka;
 * ``pg_recvlogical --start --endpos <lsn> -f /dev/null`` (proto_version=1): the walsender's
   own speed, the reference;
 * ``pgrouter run --until-caught-up`` with ``[kafka] client = "librdkafka"`` and
@@ -19,7 +21,10 @@ Then, one after the other:
 It prints seconds, changes/s and the ratio to pg_recvlogical (time / reference time) side by
 side from one run, plus the CPU seconds the drainer process itself used (user+sys;
 pg_recvlogical's is small because the walsender does its work; on a loaded machine pgrouter's
-changes per CPU second say more than its wall time). ``--profile DIR`` runs pgrouter under cProfile (``DIR/<client>.prof``; the
+changes per CPU second say more than its wall time). ``BENCH_USAGE=1`` adds user/system
+CPU and minor page faults per run; ``BENCH_GC_OFF=1``, ``BENCH_GC_FREEZE=1`` and
+``BENCH_GC_T0=<n>`` (generation-0 threshold) change the garbage collector of the ``null``
+run, to see what it costs. ``--profile DIR`` runs pgrouter under cProfile (``DIR/<client>.prof``; the
 timings then include the profiler's overhead). Slots, publication, table and topics are
 removed afterwards, also after a failure.
 """
