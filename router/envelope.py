@@ -157,7 +157,7 @@ class TableEncoder:
         """``row`` encoded as JSON: (bytes, unchanged-TOAST column names or None)."""
         struct = self._row_struct
         if (struct is not None and not skip_nulls and len(values) == self._width
-                and set(map(type, values)) <= _PLAIN):
+                and _PLAIN.issuperset(map(type, values))):
             if self._convs:
                 values = list(values)
                 for j, c in self._convs:

@@ -74,33 +74,31 @@ def read_tuple(data: bytes, pos: int) -> tuple[tuple, int]:
         # "negative" count) cannot come from a real server.
         raise DecodeError(f"tuple column count {natts} exceeds {MAX_COLUMNS}", offset=pos)
     pos += 2
-    values = []
-    append = values.append
+    values = [None] * natts  # NULLs ('n') need no store
     unpack_len = _U32_UNPACK
     start = pos
     try:
         # Kind bytes are literals (116 't', 110 'n', 117 'u', 98 'b'): constants are cheaper
         # than global lookups in this loop.
-        for _ in range(natts):
+        for i in range(natts):
             kind = data[pos]
             if kind == 116:
                 start = pos + 5
                 pos = start + unpack_len(data, pos + 1)[0]
                 if pos > end:
                     _value_past_end(data, start)
-                append(data[start:pos].decode())
+                values[i] = data[start:pos].decode()
             elif kind == 110:
-                append(None)
                 pos += 1
             elif kind == 117:
-                append(UNCHANGED_TOAST)
+                values[i] = UNCHANGED_TOAST
                 pos += 1
             elif kind == 98:
                 start = pos + 5
                 pos = start + unpack_len(data, pos + 1)[0]
                 if pos > end:
                     _value_past_end(data, start)
-                append(data[start:pos])
+                values[i] = data[start:pos]
             else:
                 raise DecodeError(f"unknown tuple column kind {kind:#04x}", offset=pos)
     except IndexError:
