@@ -28,7 +28,6 @@ U64 = struct.Struct("!Q")
 #: Upper bound for a tuple's column count: PostgreSQL's MaxTupleAttributeNumber.
 MAX_COLUMNS = 1664
 
-_I32_UNPACK = I32.unpack_from
 
 
 def truncated(what: str, pos: int, data: bytes) -> TruncatedMessage:
