@@ -29,7 +29,6 @@ U64 = struct.Struct("!Q")
 MAX_COLUMNS = 1664
 
 
-
 def truncated(what: str, pos: int, data: bytes) -> TruncatedMessage:
     return TruncatedMessage(f"message ends before {what} ({len(data) - pos} bytes left)",
                             offset=pos)
