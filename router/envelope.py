@@ -56,6 +56,17 @@ def _binary(value: bytes) -> str:
     return "\\x" + value.hex()
 
 
+def _key_values(key_pick: tuple[int, ...], new: tuple, old: tuple | None) -> tuple:
+    """``new`` with unchanged-TOAST key columns taken from the old key tuple."""
+    if old is None or all(new[i] is not UNCHANGED_TOAST for i in key_pick):
+        return new
+    row = list(new)
+    for i in key_pick:
+        if row[i] is UNCHANGED_TOAST:
+            row[i] = old[i]
+    return tuple(row)
+
+
 class TxContext(msgspec.Struct, frozen=True):
     """What every record of one transaction shares."""
 
@@ -182,7 +193,7 @@ class TableEncoder:
         for i in self._key_pick:
             v = values[i]
             c = _JSON_FROM_TEXT.get(rel[i].type_oid)
-            out[rel[i].name] = self._value(c, v)
+            out[rel[i].name] = None if v is UNCHANGED_TOAST else self._value(c, v)
         return _encode(out)
 
     # -- records -------------------------------------------------------------------------------
@@ -228,7 +239,9 @@ class TableEncoder:
             before = self.row_json(old, old_is_key)[0]
         if new is not None:
             after, toast = self.row_json(new)
-            key = self.key(new)
+            # a TOASTed key column that did not change is not in the new tuple; PostgreSQL
+            # then logs the old key (it does whenever the identity has external values)
+            key = self.key(new if not toast else _key_values(self._key_pick, new, old))
         else:
             key = self.key(old)
         if toast:

@@ -218,3 +218,29 @@ def test_logical_decoding_messages_go_to_the_messages_topic(pg_dsn, kafka_bootst
         pg.run(f"drop publication {name}")
         pg.run(f"drop table {name}")
         pg.close()
+
+
+def test_toasted_key_that_did_not_change_keeps_the_record_key(pg_dsn, kafka_bootstrap, tmp_path):
+    pg = Pg(pg_dsn)
+    name = unique("tkey")
+    pg.run(f"create table {name} (k text primary key, v int)")
+    pg.run(f"alter table {name} alter column k set storage external")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\n')
+    try:
+        run_router(cfg)
+        big = "".join(f"{i:04d}" for i in range(600))  # 2,400 bytes, stored out of line
+        pg.run(f"insert into {name} values (%s, 1)", big)
+        pg.run(f"update {name} set v = 2")
+        run_router(cfg)
+        records = read_topic(kafka_bootstrap, name)
+        assert [r["key"] for r in records] == [{"k": big}, {"k": big}]
+        assert records[1]["value"]["after"]["v"] == 2
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()

@@ -224,3 +224,20 @@ def test_message_content_is_base64():
     _, value = encode_message(db="d", route="", tx=None, lsn=1, seq=0, transactional=False,
                               prefix="p", content=b"\x00\xff")
     assert json.loads(value)["message"]["content"] == base64.b64encode(b"\x00\xff").decode()
+
+
+def test_unchanged_toasted_key_is_taken_from_the_old_key_tuple():
+    from router.envelope import TableEncoder, TxContext
+    from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
+
+    rel = Relation(relation_id=1, namespace="public", name="t", replica_identity="d",
+                   columns=(RelationColumn(1, "k", 25, -1), RelationColumn(0, "v", 25, -1)))
+    enc = TableEncoder(rel, route="r", db="d")
+    tx = TxContext(xid=1, commit_lsn=10, end_lsn=20, commit_time=0)
+    big = "x" * 5000
+    key, value = enc.encode("u", tx, 5, 0, old=(big, None), old_is_key=True,
+                            new=(UNCHANGED_TOAST, "new"))
+    assert key == b'{"k":"' + big.encode() + b'"}'
+    assert b'"unchanged_toast":["k"]' in value
+    key, _ = enc.encode("u", tx, 5, 1, old=None, old_is_key=False, new=(UNCHANGED_TOAST, "v"))
+    assert key == b'{"k":null}', "no old key tuple: the value is unknown, never a crash"
