@@ -5,14 +5,18 @@ Origin filtering (``actors.origin_filter``) arrives as ``FilteredTransaction`` (
 final chunk: nothing is published, the end LSN is still registered and confirmed in order)
 and ``RestrictedTransaction`` (routed by a router holding only the routes that publish it;
 ``router_for`` builds one per route set). With ``meta`` (``router.transaction_meta``) every
-transaction that produces records gets BEGIN/END records in its own chunks."""
+transaction that produces records gets BEGIN/END records in its own chunks.
+
+Items go out as lists: everything one incoming batch of events produced, cut whenever
+``CHUNK_RECORDS`` records have gathered, so a stream of small transactions costs one channel
+send per batch rather than one per transaction."""
 
 from __future__ import annotations
 
 import trio
 
 from router.origins import FilteredTransaction, RestrictedTransaction
-from router.routing import ChangeRouter, RoutedChunk
+from router.routing import CHUNK_RECORDS, ChangeRouter, RoutedChunk
 from router.transactions import NonTransactionalMessage, Transaction
 
 from .mailbox import Hold, Keepalive
@@ -38,29 +42,35 @@ class FanoutActor:
         task_status.started()
         async with self.inbox, self.out:
             async for events in self.inbox:
+                group: list = []
+                size = 0
                 for ev in events:
-                    if type(ev) is Transaction:
+                    kind = type(ev)
+                    if kind is Transaction or kind is RestrictedTransaction:
+                        txn = ev if kind is Transaction else ev.transaction
+                        chunks = route(txn) if kind is Transaction else self._route(
+                            txn, self._subset(ev.routes))
                         try:
-                            for chunk in route(ev):
-                                await self.out.send(chunk)
-                        finally:
-                            ev.changes.close()
-                    elif type(ev) is NonTransactionalMessage:
-                        await self.out.send(self.router.route_message(ev))
-                    elif type(ev) in (Keepalive, Hold):
-                        await self.out.send(ev)
-                    elif type(ev) is FilteredTransaction:
-                        await self.out.send(RoutedChunk(ev.xid, ev.commit_lsn, ev.end_lsn, [],
-                                                        [], True))
-                    elif type(ev) is RestrictedTransaction:
-                        txn = ev.transaction
-                        sub = self._subsets.get(ev.routes)
-                        if sub is None:
-                            sub = self._subsets[ev.routes] = self.router_for(ev.routes)
-                        try:
-                            for chunk in self._route(txn, sub):
-                                await self.out.send(chunk)
+                            for chunk in chunks:
+                                group.append(chunk)
+                                size += len(chunk.records)
+                                if size >= CHUNK_RECORDS:
+                                    await self.out.send(group)
+                                    group, size = [], 0
                         finally:
                             txn.changes.close()
-                    else:  # PreparedOutcome in prepare mode: nothing to publish
-                        continue
+                    elif kind is NonTransactionalMessage:
+                        group.append(self.router.route_message(ev))
+                    elif kind is Keepalive or kind is Hold:
+                        group.append(ev)
+                    elif kind is FilteredTransaction:
+                        group.append(RoutedChunk(ev.xid, ev.commit_lsn, ev.end_lsn, [], [], True))
+                    # PreparedOutcome (prepare mode): nothing to publish
+                if group:
+                    await self.out.send(group)
+
+    def _subset(self, routes: frozenset) -> ChangeRouter:
+        sub = self._subsets.get(routes)
+        if sub is None:
+            sub = self._subsets[routes] = self.router_for(routes)
+        return sub

@@ -46,17 +46,17 @@ class ProgressActor:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._report)
                 async with self.inbox:
-                    async for ev in self.inbox:
-                        kind = type(ev)
-                        if kind is Begin:
-                            tracker.begin(ev.ticket, ev.end_lsn)
-                            continue
-                        if kind is Done:
-                            tracker.done(ev.ticket)
-                        elif kind is Keepalive:
-                            tracker.keepalive(ev.lsn)
-                        elif kind is Hold:
-                            tracker.set_hold(ev.lsn)
+                    async for events in self.inbox:  # lists, in the sink's order
+                        for ev in events:
+                            kind = type(ev)
+                            if kind is Begin:
+                                tracker.begin(ev.ticket, ev.end_lsn)
+                            elif kind is Done:
+                                tracker.done(ev.ticket)
+                            elif kind is Keepalive:
+                                tracker.keepalive(ev.lsn)
+                            elif kind is Hold:
+                                tracker.set_hold(ev.lsn)
                         if tracker.confirmed > self.flush.value:
                             self.flush.set(tracker.confirmed)
                             if (self.until_lsn is not None and self.caught_up is not None

@@ -77,6 +77,7 @@ class SinkActor:
         self._next_ticket = 0
         self._current: int | None = None  # ticket of the transaction being sent
         self._completed: deque[int] = deque()
+        self._outbox: list = []  # Begin/Keepalive/Hold not yet sent to the progress actor
         self._wake = trio.Event()
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -136,22 +137,36 @@ class SinkActor:
             await self._flush_completions()
 
     async def _flush_completions(self) -> None:
+        if not self._completed:
+            return
+        done = []
         while self._completed:
             ticket = self._completed.popleft()
             with self._lock:
                 txn = self._txns.pop(ticket)
             if self.stats is not None:
                 self.stats.acked_records += txn.acked
-            await self.progress.send(Done(ticket, txn.acked))
+            done.append(Done(ticket, txn.acked))
+        await self.progress.send(done)
+
+    async def _flush_progress(self) -> None:
+        """Send the registrations and keepalives gathered so far, as one list. Called before
+        anything that can let a completion through, so a ``Done`` never overtakes its
+        ``Begin``."""
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            await self.progress.send(events)
 
     async def _consume(self) -> None:
         async with self.inbox:
             async for item in self.inbox:
                 self._raise_if_failed()
-                items = [item]
-                while len(items) < MAX_GROUP:  # whatever else is waiting: one thread call
+                items = list(item)
+                groups = 1
+                while groups < MAX_GROUP:  # whatever else is waiting: one thread call
                     try:
-                        items.append(self.inbox.receive_nowait())
+                        items.extend(self.inbox.receive_nowait())
+                        groups += 1
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 batch: list = []  # (records, ticket) not yet handed to the client
@@ -159,10 +174,13 @@ class SinkActor:
                     if type(item) is RoutedChunk:
                         await self._chunk(item, batch)
                     elif type(item) in (Keepalive, Hold):
-                        await self.progress.send(item)
+                        self._outbox.append(item)
                 await self._produce(batch)
+                await self._flush_progress()
+                await self._flush_completions()
 
     async def _produce(self, batch: list) -> None:
+        await self._flush_progress()
         if not batch:
             return
         if len(batch) == 1:
@@ -188,7 +206,7 @@ class SinkActor:
             with self._lock:
                 self._txns[ticket] = _Txn()
             self._current = ticket
-            await self.progress.send(Begin(ticket, chunk.end_lsn))
+            self._outbox.append(Begin(ticket, chunk.end_lsn))
         ticket = self._current
         if chunk.new_topics and self.create_topics:
             await self._produce(batch)

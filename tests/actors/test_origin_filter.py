@@ -71,8 +71,8 @@ async def _pipeline(rules: OriginRules, events: list[list], meta=None) -> list:
                 for batch in events:
                     await ev_tx.send(batch)
             async with out_rx:
-                async for item in out_rx:
-                    got.append(item)
+                async for group in out_rx:  # the fanout sends lists of items
+                    got.extend(group)
     return got
 
 
