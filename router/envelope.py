@@ -23,6 +23,7 @@ Rules (see README "Message format"):
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Callable
 
 import msgspec
@@ -91,14 +92,15 @@ class TableEncoder:
     (layouts change only with a new Relation), used for every change of that layout.
 
     The hot path (once per record) never builds the envelope as dicts: per transaction the
-    value is encoded once with placeholders (``_value_template``) and every record fills in
+    value is filled into the layout's two-level template (``_static_template``) and every record fills in
     ``op``, ``before``, ``after``, ``lsn`` and ``seq`` with one ``%``; plain rows (text values
     and NULLs, all columns) are encoded from a Struct of the layout. Both give exactly the
     bytes of the dict-built envelope (``tests/router/test_envelope.py`` checks that)."""
 
     __slots__ = ("relation", "route", "db", "schema", "_names", "_conv", "_pick", "_key_pick",
                  "_key_names", "_source_static", "_identity", "_convs", "_key_single",
-                 "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl")
+                 "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl",
+                 "_static_tmpl")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
@@ -115,6 +117,8 @@ class TableEncoder:
         self._key_pick = tuple(i for i, c in enumerate(cols) if c.flags & 1)
         self._key_names = tuple(cols[i].name for i in self._key_pick)
         self._source_static = {"db": db, "schema": relation.namespace, "table": relation.name}
+        self._static_tmpl = _static_template(db, relation.namespace, relation.name, route,
+                                             self.schema.schema_id)
         # plain rows (text values and NULLs only, every column) are encoded from a Struct of
         # the layout with the converted columns patched in; a one-column key from a
         # pre-encoded prefix. Both give the same bytes as the general path (``row``).
@@ -199,25 +203,29 @@ class TableEncoder:
     # -- records -------------------------------------------------------------------------------
 
     def _use_tx(self, tx: TxContext) -> None:
-        """What a transaction's records share, computed once per transaction."""
-        src = dict(self._source_static)
-        src["lsn"] = 0
-        src["commit_lsn"] = tx.commit_lsn
-        src["seq"] = 0
-        src["xid"] = tx.xid
-        src["commit_time"] = tx.commit_time_iso
-        src["origin"] = tx.origin
-        src["origin_lsn"] = tx.origin_lsn
-        src["route"] = self.route
-        src["schema_id"] = self.schema.schema_id
-        self._source_tmpl = src
-        self._ts_ms = tx.ts_ms
-        self._value_tmpl = _value_template(src, self._ts_ms)
+        """What a transaction's records share, computed once per transaction (cheaply: a
+        stream of one-row transactions pays this for every record)."""
         self._tx = tx
+        self._source_tmpl = None
+        parts = _tx_parts(tx)
+        self._ts_ms = parts[-1]
+        self._value_tmpl = self._static_tmpl % parts[:-1]
 
     def _source(self, tx: TxContext, lsn: int, seq: int) -> dict:
         if tx is not self._tx:
             self._use_tx(tx)
+        if self._source_tmpl is None:
+            src = dict(self._source_static)
+            src["lsn"] = 0
+            src["commit_lsn"] = tx.commit_lsn
+            src["seq"] = 0
+            src["xid"] = tx.xid
+            src["commit_time"] = tx.commit_time_iso
+            src["origin"] = tx.origin
+            src["origin_lsn"] = tx.origin_lsn
+            src["route"] = self.route
+            src["schema_id"] = self.schema.schema_id
+            self._source_tmpl = src
         src = self._source_tmpl.copy()  # keys keep their order: lsn and seq are overwritten
         src["lsn"] = lsn
         src["seq"] = seq
@@ -258,25 +266,32 @@ class TableEncoder:
         return b"null", _encode(value)
 
 
-#: placeholders of the value template: op, before, after (JSON bytes), lsn, seq (integers).
-#: Control bytes cannot occur in encoded JSON (they are escaped inside strings).
-_MARKS = ((b"\x01", b"%b"), (b"\x02", b"%b"), (b"\x03", b"%b"), (b"\x04", b"%d"),
-          (b"\x05", b"%d"))
 _OPS = {op: _encode(op) for op in ("c", "u", "d", "r")}
 
 
-def _value_template(source: dict, ts_ms: int) -> bytes:
-    """The encoded envelope of one transaction's records as a ``%`` template."""
-    src = dict(source)
-    src["lsn"], src["seq"] = msgspec.Raw(b"\x04"), msgspec.Raw(b"\x05")
-    value = {"op": msgspec.Raw(b"\x01"), "before": msgspec.Raw(b"\x02"),
-             "after": msgspec.Raw(b"\x03"), "source": src, "ts_ms": ts_ms}
-    tmpl = _encode(value).replace(b"%", b"%%")
-    for mark, fmt in _MARKS:
-        if tmpl.count(mark) != 1:  # cannot happen: JSON escapes control characters
-            raise AssertionError(f"envelope template has {tmpl.count(mark)} {mark!r}")
-        tmpl = tmpl.replace(mark, fmt)
-    return tmpl
+def _static_template(db: str, schema: str, table: str, route: str, schema_id: str) -> bytes:
+    """The envelope of one table's records as a two-level ``%`` template: the transaction's
+    values fill it first (``_tx_parts``), each record's op, before, after, lsn and seq then.
+    Literal text is escaped for both rounds. Key order and spacing are exactly msgspec's
+    encoding of the envelope dict (a test compares the bytes)."""
+    def lit(value) -> bytes:
+        return _encode(value).replace(b"%", b"%%%%")
+    return (b'{"op":%%b,"before":%%b,"after":%%b,"source":{"db":' + lit(db)
+            + b',"schema":' + lit(schema) + b',"table":' + lit(table)
+            + b',"lsn":%%d,"commit_lsn":%b,"seq":%%d,"xid":%b,"commit_time":%b'
+            + b',"origin":%b,"origin_lsn":%b,"route":' + lit(route)
+            + b',"schema_id":' + lit(schema_id) + b'},"ts_ms":%b}')
+
+
+@functools.lru_cache(maxsize=8)
+def _tx_parts(tx: TxContext) -> tuple:
+    """A transaction's encoded values for ``_static_template`` (escaped for the second
+    round), plus its ``ts_ms``; shared by every table the transaction touches."""
+    def lit(value) -> bytes:
+        return _encode(value).replace(b"%", b"%%")
+    ts_ms = tx.ts_ms
+    return (lit(tx.commit_lsn), lit(tx.xid), lit(tx.commit_time_iso), lit(tx.origin),
+            lit(tx.origin_lsn), lit(ts_ms), ts_ms)
 
 
 def _row_struct(names: tuple[str, ...]):
