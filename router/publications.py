@@ -246,7 +246,7 @@ def config_publication(name: str, tables: list[TableName], schemas: list[str],
         tables={t: entry for t in tables})
 
 
-# -- plans: what routing.TablePlan needs, per relation layout ------------------------------------
+# -- plans: what plans.TablePlan needs, per relation layout ------------------------------------
 
 
 class FilterCache:

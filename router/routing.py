@@ -7,14 +7,8 @@ Rules:
   it publishes, an optional row filter per action, an optional column list, the topic and
   the encoder. Plans are built once per Relation layout and cached by relation id (a new
   Relation message means a new plan).
-* PostgreSQL's publication semantics (pgoutput.c ``pgoutput_row_filter``):
-  - a filter that evaluates to NULL counts as false; TRUNCATE is never filtered;
-  - UPDATE evaluates the filter on the old and the new row: no/no → dropped, no/yes →
-    INSERT of the new row, yes/no → DELETE of the old row, yes/yes → UPDATE. Without an old
-    tuple only the new row is evaluated and nothing is transformed. Unchanged-TOAST columns of
-    the new row are taken from the old tuple where it has them. A transformed change is not
-    checked again against the published actions;
-  - column lists project ``before`` and ``after``; filters see the whole row.
+* What a plan does with one change — PostgreSQL's publication semantics — is in
+  ``router.plans``.
 * Positions: ``seq`` is the change's ordinal in its transaction, counted before routing, so
   the same change carries the same position on every route and every rerun.
 * Output comes in ``RoutedChunk``s of at most ``CHUNK_RECORDS`` records so a huge
@@ -31,7 +25,8 @@ import msgspec
 
 from .changes import Change
 from .envelope import TableEncoder, TxContext, encode_message
-from .pgoutput import UNCHANGED_TOAST, Relation
+from .plans import KINDS, TablePlan, apply_plan, materialize
+from .pgoutput import Relation
 from .schema import TableSchema
 from .transactions import NonTransactionalMessage, Transaction
 
@@ -43,30 +38,6 @@ DECISION_COLUMNS_MAX = 6
 
 #: (topic, key, value, headers)
 Record = tuple
-RowPredicate = Callable[[tuple], bool]
-
-
-class TablePlan(msgspec.Struct, frozen=True):
-    """What one route does with one relation layout."""
-
-    route: str
-    topic: str
-    encoder: TableEncoder
-    publish_insert: bool = True
-    publish_update: bool = True
-    publish_delete: bool = True
-    publish_truncate: bool = True
-    #: row filters per action (None: no filtering for that action)
-    insert_filter: RowPredicate | None = None
-    update_filter: RowPredicate | None = None
-    delete_filter: RowPredicate | None = None
-    #: publishing a partition as an ancestor: source column index for each ancestor column
-    row_map: tuple[int, ...] | None = None
-    #: ... and the ancestor's leaf partitions (a TRUNCATE of all of them truncates it)
-    root_leaves: frozenset | None = None
-    #: source-row indexes every filter of this plan reads (None: unknown). Filters are
-    #: immutable expressions, so their results depend on these values only.
-    filter_columns: tuple[int, ...] | None = None
 
 
 class RoutedChunk(msgspec.Struct):
@@ -104,21 +75,8 @@ class RouteSpec(msgspec.Struct, frozen=True):
 
 
 _H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"
-#: the record kind of a change every plan publishes as it is
-_KINDS = {"insert": "c", "update": "u", "delete": "d"}
-
-
 def _headers(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
     return [(_H_LSN, b"%d" % commit_lsn), (_H_SEQ, b"%d" % seq)]
-
-
-def _fill_toast(new: tuple, old: tuple) -> tuple:
-    # pgoutput_row_filter: an unchanged-TOAST value of the new row is taken from the old
-    # tuple only where the old tuple has a (non-NULL, not itself unchanged) value
-    if UNCHANGED_TOAST not in new:
-        return new
-    return tuple(o if n is UNCHANGED_TOAST and o is not None and o is not UNCHANGED_TOAST
-                 else n for n, o in zip(new, old))
 
 
 class ChangeRouter:
@@ -198,7 +156,7 @@ class ChangeRouter:
         indexes any plan's filter reads (None when unknown or too many to key on);
         ``direct`` maps an operation to the plans that publish it as it is — no filter, no
         row mapping — as ``(topic, encode_change, schema)``, or to None when some plan
-        has to evaluate the change (then every plan goes through ``_apply_plan``)."""
+        has to evaluate the change (then every plan goes through ``apply_plan``)."""
         plans = self.plans_for(relation)
         cols: set | None = set()
         for plan in plans:
@@ -247,7 +205,7 @@ class ChangeRouter:
         rel = direct = None
         for change in txn.changes:
             op = change.op
-            if op in _KINDS:
+            if op in KINDS:
                 # hot path: changes every plan publishes as they are (see _dispatch_for)
                 if change.relation is not rel:
                     rel = change.relation
@@ -259,7 +217,7 @@ class ChangeRouter:
                 if targets is not None:
                     if targets:
                         headers = [lsn_header, (_H_SEQ, b"%d" % seq)]
-                        kind = _KINDS[op]
+                        kind = KINDS[op]
                         old, new, lsn = change.old, change.new, change.lsn
                         old_is_key = change.old_is_key
                         for topic, encode, schema in targets:
@@ -325,7 +283,7 @@ class ChangeRouter:
         cols = entry[2]
         if cols is None:
             results = [(plan, *r) for plan in entry[1]
-                       if (r := _apply_plan(plan, change)) is not None]
+                       if (r := apply_plan(plan, change)) is not None]
         else:
             # every route's decision depends only on the filtered columns' values: remember
             # the decisions (which plans publish, as what) per distinct values
@@ -335,13 +293,13 @@ class ChangeRouter:
             decisions = entry[3].get(key)
             if decisions is None:
                 decisions = tuple((plan, r[0]) for plan in entry[1]
-                                  if (r := _apply_plan(plan, change)) is not None)
+                                  if (r := apply_plan(plan, change)) is not None)
                 if len(entry[3]) >= DECISIONS_MAX:
                     entry[3].clear()
                 entry[3][key] = decisions
             if not decisions:
                 return
-            results = [_materialize(plan, kind, change) for plan, kind in decisions]
+            results = [materialize(plan, kind, change) for plan, kind in decisions]
         headers = None
         for result in results:
             plan, kind, old, old_is_key, new = result
@@ -380,74 +338,3 @@ class ChangeRouter:
         self._schema(plan, schemas)
         key, value = plan.encoder.encode_truncate(tx, change.lsn, seq, change.options)
         out.append((plan.topic, key, value, _headers(tx.commit_lsn, seq)))
-
-
-def _mapped(row: tuple | None, row_map: tuple[int, ...] | None) -> tuple | None:
-    if row_map is None or row is None:
-        return row
-    return tuple([row[i] for i in row_map])
-
-
-def _materialize(plan: TablePlan, kind: str, change: Change) -> tuple:
-    """The publishable change for a remembered decision (what ``_apply_plan`` returned)."""
-    m = plan.row_map
-    if kind == "c":
-        new = change.new
-        if change.op == "update":
-            new = _fill_toast(new, change.old)
-        return plan, "c", None, False, _mapped(new, m)
-    if kind == "d":
-        return plan, "d", _mapped(change.old, m), change.old_is_key, None
-    old = change.old
-    return (plan, "u", _mapped(old, m), change.old_is_key if old is not None else False,
-            _mapped(change.new, m))
-
-
-def _apply_plan(plan: TablePlan, change: Change):
-    """(op, old, old_is_key, new) to publish, or None to drop the change
-    (pgoutput_change + pgoutput_row_filter)."""
-    op = change.op
-    row_map = plan.row_map
-    if op == "insert":
-        if not plan.publish_insert:
-            return None
-        new = change.new
-        if row_map is not None:
-            new = tuple([new[i] for i in row_map])
-        f = plan.insert_filter
-        if f is not None and not f(new):
-            return None
-        return "c", None, False, new
-    if op == "delete":
-        if not plan.publish_delete:
-            return None
-        old = change.old
-        if row_map is not None:
-            old = tuple([old[i] for i in row_map])
-        f = plan.delete_filter
-        if f is not None and not f(old):
-            return None
-        return "d", old, change.old_is_key, None
-    # update
-    if not plan.publish_update:
-        return None
-    old, new = change.old, change.new
-    if row_map is not None:
-        new = tuple([new[i] for i in row_map])
-        if old is not None:
-            old = tuple([old[i] for i in row_map])
-    f = plan.update_filter
-    if f is None:
-        return "u", old, change.old_is_key, new
-    if old is None:
-        # key unchanged, no old tuple: the new row alone decides, nothing is transformed
-        return ("u", None, False, new) if f(new) else None
-    filled = _fill_toast(new, old)
-    old_match, new_match = f(old), f(filled)
-    if old_match:
-        if new_match:
-            return "u", old, change.old_is_key, new  # the new tuple as sent, not the filled one
-        return "d", old, change.old_is_key, None
-    if new_match:
-        return "c", None, False, filled
-    return None

@@ -14,7 +14,8 @@ from router.changes import Change
 from router.envelope import TableEncoder, TxContext
 from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
 from router.pgoutput.timestamps import pg_time_to_iso, pg_time_to_unix_ms
-from router.routing import ChangeRouter, RouteSpec, _apply_plan
+from router.plans import apply_plan
+from router.routing import ChangeRouter, RouteSpec
 
 BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8, TEXT, NUMERIC, BYTEA = (
     16, 21, 23, 20, 26, 700, 701, 25, 1700, 17)
@@ -203,7 +204,7 @@ def test_router_direct_path_equals_plan_by_plan_evaluation():
     want, want_schemas = [], []
     for seq, change in enumerate(changes):
         for plan in ref.plans_for(change.relation):
-            r = _apply_plan(plan, change)
+            r = apply_plan(plan, change)
             if r is None:
                 continue
             kind, old, old_is_key, new = r

@@ -10,7 +10,8 @@ import pytest
 from router.changes import Change
 from router.envelope import TableEncoder, TxContext
 from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec, TablePlan, _apply_plan
+from router.plans import TablePlan, apply_plan
+from router.routing import ChangeRouter, RouteSpec
 
 INT4, TEXT = 23, 25
 REL = Relation(1, "public", "t", "d", (RelationColumn(1, "id", INT4, -1),
@@ -39,14 +40,14 @@ def update(old, new, old_is_key=False):
     (("1", None, "x"), ("1", "9", "x"), ("c", None, ("1", "9", "x"))),  # NULL is false
 ])
 def test_update_transformation_table(old, new, expected):
-    got = _apply_plan(plan(update_filter=v_over_5), update(old, new))
+    got = apply_plan(plan(update_filter=v_over_5), update(old, new))
     assert (got and (got[0], got[1], got[3])) == expected if expected else got is None
 
 
 def test_update_without_old_tuple_checks_new_row_only():
     p = plan(update_filter=v_over_5)
-    assert _apply_plan(p, update(None, ("1", "9", "x")))[0] == "u"
-    assert _apply_plan(p, update(None, ("1", "1", "x"))) is None
+    assert apply_plan(p, update(None, ("1", "9", "x")))[0] == "u"
+    assert apply_plan(p, update(None, ("1", "1", "x"))) is None
 
 
 def test_unchanged_toast_filled_from_old_for_filter_and_insert_only():
@@ -54,30 +55,30 @@ def test_unchanged_toast_filled_from_old_for_filter_and_insert_only():
         return row[2] == "x"
     p = plan(update_filter=big_is_x)
     # old matches, new (filled) matches: UPDATE keeps the tuple as sent ('u' stays)
-    got = _apply_plan(p, update(("1", "1", "x"), ("1", "2", U)))
+    got = apply_plan(p, update(("1", "1", "x"), ("1", "2", U)))
     assert got[0] == "u" and got[3] == ("1", "2", U)
     # transformed INSERT carries the filled row
-    got = _apply_plan(plan(update_filter=lambda r: r[1] == "2"),
+    got = apply_plan(plan(update_filter=lambda r: r[1] == "2"),
                       update(("1", "1", "x"), ("1", "2", U)))
     assert got[0] == "c" and got[3] == ("1", "2", "x")
     # a NULL in the old tuple (key-only) does not replace the unchanged value
-    got = _apply_plan(plan(update_filter=lambda r: r[1] == "2"),
+    got = apply_plan(plan(update_filter=lambda r: r[1] == "2"),
                       update(("1", None, None), ("1", "2", U), old_is_key=True))
     assert got[0] == "c" and got[3] == ("1", "2", U)
 
 
 def test_transformed_change_not_rechecked_against_actions():
     p = plan(update_filter=v_over_5, publish_insert=False, publish_delete=False)
-    assert _apply_plan(p, update(("1", "1", "x"), ("1", "9", "x")))[0] == "c"
-    assert _apply_plan(p, update(("1", "9", "x"), ("1", "1", "x")))[0] == "d"
+    assert apply_plan(p, update(("1", "1", "x"), ("1", "9", "x")))[0] == "c"
+    assert apply_plan(p, update(("1", "9", "x"), ("1", "1", "x")))[0] == "d"
 
 
 def test_insert_delete_filters_and_actions():
     p = plan(insert_filter=v_over_5, delete_filter=v_over_5)
-    assert _apply_plan(p, Change("insert", 1, REL, new=("1", "9", "x")))[0] == "c"
-    assert _apply_plan(p, Change("insert", 1, REL, new=("1", None, "x"))) is None
-    assert _apply_plan(p, Change("delete", 1, REL, old=("1", "1", None), old_is_key=True)) is None
-    assert _apply_plan(plan(publish_delete=False),
+    assert apply_plan(p, Change("insert", 1, REL, new=("1", "9", "x")))[0] == "c"
+    assert apply_plan(p, Change("insert", 1, REL, new=("1", None, "x"))) is None
+    assert apply_plan(p, Change("delete", 1, REL, old=("1", "1", None), old_is_key=True)) is None
+    assert apply_plan(plan(publish_delete=False),
                        Change("delete", 1, REL, old=("1", None, None))) is None
 
 
