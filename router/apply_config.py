@@ -17,12 +17,11 @@ values are checked once here. Example::
 from __future__ import annotations
 
 import re
-import tomllib
 from typing import Literal
 
 import msgspec
 
-from .config import LogConfig, read_config_text
+from .config import LogConfig, decode_toml, read_config_text
 from .errors import ConfigError
 
 _ORIGIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
@@ -59,21 +58,8 @@ class ApplyConfig(_Base):
     log: LogConfig = msgspec.field(default_factory=LogConfig)
 
 
-_PATH_RE = re.compile(r"at `\$(.*?)`")
-
-
 def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
-    try:
-        cfg = msgspec.convert(raw, ApplyConfig)
-    except msgspec.ValidationError as exc:
-        msg = str(exc)
-        m = _PATH_RE.search(msg)
-        path = m.group(1).lstrip(".") or None if m else None
-        raise ConfigError(_PATH_RE.sub("", msg).strip(" -"), path=path, source=source) from exc
+    cfg = decode_toml(text, ApplyConfig, source=source)
     if not cfg.kafka.transactions_topic:
         raise ConfigError("the router's transactions topic is needed to apply whole "
                           "transactions", path="kafka.transactions_topic", source=source)

@@ -120,17 +120,22 @@ def _path(msg: str) -> str | None:
     return m.group(1).lstrip(".") or None
 
 
-def parse_config(text: str, *, source: str = "<config>") -> Config:
+def decode_toml(text: str, into: type, *, source: str):
+    """TOML text → the ``into`` Struct, every error a ``ConfigError`` naming the key path."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
     try:
-        cfg = msgspec.convert(raw, Config)
+        return msgspec.convert(raw, into)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         raise ConfigError(_PATH_RE.sub("", msg).strip(" -"), path=_path(msg),
                           source=source) from exc
+
+
+def parse_config(text: str, *, source: str = "<config>") -> Config:
+    cfg = decode_toml(text, Config, source=source)
     validate(cfg, source=source)
     return cfg
 
