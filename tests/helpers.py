@@ -143,6 +143,16 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 60) -> list[dict]
         consumer.close()
 
 
+def pg_text(v):
+    """A JSON value from an envelope as PostgreSQL's ``::text`` prints it (for comparing
+    topics with ``SELECT col::text``)."""
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    return None if v is None else str(v)
+
+
 def fold_rows(records: list[dict], key_columns: list[str]) -> dict:
     """Apply change records in position order to a dict key -> row (what a consumer that
     materializes the topic would hold)."""

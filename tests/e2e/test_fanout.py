@@ -15,7 +15,8 @@ import pytest
 from router.pgoutput import UNCHANGED_TOAST, Decoder
 from router.relations import RelationCache
 from router.transactions import Transaction, TransactionAssembler
-from tests.helpers import Pg, fold_rows, read_topic, run_router, unique, write_config
+from tests.helpers import (Pg, fold_rows, pg_text, read_topic, run_router, unique,
+                           write_config)
 
 pytestmark = pytest.mark.services
 
@@ -32,13 +33,6 @@ PUBLICATIONS = {  # name -> FOR TABLE ... WITH (...)
 }
 ROUTES = {f"r{k}": [k] for k in PUBLICATIONS} | {"rf0f3": ["f0", "f3"], "rf2f6": ["f2", "f6"]}
 
-
-def _text(v):
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    return None if v is None else str(v)
 
 
 def oracle(pg: Pg, slot: str, pubs: list[str], key_names: dict) -> dict:
@@ -122,7 +116,7 @@ publications = [{', '.join(f'"{p}_{u}"' for p in pubs)}]
                 want = expected.get(table, {})
                 records = read_topic(kafka_bootstrap, f"{r}_{u}.public.{table}", timeout=10) \
                     if want else []
-                got = {tuple(_text(k) for k in kk): {c: _text(v) for c, v in row.items()}
+                got = {tuple(pg_text(k) for k in kk): {c: pg_text(v) for c, v in row.items()}
                        for kk, row in fold_rows(records, key).items()}
                 assert got == want, (r, table, {k: (want.get(k), got.get(k))
                                                 for k in want.keys() ^ got.keys()})

@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Pg, fold_rows, read_topic, run_router, unique, write_config
+from tests.helpers import (Pg, fold_rows, pg_text, read_topic, run_router, unique,
+                           write_config)
 
 pytestmark = pytest.mark.services
 
-
-def as_text(v):
-    if v is True:
-        return "true"  # bool::text
-    if v is False:
-        return "false"
-    return None if v is None else str(v)
 
 
 def pg_rows(pg: Pg, table: str, key: list[str]) -> dict:
@@ -43,7 +37,7 @@ def diff_rows(expected: dict, got: dict) -> dict:
 
 def topic_rows(records, key: list[str]) -> dict:
     folded = fold_rows(records, key)
-    return {tuple(as_text(k) for k in kk): {c: as_text(v) for c, v in row.items()}
+    return {tuple(pg_text(k) for k in kk): {c: pg_text(v) for c, v in row.items()}
             for kk, row in folded.items()}
 
 

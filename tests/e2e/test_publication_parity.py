@@ -17,24 +17,18 @@ import psycopg2
 import pytest
 from psycopg2.extensions import parse_dsn
 
-from tests.helpers import Pg, fold_rows, read_topic, run_router, unique, write_config
+from tests.helpers import (Pg, fold_rows, pg_text, read_topic, run_router, unique,
+                           write_config)
 
 pytestmark = pytest.mark.services
 
 DEADLINE = 90
 
 
-def _text(v):
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    return None if v is None else str(v)
-
 
 def topic_rows(bootstrap: str, topic: str, key: list[str], columns: list[str]) -> set:
     folded = fold_rows(read_topic(bootstrap, topic), key)
-    return {tuple(_text(row.get(c)) for c in columns) for row in folded.values()}
+    return {tuple(pg_text(row.get(c)) for c in columns) for row in folded.values()}
 
 
 def table_rows(conn, table: str, columns: list[str]) -> set:
