@@ -1,9 +1,10 @@
 """kafka-python behind the sink's client contract.
 
-Contract (shared with the librdkafka client): ``produce(records, ticket, on_delivery)`` hands
-records over and calls ``on_delivery(ticket, result)`` once per record from the
-client's thread (``result`` is an exception when delivery failed); ``produce_sync`` sends one record and returns when it is durable;
-``ensure_topics``; ``flush``; ``close(timeout)``; ``map_error(exc) -> SinkError``.
+Contract (shared with the librdkafka client): ``produce(records, ticket, on_done)`` hands
+records over and calls ``on_done(ticket, error, count)`` once from the client's thread: when
+every record is acknowledged (``error`` None, ``count`` = len(records)) or at the first
+failure (``router.delivery.Tally``); ``produce_sync`` sends one record and returns when it is
+durable; ``ensure_topics``; ``flush``; ``close(timeout)``; ``map_error(exc) -> SinkError``.
 The producer is idempotent with acks=all, which keeps per-partition order across retries.
 
 Rules of the hot path (kafka-python spends all its time in Python, ~40 µs a record through
@@ -24,7 +25,6 @@ Rules of the hot path (kafka-python spends all its time in Python, ~40 µs a rec
 
 from __future__ import annotations
 
-import functools
 import itertools
 import struct
 import time
@@ -34,6 +34,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.structs import TopicPartition
 
+from router.delivery import Tally
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import KAFKA_PYTHON, translate
 
@@ -179,12 +180,13 @@ class KafkaPythonClient:
             self._sender.wakeup()
             time.sleep(0.002)
 
-    def produce(self, records, ticket, on_delivery) -> None:
+    def produce(self, records, ticket, on_done) -> None:
+        tally = Tally(len(records), on_done, ticket)
         try:
             if not self._fast:
-                return self._produce_with_send(records, ticket, on_delivery)
+                return self._produce_with_send(records, tally)
             self._wait_for_buffer()
-            cb = functools.partial(on_delivery, ticket)
+            ack, fail = tally.ack, tally.fail
             append = self._accumulator.append
             limit = self._max_record - _RECORD_OVERHEAD
             last_topic = None
@@ -207,7 +209,7 @@ class KafkaPythonClient:
                     self._check_size(key, value, headers)
                 future, full, new_batch, _ = append(tp, None, key, value,
                                                     [] if headers is None else headers)
-                future._add_cb_eb(cb, cb)
+                future._add_cb_eb(ack, fail)
                 if full or new_batch:
                     self._sender.wakeup()
         except SinkError:
@@ -221,10 +223,11 @@ class KafkaPythonClient:
             raise RecordTooLarge(f"a record of {size} bytes is larger than max_request_size "
                                  f"({self._max_record})")
 
-    def _produce_with_send(self, records, ticket, on_delivery) -> None:
+    def _produce_with_send(self, records, tally) -> None:
         send = self.producer.send
         for topic, key, value, headers in records:
-            send(topic, value=value, key=key, headers=headers).add_both(on_delivery, ticket)
+            send(topic, value=value, key=key, headers=headers).add_callback(
+                tally.ack).add_errback(tally.fail)
 
     def produce_sync(self, topic: str, key: bytes, value: bytes, timeout: float = 60.0) -> None:
         try:

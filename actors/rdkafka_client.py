@@ -1,10 +1,11 @@
 """confluent-kafka (librdkafka) behind the sink's client contract.
 
-The contract is exactly ``actors.kafka_client``'s: ``produce(records, ticket, on_delivery)``
-hands ``(topic, key, value, headers)`` records over and ``on_delivery(ticket, result)`` is
-called once per record from the client's thread (``result`` is an exception when delivery
-failed); ``produce_sync`` sends one record and returns when it is durable; ``ensure_topics``;
-``flush``; ``close(timeout)``; ``map_error(exc) -> SinkError``.
+The contract is exactly ``actors.kafka_client``'s: ``produce(records, ticket, on_done)``
+hands ``(topic, key, value, headers)`` records over and ``on_done(ticket, error, count)`` is
+called once from the client's thread, when all of them are acknowledged (``error`` None) or
+at the first failure (``router.delivery``); ``produce_sync`` sends one record and returns
+when it is durable; ``ensure_topics``; ``flush``; ``close(timeout)``;
+``map_error(exc) -> SinkError``.
 
 Rules:
 
@@ -26,6 +27,7 @@ import threading
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from router.delivery import Tally
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import LIBRDKAFKA, translate
 
@@ -78,6 +80,19 @@ def map_error(exc: BaseException) -> SinkError:
     return SinkRejected(f"Kafka refused the records: {text}")
 
 
+class _Failure:
+    """``on_done`` with librdkafka's ``KafkaError`` wrapped in the ``KafkaException`` that
+    ``map_error`` reads."""
+
+    __slots__ = ("on_done",)
+
+    def __init__(self, on_done):
+        self.on_done = on_done
+
+    def __call__(self, ticket, err, count):
+        self.on_done(ticket, None if err is None else KafkaException(err), count)
+
+
 class RdKafkaClient:
     def __init__(self, bootstrap_servers, settings: dict | None = None):
         servers = (bootstrap_servers if isinstance(bootstrap_servers, str)
@@ -126,10 +141,9 @@ class RdKafkaClient:
 
     # -- contract -------------------------------------------------------------------------------
 
-    def produce(self, records, ticket, on_delivery) -> None:
-        def report(err, msg):
-            on_delivery(ticket, msg if err is None else KafkaException(err))
-
+    def produce(self, records, ticket, on_done) -> None:
+        # per record only C runs on the poll thread: librdkafka's report → the Tally
+        report = Tally(len(records), _Failure(on_done), ticket)
         produce = self.producer.produce
         poll = self.producer.poll
         if self._fatal is not None:

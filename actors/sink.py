@@ -85,14 +85,15 @@ class SinkActor:
 
     # -- delivery callbacks (client thread) ---------------------------------------------------
 
-    def _on_delivery(self, ticket: int, result) -> None:
-        """``result`` is the client's delivery report: an exception when delivery failed."""
-        if isinstance(result, BaseException):
-            self._token.run_sync_soon(self._fail, result)
+    def _on_delivery(self, ticket: int, error, count: int) -> None:
+        """The client's report for one ``produce`` call: ``count`` records acknowledged, or
+        ``error`` (``router.delivery``)."""
+        if error is not None:
+            self._token.run_sync_soon(self._fail, error)
             return
         with self._lock:
             txn = self._txns[ticket]
-            txn.acked += 1
+            txn.acked += count
             complete = txn.sealed and txn.acked == txn.sent
         if complete:
             self._token.run_sync_soon(self._complete, ticket)

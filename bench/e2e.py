@@ -117,9 +117,9 @@ class NullClient:
     """The sink's client contract with no Kafka behind it: every record is acknowledged
     as it is handed over."""
 
-    def produce(self, records, ticket, on_delivery):
-        for _ in records:
-            on_delivery(ticket, None)
+    def produce(self, records, ticket, on_done):
+        if records:
+            on_done(ticket, None, len(records))
 
     def produce_sync(self, topic, key, value, timeout=60.0):
         pass

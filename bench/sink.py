@@ -4,7 +4,7 @@
 
 Each client gets the same ~400-byte JSON records (pgrouter envelopes of a 6-column table,
 JSON keys, the two position headers), handed over with ``produce(records, ticket,
-on_delivery)`` in chunks of ``routing.CHUNK_RECORDS`` exactly as the sink does, acks=all,
+on_done)`` in chunks of ``routing.CHUNK_RECORDS`` exactly as the sink does, acks=all,
 idempotent. ``kafka-python-send`` is the same client forced through kafka-python's public
 ``send`` (its fallback path), to show what the direct accumulator path saves. The clock stops when the last delivery report arrived (every record durable).
 The topics are created fresh per run and deleted afterwards. Figures come from one run, side
@@ -77,19 +77,19 @@ def run_one(name: str, bootstrap: str, n: int, partitions: int) -> tuple[float, 
         state = {"acked": 0, "failed": None}
         lock = threading.Lock()
 
-        def on_delivery(ticket, result):
-            if isinstance(result, BaseException):
-                state["failed"] = result
+        def on_done(ticket, error, count):
+            if error is not None:
+                state["failed"] = error
                 done.set()
                 return
             with lock:
-                state["acked"] += 1
+                state["acked"] += count
                 if state["acked"] == n:
                     done.set()
 
         start, cpu = time.perf_counter(), time.process_time()
         for i in range(0, n, CHUNK_RECORDS):
-            client.produce(records[i:i + CHUNK_RECORDS], i, on_delivery)
+            client.produce(records[i:i + CHUNK_RECORDS], i, on_done)
         if not done.wait(300):
             raise SystemExit(f"{name}: only {state['acked']} of {n} acknowledged in 300 s")
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu

@@ -28,6 +28,7 @@ from typing import Callable
 
 import msgspec
 
+from .native import NATIVE
 from .pgoutput import UNCHANGED_TOAST, Relation
 from .pgoutput.timestamps import pg_time_to_iso, pg_time_to_unix_ms
 from .schema import TableSchema, table_schema
@@ -49,6 +50,8 @@ def _bool(text: str) -> bool:
 _JSON_FROM_TEXT: dict[int, Callable[[str], object]] = {
     INT2: int, INT4: int, INT8: int, OID: int, FLOAT4: _float, FLOAT8: _float, BOOL: _bool,
 }
+#: the same conversions as kinds of ``router._native.RowCodec`` (0: text as is)
+_NATIVE_KIND = {INT2: 1, INT4: 1, INT8: 1, OID: 1, FLOAT4: 2, FLOAT8: 2, BOOL: 3}
 
 
 def _binary(value: bytes) -> str:
@@ -100,7 +103,7 @@ class TableEncoder:
     __slots__ = ("relation", "route", "db", "schema", "_names", "_conv", "_pick", "_key_pick",
                  "_key_names", "_source_static", "_identity", "_convs", "_key_single",
                  "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl",
-                 "_static_tmpl")
+                 "_static_tmpl", "_codec", "_head", "_mid", "_tail", "_route_part")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
@@ -135,6 +138,22 @@ class TableEncoder:
         self._source_tmpl: dict = {}
         self._ts_ms = 0
         self._value_tmpl = b""
+        # the C encoder of the same bytes (``router.native``), with the envelope around each
+        # record's lsn and seq in three parts: head (per table), mid and tail (per transaction)
+        self._codec = None
+        self._head = (b',"source":{"db":' + _encode(db) + b',"schema":'
+                      + _encode(relation.namespace) + b',"table":' + _encode(relation.name)
+                      + b',"lsn":')
+        self._route_part = (b',"route":' + _encode(route) + b',"schema_id":'
+                            + _encode(self.schema.schema_id))
+        self._mid = self._tail = b""
+        if NATIVE is not None:
+            self._codec = NATIVE.RowCodec(
+                len(cols), pick, tuple(_encode(n) + b":" for n in self._names),
+                bytes(_NATIVE_KIND.get(cols[i].type_oid, 0) for i in pick),
+                self._key_pick, tuple(_encode(n) + b":" for n in self._key_names),
+                bytes(_NATIVE_KIND.get(cols[i].type_oid, 0) for i in self._key_pick),
+                _encode)
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -210,6 +229,12 @@ class TableEncoder:
         parts = _tx_parts(tx)
         self._ts_ms = parts[-1]
         self._value_tmpl = self._static_tmpl % parts[:-1]
+        if self._codec is not None:
+            commit_lsn, xid, commit_time, origin, origin_lsn, ts_ms = _tx_json(tx)
+            self._mid = b',"commit_lsn":' + commit_lsn + b',"seq":'
+            self._tail = (b',"xid":' + xid + b',"commit_time":' + commit_time + b',"origin":'
+                          + origin + b',"origin_lsn":' + origin_lsn + self._route_part
+                          + b'},"ts_ms":' + ts_ms + b'}')
 
     def _source(self, tx: TxContext, lsn: int, seq: int) -> dict:
         if tx is not self._tx:
@@ -241,6 +266,12 @@ class TableEncoder:
         """``encode`` with positional arguments (the router's hot path)."""
         if tx is not self._tx:
             self._use_tx(tx)
+        codec = self._codec
+        if codec is not None:
+            out = codec.change(_OPS.get(op) or _encode(op), self._head, self._mid, self._tail,
+                               lsn, seq, old, old_is_key, new)
+            if out is not None:
+                return out
         before = after = b"null"
         toast = None
         if old is not None:
@@ -292,6 +323,13 @@ def _tx_parts(tx: TxContext) -> tuple:
     ts_ms = tx.ts_ms
     return (lit(tx.commit_lsn), lit(tx.xid), lit(tx.commit_time_iso), lit(tx.origin),
             lit(tx.origin_lsn), lit(ts_ms), ts_ms)
+
+
+@functools.lru_cache(maxsize=8)
+def _tx_json(tx: TxContext) -> tuple:
+    """A transaction's encoded source values for ``router._native.RowCodec``."""
+    return (_encode(tx.commit_lsn), _encode(tx.xid), _encode(tx.commit_time_iso),
+            _encode(tx.origin), _encode(tx.origin_lsn), _encode(tx.ts_ms))
 
 
 def _row_struct(names: tuple[str, ...]):

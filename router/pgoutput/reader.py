@@ -55,7 +55,7 @@ def read_cstring(data: bytes, pos: int, what: str) -> tuple[str, int]:
         raise DecodeError(f"{what} is not valid UTF-8", offset=pos + exc.start) from None
 
 
-def read_tuple(data: bytes, pos: int) -> tuple[tuple, int]:
+def read_tuple_py(data: bytes, pos: int) -> tuple[tuple, int]:
     """TupleData: Int16 column count, then per column a kind byte and maybe Int32 + bytes.
 
     The loop runs once per column of every row, so it checks bounds the cheap way: a kind
@@ -116,3 +116,22 @@ def _value_past_end(data: bytes, start: int):
 
 
 _U32_UNPACK = U32.unpack_from
+
+
+def _accelerated():
+    # imported here: router.native needs MAX_COLUMNS and UNCHANGED_TOAST from this package
+    from ..native import NATIVE
+    if NATIVE is None:
+        return read_tuple_py
+    NATIVE.configure(UNCHANGED_TOAST, MAX_COLUMNS)
+    fast = NATIVE.read_tuple
+
+    def read_tuple(data: bytes, pos: int) -> tuple[tuple, int]:
+        """``read_tuple_py`` in C; malformed input goes to ``read_tuple_py`` for its error."""
+        return fast(data, pos) or read_tuple_py(data, pos)
+
+    return read_tuple
+
+
+#: TupleData reader used by the decoder: the C one when built, else ``read_tuple_py``
+read_tuple = _accelerated()

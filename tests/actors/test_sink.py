@@ -8,21 +8,24 @@ import trio
 
 from actors.mailbox import Begin, Done, Keepalive
 from actors.sink import SinkActor, TopicSpec
+from router.delivery import Tally
 from router.errors import RecordTooLarge, SinkError
 from router.routing import RoutedChunk
 
 
 class HeldClient:
-    """Keeps every record's delivery callback until the test acknowledges it."""
+    """Keeps every record's delivery callback until the test acknowledges it; per-record
+    callbacks reach the sink through ``router.delivery.Tally``, as with the real clients."""
 
     def __init__(self):
-        self.pending = []  # (ticket, callback, record)
+        self.pending = []  # (tally, record)
         self.topics = []
         self.schemas = []
         self.closed = False
 
-    def produce(self, records, ticket, on_delivery):
-        self.pending.extend((ticket, on_delivery, r) for r in records)
+    def produce(self, records, ticket, on_done):
+        tally = Tally(len(records), on_done, ticket)
+        self.pending.extend((tally, r) for r in records)
 
     def produce_sync(self, topic, key, value, timeout=60.0):
         self.schemas.append((topic, key))
@@ -43,8 +46,11 @@ class HeldClient:
     def ack(self, n=None, error=None):
         take = self.pending[:n] if n is not None else list(self.pending)
         del self.pending[:len(take)]
-        for ticket, cb, _ in take:
-            cb(ticket, error if error is not None else "metadata")
+        for tally, _ in take:
+            if error is not None:
+                tally.fail(error)
+            else:
+                tally.ack("metadata")
 
 
 def chunk(end_lsn, n, *, last=True, topics=()):

@@ -1,0 +1,807 @@
+/* router._native: the per-change hot path of pgrouter in C, byte for byte what the Python
+ * code computes.
+ *
+ * Rules this module keeps:
+ *
+ * - It is an accelerator, never the reference. Every function has a Python twin
+ *   (router.pgoutput.reader.read_tuple, router.envelope.TableEncoder) and returns None
+ *   where its input is anything but the plain case it was written for (malformed bytes,
+ *   unchanged-TOAST values, binary values, numbers PostgreSQL did not print canonically...).
+ *   The caller then runs the Python twin, which raises the precise error or handles the
+ *   rare case. So errors, offsets and odd values have exactly one implementation.
+ * - Output bytes equal msgspec's JSON encoding of the dicts the Python code builds: keys in
+ *   order, no spaces, strings escaped as msgspec escapes them (control characters, '"'
+ *   and '\\'; \b \t \n \f \r short, the others as \u00xx). tests/router/test_native.py
+ *   compares the two on generated rows, every escaped character and every truncation.
+ * - No I/O, no global state beyond the UNCHANGED_TOAST singleton given by configure().
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static PyObject *unchanged_toast = NULL;
+static Py_ssize_t max_columns = 1664;
+
+/* ------------------------------------------------------------------------------------------
+ * configure(unchanged_toast, max_columns)
+ */
+static PyObject *
+native_configure(PyObject *self, PyObject *args)
+{
+    PyObject *sentinel;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "On:configure", &sentinel, &limit))
+        return NULL;
+    Py_INCREF(sentinel);
+    Py_XSETREF(unchanged_toast, sentinel);
+    max_columns = limit;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * read_tuple(data: bytes, pos: int) -> (tuple, int) | None
+ *
+ * TupleData: Int16 column count, then per column a kind byte ('t' text, 'n' NULL,
+ * 'u' unchanged TOAST, 'b' binary) and, for 't'/'b', Int32 length + bytes.
+ */
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static PyObject *
+native_read_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read_tuple(data, pos)");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_CheckExact(data) || unchanged_toast == NULL || !PyLong_CheckExact(args[1]))
+        Py_RETURN_NONE;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t end = PyBytes_GET_SIZE(data);
+    if (pos < 0 || pos > end - 2)
+        Py_RETURN_NONE;
+    Py_ssize_t natts = ((Py_ssize_t)buf[pos] << 8) | buf[pos + 1];
+    if (natts > max_columns)
+        Py_RETURN_NONE;
+    pos += 2;
+    PyObject *values = PyTuple_New(natts);
+    if (values == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < natts; i++) {
+        if (pos >= end)
+            goto fallback;
+        unsigned char kind = buf[pos];
+        PyObject *v;
+        if (kind == 't' || kind == 'b') {
+            if (end - pos < 5)
+                goto fallback;
+            uint32_t size = be32(buf + pos + 1);
+            Py_ssize_t start = pos + 5;
+            if ((uint64_t)size > (uint64_t)(end - start))
+                goto fallback;
+            if (kind == 't') {
+                v = PyUnicode_DecodeUTF8((const char *)buf + start, (Py_ssize_t)size, NULL);
+                if (v == NULL) {
+                    PyErr_Clear();
+                    goto fallback;
+                }
+            }
+            else {
+                v = PyBytes_FromStringAndSize((const char *)buf + start, (Py_ssize_t)size);
+                if (v == NULL)
+                    goto error;
+            }
+            pos = start + (Py_ssize_t)size;
+        }
+        else if (kind == 'n') {
+            v = Py_NewRef(Py_None);
+            pos += 1;
+        }
+        else if (kind == 'u') {
+            v = Py_NewRef(unchanged_toast);
+            pos += 1;
+        }
+        else
+            goto fallback;
+        PyTuple_SET_ITEM(values, i, v);
+    }
+    PyObject *out = PyTuple_New(2);
+    if (out == NULL)
+        goto error;
+    PyObject *end_pos = PyLong_FromSsize_t(pos);
+    if (end_pos == NULL) {
+        Py_DECREF(out);
+        goto error;
+    }
+    PyTuple_SET_ITEM(out, 0, values);
+    PyTuple_SET_ITEM(out, 1, end_pos);
+    return out;
+fallback:
+    Py_DECREF(values);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(values);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * A growable output buffer: a stack area first, the heap when a record is larger.
+ */
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+    int heap;
+    char stack[4096];
+} Out;
+
+static void
+out_init(Out *o)
+{
+    o->p = o->stack;
+    o->len = 0;
+    o->cap = sizeof(o->stack);
+    o->heap = 0;
+}
+
+static void
+out_free(Out *o)
+{
+    if (o->heap)
+        PyMem_Free(o->p);
+}
+
+static int
+out_grow(Out *o, Py_ssize_t need)
+{
+    Py_ssize_t cap = o->cap;
+    while (cap - o->len < need)
+        cap *= 2;
+    char *p;
+    if (o->heap)
+        p = PyMem_Realloc(o->p, cap);
+    else {
+        p = PyMem_Malloc(cap);
+        if (p != NULL)
+            memcpy(p, o->p, o->len);
+    }
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->p = p;
+    o->cap = cap;
+    o->heap = 1;
+    return 0;
+}
+
+static inline int
+out_write(Out *o, const char *s, Py_ssize_t n)
+{
+    if (o->cap - o->len < n && out_grow(o, n) < 0)
+        return -1;
+    memcpy(o->p + o->len, s, n);
+    o->len += n;
+    return 0;
+}
+
+#define OUT_LIT(o, s) out_write((o), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+static inline int
+out_bytes(Out *o, PyObject *b)
+{
+    return out_write(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+}
+
+static int
+out_u64(Out *o, unsigned long long v)
+{
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[sizeof(tmp) - 1 - n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return out_write(o, tmp + sizeof(tmp) - n, n);
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* A JSON string as msgspec writes it, from UTF-8 text. */
+static int
+out_json_str(Out *o, const char *s, Py_ssize_t n)
+{
+    /* worst case: every byte becomes \u00xx */
+    if (o->cap - o->len < n * 6 + 2 && out_grow(o, n * 6 + 2) < 0)
+        return -1;
+    char *w = o->p + o->len;
+    *w++ = '"';
+    Py_ssize_t run = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        memcpy(w, s + run, i - run);
+        w += i - run;
+        run = i + 1;
+        *w++ = '\\';
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\t': *w++ = 't'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\f': *w++ = 'f'; break;
+        case '\r': *w++ = 'r'; break;
+        default:
+            *w++ = 'u';
+            *w++ = '0';
+            *w++ = '0';
+            *w++ = HEX[c >> 4];
+            *w++ = HEX[c & 15];
+        }
+    }
+    memcpy(w, s + run, n - run);
+    w += n - run;
+    *w++ = '"';
+    o->len = w - o->p;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * RowCodec: the JSON of one relation layout's rows, keys and change records.
+ */
+enum { K_TEXT = 0, K_INT = 1, K_FLOAT = 2, K_BOOL = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t width;     /* columns of the relation (length of every tuple) */
+    Py_ssize_t n;         /* columns of a row object, in output order */
+    Py_ssize_t *pick;     /* their indexes in the tuple */
+    char *kinds;
+    PyObject *names;      /* tuple of bytes: '"name":' */
+    Py_ssize_t nkey;
+    Py_ssize_t *key_pick;
+    char *key_kinds;
+    PyObject *key_names;  /* tuple of bytes: '"name":' */
+    PyObject *float_json; /* float -> bytes, msgspec's encoding */
+} RowCodec;
+
+static int
+parse_indexes(PyObject *seq, Py_ssize_t width, Py_ssize_t **out, Py_ssize_t *count)
+{
+    PyObject *fast = PySequence_Fast(seq, "indexes must be a sequence");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t *idx = PyMem_Malloc(sizeof(Py_ssize_t) * (n ? n : 1));
+    if (idx == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t v = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred())
+            goto bad;
+        if (v < 0 || v >= width) {
+            PyErr_SetString(PyExc_ValueError, "column index out of range");
+            goto bad;
+        }
+        idx[i] = v;
+    }
+    Py_DECREF(fast);
+    *out = idx;
+    *count = n;
+    return 0;
+bad:
+    Py_DECREF(fast);
+    PyMem_Free(idx);
+    return -1;
+}
+
+static int
+check_names(PyObject *names, Py_ssize_t n, const char *what)
+{
+    if (!PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: a tuple of %zd bytes", what, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_CheckExact(PyTuple_GET_ITEM(names, i))) {
+            PyErr_Format(PyExc_TypeError, "%s: bytes expected", what);
+            return -1;
+        }
+    return 0;
+}
+
+static int
+copy_kinds(PyObject *kinds, Py_ssize_t n, char **out)
+{
+    if (!PyBytes_CheckExact(kinds) || PyBytes_GET_SIZE(kinds) != n) {
+        PyErr_SetString(PyExc_ValueError, "kinds: one byte per column");
+        return -1;
+    }
+    char *k = PyMem_Malloc(n ? n : 1);
+    if (k == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(k, PyBytes_AS_STRING(kinds), n);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (k[i] < K_TEXT || k[i] > K_BOOL) {
+            PyMem_Free(k);
+            PyErr_SetString(PyExc_ValueError, "kinds: unknown kind");
+            return -1;
+        }
+    *out = k;
+    return 0;
+}
+
+static int
+rowcodec_init(RowCodec *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"width", "pick", "names", "kinds", "key_pick", "key_names",
+                             "key_kinds", "float_json", NULL};
+    Py_ssize_t width;
+    PyObject *pick, *names, *kinds, *key_pick, *key_names, *key_kinds, *float_json;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOOOOOOO:RowCodec", kwlist, &width, &pick,
+                                     &names, &kinds, &key_pick, &key_names, &key_kinds,
+                                     &float_json))
+        return -1;
+    if (self->pick != NULL) {
+        PyErr_SetString(PyExc_TypeError, "RowCodec is initialised once");
+        return -1;
+    }
+    if (width < 0 || !PyCallable_Check(float_json)) {
+        PyErr_SetString(PyExc_ValueError, "RowCodec: bad width or float_json");
+        return -1;
+    }
+    self->width = width;
+    if (parse_indexes(pick, width, &self->pick, &self->n) < 0)
+        return -1;
+    if (parse_indexes(key_pick, width, &self->key_pick, &self->nkey) < 0)
+        return -1;
+    if (check_names(names, self->n, "names") < 0 ||
+        check_names(key_names, self->nkey, "key_names") < 0)
+        return -1;
+    if (copy_kinds(kinds, self->n, &self->kinds) < 0 ||
+        copy_kinds(key_kinds, self->nkey, &self->key_kinds) < 0)
+        return -1;
+    self->names = Py_NewRef(names);
+    self->key_names = Py_NewRef(key_names);
+    self->float_json = Py_NewRef(float_json);
+    return 0;
+}
+
+static void
+rowcodec_dealloc(RowCodec *self)
+{
+    PyMem_Free(self->pick);
+    PyMem_Free(self->kinds);
+    PyMem_Free(self->key_pick);
+    PyMem_Free(self->key_kinds);
+    Py_XDECREF(self->names);
+    Py_XDECREF(self->key_names);
+    Py_XDECREF(self->float_json);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* 1 written, 0 not the plain case (caller falls back), -1 error */
+#define FALLBACK 0
+
+static int
+is_canonical_int(const char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    if (n > 0 && s[0] == '-')
+        i = 1;
+    if (i == n || n - i > 20)
+        return 0;
+    if (s[i] == '0' && (n - i > 1 || i == 1))
+        return 0; /* leading zero, or "-0" */
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+static int
+write_value(RowCodec *self, Out *o, char kind, PyObject *v)
+{
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(v, &n);
+    if (s == NULL) {
+        PyErr_Clear(); /* e.g. lone surrogates: the Python path reports them */
+        return FALLBACK;
+    }
+    switch (kind) {
+    case K_TEXT:
+        return out_json_str(o, s, n) < 0 ? -1 : 1;
+    case K_INT:
+        /* int(text) printed back is the text itself when PostgreSQL printed it canonically */
+        if (!is_canonical_int(s, n))
+            return FALLBACK;
+        return out_write(o, s, n) < 0 ? -1 : 1;
+    case K_BOOL:
+        /* router.envelope._bool: "t" is true, anything else false */
+        if (n == 1 && s[0] == 't')
+            return OUT_LIT(o, "true") < 0 ? -1 : 1;
+        return OUT_LIT(o, "false") < 0 ? -1 : 1;
+    case K_FLOAT: {
+        if ((n == 3 && memcmp(s, "NaN", 3) == 0) || (n == 8 && memcmp(s, "Infinity", 8) == 0) ||
+            (n == 9 && memcmp(s, "-Infinity", 9) == 0))
+            return out_json_str(o, s, n) < 0 ? -1 : 1;
+        PyObject *f = PyFloat_FromString(v);
+        if (f == NULL) {
+            PyErr_Clear();
+            return FALLBACK;
+        }
+        PyObject *b = PyObject_CallOneArg(self->float_json, f);
+        Py_DECREF(f);
+        if (b == NULL)
+            return -1;
+        int r = PyBytes_CheckExact(b) ? (out_bytes(o, b) < 0 ? -1 : 1) : FALLBACK;
+        Py_DECREF(b);
+        return r;
+    }
+    }
+    return FALLBACK;
+}
+
+/* The row object of a tuple: every picked column, NULLs as null unless skip_nulls. */
+static int
+write_row(RowCodec *self, Out *o, PyObject *values, int skip_nulls)
+{
+    if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) != self->width)
+        return FALLBACK;
+    if (OUT_LIT(o, "{") < 0)
+        return -1;
+    int first = 1;
+    for (Py_ssize_t j = 0; j < self->n; j++) {
+        PyObject *v = PyTuple_GET_ITEM(values, self->pick[j]);
+        if (v == Py_None && skip_nulls)
+            continue;
+        if (!first && OUT_LIT(o, ",") < 0)
+            return -1;
+        first = 0;
+        if (out_bytes(o, PyTuple_GET_ITEM(self->names, j)) < 0)
+            return -1;
+        if (v == Py_None) {
+            if (OUT_LIT(o, "null") < 0)
+                return -1;
+            continue;
+        }
+        if (!PyUnicode_CheckExact(v))
+            return FALLBACK; /* unchanged TOAST, binary */
+        int r = write_value(self, o, self->kinds[j], v);
+        if (r <= 0)
+            return r;
+    }
+    return OUT_LIT(o, "}") < 0 ? -1 : 1;
+}
+
+/* The key object: key columns of the tuple, unchanged TOAST and NULL as null. */
+static int
+write_key(RowCodec *self, Out *o, PyObject *values)
+{
+    if (self->nkey == 0 || values == Py_None)
+        return OUT_LIT(o, "null") < 0 ? -1 : 1;
+    if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) != self->width)
+        return FALLBACK;
+    if (OUT_LIT(o, "{") < 0)
+        return -1;
+    for (Py_ssize_t j = 0; j < self->nkey; j++) {
+        if (j && OUT_LIT(o, ",") < 0)
+            return -1;
+        if (out_bytes(o, PyTuple_GET_ITEM(self->key_names, j)) < 0)
+            return -1;
+        PyObject *v = PyTuple_GET_ITEM(values, self->key_pick[j]);
+        if (v == Py_None || v == unchanged_toast) {
+            if (OUT_LIT(o, "null") < 0)
+                return -1;
+            continue;
+        }
+        if (!PyUnicode_CheckExact(v))
+            return FALLBACK;
+        int r = write_value(self, o, self->key_kinds[j], v);
+        if (r <= 0)
+            return r;
+    }
+    return OUT_LIT(o, "}") < 0 ? -1 : 1;
+}
+
+static PyObject *
+finish(Out *o, int r)
+{
+    PyObject *res;
+    if (r < 0)
+        res = NULL;
+    else if (r == FALLBACK)
+        res = Py_NewRef(Py_None);
+    else
+        res = PyBytes_FromStringAndSize(o->p, o->len);
+    out_free(o);
+    return res;
+}
+
+static PyObject *
+rowcodec_row(RowCodec *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "row(values, skip_nulls=False)");
+        return NULL;
+    }
+    int skip = 0;
+    if (nargs == 2 && (skip = PyObject_IsTrue(args[1])) < 0)
+        return NULL;
+    Out o;
+    out_init(&o);
+    return finish(&o, write_row(self, &o, args[0], skip));
+}
+
+static PyObject *
+rowcodec_key(RowCodec *self, PyObject *values)
+{
+    Out o;
+    out_init(&o);
+    return finish(&o, write_key(self, &o, values));
+}
+
+/* change(op, source_head, source_mid, source_tail, lsn, seq, old, old_is_key, new)
+ *   -> (key, value) | None
+ *
+ * value = {"op":<op>,"before":<old row>,"after":<new row><source_head><lsn><source_mid><seq>
+ *          <source_tail>; the three source parts are the envelope around lsn and seq, made by
+ * router.envelope once per transaction. None when the Python path must encode it (an
+ * unchanged-TOAST column in the new row, binary values, ...). */
+static PyObject *
+rowcodec_change(RowCodec *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "change(op, source_head, source_mid, source_tail, lsn, seq, old, "
+                        "old_is_key, new)");
+        return NULL;
+    }
+    PyObject *op = args[0], *head = args[1], *mid = args[2], *tail = args[3];
+    PyObject *old = args[6], *new = args[8];
+    if (!PyBytes_CheckExact(op) || !PyBytes_CheckExact(head) || !PyBytes_CheckExact(mid) ||
+        !PyBytes_CheckExact(tail)) {
+        PyErr_SetString(PyExc_TypeError, "change: op and source parts are bytes");
+        return NULL;
+    }
+    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[4]);
+    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[5]);
+    if (seq == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int old_is_key = PyObject_IsTrue(args[7]);
+    if (old_is_key < 0)
+        return NULL;
+
+    Out k, o;
+    out_init(&k);
+    int r = write_key(self, &k, new != Py_None ? new : old);
+    if (r <= 0)
+        return finish(&k, r);
+    out_init(&o);
+    if (OUT_LIT(&o, "{\"op\":") < 0 || out_bytes(&o, op) < 0 || OUT_LIT(&o, ",\"before\":") < 0)
+        goto error;
+    if (old == Py_None)
+        r = OUT_LIT(&o, "null") < 0 ? -1 : 1;
+    else
+        r = write_row(self, &o, old, old_is_key);
+    if (r <= 0)
+        goto done;
+    if (OUT_LIT(&o, ",\"after\":") < 0)
+        goto error;
+    if (new == Py_None)
+        r = OUT_LIT(&o, "null") < 0 ? -1 : 1;
+    else
+        r = write_row(self, &o, new, 0);
+    if (r <= 0)
+        goto done;
+    if (out_bytes(&o, head) < 0 || out_u64(&o, lsn) < 0 || out_bytes(&o, mid) < 0 ||
+        out_u64(&o, seq) < 0 || out_bytes(&o, tail) < 0)
+        goto error;
+    PyObject *key = PyBytes_FromStringAndSize(k.p, k.len);
+    out_free(&k);
+    if (key == NULL) {
+        out_free(&o);
+        return NULL;
+    }
+    PyObject *value = PyBytes_FromStringAndSize(o.p, o.len);
+    out_free(&o);
+    if (value == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_New(2);
+    if (pair == NULL) {
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(pair, 0, key);
+    PyTuple_SET_ITEM(pair, 1, value);
+    return pair;
+error:
+    r = -1;
+done:
+    out_free(&k);
+    return finish(&o, r);
+}
+
+static PyMethodDef rowcodec_methods[] = {
+    {"row", (PyCFunction)(void (*)(void))rowcodec_row, METH_FASTCALL,
+     "row(values, skip_nulls=False) -> bytes | None: the row object's JSON"},
+    {"key", (PyCFunction)rowcodec_key, METH_O, "key(values) -> bytes | None: the key's JSON"},
+    {"change", (PyCFunction)(void (*)(void))rowcodec_change, METH_FASTCALL,
+     "change(op, source_head, source_mid, source_tail, lsn, seq, old, old_is_key, new) "
+     "-> (key, value) | None"},
+    {NULL}};
+
+static PyTypeObject RowCodecType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "router._native.RowCodec",
+    .tp_basicsize = sizeof(RowCodec),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "RowCodec(width, pick, names, kinds, key_pick, key_names, key_kinds, float_json)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)rowcodec_init,
+    .tp_dealloc = (destructor)rowcodec_dealloc,
+    .tp_methods = rowcodec_methods,
+};
+
+/* ------------------------------------------------------------------------------------------
+ * Tally(count, on_done, ticket): the delivery callback of one batch of records.
+ *
+ * Called as tally(err, msg) once per record from the Kafka client's thread (librdkafka's
+ * delivery callback), or tally.ack(metadata) / tally.fail(exc) (kafka-python's). Calls
+ * on_done(ticket, None, count) once when every record was acknowledged, or
+ * on_done(ticket, err, 0) at the first failure (and nothing after that). count 0 means
+ * nothing was handed over; then it never fires.
+ */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count, left;
+    int fired;
+    PyObject *on_done, *ticket;
+} Tally;
+
+static int
+tally_init(Tally *self, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t count;
+    PyObject *on_done, *ticket;
+    if (!PyArg_ParseTuple(args, "nOO:Tally", &count, &on_done, &ticket))
+        return -1;
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "Tally: negative count");
+        return -1;
+    }
+    self->count = self->left = count;
+    self->fired = 0;
+    Py_XSETREF(self->on_done, Py_NewRef(on_done));
+    Py_XSETREF(self->ticket, Py_NewRef(ticket));
+    return 0;
+}
+
+static void
+tally_dealloc(Tally *self)
+{
+    Py_XDECREF(self->on_done);
+    Py_XDECREF(self->ticket);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+tally_call(Tally *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *err = Py_None, *msg = Py_None;
+    if (!PyArg_UnpackTuple(args, "Tally", 1, 2, &err, &msg))
+        return NULL;
+    if (self->fired || self->on_done == NULL)
+        Py_RETURN_NONE;
+    if (err != Py_None) {
+        self->fired = 1;
+        return PyObject_CallFunction(self->on_done, "OOn", self->ticket, err, (Py_ssize_t)0);
+    }
+    if (--self->left > 0)
+        Py_RETURN_NONE;
+    self->fired = 1;
+    return PyObject_CallFunction(self->on_done, "OOn", self->ticket, Py_None, self->count);
+}
+
+/* kafka-python's future callbacks: ack(metadata) per acknowledged record, fail(exc) */
+static PyObject *
+tally_ack(Tally *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (self->fired || self->on_done == NULL)
+        Py_RETURN_NONE;
+    if (--self->left > 0)
+        Py_RETURN_NONE;
+    self->fired = 1;
+    return PyObject_CallFunction(self->on_done, "OOn", self->ticket, Py_None, self->count);
+}
+
+static PyObject *
+tally_fail(Tally *self, PyObject *err)
+{
+    if (self->fired || self->on_done == NULL)
+        Py_RETURN_NONE;
+    self->fired = 1;
+    return PyObject_CallFunction(self->on_done, "OOn", self->ticket, err, (Py_ssize_t)0);
+}
+
+static PyMethodDef tally_methods[] = {
+    {"ack", (PyCFunction)(void (*)(void))tally_ack, METH_FASTCALL,
+     "ack(*ignored): one record acknowledged"},
+    {"fail", (PyCFunction)tally_fail, METH_O, "fail(error): a record failed"},
+    {NULL}};
+
+static PyObject *
+tally_get_left(Tally *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->left);
+}
+
+static PyGetSetDef tally_getset[] = {
+    {"left", (getter)tally_get_left, NULL, "records not acknowledged yet", NULL},
+    {NULL}};
+
+static PyTypeObject TallyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "router._native.Tally",
+    .tp_basicsize = sizeof(Tally),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Tally(count, on_done, ticket): one batch's delivery callback",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)tally_init,
+    .tp_dealloc = (destructor)tally_dealloc,
+    .tp_call = (ternaryfunc)tally_call,
+    .tp_methods = tally_methods,
+    .tp_getset = tally_getset,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+
+static PyMethodDef native_methods[] = {
+    {"configure", native_configure, METH_VARARGS,
+     "configure(unchanged_toast, max_columns): the sentinel and limit of router.pgoutput"},
+    {"read_tuple", (PyCFunction)(void (*)(void))native_read_tuple, METH_FASTCALL,
+     "read_tuple(data, pos) -> (tuple, end) | None (None: use the Python reader)"},
+    {NULL}};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "router._native",
+    "The per-change hot path in C; router.pgoutput.reader and router.envelope fall back to "
+    "their Python code wherever it returns None.",
+    -1, native_methods};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    if (PyType_Ready(&RowCodecType) < 0 || PyType_Ready(&TallyType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "RowCodec", (PyObject *)&RowCodecType) < 0 ||
+        PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
