@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from router.delivery import Tally
+from router.native import NATIVE
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import LIBRDKAFKA, translate
 
@@ -78,6 +79,29 @@ def map_error(exc: BaseException) -> SinkError:
     if code in _UNAVAILABLE or err.retriable():
         return SinkUnavailable(f"Kafka unavailable: {text}")
     return SinkRejected(f"Kafka refused the records: {text}")
+
+
+def _hand_over_py(produce, records, start, on_delivery) -> int:
+    """``router._native.hand_over`` in Python."""
+    for i in range(start, len(records)):
+        topic, key, value, headers = records[i]
+        try:
+            produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+        except BufferError:
+            return i
+    return len(records)
+
+
+def hand_over(produce, records, on_delivery) -> None:
+    """Every record to ``produce``; a full local queue (``BufferError``) waits for
+    deliveries (backpressure) and goes on where it stopped."""
+    step = NATIVE.hand_over if NATIVE is not None else _hand_over_py
+    if type(records) is not list:
+        records = list(records)
+    i = step(produce, records, 0, on_delivery)
+    while i < len(records):
+        produce.__self__.poll(POLL_INTERVAL)
+        i = step(produce, records, i, on_delivery)
 
 
 class _Failure:
@@ -144,18 +168,10 @@ class RdKafkaClient:
     def produce(self, records, ticket, on_done) -> None:
         # per record only C runs on the poll thread: librdkafka's report → the Tally
         report = Tally(len(records), _Failure(on_done), ticket)
-        produce = self.producer.produce
-        poll = self.producer.poll
         if self._fatal is not None:
             raise map_error(KafkaException(self._fatal))
         try:
-            for topic, key, value, headers in records:
-                while True:
-                    try:
-                        produce(topic, value, key, headers=headers, on_delivery=report)
-                        break
-                    except BufferError:  # local queue full: wait for deliveries
-                        poll(POLL_INTERVAL)
+            hand_over(self.producer.produce, records, report)
         except KafkaException as exc:
             raise map_error(exc) from exc
 

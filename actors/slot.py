@@ -30,6 +30,7 @@ import trio
 
 from router.errors import PublicationMissing, SlotInUse, SlotMissing, SourceError, SourceUnavailable
 from router.lsn import format_lsn
+from router.native import NATIVE
 
 from . import log
 from .mailbox import Latest, WalBatch
@@ -85,6 +86,24 @@ async def _poll(conn) -> None:
             await trio.lowlevel.wait_readable(conn.fileno())
         elif state == psycopg2.extensions.POLL_WRITE:
             await trio.lowlevel.wait_writable(conn.fileno())
+
+
+def _drain_py(read_message, max_messages: int, max_bytes: int) -> tuple[list, bool]:
+    """``router._native.drain`` in Python: (data_start, payload) pairs read until the
+    connection has nothing buffered (exhausted) or the batch is full."""
+    batch: list = []
+    size = 0
+    while len(batch) < max_messages and size < max_bytes:
+        msg = read_message()
+        if msg is None:
+            return batch, True
+        payload = msg.payload
+        batch.append((msg.data_start, payload))
+        size += len(payload)
+    return batch, False
+
+
+drain = NATIVE.drain if NATIVE is not None else _drain_py
 
 
 class SlotReader:
@@ -144,21 +163,15 @@ class SlotReader:
         stats = self.stats
         async with self.out:
             while not self._stop.is_set():
-                batch: list = []
-                size = 0
-                while len(batch) < MAX_BATCH_MESSAGES and size < MAX_BATCH_BYTES:
-                    msg = cur.read_message()
-                    if msg is None:
-                        break
-                    payload = msg.payload
-                    batch.append((msg.data_start, payload))
-                    size += len(payload)
+                batch, exhausted = drain(cur.read_message, MAX_BATCH_MESSAGES,
+                                         MAX_BATCH_BYTES)
                 if batch:
                     if stats is not None:
                         stats.received_lsn = batch[-1][0]
                         stats.received_messages += len(batch)
                     wal_end = cur.wal_end
-                    await self.out.send(WalBatch(batch, wal_end if msg is None and wal_end > batch[-1][0] else None))
+                    await self.out.send(WalBatch(
+                        batch, wal_end if exhausted and wal_end > batch[-1][0] else None))
                     continue
                 wal_end = cur.wal_end
                 if wal_end > last_marker:

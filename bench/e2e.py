@@ -154,9 +154,20 @@ def run_null_router(cfg_path: str) -> None:
         gc.freeze()
     if os.environ.get("BENCH_GC_T0"):
         gc.set_threshold(int(os.environ["BENCH_GC_T0"]), 10, 10)
+    gc_time = [0.0, 0, None]  # seconds, collections, start
+
+    def gc_clock(phase, info):
+        if phase == "start":
+            gc_time[2] = time.perf_counter()
+        elif gc_time[2] is not None:
+            gc_time[0] += time.perf_counter() - gc_time[2]
+            gc_time[1] += 1
+
+    gc.callbacks.append(gc_clock)
     log.setup(cfg.log.level, cfg.log.format)
     trio.run(Supervisor(cfg, until_caught_up=True,
                         client_factory=lambda cfg: NullClient()).run)
+    print(f"gc: {gc_time[1]} collections, {gc_time[0]:.2f} s", file=sys.stderr)
 
 
 def run_router(cfg_path: str, profile: str | None, null: bool = False) -> tuple[float, str]:
@@ -259,6 +270,9 @@ def main() -> None:
                     results[run], log = run_router(cfg, prof, null=run == NULL)
                     found = _ACKED.findall(log)
                     acked[run] = found[-1] if found else "?"
+                    gc_line = re.findall(r"^gc: .*$", log, re.M)
+                    if gc_line and os.environ.get("BENCH_USAGE"):
+                        print(f"  {run}: {gc_line[-1]}")
                 cpu[run] = _children_cpu() - cpu_before
                 usage = [a - b for a, b in zip(_children_usage(), usage_before)]
                 if os.environ.get("BENCH_USAGE"):

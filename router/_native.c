@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -24,17 +25,23 @@ static PyObject *unchanged_toast = NULL;
 static Py_ssize_t max_columns = 1664;
 
 /* ------------------------------------------------------------------------------------------
- * configure(unchanged_toast, max_columns)
+ * configure(unchanged_toast, max_columns, Insert, Update, Delete): router.pgoutput's
+ * sentinel, column limit and message classes
  */
+static PyObject *insert_type, *update_type, *delete_type;
+
 static PyObject *
 native_configure(PyObject *self, PyObject *args)
 {
-    PyObject *sentinel;
+    PyObject *sentinel, *insert, *update, *delete;
     Py_ssize_t limit;
-    if (!PyArg_ParseTuple(args, "On:configure", &sentinel, &limit))
+    if (!PyArg_ParseTuple(args, "OnOOO:configure", &sentinel, &limit, &insert, &update,
+                          &delete))
         return NULL;
-    Py_INCREF(sentinel);
-    Py_XSETREF(unchanged_toast, sentinel);
+    Py_XSETREF(unchanged_toast, Py_NewRef(sentinel));
+    Py_XSETREF(insert_type, Py_NewRef(insert));
+    Py_XSETREF(update_type, Py_NewRef(update));
+    Py_XSETREF(delete_type, Py_NewRef(delete));
     max_columns = limit;
     Py_RETURN_NONE;
 }
@@ -51,28 +58,16 @@ be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+/* One TupleData at *pos. NULL with no exception set: not the plain case (fall back). */
 static PyObject *
-native_read_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+parse_tuple(const unsigned char *buf, Py_ssize_t end, Py_ssize_t *at)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "read_tuple(data, pos)");
-        return NULL;
-    }
-    PyObject *data = args[0];
-    if (!PyBytes_CheckExact(data) || unchanged_toast == NULL || !PyLong_CheckExact(args[1]))
-        Py_RETURN_NONE;
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t end = PyBytes_GET_SIZE(data);
+    Py_ssize_t pos = *at;
     if (pos < 0 || pos > end - 2)
-        Py_RETURN_NONE;
+        return NULL;
     Py_ssize_t natts = ((Py_ssize_t)buf[pos] << 8) | buf[pos + 1];
     if (natts > max_columns)
-        Py_RETURN_NONE;
+        return NULL;
     pos += 2;
     PyObject *values = PyTuple_New(natts);
     if (values == NULL)
@@ -115,23 +110,124 @@ native_read_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto fallback;
         PyTuple_SET_ITEM(values, i, v);
     }
+    *at = pos;
+    /* only str, bytes, None and the sentinel: it can never be part of a cycle, so the
+     * collector need not track it (CPython untracks such tuples itself, later) */
+    PyObject_GC_UnTrack(values);
+    return values;
+fallback:
+    Py_DECREF(values);
+    return NULL;
+error:
+    Py_DECREF(values);
+    return NULL;
+}
+
+static PyObject *
+native_read_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read_tuple(data, pos)");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_CheckExact(data) || unchanged_toast == NULL || !PyLong_CheckExact(args[1]))
+        Py_RETURN_NONE;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *values = parse_tuple((const unsigned char *)PyBytes_AS_STRING(data),
+                                   PyBytes_GET_SIZE(data), &pos);
+    if (values == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
     PyObject *out = PyTuple_New(2);
-    if (out == NULL)
-        goto error;
     PyObject *end_pos = PyLong_FromSsize_t(pos);
-    if (end_pos == NULL) {
-        Py_DECREF(out);
-        goto error;
+    if (out == NULL || end_pos == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(end_pos);
+        Py_DECREF(values);
+        return NULL;
     }
     PyTuple_SET_ITEM(out, 0, values);
     PyTuple_SET_ITEM(out, 1, end_pos);
     return out;
-fallback:
-    Py_DECREF(values);
-    Py_RETURN_NONE;
-error:
-    Py_DECREF(values);
-    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * decode_row(data: bytes) -> Insert | Update | Delete | None
+ *
+ * A whole Insert ('I'), Update ('U') or Delete ('D') message outside a stream block, as
+ * router.pgoutput.decode builds it; None for any other message and for anything malformed
+ * (the Python decoder then decodes it, or raises the precise error).
+ */
+static PyObject *
+native_decode_row(PyObject *self, PyObject *data)
+{
+    if (!PyBytes_CheckExact(data) || insert_type == NULL || unchanged_toast == NULL)
+        Py_RETURN_NONE;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t end = PyBytes_GET_SIZE(data);
+    if (end < 6)
+        Py_RETURN_NONE;
+    unsigned char type = buf[0], action = buf[5];
+    PyObject *before = NULL, *new = NULL, *relid = NULL, *msg = NULL;
+    Py_ssize_t pos = 6;
+    if (type == 'I') {
+        if (action != 'N')
+            Py_RETURN_NONE;
+    }
+    else if (type == 'U' || type == 'D') {
+        if (action == 'K' || action == 'O') {
+            before = parse_tuple(buf, end, &pos);
+            if (before == NULL)
+                goto done;
+            if (type == 'U') {
+                if (pos >= end || buf[pos] != 'N')
+                    goto done;
+                pos += 1;
+            }
+        }
+        else if (type == 'D' || action != 'N')
+            Py_RETURN_NONE;
+    }
+    else
+        Py_RETURN_NONE;
+    if (type != 'D') {
+        new = parse_tuple(buf, end, &pos);
+        if (new == NULL)
+            goto done;
+    }
+    if (pos != end)
+        goto done;
+    relid = PyLong_FromUnsignedLong(be32(buf + 1));
+    if (relid == NULL)
+        goto done;
+    PyObject *key = (before != NULL && action == 'K') ? before : Py_None;
+    PyObject *old = (before != NULL && action == 'O') ? before : Py_None;
+    if (type == 'I') {
+        PyObject *args[] = {relid, new, Py_None};
+        msg = PyObject_Vectorcall(insert_type, args, 3, NULL);
+    }
+    else if (type == 'U') {
+        PyObject *args[] = {relid, key, old, new, Py_None};
+        msg = PyObject_Vectorcall(update_type, args, 5, NULL);
+    }
+    else {
+        PyObject *args[] = {relid, key, old, Py_None};
+        msg = PyObject_Vectorcall(delete_type, args, 4, NULL);
+    }
+done:
+    Py_XDECREF(before);
+    Py_XDECREF(new);
+    Py_XDECREF(relid);
+    if (msg == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return msg;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -557,13 +653,95 @@ rowcodec_key(RowCodec *self, PyObject *values)
     return finish(&o, write_key(self, &o, values));
 }
 
-/* change(op, source_head, source_mid, source_tail, lsn, seq, old, old_is_key, new)
- *   -> (key, value) | None
+/* The key and value of one change. op: the JSON of the op (bytes, e.g. b'"c"') or the op
+ * itself (a str of ASCII letters). 1 done (*key, *value set), 0 not the plain case, -1 error.
  *
- * value = {"op":<op>,"before":<old row>,"after":<new row><source_head><lsn><source_mid><seq>
- *          <source_tail>; the three source parts are the envelope around lsn and seq, made by
- * router.envelope once per transaction. None when the Python path must encode it (an
- * unchanged-TOAST column in the new row, binary values, ...). */
+ * value = {"op":<op>,"before":<old row>,"after":<new row><head><lsn><mid><seq><tail>; the
+ * three source parts are the envelope around lsn and seq, made by router.envelope (head per
+ * table, mid and tail per transaction). Not the plain case: an unchanged-TOAST column in
+ * the new row, binary values, anything else the Python path must encode. */
+static int
+encode_change(RowCodec *self, PyObject *op, PyObject *head, PyObject *mid, PyObject *tail,
+              PyObject *lsn_obj, PyObject *seq_obj, PyObject *old, PyObject *old_is_key_obj,
+              PyObject *new, PyObject **key, PyObject **value)
+{
+    const char *op_s;
+    Py_ssize_t op_n;
+    int op_quoted;
+    if (PyBytes_CheckExact(op)) {
+        op_s = PyBytes_AS_STRING(op);
+        op_n = PyBytes_GET_SIZE(op);
+        op_quoted = 1;
+    }
+    else if (PyUnicode_CheckExact(op) && PyUnicode_IS_ASCII(op)) {
+        op_s = (const char *)PyUnicode_DATA(op);
+        op_n = PyUnicode_GET_LENGTH(op);
+        op_quoted = 0;
+        for (Py_ssize_t i = 0; i < op_n; i++)
+            if (!((op_s[i] >= 'a' && op_s[i] <= 'z') || (op_s[i] >= 'A' && op_s[i] <= 'Z')))
+                return FALLBACK;
+    }
+    else
+        return FALLBACK;
+    if (!PyBytes_CheckExact(head) || !PyBytes_CheckExact(mid) || !PyBytes_CheckExact(tail)) {
+        PyErr_SetString(PyExc_TypeError, "change: source parts are bytes");
+        return -1;
+    }
+    unsigned long long lsn = PyLong_AsUnsignedLongLong(lsn_obj);
+    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    unsigned long long seq = PyLong_AsUnsignedLongLong(seq_obj);
+    if (seq == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    int old_is_key = PyObject_IsTrue(old_is_key_obj);
+    if (old_is_key < 0)
+        return -1;
+
+    Out k, o;
+    out_init(&k);
+    out_init(&o);
+    int r = write_key(self, &k, new != Py_None ? new : old);
+    if (r <= 0)
+        goto done;
+    r = -1;
+    if (OUT_LIT(&o, "{\"op\":") < 0)
+        goto done;
+    if (op_quoted ? out_write(&o, op_s, op_n) < 0
+                  : (OUT_LIT(&o, "\"") < 0 || out_write(&o, op_s, op_n) < 0 ||
+                     OUT_LIT(&o, "\"") < 0))
+        goto done;
+    if (OUT_LIT(&o, ",\"before\":") < 0)
+        goto done;
+    r = old == Py_None ? (OUT_LIT(&o, "null") < 0 ? -1 : 1) : write_row(self, &o, old, old_is_key);
+    if (r <= 0)
+        goto done;
+    r = -1;
+    if (OUT_LIT(&o, ",\"after\":") < 0)
+        goto done;
+    r = new == Py_None ? (OUT_LIT(&o, "null") < 0 ? -1 : 1) : write_row(self, &o, new, 0);
+    if (r <= 0)
+        goto done;
+    r = -1;
+    if (out_bytes(&o, head) < 0 || out_u64(&o, lsn) < 0 || out_bytes(&o, mid) < 0 ||
+        out_u64(&o, seq) < 0 || out_bytes(&o, tail) < 0)
+        goto done;
+    *key = PyBytes_FromStringAndSize(k.p, k.len);
+    if (*key == NULL)
+        goto done;
+    *value = PyBytes_FromStringAndSize(o.p, o.len);
+    if (*value == NULL) {
+        Py_CLEAR(*key);
+        goto done;
+    }
+    r = 1;
+done:
+    out_free(&k);
+    out_free(&o);
+    return r;
+}
+
+/* change(op, source_head, source_mid, source_tail, lsn, seq, old, old_is_key, new)
+ *   -> (key, value) | None */
 static PyObject *
 rowcodec_change(RowCodec *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -573,60 +751,13 @@ rowcodec_change(RowCodec *self, PyObject *const *args, Py_ssize_t nargs)
                         "old_is_key, new)");
         return NULL;
     }
-    PyObject *op = args[0], *head = args[1], *mid = args[2], *tail = args[3];
-    PyObject *old = args[6], *new = args[8];
-    if (!PyBytes_CheckExact(op) || !PyBytes_CheckExact(head) || !PyBytes_CheckExact(mid) ||
-        !PyBytes_CheckExact(tail)) {
-        PyErr_SetString(PyExc_TypeError, "change: op and source parts are bytes");
+    PyObject *key = NULL, *value = NULL;
+    int r = encode_change(self, args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+                          args[7], args[8], &key, &value);
+    if (r < 0)
         return NULL;
-    }
-    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[4]);
-    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    unsigned long long seq = PyLong_AsUnsignedLongLong(args[5]);
-    if (seq == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    int old_is_key = PyObject_IsTrue(args[7]);
-    if (old_is_key < 0)
-        return NULL;
-
-    Out k, o;
-    out_init(&k);
-    int r = write_key(self, &k, new != Py_None ? new : old);
-    if (r <= 0)
-        return finish(&k, r);
-    out_init(&o);
-    if (OUT_LIT(&o, "{\"op\":") < 0 || out_bytes(&o, op) < 0 || OUT_LIT(&o, ",\"before\":") < 0)
-        goto error;
-    if (old == Py_None)
-        r = OUT_LIT(&o, "null") < 0 ? -1 : 1;
-    else
-        r = write_row(self, &o, old, old_is_key);
-    if (r <= 0)
-        goto done;
-    if (OUT_LIT(&o, ",\"after\":") < 0)
-        goto error;
-    if (new == Py_None)
-        r = OUT_LIT(&o, "null") < 0 ? -1 : 1;
-    else
-        r = write_row(self, &o, new, 0);
-    if (r <= 0)
-        goto done;
-    if (out_bytes(&o, head) < 0 || out_u64(&o, lsn) < 0 || out_bytes(&o, mid) < 0 ||
-        out_u64(&o, seq) < 0 || out_bytes(&o, tail) < 0)
-        goto error;
-    PyObject *key = PyBytes_FromStringAndSize(k.p, k.len);
-    out_free(&k);
-    if (key == NULL) {
-        out_free(&o);
-        return NULL;
-    }
-    PyObject *value = PyBytes_FromStringAndSize(o.p, o.len);
-    out_free(&o);
-    if (value == NULL) {
-        Py_DECREF(key);
-        return NULL;
-    }
+    if (r == FALLBACK)
+        Py_RETURN_NONE;
     PyObject *pair = PyTuple_New(2);
     if (pair == NULL) {
         Py_DECREF(key);
@@ -636,11 +767,6 @@ rowcodec_change(RowCodec *self, PyObject *const *args, Py_ssize_t nargs)
     PyTuple_SET_ITEM(pair, 0, key);
     PyTuple_SET_ITEM(pair, 1, value);
     return pair;
-error:
-    r = -1;
-done:
-    out_free(&k);
-    return finish(&o, r);
 }
 
 static PyMethodDef rowcodec_methods[] = {
@@ -662,6 +788,121 @@ static PyTypeObject RowCodecType = {
     .tp_init = (initproc)rowcodec_init,
     .tp_dealloc = (destructor)rowcodec_dealloc,
     .tp_methods = rowcodec_methods,
+};
+
+/* ------------------------------------------------------------------------------------------
+ * Recorder(codec, topic, head, mid, tail, fallback, lsn_header, seq_name): one route's
+ * records of one relation layout in one transaction.
+ *
+ * recorder(op, lsn, seq, old, old_is_key, new) -> (topic, key, value, headers) with
+ * headers = [lsn_header, (seq_name, b"<seq>")], encoded by the codec, or by
+ * fallback(op, lsn, seq, old, old_is_key, new) where the codec returns None for the change
+ * (router.envelope.TableEncoder.recorder). The record and its headers hold only atoms and
+ * are never part of a cycle, so they are not tracked by the garbage collector: a stream of
+ * records then costs the collector nothing.
+ */
+typedef struct {
+    PyObject_HEAD
+    RowCodec *codec;
+    PyObject *topic, *head, *mid, *tail, *fallback, *lsn_header, *seq_name;
+    vectorcallfunc vectorcall;
+} Recorder;
+
+static PyObject *
+recorder_vectorcall(Recorder *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 6 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "recorder(op, lsn, seq, old, old_is_key, new)");
+        return NULL;
+    }
+    PyObject *key = NULL, *value = NULL;
+    int r = encode_change(self->codec, args[0], self->head, self->mid, self->tail, args[1],
+                          args[2], args[3], args[4], args[5], &key, &value);
+    if (r < 0)
+        return NULL;
+    if (r == FALLBACK)
+        return PyObject_Vectorcall(self->fallback, args, 6, NULL);
+    PyObject *rec = PyTuple_New(4), *headers = PyList_New(2), *seq_header = PyTuple_New(2);
+    PyObject *seq_text = PyObject_Str(args[2]);
+    PyObject *seq_bytes = seq_text ? PyUnicode_AsASCIIString(seq_text) : NULL;
+    Py_XDECREF(seq_text);
+    if (rec == NULL || headers == NULL || seq_header == NULL || seq_bytes == NULL) {
+        Py_XDECREF(rec);
+        Py_XDECREF(headers);
+        Py_XDECREF(seq_header);
+        Py_XDECREF(seq_bytes);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(seq_header, 0, Py_NewRef(self->seq_name));
+    PyTuple_SET_ITEM(seq_header, 1, seq_bytes);
+    PyList_SET_ITEM(headers, 0, Py_NewRef(self->lsn_header));
+    PyList_SET_ITEM(headers, 1, seq_header);
+    PyTuple_SET_ITEM(rec, 0, Py_NewRef(self->topic));
+    PyTuple_SET_ITEM(rec, 1, key);
+    PyTuple_SET_ITEM(rec, 2, value);
+    PyTuple_SET_ITEM(rec, 3, headers);
+    PyObject_GC_UnTrack(seq_header);
+    PyObject_GC_UnTrack(headers);
+    PyObject_GC_UnTrack(rec);
+    return rec;
+}
+
+static int
+recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *codec, *topic, *head, *mid, *tail, *fallback, *lsn_header, *seq_name;
+    if (!PyArg_ParseTuple(args, "O!USSSOO!U:Recorder", &RowCodecType, &codec, &topic, &head,
+                          &mid, &tail, &fallback, &PyTuple_Type, &lsn_header, &seq_name))
+        return -1;
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: fallback must be callable");
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(lsn_header) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(lsn_header, 0))
+        || !PyBytes_CheckExact(PyTuple_GET_ITEM(lsn_header, 1))) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: lsn_header is a (str, bytes) pair");
+        return -1;
+    }
+    Py_XSETREF(self->codec, (RowCodec *)Py_NewRef(codec));
+    Py_XSETREF(self->topic, Py_NewRef(topic));
+    Py_XSETREF(self->head, Py_NewRef(head));
+    Py_XSETREF(self->mid, Py_NewRef(mid));
+    Py_XSETREF(self->tail, Py_NewRef(tail));
+    Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    Py_XSETREF(self->lsn_header, Py_NewRef(lsn_header));
+    Py_XSETREF(self->seq_name, Py_NewRef(seq_name));
+    self->vectorcall = (vectorcallfunc)recorder_vectorcall;
+    return 0;
+}
+
+static void
+recorder_dealloc(Recorder *self)
+{
+    Py_XDECREF(self->codec);
+    Py_XDECREF(self->topic);
+    Py_XDECREF(self->head);
+    Py_XDECREF(self->mid);
+    Py_XDECREF(self->tail);
+    Py_XDECREF(self->fallback);
+    Py_XDECREF(self->lsn_header);
+    Py_XDECREF(self->seq_name);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject RecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "router._native.Recorder",
+    .tp_basicsize = sizeof(Recorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Recorder(codec, topic, head, mid, tail, fallback, lsn_header, seq_name)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)recorder_init,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Recorder, vectorcall),
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -775,11 +1016,243 @@ static PyTypeObject TallyType = {
     .tp_getset = tally_getset,
 };
 
+/* ------------------------------------------------------------------------------------------
+ * feed_rows(messages, start, changes, relations, Change, overhead, budget)
+ *     -> (next, bytes, count)
+ *
+ * The transaction assembler's short path (router.transactions.feed_batch) in C: from
+ * messages[start] on ((lsn, payload) pairs), every plain Insert/Update/Delete of a known
+ * relation becomes Change(op, lsn, relation, old, old_is_key, new) appended to ``changes``,
+ * counted as overhead + len(payload) bytes. Stops before the first message that is anything
+ * else (the caller decodes it the long way) and after the change that takes the bytes past
+ * ``budget`` (the caller spills). Only for use inside Begin ... Commit outside a stream block.
+ */
+static PyObject *op_insert, *op_update, *op_delete;
+
+static PyObject *
+native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
+        !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "feed_rows(messages: list, start, changes: list, "
+                                         "relations: dict, Change, overhead, budget)");
+        return NULL;
+    }
+    PyObject *messages = args[0], *changes = args[2], *relations = args[3], *change_type = args[4];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t overhead = PyLong_AsSsize_t(args[5]);
+    long long budget = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    long long used = 0;
+    Py_ssize_t count = 0, n = PyList_GET_SIZE(messages);
+    if (unchanged_toast == NULL)
+        i = n;
+    for (; i < n && used <= budget; i++) {
+        PyObject *item = PyList_GET_ITEM(messages, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2)
+            break;
+        PyObject *lsn = PyTuple_GET_ITEM(item, 0), *data = PyTuple_GET_ITEM(item, 1);
+        if (!PyBytes_CheckExact(data))
+            break;
+        const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+        Py_ssize_t end = PyBytes_GET_SIZE(data);
+        if (end < 6)
+            break;
+        unsigned char type = buf[0], action = buf[5];
+        PyObject *op;
+        if (type == 'I' && action == 'N')
+            op = op_insert;
+        else if (type == 'U' && (action == 'N' || action == 'K' || action == 'O'))
+            op = op_update;
+        else if (type == 'D' && (action == 'K' || action == 'O'))
+            op = op_delete;
+        else
+            break;
+        PyObject *relid = PyLong_FromUnsignedLong(be32(buf + 1));
+        if (relid == NULL)
+            return NULL;
+        PyObject *rel = PyDict_GetItemWithError(relations, relid);
+        Py_DECREF(relid);
+        if (rel == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            break; /* unknown relation: the long way reports it */
+        }
+        Py_ssize_t pos = 6;
+        PyObject *before = NULL, *new = NULL;
+        if (action != 'N') {
+            before = parse_tuple(buf, end, &pos);
+            if (before == NULL)
+                goto stop;
+            if (type == 'U') {
+                if (pos >= end || buf[pos] != 'N')
+                    goto stop;
+                pos += 1;
+            }
+        }
+        if (type != 'D') {
+            new = parse_tuple(buf, end, &pos);
+            if (new == NULL)
+                goto stop;
+        }
+        if (pos != end)
+            goto stop;
+        PyObject *call[] = {op, lsn, rel, before ? before : Py_None,
+                            action == 'K' ? Py_True : Py_False, new ? new : Py_None};
+        PyObject *change = PyObject_Vectorcall(change_type, call, 6, NULL);
+        Py_XDECREF(before);
+        Py_XDECREF(new);
+        if (change == NULL)
+            return NULL;
+        int r = PyList_Append(changes, change);
+        Py_DECREF(change);
+        if (r < 0)
+            return NULL;
+        used += overhead + end;
+        count++;
+        continue;
+    stop:
+        Py_XDECREF(before);
+        Py_XDECREF(new);
+        if (PyErr_Occurred())
+            return NULL;
+        break;
+    }
+    return Py_BuildValue("(nLn)", i, used, count);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * drain(read_message, max_messages, max_bytes) -> (batch, exhausted)
+ *
+ * The slot reader's inner loop: calls read_message() (psycopg2's ReplicationCursor) until it
+ * returns None (exhausted = True) or the batch holds max_messages messages or max_bytes
+ * payload bytes; batch is a list of (data_start, payload) pairs.
+ */
+static PyObject *str_payload, *str_data_start;
+
+static PyObject *
+native_drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "drain(read_message, max_messages, max_bytes)");
+        return NULL;
+    }
+    PyObject *read = args[0];
+    Py_ssize_t max_messages = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *batch = PyList_New(0);
+    if (batch == NULL)
+        return NULL;
+    Py_ssize_t size = 0;
+    int exhausted = 0;
+    while (PyList_GET_SIZE(batch) < max_messages && size < max_bytes) {
+        PyObject *msg = PyObject_CallNoArgs(read);
+        if (msg == NULL)
+            goto error;
+        if (msg == Py_None) {
+            Py_DECREF(msg);
+            exhausted = 1;
+            break;
+        }
+        PyObject *payload = PyObject_GetAttr(msg, str_payload);
+        PyObject *start = payload ? PyObject_GetAttr(msg, str_data_start) : NULL;
+        Py_DECREF(msg);
+        if (start == NULL) {
+            Py_XDECREF(payload);
+            goto error;
+        }
+        if (PyBytes_Check(payload))
+            size += PyBytes_GET_SIZE(payload);
+        else if (PyObject_Length(payload) >= 0)
+            size += PyObject_Length(payload);
+        else
+            PyErr_Clear();
+        PyObject *pair = PyTuple_Pack(2, start, payload);
+        Py_DECREF(start);
+        Py_DECREF(payload);
+        if (pair == NULL)
+            goto error;
+        if (PyLong_CheckExact(start) && PyBytes_CheckExact(payload))
+            PyObject_GC_UnTrack(pair); /* atoms only: never in a cycle */
+        int r = PyList_Append(batch, pair);
+        Py_DECREF(pair);
+        if (r < 0)
+            goto error;
+    }
+    return Py_BuildValue("(NO)", batch, exhausted ? Py_True : Py_False);
+error:
+    Py_DECREF(batch);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * hand_over(produce, records, start, on_delivery) -> int
+ *
+ * Calls produce(topic, value, key, headers=headers, on_delivery=on_delivery) for
+ * records[start:] ((topic, key, value, headers) tuples; confluent-kafka's Producer.produce
+ * signature). Stops at the first BufferError (the client's local queue is full) and returns
+ * the index of the record that was not handed over, len(records) when all were; any other
+ * exception propagates. The loop is the sink's per-record work, so it runs in C.
+ */
+static PyObject *kw_produce = NULL; /* ("headers", "on_delivery") */
+
+static PyObject *
+native_hand_over(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "hand_over(produce, records: list, start, on_delivery)");
+        return NULL;
+    }
+    PyObject *produce = args[0], *records = args[1], *on_delivery = args[3];
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (kw_produce == NULL) {
+        kw_produce = Py_BuildValue("(ss)", "headers", "on_delivery");
+        if (kw_produce == NULL)
+            return NULL;
+    }
+    for (; i < PyList_GET_SIZE(records); i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a record is a (topic, key, value, headers) tuple");
+            return NULL;
+        }
+        PyObject *call[] = {PyTuple_GET_ITEM(rec, 0), PyTuple_GET_ITEM(rec, 2),
+                            PyTuple_GET_ITEM(rec, 1), PyTuple_GET_ITEM(rec, 3), on_delivery};
+        Py_INCREF(rec); /* produce may run Python code that drops the list's reference */
+        PyObject *r = PyObject_Vectorcall(produce, call, 3, kw_produce);
+        Py_DECREF(rec);
+        if (r == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+                PyErr_Clear();
+                break;
+            }
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef native_methods[] = {
     {"configure", native_configure, METH_VARARGS,
-     "configure(unchanged_toast, max_columns): the sentinel and limit of router.pgoutput"},
+     "configure(unchanged_toast, max_columns, Insert, Update, Delete): router.pgoutput's"},
+    {"hand_over", (PyCFunction)(void (*)(void))native_hand_over, METH_FASTCALL,
+     "hand_over(produce, records, start, on_delivery) -> index of the first record not "
+     "handed over (BufferError), len(records) when all were"},
+    {"feed_rows", (PyCFunction)(void (*)(void))native_feed_rows, METH_FASTCALL,
+     "feed_rows(messages, start, changes, relations, Change, overhead, budget) -> "
+     "(next, bytes, count)"},
+    {"drain", (PyCFunction)(void (*)(void))native_drain, METH_FASTCALL,
+     "drain(read_message, max_messages, max_bytes) -> (batch, exhausted)"},
+    {"decode_row", (PyCFunction)native_decode_row, METH_O,
+     "decode_row(data) -> Insert | Update | Delete | None (None: use the Python decoder)"},
     {"read_tuple", (PyCFunction)(void (*)(void))native_read_tuple, METH_FASTCALL,
      "read_tuple(data, pos) -> (tuple, end) | None (None: use the Python reader)"},
     {NULL}};
@@ -793,13 +1266,22 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    if (PyType_Ready(&RowCodecType) < 0 || PyType_Ready(&TallyType) < 0)
+    if (PyType_Ready(&RowCodecType) < 0 || PyType_Ready(&TallyType) < 0 ||
+        PyType_Ready(&RecorderType) < 0)
+        return NULL;
+    op_insert = PyUnicode_InternFromString("insert");
+    op_update = PyUnicode_InternFromString("update");
+    op_delete = PyUnicode_InternFromString("delete");
+    str_payload = PyUnicode_InternFromString("payload");
+    str_data_start = PyUnicode_InternFromString("data_start");
+    if (!op_insert || !op_update || !op_delete || !str_payload || !str_data_start)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "RowCodec", (PyObject *)&RowCodecType) < 0 ||
-        PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyType) < 0) {
+        PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyType) < 0 ||
+        PyModule_AddObjectRef(m, "Recorder", (PyObject *)&RecorderType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

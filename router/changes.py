@@ -47,6 +47,18 @@ class Change(msgspec.Struct, frozen=True, gc=False):
     message: m.Message | None = None
 
 
+def row_change(lsn: int, msg, relation: m.Relation) -> Change:
+    """The Change of an Insert, Update or Delete message: ``old`` is the key-only tuple
+    (``old_is_key``) when the message has one, else the full old row, if any."""
+    if type(msg) is m.Insert:
+        return Change("insert", lsn, relation, None, False, msg.new)
+    key = msg.key
+    old = msg.old if key is None else key
+    if type(msg) is m.Update:
+        return Change("update", lsn, relation, old, key is not None, msg.new)
+    return Change("delete", lsn, relation, old, key is not None)
+
+
 _UNCHANGED_EXT = 1
 _FRAME = struct.Struct("!I")
 

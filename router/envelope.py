@@ -103,7 +103,7 @@ class TableEncoder:
     __slots__ = ("relation", "route", "db", "schema", "_names", "_conv", "_pick", "_key_pick",
                  "_key_names", "_source_static", "_identity", "_convs", "_key_single",
                  "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl",
-                 "_static_tmpl", "_codec", "_head", "_mid", "_tail", "_route_part")
+                 "_static_tmpl", "_codec", "_head", "_mid", "_tail", "_route_part", "_recorder")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
@@ -147,6 +147,7 @@ class TableEncoder:
         self._route_part = (b',"route":' + _encode(route) + b',"schema_id":'
                             + _encode(self.schema.schema_id))
         self._mid = self._tail = b""
+        self._recorder = None
         if NATIVE is not None:
             self._codec = NATIVE.RowCodec(
                 len(cols), pick, tuple(_encode(n) + b":" for n in self._names),
@@ -263,7 +264,7 @@ class TableEncoder:
 
     def encode_change(self, op: str, tx: TxContext, lsn: int, seq: int, old: tuple | None,
                       old_is_key: bool, new: tuple | None) -> tuple[bytes, bytes]:
-        """``encode`` with positional arguments (the router's hot path)."""
+        """``encode`` with positional arguments."""
         if tx is not self._tx:
             self._use_tx(tx)
         codec = self._codec
@@ -272,6 +273,34 @@ class TableEncoder:
                                lsn, seq, old, old_is_key, new)
             if out is not None:
                 return out
+        return self._encode_py(op, tx, lsn, seq, old, old_is_key, new)
+
+    def recorder(self, tx: TxContext, topic: str, lsn_header: tuple, seq_name: str):
+        """The router's hot path: ``record(op, lsn, seq, old, old_is_key, new) -> (topic,
+        key, value, headers)`` for the changes of ``tx`` to ``topic``, headers
+        ``[lsn_header, (seq_name, b"<seq>")]``; in C (``router._native.Recorder``) with
+        ``_encode_py`` for what C leaves to Python."""
+        cached = self._recorder
+        if cached is not None and cached[0] is tx and cached[1] == topic:
+            return cached[2]
+        if tx is not self._tx:
+            self._use_tx(tx)
+        encode = self._encode_py
+
+        def record(op, lsn, seq, old, old_is_key, new):
+            key, value = encode(op, tx, lsn, seq, old, old_is_key, new)
+            return (topic, key, value, [lsn_header, (seq_name, b"%d" % seq)])
+
+        if self._codec is not None:
+            record = NATIVE.Recorder(self._codec, topic, self._head, self._mid, self._tail,
+                                     record, lsn_header, seq_name)
+        self._recorder = (tx, topic, record)
+        return record
+
+    def _encode_py(self, op: str, tx: TxContext, lsn: int, seq: int, old: tuple | None,
+                   old_is_key: bool, new: tuple | None) -> tuple[bytes, bytes]:
+        if tx is not self._tx:
+            self._use_tx(tx)
         before = after = b"null"
         toast = None
         if old is not None:

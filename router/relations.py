@@ -41,6 +41,11 @@ class RelationCache:
             raise ProtocolViolation(f"change for relation {relation_id} before its Relation "
                                     "message") from None
 
+    @property
+    def by_id(self) -> dict[int, Relation]:
+        """The relations by id (read-only use: ``apply`` is the only writer)."""
+        return self._relations
+
     def __contains__(self, relation_id: int) -> bool:
         return relation_id in self._relations
 

@@ -155,7 +155,7 @@ class ChangeRouter:
         """(relation, plans, columns, decisions, direct): ``columns`` are the source-row
         indexes any plan's filter reads (None when unknown or too many to key on);
         ``direct`` maps an operation to the plans that publish it as it is — no filter, no
-        row mapping — as ``(topic, encode_change, schema)``, or to None when some plan
+        row mapping — as ``(topic, encoder)``, or to None when some plan
         has to evaluate the change (then every plan goes through ``apply_plan``)."""
         plans = self.plans_for(relation)
         cols: set | None = set()
@@ -175,8 +175,7 @@ class ChangeRouter:
             if any(getattr(p, filt) is not None or p.row_map is not None for p in taking):
                 direct[op] = None
             else:
-                direct[op] = tuple((p.topic, p.encoder.encode_change, p.encoder.schema)
-                                   for p in taking)
+                direct[op] = tuple((p.topic, p.encoder) for p in taking)
         entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct)
         self._dispatch[relation.relation_id] = entry
         return entry
@@ -199,33 +198,30 @@ class ChangeRouter:
         schemas: list[TableSchema] = []
         limit = self.chunk_records
         seq = 0
-        seen = self._seen_schemas
-        dispatch = self._dispatch
         lsn_header = (_H_LSN, b"%d" % txn.commit_lsn)  # one tuple for the whole transaction
-        rel = direct = None
+        # hot path: changes every plan publishes as they are (see _dispatch_for), each
+        # target a recorder bound to this transaction (TableEncoder.recorder)
+        bound: dict[int, tuple] = {}  # relation id -> (relation, {op: recorders | None})
+        rel = ops = None
         for change in txn.changes:
             op = change.op
             if op in KINDS:
-                # hot path: changes every plan publishes as they are (see _dispatch_for)
                 if change.relation is not rel:
                     rel = change.relation
-                    entry = dispatch.get(rel.relation_id)
-                    if entry is None or entry[0] is not rel:
-                        entry = self._dispatch_for(rel)
-                    direct = entry[4]
-                targets = direct[op]
-                if targets is not None:
-                    if targets:
-                        headers = [lsn_header, (_H_SEQ, b"%d" % seq)]
+                    ops = bound.get(rel.relation_id)
+                    if ops is None or ops[0] is not rel:
+                        ops = bound[rel.relation_id] = (rel, {})
+                    ops = ops[1]
+                recorders = ops.get(op, False)
+                if recorders is False:
+                    recorders = ops[op] = self._recorders(rel, op, tx, lsn_header, schemas)
+                if recorders is not None:
+                    if recorders:
                         kind = KINDS[op]
                         old, new, lsn = change.old, change.new, change.lsn
                         old_is_key = change.old_is_key
-                        for topic, encode, schema in targets:
-                            if schema.schema_id not in seen:
-                                seen.add(schema.schema_id)
-                                schemas.append(schema)
-                            key, value = encode(kind, tx, lsn, seq, old, old_is_key, new)
-                            records.append((topic, key, value, headers))
+                        for record in recorders:
+                            records.append(record(kind, lsn, seq, old, old_is_key, new))
                     seq += 1
                     if len(records) >= limit:
                         yield self._chunk(txn, records, schemas, False)
@@ -237,6 +233,23 @@ class ChangeRouter:
                 yield self._chunk(txn, records, schemas, False)
                 records, schemas = [], []
         yield self._chunk(txn, records, schemas, True)
+
+    def _recorders(self, rel: Relation, op: str, tx: TxContext, lsn_header: tuple,
+                   schemas: list) -> tuple | None:
+        """The recorders of ``op`` changes of ``rel`` in ``tx``: one per plan publishing them
+        as they are, or None when some plan must evaluate each change (``_route_change``).
+        Schemas not published yet join the current chunk."""
+        entry = self._dispatch.get(rel.relation_id)
+        if entry is None or entry[0] is not rel:
+            entry = self._dispatch_for(rel)
+        targets = entry[4][op]
+        if targets is None:
+            return None
+        for _, encoder in targets:
+            if encoder.schema.schema_id not in self._seen_schemas:
+                self._seen_schemas.add(encoder.schema.schema_id)
+                schemas.append(encoder.schema)
+        return tuple(encoder.recorder(tx, topic, lsn_header, _H_SEQ) for topic, encoder in targets)
 
     def _chunk(self, txn: Transaction, records: list, schemas: list, last: bool) -> RoutedChunk:
         new_topics = self._new_topics

@@ -37,11 +37,13 @@ from typing import Literal
 import msgspec
 
 from .errors import ProtocolViolation
+from .native import NATIVE
 from .pgoutput import messages as m
-from .changes import CHANGE_OVERHEAD, Change, ChangeBuffer, Changes, change_size
+from .changes import CHANGE_OVERHEAD, Change, ChangeBuffer, Changes, change_size, row_change
 from .relations import RelationCache
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+_ROW_TYPES = frozenset((b"I", b"U", b"D"))
 
 
 class Transaction(msgspec.Struct, frozen=True):
@@ -137,47 +139,58 @@ class TransactionAssembler:
         return handler(self, lsn, msg)
 
     def feed_batch(self, messages, decode) -> list:
-        """``feed`` for a batch of ``(lsn, payload)``: every payload decoded with ``decode``
+        """``feed`` for a list of ``(lsn, payload)``: every payload decoded with ``decode``
         (``Decoder.decode``), the released events of the whole batch in order.
 
         Row changes inside Begin … Commit (the bulk of any stream) take a short path with
         the same outcome as ``feed``: the Change goes straight into the open buffer, its
-        memory estimated from the message size, the limit checked per change."""
+        memory estimated from the message size, the limit checked per change. Runs of them
+        go through ``router._native.feed_rows`` when the decoder allows it
+        (``Decoder.row_decoder``: not in a stream block), asked again after every other
+        message, as only those change the decoder's state."""
         events: list = []
-        get_rel = self.relations.get
         limit = self.memory_limit
-        Insert, Update, Delete = m.Insert, m.Update, m.Delete
-        for lsn, payload in messages:
-            msg = decode(payload)
+        row_decoder = getattr(getattr(decode, "__self__", None), "row_decoder", None)
+        feed_rows = NATIVE.feed_rows if row_decoder is not None and row_decoder() else None
+        i, n = 0, len(messages)
+        while i < n:
             buf = self._current
             if buf is not None:
-                kind = type(msg)
-                if kind is Insert:
-                    change = Change("insert", lsn, get_rel(msg.relation_id), None, False,
-                                    msg.new)
-                elif kind is Update:
-                    key = msg.key
-                    change = Change("update", lsn, get_rel(msg.relation_id),
-                                    msg.old if key is None else key, key is not None, msg.new)
-                elif kind is Delete:
-                    key = msg.key
-                    change = Change("delete", lsn, get_rel(msg.relation_id),
-                                    msg.old if key is None else key, key is not None)
+                if feed_rows is not None:
+                    j, size, count = feed_rows(messages, i, buf.changes, self.relations.by_id,
+                                               Change, CHANGE_OVERHEAD, limit - self._memory)
                 else:
-                    change = None
-                if change is not None and msg.xid is None:
-                    buf.changes.append(change)
-                    size = CHANGE_OVERHEAD + len(payload)
+                    j, size, count = self._feed_row(buf, messages, i, decode)
+                if j > i:
                     buf.memory += size
-                    buf.count += 1
+                    buf.count += count
                     self._memory += size
                     if self._memory > limit:
                         self._spill()
+                    i = j
                     continue
-            released = self.feed(lsn, msg)
+            lsn, payload = messages[i]
+            i += 1
+            released = self.feed(lsn, decode(payload))
+            if row_decoder is not None:
+                feed_rows = NATIVE.feed_rows if row_decoder() else None
             if released:
                 events.extend(released)
         return events
+
+    def _feed_row(self, buf: ChangeBuffer, messages: list, i: int,
+                  decode) -> tuple[int, int, int]:
+        """``feed_rows`` for one message in Python: (i + 1, bytes, count) when it was a row
+        change and is taken, (i, 0, 0) when it must be fed the long way."""
+        lsn, payload = messages[i]
+        if payload[:1] not in _ROW_TYPES:
+            return i, 0, 0
+        msg = decode(payload)
+        if msg.xid is not None:  # cannot be (Stream Start inside a transaction is refused)
+            self.feed(lsn, msg)
+            return i + 1, 0, 0
+        buf.changes.append(row_change(lsn, msg, self.relations.get(msg.relation_id)))
+        return i + 1, CHANGE_OVERHEAD + len(payload), 1
 
     def _violation(self, text: str) -> ProtocolViolation:
         return ProtocolViolation(text)
@@ -216,21 +229,9 @@ class TransactionAssembler:
         self.relations.apply(msg)
         return []
 
-    def _on_insert(self, lsn: int, msg: m.Insert) -> list:
-        rel = self.relations.get(msg.relation_id)
-        return self._add("Insert", Change("insert", lsn, rel, None, False, msg.new), msg.xid)
-
-    def _on_update(self, lsn: int, msg: m.Update) -> list:
-        rel = self.relations.get(msg.relation_id)
-        old = msg.key if msg.key is not None else msg.old
-        change = Change("update", lsn, rel, old, msg.key is not None, msg.new)
-        return self._add("Update", change, msg.xid)
-
-    def _on_delete(self, lsn: int, msg: m.Delete) -> list:
-        rel = self.relations.get(msg.relation_id)
-        old = msg.key if msg.key is not None else msg.old
-        return self._add("Delete", Change("delete", lsn, rel, old, msg.key is not None),
-                         msg.xid)
+    def _on_row(self, lsn: int, msg: m.Insert | m.Update | m.Delete) -> list:
+        change = row_change(lsn, msg, self.relations.get(msg.relation_id))
+        return self._add(type(msg).__name__, change, msg.xid)
 
     def _on_truncate(self, lsn: int, msg: m.Truncate) -> list:
         rels = tuple(self.relations.get(r) for r in msg.relation_ids)
@@ -380,8 +381,8 @@ class TransactionAssembler:
         return []
 
     _HANDLERS = {
-        m.Relation: _on_catalog, m.Type: _on_catalog, m.Insert: _on_insert,
-        m.Update: _on_update, m.Delete: _on_delete, m.Truncate: _on_truncate,
+        m.Relation: _on_catalog, m.Type: _on_catalog, m.Insert: _on_row,
+        m.Update: _on_row, m.Delete: _on_row, m.Truncate: _on_truncate,
         m.Message: _on_message, m.Origin: _on_origin, m.Begin: _on_begin,
         m.Commit: _on_commit, m.StreamStart: _on_stream_start,
         m.StreamStop: _on_stream_stop, m.StreamCommit: _on_stream_commit,

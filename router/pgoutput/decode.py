@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 
 from ..errors import DecodeError, ProtocolViolation, TruncatedMessage, UnknownMessageType
+from ..native import NATIVE
 from .messages import (
     Begin, BeginPrepare, Commit, CommitPrepared, Delete, Insert, Message, Origin, Prepare,
     Relation, RelationColumn, RollbackPrepared, StreamAbort, StreamCommit, StreamPrepare,
@@ -320,6 +321,14 @@ class Decoder:
     def in_stream(self) -> bool:
         """True between a Stream Start and its Stream Stop."""
         return self._table is self._streamed
+
+    def row_decoder(self):
+        """``router._native.decode_row`` while outside a stream block (it decodes Insert,
+        Update and Delete exactly as ``decode`` does there, and returns None for every other
+        or malformed message), else None."""
+        if NATIVE is None or self._table is self._streamed:
+            return None
+        return NATIVE.decode_row
 
     def decode(self, data: bytes):
         if type(data) is not bytes:

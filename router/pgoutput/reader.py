@@ -123,7 +123,8 @@ def _accelerated():
     from ..native import NATIVE
     if NATIVE is None:
         return read_tuple_py
-    NATIVE.configure(UNCHANGED_TOAST, MAX_COLUMNS)
+    from .messages import Delete, Insert, Update
+    NATIVE.configure(UNCHANGED_TOAST, MAX_COLUMNS, Insert, Update, Delete)
     fast = NATIVE.read_tuple
 
     def read_tuple(data: bytes, pos: int) -> tuple[tuple, int]:
