@@ -2,11 +2,16 @@
 # PostgreSQL and Kafka are the user's own; point the config at them.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY router ./router
 COPY actors ./actors
 COPY configs ./configs
-RUN pip install --no-cache-dir '.[librdkafka]' && useradd --create-home pgrouter
+# gcc builds the C hot path (router/_native.c); it is removed again after the install
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir '.[librdkafka]' \
+    && python -c 'import router._native' \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home pgrouter
 USER pgrouter
 ENTRYPOINT ["pgrouter"]
 CMD ["--help"]

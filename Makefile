@@ -1,12 +1,13 @@
 # pgrouter — the two commands of the README: `make demo` and `make test`.
-# Both set up everything on a fresh Debian machine: system packages (PostgreSQL, Java, Maven)
-# when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
+# Both set up everything on a fresh Debian machine: system packages (PostgreSQL, Java, Maven,
+# gcc and Python's headers for the C hot path) when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
 # Spark jars from Maven Central (fetched by `pgrouter devstack up` into .devstack/cache).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# the install is redone when the package definition or the C accelerator changes
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py router/_native.c | cksum | cut -d' ' -f1)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto
 PYTEST_ARGS ?=
@@ -15,6 +16,8 @@ PYTEST_ARGS ?=
 
 test: venv stack
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	# the pure-Python twins of the C hot path (router/_native.c), as on machines without a compiler
+	PGROUTER_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/router tests/actors
 
 demo: venv stack
 	$(BIN)/python -m actors.demo
@@ -24,8 +27,11 @@ system:
 	@missing=""; \
 	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn  >/dev/null 2>&1 || missing="$$missing maven"; \
+	command -v gcc  >/dev/null 2>&1 || missing="$$missing gcc"; \
 	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql postgresql-contrib"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	$(PYTHON) -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
+	  || missing="$$missing python3-dev"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
@@ -33,7 +39,7 @@ system:
 
 venv: system $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py router/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[dev,spark,librdkafka]'

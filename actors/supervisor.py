@@ -29,6 +29,7 @@ import trio_asyncio
 from router.config import Config, mask_dsn
 from router.errors import (ConfigError, PgRouterError, PublicationMissing,
                            SlotInUse, SlotMissing, SourceError)
+from router import native
 from router.lsn import format_lsn, parse_lsn
 from router.pgoutput import Decoder
 from router.relations import RelationCache
@@ -191,7 +192,8 @@ class Supervisor:
         log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
                   server_version=info.version, proto_version=info.proto_version,
                   confirmed_lsn=format_lsn(info.start_lsn),
-                  until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None)
+                  until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None,
+                  hot_path=native.describe(), kafka_client=self.cfg.kafka.client)
         if self.until_lsn is not None and info.start_lsn >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
             return
@@ -240,7 +242,8 @@ class Supervisor:
             router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
                                   db=info.db, messages_topic=cfg.kafka.messages_topic,
                                   type_names=_TypeNames(relations),
-                                  primary_keys=info.primary_keys)
+                                  primary_keys=info.primary_keys,
+                                  position_headers=cfg.kafka.position_headers)
             routers.append((names, router))
             return router
         fanout = FanoutActor(router=router_for(), inbox=ev_rx, out=chunk_tx,

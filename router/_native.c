@@ -795,7 +795,8 @@ static PyTypeObject RowCodecType = {
  * records of one relation layout in one transaction.
  *
  * recorder(op, lsn, seq, old, old_is_key, new) -> (topic, key, value, headers) with
- * headers = [lsn_header, (seq_name, b"<seq>")], encoded by the codec, or by
+ * headers = [lsn_header, (seq_name, b"<seq>")] (None when lsn_header is None), encoded by
+ * the codec, or by
  * fallback(op, lsn, seq, old, old_is_key, new) where the codec returns None for the change
  * (router.envelope.TableEncoder.recorder). The record and its headers hold only atoms and
  * are never part of a cycle, so they are not tracked by the garbage collector: a stream of
@@ -823,26 +824,36 @@ recorder_vectorcall(Recorder *self, PyObject *const *args, size_t nargsf, PyObje
         return NULL;
     if (r == FALLBACK)
         return PyObject_Vectorcall(self->fallback, args, 6, NULL);
-    PyObject *rec = PyTuple_New(4), *headers = PyList_New(2), *seq_header = PyTuple_New(2);
-    PyObject *seq_text = PyObject_Str(args[2]);
-    PyObject *seq_bytes = seq_text ? PyUnicode_AsASCIIString(seq_text) : NULL;
-    Py_XDECREF(seq_text);
-    if (rec == NULL || headers == NULL || seq_header == NULL || seq_bytes == NULL) {
-        Py_XDECREF(rec);
+    PyObject *rec = PyTuple_New(4);
+    if (rec == NULL) {
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(rec, 0, Py_NewRef(self->topic));
+    PyTuple_SET_ITEM(rec, 1, key);
+    PyTuple_SET_ITEM(rec, 2, value);
+    if (self->lsn_header == Py_None) {
+        PyTuple_SET_ITEM(rec, 3, Py_NewRef(Py_None));
+        PyObject_GC_UnTrack(rec);
+        return rec;
+    }
+    char digits[24];
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[2]); /* checked by encode_change */
+    int n = snprintf(digits, sizeof(digits), "%llu", seq);
+    PyObject *headers = PyList_New(2), *seq_header = PyTuple_New(2);
+    PyObject *seq_bytes = PyBytes_FromStringAndSize(digits, n);
+    if (headers == NULL || seq_header == NULL || seq_bytes == NULL) {
         Py_XDECREF(headers);
         Py_XDECREF(seq_header);
         Py_XDECREF(seq_bytes);
-        Py_DECREF(key);
-        Py_DECREF(value);
+        Py_DECREF(rec);
         return NULL;
     }
     PyTuple_SET_ITEM(seq_header, 0, Py_NewRef(self->seq_name));
     PyTuple_SET_ITEM(seq_header, 1, seq_bytes);
     PyList_SET_ITEM(headers, 0, Py_NewRef(self->lsn_header));
     PyList_SET_ITEM(headers, 1, seq_header);
-    PyTuple_SET_ITEM(rec, 0, Py_NewRef(self->topic));
-    PyTuple_SET_ITEM(rec, 1, key);
-    PyTuple_SET_ITEM(rec, 2, value);
     PyTuple_SET_ITEM(rec, 3, headers);
     PyObject_GC_UnTrack(seq_header);
     PyObject_GC_UnTrack(headers);
@@ -854,15 +865,17 @@ static int
 recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
 {
     PyObject *codec, *topic, *head, *mid, *tail, *fallback, *lsn_header, *seq_name;
-    if (!PyArg_ParseTuple(args, "O!USSSOO!U:Recorder", &RowCodecType, &codec, &topic, &head,
-                          &mid, &tail, &fallback, &PyTuple_Type, &lsn_header, &seq_name))
+    if (!PyArg_ParseTuple(args, "O!USSSOOU:Recorder", &RowCodecType, &codec, &topic, &head,
+                          &mid, &tail, &fallback, &lsn_header, &seq_name))
         return -1;
     if (!PyCallable_Check(fallback)) {
         PyErr_SetString(PyExc_TypeError, "Recorder: fallback must be callable");
         return -1;
     }
-    if (PyTuple_GET_SIZE(lsn_header) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(lsn_header, 0))
-        || !PyBytes_CheckExact(PyTuple_GET_ITEM(lsn_header, 1))) {
+    if (lsn_header != Py_None &&
+        (!PyTuple_CheckExact(lsn_header) || PyTuple_GET_SIZE(lsn_header) != 2 ||
+         !PyUnicode_CheckExact(PyTuple_GET_ITEM(lsn_header, 0)) ||
+         !PyBytes_CheckExact(PyTuple_GET_ITEM(lsn_header, 1)))) {
         PyErr_SetString(PyExc_TypeError, "Recorder: lsn_header is a (str, bytes) pair");
         return -1;
     }

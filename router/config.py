@@ -63,6 +63,9 @@ class KafkaConfig(_Base):
     #: topic for logical decoding messages (``pg_logical_emit_message``); empty = dropped
     messages_topic: str = ""
     create_topics: bool = True
+    #: Kafka headers ``pgrouter.commit_lsn`` and ``pgrouter.seq`` on every change record (the
+    #: position the value's ``source`` carries anyway; they cost the client ~1 µs a record)
+    position_headers: bool = False
     #: topic with a BEGIN and an END record per source transaction (Debezium's transaction
     #: metadata; END counts the records written to each topic); empty = not written
     transactions_topic: str = ""

@@ -275,10 +275,10 @@ class TableEncoder:
                 return out
         return self._encode_py(op, tx, lsn, seq, old, old_is_key, new)
 
-    def recorder(self, tx: TxContext, topic: str, lsn_header: tuple, seq_name: str):
+    def recorder(self, tx: TxContext, topic: str, lsn_header: tuple | None, seq_name: str):
         """The router's hot path: ``record(op, lsn, seq, old, old_is_key, new) -> (topic,
         key, value, headers)`` for the changes of ``tx`` to ``topic``, headers
-        ``[lsn_header, (seq_name, b"<seq>")]``; in C (``router._native.Recorder``) with
+        ``[lsn_header, (seq_name, b"<seq>")]`` (None without ``lsn_header``); in C (``router._native.Recorder``) with
         ``_encode_py`` for what C leaves to Python."""
         cached = self._recorder
         if cached is not None and cached[0] is tx and cached[1] == topic:
@@ -289,6 +289,8 @@ class TableEncoder:
 
         def record(op, lsn, seq, old, old_is_key, new):
             key, value = encode(op, tx, lsn, seq, old, old_is_key, new)
+            if lsn_header is None:
+                return (topic, key, value, None)
             return (topic, key, value, [lsn_header, (seq_name, b"%d" % seq)])
 
         if self._codec is not None:

@@ -72,7 +72,8 @@ topic = "{{route}}"
 """
     dsn = pg_dsn + ("&" if "?" in pg_dsn else "?") + "options=-c%20logical_decoding_work_mem%3D64kB"
     cfg = write_config(tmp_path / "router.toml", dsn=dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=routes)
+                       bootstrap=kafka_bootstrap, routes=routes,
+                       kafka_extra="position_headers = true")
     yield pg, name, tables, cfg
     pg.drop_slot(name)
     pg.run(f"drop publication {name}")

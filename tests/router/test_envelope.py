@@ -9,6 +9,7 @@ import json
 import random
 
 import msgspec
+import pytest
 
 from router.changes import Change
 from router.envelope import TableEncoder, TxContext
@@ -168,7 +169,8 @@ class _Txn:
         self.commit_time, self.origin_name, self.origin_lsn = 123_456_789, None, None
 
 
-def test_router_direct_path_equals_plan_by_plan_evaluation():
+@pytest.mark.parametrize("position_headers", [False, True])
+def test_router_direct_path_equals_plan_by_plan_evaluation(position_headers):
     """Routes without filters or row maps take the router's direct path; its records (topic,
     key, value, headers) and schemas must be what evaluating every plan gives."""
     rng = random.Random(7)
@@ -190,7 +192,7 @@ def test_router_direct_path_equals_plan_by_plan_evaluation():
     routes = [RouteSpec("all", all_tables=True),
               RouteSpec("ins", all_tables=True, operations=frozenset({"insert"})),
               RouteSpec("some", tables=frozenset({("public", "t"), ("s%d", "x%")}))]
-    router = ChangeRouter(routes, db="d", chunk_records=97)
+    router = ChangeRouter(routes, db="d", chunk_records=97, position_headers=position_headers)
     got, got_schemas = [], []
     chunks = list(router.route(_Txn(changes)))
     for c in chunks:
@@ -214,7 +216,8 @@ def test_router_direct_path_equals_plan_by_plan_evaluation():
             key, value = ref_encode(enc.relation, range(len(enc.relation.columns)), plan.route,
                                     "d", kind, tx, change.lsn, seq, old, old_is_key, new)
             want.append((plan.topic, key, value,
-                         [("pgrouter.commit_lsn", b"900"), ("pgrouter.seq", str(seq).encode())]))
+                         [("pgrouter.commit_lsn", b"900"), ("pgrouter.seq", str(seq).encode())]
+                         if position_headers else None))
     assert got == want and len(want) > 400
     assert got_schemas == want_schemas
 
