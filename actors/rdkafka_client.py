@@ -82,11 +82,16 @@ def map_error(exc: BaseException) -> SinkError:
 
 
 def _hand_over_py(produce, records, start, on_delivery) -> int:
-    """``router._native.hand_over`` in Python."""
+    """``router._native.hand_over`` in Python: ``produce`` with positional arguments only
+    (confluent-kafka parses keywords slowly): topic, value, key, partition (-1: the
+    partitioner chooses), callback, on_delivery, timestamp (0: now), headers."""
     for i in range(start, len(records)):
         topic, key, value, headers = records[i]
         try:
-            produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+            if headers is None:
+                produce(topic, value, key, -1, on_delivery)
+            else:
+                produce(topic, value, key, -1, on_delivery, None, 0, headers)
         except BufferError:
             return i
     return len(records)

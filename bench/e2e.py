@@ -1,7 +1,8 @@
 """End to end: draining one backlog with pgrouter (each Kafka client) vs ``pg_recvlogical``.
 
     .venv/bin/python bench/e2e.py [--changes 500000] [--txn-rows 50000] [--partitions 1]
-                                  [--runs pg_recvlogical,librdkafka,kafka-python] [--profile DIR]
+                                  [--runs pg_recvlogical,librdkafka,kafka-python] [--repeat N]
+                                  [--profile DIR]
     .venv/bin/python bench/e2e.py --quick        # 60k changes, for a smoke run
 
 One slot per measured run is created (pgoutput) *before* the workload, so every run decodes
@@ -19,10 +20,11 @@ Then, one after the other:
   acknowledged by Kafka (acks=all) and the slot confirmed. Process start included.
 
 It prints seconds, changes/s and the ratio to pg_recvlogical (time / reference time) side by
-side from one run, plus the CPU seconds the drainer process itself used (user+sys;
-pg_recvlogical's is small because the walsender does its work; on a loaded machine pgrouter's
-changes per CPU second say more than its wall time). ``BENCH_USAGE=1`` adds user/system
-CPU and minor page faults per run; ``BENCH_GC_OFF=1``, ``BENCH_GC_FREEZE=1`` and
+side from one run (with ``--repeat N``: N rounds of every run, interleaved, each on a slot of
+its own at the same position; the ratio of each round and their median), plus the CPU
+seconds the drainer process itself used (user+sys; pg_recvlogical's is small because the
+walsender does its work; on a loaded machine pgrouter's changes per CPU second say more
+than its wall time). ``BENCH_USAGE=1`` adds user/system CPU and minor page faults per run; ``BENCH_GC_OFF=1``, ``BENCH_GC_FREEZE=1`` and
 ``BENCH_GC_T0=<n>`` (generation-0 threshold) change the garbage collector of the ``null``
 run, to see what it costs. ``--profile DIR`` runs pgrouter under cProfile (``DIR/<client>.prof``; the
 timings then include the profiler's overhead). Slots, publication, table and topics are
@@ -36,6 +38,7 @@ import os
 import pathlib
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -214,6 +217,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--runs", default=",".join((RECV,) + CLIENTS))
     ap.add_argument("--quick", action="store_true", help="60k changes (a smoke run)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of every run, interleaved (the ratios are then medians)")
     ap.add_argument("--profile", metavar="DIR", help="run pgrouter under cProfile into DIR")
     ap.add_argument("--null-router", metavar="CONFIG", help=argparse.SUPPRESS)
     ap.add_argument("--dsn", default=os.environ.get(
@@ -232,15 +237,15 @@ def main() -> None:
         raise SystemExit(f"unknown run(s): {sorted(unknown)}")
     tag = uuid.uuid4().hex[:8]
     table, pub = f"bench_e2e_{tag}", f"bench_e2e_{tag}"
-    slots = {run: f"bench_e2e_{tag}_{i}" for i, run in enumerate(runs)}
+    rounds = range(max(1, args.repeat))
+    order = [(r, run) for r in rounds for run in runs]
+    slots = {key: f"bench_e2e_{tag}_{i}" for i, key in enumerate(order)}
     schema_topic = f"bench.e2e.{tag}.schemas"
-    routes = {c: f"bench-{c}-{tag}" for c in CLIENTS}
-    topics = [schema_topic] + [f"{routes[c]}.public.{table}" for c in CLIENTS]
+    routes = {(r, c): f"bench-{c}-{tag}-{r}" for r in rounds for c in CLIENTS}
+    topics = [schema_topic] + [f"{route}.public.{table}" for route in routes.values()]
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
-    results: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    acked: dict[str, str] = {}
+    results: dict[tuple, float] = {}
     try:
         sql(args.dsn, f"create table {table} (id bigint primary key, account int, "
                       "amount numeric(12,2), status text, note text, created_at timestamptz)",
@@ -255,34 +260,9 @@ def main() -> None:
               f"{args.txn_rows} ({time.perf_counter() - t0:.1f} s to write), up to {endpos}; "
               f"{args.partitions} partition(s)", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            for run in runs:
-                cpu_before = _children_cpu()
-                usage_before = _children_usage()
-                if run == RECV:
-                    results[run] = run_recvlogical(args.dsn, slots[run], pub, endpos)
-                else:
-                    cfg = os.path.join(tmp, f"{run}.toml")
-                    client = "librdkafka" if run == NULL else run
-                    with open(cfg, "w") as fh:
-                        fh.write(config(args.dsn, args.bootstrap, slots[run], pub, table, client,
-                                        routes[client], schema_topic, args.partitions))
-                    prof = os.path.join(args.profile, f"{run}.prof") if args.profile else None
-                    results[run], log = run_router(cfg, prof, null=run == NULL)
-                    found = _ACKED.findall(log)
-                    acked[run] = found[-1] if found else "?"
-                    gc_line = re.findall(r"^gc: .*$", log, re.M)
-                    if gc_line and os.environ.get("BENCH_USAGE"):
-                        print(f"  {run}: {gc_line[-1]}")
-                cpu[run] = _children_cpu() - cpu_before
-                usage = [a - b for a, b in zip(_children_usage(), usage_before)]
-                if os.environ.get("BENCH_USAGE"):
-                    print(f"  {run}: user {usage[0]:.2f} s, sys {usage[1]:.2f} s, "
-                          f"minor faults {usage[2]}")
-                print(f"  {run:<15} {results[run]:7.2f} s  "
-                      f"{args.changes / results[run]:10,.0f} changes/s  "
-                      f"cpu {cpu[run]:6.2f} s ({args.changes / max(cpu[run], 1e-9):9,.0f}/cpu-s)"
-                      + (f"  (records acked: {acked[run]})" if run in acked else ""),
-                      flush=True)
+            for key in order:
+                results[key] = measure(args, key, slots[key], pub, table, endpos, routes,
+                                       schema_topic, tmp)
     finally:
         for slot in slots.values():
             try:
@@ -292,13 +272,60 @@ def main() -> None:
                 print(f"could not drop slot {slot}: {exc}", file=sys.stderr)
         sql(args.dsn, f"drop publication if exists {pub}", f"drop table if exists {table}")
         delete_topics(args.bootstrap, topics)
-    ref = results.get(RECV)
-    if ref:
-        print("ratio to pg_recvlogical (time / its time; goal for librdkafka <= 1.2):")
-        for run in runs:
-            if run != RECV and run in results:
-                print(f"  {run:<15} {results[run] / ref:5.2f}")
+    report(runs, rounds, results)
 
+
+def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, routes: dict,
+            schema_topic: str, tmp: str) -> float:
+    """One drain of the backlog; prints its line and returns its seconds."""
+    rnd, run = key
+    cpu_before = _children_cpu()
+    usage_before = _children_usage()
+    acked = None
+    if run == RECV:
+        elapsed = run_recvlogical(args.dsn, slot, pub, endpos)
+    else:
+        cfg = os.path.join(tmp, f"{run}-{rnd}.toml")
+        client = "librdkafka" if run == NULL else run
+        with open(cfg, "w") as fh:
+            fh.write(config(args.dsn, args.bootstrap, slot, pub, table, client,
+                            routes[(rnd, client)], schema_topic, args.partitions))
+        prof = os.path.join(args.profile, f"{run}.prof") if args.profile else None
+        elapsed, log = run_router(cfg, prof, null=run == NULL)
+        found = _ACKED.findall(log)
+        acked = found[-1] if found else "?"
+        gc_line = re.findall(r"^gc: .*$", log, re.M)
+        if gc_line and os.environ.get("BENCH_USAGE"):
+            print(f"  {run}: {gc_line[-1]}")
+    cpu = _children_cpu() - cpu_before
+    usage = [a - b for a, b in zip(_children_usage(), usage_before)]
+    if os.environ.get("BENCH_USAGE"):
+        print(f"  {run}: user {usage[0]:.2f} s, sys {usage[1]:.2f} s, minor faults {usage[2]}")
+    print(f"  {run:<15} {elapsed:7.2f} s  {args.changes / elapsed:10,.0f} changes/s  "
+          f"cpu {cpu:6.2f} s ({args.changes / max(cpu, 1e-9):9,.0f}/cpu-s)"
+          + (f"  (records acked: {acked})" if acked is not None else ""), flush=True)
+    return elapsed
+
+
+def report(runs: list[str], rounds, results: dict) -> None:
+    """Each run's time over pg_recvlogical's of the same round; the median over rounds."""
+    if RECV not in runs:
+        return
+    print("ratio to pg_recvlogical (time / its time in the same round; goal for librdkafka "
+          "<= 1.2):")
+    for run in runs:
+        if run == RECV:
+            continue
+        ratios = sorted(results[(r, run)] / results[(r, RECV)] for r in rounds
+                        if (r, run) in results and (r, RECV) in results)
+        if not ratios:
+            continue
+        if len(ratios) == 1:
+            print(f"  {run:<15} {ratios[0]:5.2f}")
+        else:
+            median = statistics.median(ratios)
+            print(f"  {run:<15} {median:5.2f}  (median of {len(ratios)} rounds; "
+                  f"{', '.join(f'{x:.2f}' for x in ratios)})")
 
 if __name__ == "__main__":
     main()

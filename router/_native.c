@@ -1204,13 +1204,17 @@ error:
 /* ------------------------------------------------------------------------------------------
  * hand_over(produce, records, start, on_delivery) -> int
  *
- * Calls produce(topic, value, key, headers=headers, on_delivery=on_delivery) for
- * records[start:] ((topic, key, value, headers) tuples; confluent-kafka's Producer.produce
- * signature). Stops at the first BufferError (the client's local queue is full) and returns
- * the index of the record that was not handed over, len(records) when all were; any other
- * exception propagates. The loop is the sink's per-record work, so it runs in C.
+ * Calls confluent-kafka's Producer.produce for records[start:] ((topic, key, value, headers)
+ * tuples) with positional arguments only (its keyword parsing costs more than the rest of
+ * the call): produce(topic, value, key, -1, on_delivery) without headers,
+ * produce(topic, value, key, -1, on_delivery, None, 0, headers) with them (its positional
+ * order is topic, value, key, partition, callback, on_delivery, timestamp, headers; -1: the
+ * partitioner chooses; 0: timestamp now). Stops at the first BufferError (the client's local queue is
+ * full) and returns the index of the record that was not handed over, len(records) when all
+ * were; any other exception propagates. The loop is the sink's per-record work, so it runs
+ * in C.
  */
-static PyObject *kw_produce = NULL; /* ("headers", "on_delivery") */
+static PyObject *partition_ua = NULL, *timestamp_now = NULL;
 
 static PyObject *
 native_hand_over(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1223,9 +1227,10 @@ native_hand_over(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t i = PyLong_AsSsize_t(args[2]);
     if (i == -1 && PyErr_Occurred())
         return NULL;
-    if (kw_produce == NULL) {
-        kw_produce = Py_BuildValue("(ss)", "headers", "on_delivery");
-        if (kw_produce == NULL)
+    if (partition_ua == NULL) {
+        partition_ua = PyLong_FromLong(-1);
+        timestamp_now = PyLong_FromLong(0);
+        if (partition_ua == NULL || timestamp_now == NULL)
             return NULL;
     }
     for (; i < PyList_GET_SIZE(records); i++) {
@@ -1234,10 +1239,12 @@ native_hand_over(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "a record is a (topic, key, value, headers) tuple");
             return NULL;
         }
+        PyObject *headers = PyTuple_GET_ITEM(rec, 3);
         PyObject *call[] = {PyTuple_GET_ITEM(rec, 0), PyTuple_GET_ITEM(rec, 2),
-                            PyTuple_GET_ITEM(rec, 1), PyTuple_GET_ITEM(rec, 3), on_delivery};
+                            PyTuple_GET_ITEM(rec, 1), partition_ua, on_delivery, Py_None,
+                            timestamp_now, headers};
         Py_INCREF(rec); /* produce may run Python code that drops the list's reference */
-        PyObject *r = PyObject_Vectorcall(produce, call, 3, kw_produce);
+        PyObject *r = PyObject_Vectorcall(produce, call, headers == Py_None ? 5 : 8, NULL);
         Py_DECREF(rec);
         if (r == NULL) {
             if (PyErr_ExceptionMatches(PyExc_BufferError)) {
