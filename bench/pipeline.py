@@ -1,7 +1,7 @@
 """The router's own CPU per change, without I/O: decode → assemble → route/encode in-process.
 
     .venv/bin/python bench/pipeline.py [--changes 200000] [--txn-rows 2000] [--repeat 3]
-                                       [--profile FILE]
+                                       [--compare] [--profile FILE]
 
 The stream is what ``bench/e2e.py`` makes the walsender send (pgoutput v1, text format):
 inserts of a 6-column table (bigint key, int, numeric, text, text, timestamptz) in
@@ -9,25 +9,33 @@ transactions of ``--txn-rows``, built here as bytes, in WAL batches of 2000 mess
 slot reader's. Stages are timed cumulatively, best of ``--repeat`` (machines here are noisy;
 ``time.process_time`` is used, so other processes' load counts less):
 
-* decode           – ``Decoder.decode`` of every message
-* +assemble        – plus ``TransactionAssembler`` (what ``actors.decoder`` does per batch)
+* decode alone     – ``Decoder.decode`` of every message (what a consumer of single
+  messages pays; the pipeline does not call it for row changes when the C hot path is built)
+* decode+assemble  – ``TransactionAssembler.feed_batch``, what ``actors.decoder`` does per
+  batch (row changes decoded and assembled by ``router._native.feed_rows`` when built)
 * +route/encode    – plus ``ChangeRouter.route`` (one route, records encoded for Kafka)
 
 It prints µs per change for each and the implied changes per CPU-second of the main thread.
+``--compare`` runs the same again with ``PGROUTER_PURE_PYTHON=1`` (the Python twins of the C
+hot path) and prints the ratio.
 ``--profile FILE`` writes a cProfile of one full pass (with the profiler's overhead).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import re
 import struct
+import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from router import native  # noqa: E402
 from router.pgoutput import Decoder  # noqa: E402
 from router.relations import RelationCache  # noqa: E402
 from router.routing import ChangeRouter, RouteSpec  # noqa: E402
@@ -137,6 +145,8 @@ def main() -> None:
     parser.add_argument("--txn-rows", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--profile", metavar="FILE")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run with PGROUTER_PURE_PYTHON=1 and print the ratio")
     args = parser.parse_args()
     batches = build_batches(args.changes, args.txn_rows)
     n = args.changes
@@ -150,12 +160,20 @@ def main() -> None:
         print(f"profile of one route pass written to {args.profile}")
         return
     assert assemble(batches) == n and route(batches) == n
-    d = measure("decode", decode_only, batches, n, args.repeat)
-    a = measure("+assemble", assemble, batches, n, args.repeat)
+    print(f"hot path: {native.describe()}", flush=True)
+    measure("decode alone", decode_only, batches, n, args.repeat)
+    a = measure("decode+assemble", assemble, batches, n, args.repeat)
     r = measure("+route/encode", route, batches, n, args.repeat)
-    print(f"shares: decode {d / r:.0%}, assemble {(a - d) / r:.0%}, route/encode "
-          f"{(r - a) / r:.0%}")
-
+    print(f"shares: decode+assemble {a / r:.0%}, route/encode {(r - a) / r:.0%}", flush=True)
+    if args.compare and native.NATIVE is not None:
+        # the same in a process with the C hot path turned off (router.native)
+        cmd = [sys.executable, __file__, "--changes", str(n), "--txn-rows",
+               str(args.txn_rows), "--repeat", str(args.repeat)]
+        out = subprocess.run(cmd, env={**os.environ, "PGROUTER_PURE_PYTHON": "1"},
+                             capture_output=True, text=True, check=True).stdout
+        print(out.split("\n", 1)[1], end="")
+        py = float(re.search(r"^\+route/encode\s+([\d.]+) s", out, re.M).group(1))
+        print(f"python / native (decode → route/encode): {py / r:.2f}x")
 
 if __name__ == "__main__":
     main()

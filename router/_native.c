@@ -1202,6 +1202,91 @@ error:
 }
 
 /* ------------------------------------------------------------------------------------------
+ * record_run(changes, i, relation, ops, kinds, seq, records, limit) -> (next, seq)
+ *
+ * The router's direct path (router.routing._record_run_py): from changes[i] on, while the
+ * change's relation is ``relation`` and ``ops`` (op -> tuple of recorders, or None) has
+ * recorders for its op, each recorder's record(kinds[op], lsn, seq, old, old_is_key, new)
+ * is appended to ``records`` and seq counts up; stops after the change that fills records to
+ * ``limit``.
+ */
+static PyObject *str_relation, *str_op, *str_lsn, *str_old, *str_old_is_key, *str_new;
+
+static PyObject *
+native_record_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[3]) ||
+        !PyDict_CheckExact(args[4]) || !PyList_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "record_run(changes: list, i, relation, ops: dict, "
+                                         "kinds: dict, seq, records: list, limit)");
+        return NULL;
+    }
+    PyObject *changes = args[0], *rel = args[2], *ops = args[3], *kinds = args[4];
+    PyObject *records = args[6];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t seq_n = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *seq = NULL;
+    for (; i < PyList_GET_SIZE(changes); ) {
+        PyObject *change = PyList_GET_ITEM(changes, i);
+        PyObject *crel = PyObject_GetAttr(change, str_relation);
+        if (crel == NULL)
+            goto error;
+        Py_DECREF(crel); /* only its identity matters; the change keeps it alive */
+        if (crel != rel)
+            break;
+        PyObject *op = PyObject_GetAttr(change, str_op);
+        if (op == NULL)
+            goto error;
+        PyObject *recorders = PyDict_GetItemWithError(ops, op);
+        PyObject *kind = recorders ? PyDict_GetItemWithError(kinds, op) : NULL;
+        Py_DECREF(op);
+        if (recorders == NULL || recorders == Py_None || kind == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            break;
+        }
+        if (!PyTuple_CheckExact(recorders)) {
+            PyErr_SetString(PyExc_TypeError, "record_run: recorders are a tuple");
+            goto error;
+        }
+        if (PyTuple_GET_SIZE(recorders)) {
+            seq = PyLong_FromSsize_t(seq_n);
+            if (seq == NULL)
+                goto error;
+            PyObject *call[6] = {kind, NULL, seq, NULL, NULL, NULL};
+            call[1] = PyObject_GetAttr(change, str_lsn);
+            call[3] = call[1] ? PyObject_GetAttr(change, str_old) : NULL;
+            call[4] = call[3] ? PyObject_GetAttr(change, str_old_is_key) : NULL;
+            call[5] = call[4] ? PyObject_GetAttr(change, str_new) : NULL;
+            int failed = call[5] == NULL;
+            for (Py_ssize_t r = 0; !failed && r < PyTuple_GET_SIZE(recorders); r++) {
+                PyObject *rec = PyObject_Vectorcall(PyTuple_GET_ITEM(recorders, r), call, 6,
+                                                    NULL);
+                failed = rec == NULL || PyList_Append(records, rec) < 0;
+                Py_XDECREF(rec);
+            }
+            Py_XDECREF(call[1]);
+            Py_XDECREF(call[3]);
+            Py_XDECREF(call[4]);
+            Py_XDECREF(call[5]);
+            Py_CLEAR(seq);
+            if (failed)
+                goto error;
+        }
+        seq_n++;
+        i++;
+        if (PyList_GET_SIZE(records) >= limit)
+            break;
+    }
+    return Py_BuildValue("(nn)", i, seq_n);
+error:
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
  * hand_over(produce, records, start, on_delivery) -> int
  *
  * Calls confluent-kafka's Producer.produce for records[start:] ((topic, key, value, headers)
@@ -1266,6 +1351,8 @@ static PyMethodDef native_methods[] = {
     {"hand_over", (PyCFunction)(void (*)(void))native_hand_over, METH_FASTCALL,
      "hand_over(produce, records, start, on_delivery) -> index of the first record not "
      "handed over (BufferError), len(records) when all were"},
+    {"record_run", (PyCFunction)(void (*)(void))native_record_run, METH_FASTCALL,
+     "record_run(changes, i, relation, ops, kinds, seq, records, limit) -> (next, seq)"},
     {"feed_rows", (PyCFunction)(void (*)(void))native_feed_rows, METH_FASTCALL,
      "feed_rows(messages, start, changes, relations, Change, overhead, budget) -> "
      "(next, bytes, count)"},
@@ -1292,6 +1379,14 @@ PyInit__native(void)
     op_insert = PyUnicode_InternFromString("insert");
     op_update = PyUnicode_InternFromString("update");
     op_delete = PyUnicode_InternFromString("delete");
+    str_relation = PyUnicode_InternFromString("relation");
+    str_op = PyUnicode_InternFromString("op");
+    str_lsn = PyUnicode_InternFromString("lsn");
+    str_old = PyUnicode_InternFromString("old");
+    str_old_is_key = PyUnicode_InternFromString("old_is_key");
+    str_new = PyUnicode_InternFromString("new");
+    if (!str_relation || !str_op || !str_lsn || !str_old || !str_old_is_key || !str_new)
+        return NULL;
     str_payload = PyUnicode_InternFromString("payload");
     str_data_start = PyUnicode_InternFromString("data_start");
     if (!op_insert || !op_update || !op_delete || !str_payload || !str_data_start)

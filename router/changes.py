@@ -173,6 +173,10 @@ def change_size(c: Change) -> int:
     return CHANGE_OVERHEAD + _payload(c.old) + _payload(c.new)
 
 
+#: changes per list ``Changes.runs`` yields from a spill file
+RUN_SIZE = 4096
+
+
 class Changes:
     """The changes of a released transaction, in order; iterable any number of times.
     Spilled changes are read back from the file on each iteration."""
@@ -199,6 +203,24 @@ class Changes:
                     yield change
         else:
             yield from self._memory
+
+    def runs(self) -> Iterator[list[Change]]:
+        """The changes in order as lists: what is in memory as one list (not a copy), what
+        was spilled in lists of up to ``RUN_SIZE``."""
+        if self._file is not None:
+            run: list[Change] = []
+            for change in self._read_spilled():
+                run.append(change)
+                if len(run) >= RUN_SIZE:
+                    yield run
+                    run = []
+            if run:
+                yield run
+        if self._aborted:
+            yield [change for change, subxid in zip(self._memory, self._subxids)
+                   if subxid not in self._aborted]
+        elif self._memory:
+            yield self._memory
 
     def _read_spilled(self) -> Iterator[Change]:
         f, rels, aborted = self._file, self._relations, self._aborted

@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 import msgspec
 
 from .changes import Change
+from .native import NATIVE
 from .envelope import TableEncoder, TxContext, encode_message
 from .plans import KINDS, TablePlan, apply_plan, materialize
 from .pgoutput import Relation
@@ -75,6 +76,35 @@ class RouteSpec(msgspec.Struct, frozen=True):
 
 
 _H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"
+def _record_run_py(changes: list, i: int, rel: Relation, ops: dict, kinds: dict, seq: int,
+                   records: list, limit: int) -> tuple[int, int]:
+    """``router._native.record_run`` in Python: from ``changes[i]`` on, while the change is
+    of ``rel`` and ``ops`` has recorders for its op, every recorder's record of it goes to
+    ``records``; stops after the change that fills ``records`` to ``limit``. Returns the
+    index of the first change not taken and the next seq."""
+    n = len(changes)
+    while i < n:
+        change = changes[i]
+        if change.relation is not rel:
+            break
+        op = change.op
+        recorders = ops.get(op)
+        if recorders is None:
+            break
+        kind = kinds[op]
+        old, new, lsn, old_is_key = change.old, change.new, change.lsn, change.old_is_key
+        for record in recorders:
+            records.append(record(kind, lsn, seq, old, old_is_key, new))
+        seq += 1
+        i += 1
+        if len(records) >= limit:
+            break
+    return i, seq
+
+
+record_run = NATIVE.record_run if NATIVE is not None else _record_run_py
+
+
 def _no_headers(commit_lsn: int, seq: int) -> None:
     return None
 
@@ -212,35 +242,36 @@ class ChangeRouter:
         # target a recorder bound to this transaction (TableEncoder.recorder)
         bound: dict[int, tuple] = {}  # relation id -> (relation, {op: recorders | None})
         rel = ops = None
-        for change in txn.changes:
-            op = change.op
-            if op in KINDS:
-                if change.relation is not rel:
-                    rel = change.relation
-                    ops = bound.get(rel.relation_id)
-                    if ops is None or ops[0] is not rel:
-                        ops = bound[rel.relation_id] = (rel, {})
-                    ops = ops[1]
-                recorders = ops.get(op, False)
-                if recorders is False:
-                    recorders = ops[op] = self._recorders(rel, op, tx, lsn_header, schemas)
-                if recorders is not None:
-                    if recorders:
-                        kind = KINDS[op]
-                        old, new, lsn = change.old, change.new, change.lsn
-                        old_is_key = change.old_is_key
-                        for record in recorders:
-                            records.append(record(kind, lsn, seq, old, old_is_key, new))
-                    seq += 1
-                    if len(records) >= limit:
-                        yield self._chunk(txn, records, schemas, False)
-                        records, schemas = [], []
-                    continue
-            self._route_change(change, tx, seq, records, schemas)
-            seq += 1
-            if len(records) >= limit:
-                yield self._chunk(txn, records, schemas, False)
-                records, schemas = [], []
+        changes = txn.changes
+        for batch in (changes.runs() if hasattr(changes, "runs") else [list(changes)]):
+            i, n = 0, len(batch)
+            while i < n:
+                change = batch[i]
+                op = change.op
+                if op in KINDS:
+                    if change.relation is not rel:
+                        rel = change.relation
+                        ops = bound.get(rel.relation_id)
+                        if ops is None or ops[0] is not rel:
+                            ops = bound[rel.relation_id] = (rel, {})
+                        ops = ops[1]
+                    recorders = ops.get(op, False)
+                    if recorders is False:
+                        recorders = ops[op] = self._recorders(rel, op, tx, lsn_header, schemas)
+                    if recorders is not None:
+                        # this change and the run of changes after it that is recorded the
+                        # same way (same relation, bound ops)
+                        i, seq = record_run(batch, i, rel, ops, KINDS, seq, records, limit)
+                        if len(records) >= limit:
+                            yield self._chunk(txn, records, schemas, False)
+                            records, schemas = [], []
+                        continue
+                self._route_change(change, tx, seq, records, schemas)
+                seq += 1
+                i += 1
+                if len(records) >= limit:
+                    yield self._chunk(txn, records, schemas, False)
+                    records, schemas = [], []
         yield self._chunk(txn, records, schemas, True)
 
     def _recorders(self, rel: Relation, op: str, tx: TxContext, lsn_header: tuple,
