@@ -85,6 +85,8 @@ def _hand_over_py(produce, records, start, on_delivery) -> int:
     """``router._native.hand_over`` in Python: ``produce`` with positional arguments only
     (confluent-kafka parses keywords slowly): topic, value, key, partition (-1: the
     partitioner chooses), callback, on_delivery, timestamp (0: now), headers."""
+    if start < 0:
+        raise ValueError("hand_over: negative start")
     for i in range(start, len(records)):
         topic, key, value, headers = records[i]
         try:

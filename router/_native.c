@@ -924,8 +924,8 @@ static PyTypeObject RecorderType = {
  * Called as tally(err, msg) once per record from the Kafka client's thread (librdkafka's
  * delivery callback), or tally.ack(metadata) / tally.fail(exc) (kafka-python's). Calls
  * on_done(ticket, None, count) once when every record was acknowledged, or
- * on_done(ticket, err, 0) at the first failure (and nothing after that). count 0 means
- * nothing was handed over; then it never fires.
+ * on_done(ticket, err, 0) at the first failure (and nothing after that). A Tally of count 0
+ * (never made by the clients: they hand over at least one record) fires at its first call.
  */
 typedef struct {
     PyObject_HEAD
@@ -1177,12 +1177,14 @@ native_drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(payload);
             goto error;
         }
-        if (PyBytes_Check(payload))
-            size += PyBytes_GET_SIZE(payload);
-        else if (PyObject_Length(payload) >= 0)
-            size += PyObject_Length(payload);
-        else
-            PyErr_Clear();
+        Py_ssize_t len = PyBytes_Check(payload) ? PyBytes_GET_SIZE(payload)
+                                                : PyObject_Length(payload);
+        if (len < 0) {
+            Py_DECREF(start);
+            Py_DECREF(payload);
+            goto error;
+        }
+        size += len;
         PyObject *pair = PyTuple_Pack(2, start, payload);
         Py_DECREF(start);
         Py_DECREF(payload);
@@ -1312,6 +1314,10 @@ native_hand_over(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t i = PyLong_AsSsize_t(args[2]);
     if (i == -1 && PyErr_Occurred())
         return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "hand_over: negative start");
+        return NULL;
+    }
     if (partition_ua == NULL) {
         partition_ua = PyLong_FromLong(-1);
         timestamp_now = PyLong_FromLong(0);
@@ -1340,7 +1346,7 @@ native_hand_over(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_DECREF(r);
     }
-    return PyLong_FromSsize_t(i);
+    return PyLong_FromSsize_t(i < PyList_GET_SIZE(records) ? i : PyList_GET_SIZE(records));
 }
 
 /* ------------------------------------------------------------------------------------------ */

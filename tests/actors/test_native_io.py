@@ -95,12 +95,12 @@ def test_drain_limits(fn):
 
 
 @native
-@pytest.mark.xfail(strict=True, reason="C counts a payload without len() as 0 bytes "
-                                       "(Python raises TypeError); psycopg2 always gives bytes")
 def test_drain_payload_without_length():
     messages = [Msg(5, 1), Msg(b"ab", 2)]
     assert drain_run(NATIVE.drain, messages, 10, 100) == drain_run(slot._drain_py, messages, 10,
                                                                    100)
+    with pytest.raises(TypeError):
+        NATIVE.drain(iter(messages).__next__, 10, 100)
 
 
 # --- hand_over -----------------------------------------------------------------------------
@@ -186,12 +186,13 @@ def test_hand_over_equals_python():
 
 
 @native
-@pytest.mark.xfail(strict=True, reason="C returns start when start > len(records) "
-                                       "(Python returns len(records)); callers never do that")
-def test_hand_over_start_past_the_end():
+def test_hand_over_start_past_the_end_and_negative():
     records = [("t", b"k", b"v", [])]
     want = hand_over_run(rdkafka_client._hand_over_py, records, 5)
     assert hand_over_run(NATIVE.hand_over, records, 5) == want
+    for step in (NATIVE.hand_over, rdkafka_client._hand_over_py):
+        with pytest.raises(ValueError):
+            step(confluent_produce, records, -1, None)
 
 
 def test_public_hand_over_waits_on_a_full_queue_and_goes_on():
