@@ -227,15 +227,20 @@ class TableEncoder:
         stream of one-row transactions pays this for every record)."""
         self._tx = tx
         self._source_tmpl = None
+        if self._codec is None:
+            self._python_tx(tx)
+            return
+        self._value_tmpl = None  # the Python path's template, made when it is needed
+        commit_lsn, xid, commit_time, origin, origin_lsn, ts_ms = _tx_json(tx)
+        self._mid = b',"commit_lsn":' + commit_lsn + b',"seq":'
+        self._tail = (b',"xid":' + xid + b',"commit_time":' + commit_time + b',"origin":'
+                      + origin + b',"origin_lsn":' + origin_lsn + self._route_part
+                      + b'},"ts_ms":' + ts_ms + b'}')
+
+    def _python_tx(self, tx: TxContext) -> None:
         parts = _tx_parts(tx)
         self._ts_ms = parts[-1]
         self._value_tmpl = self._static_tmpl % parts[:-1]
-        if self._codec is not None:
-            commit_lsn, xid, commit_time, origin, origin_lsn, ts_ms = _tx_json(tx)
-            self._mid = b',"commit_lsn":' + commit_lsn + b',"seq":'
-            self._tail = (b',"xid":' + xid + b',"commit_time":' + commit_time + b',"origin":'
-                          + origin + b',"origin_lsn":' + origin_lsn + self._route_part
-                          + b'},"ts_ms":' + ts_ms + b'}')
 
     def _source(self, tx: TxContext, lsn: int, seq: int) -> dict:
         if tx is not self._tx:
@@ -303,6 +308,8 @@ class TableEncoder:
                    old_is_key: bool, new: tuple | None) -> tuple[bytes, bytes]:
         if tx is not self._tx:
             self._use_tx(tx)
+        if self._value_tmpl is None:
+            self._python_tx(tx)
         before = after = b"null"
         toast = None
         if old is not None:
@@ -359,8 +366,9 @@ def _tx_parts(tx: TxContext) -> tuple:
 @functools.lru_cache(maxsize=8)
 def _tx_json(tx: TxContext) -> tuple:
     """A transaction's encoded source values for ``router._native.RowCodec``."""
-    return (_encode(tx.commit_lsn), _encode(tx.xid), _encode(tx.commit_time_iso),
-            _encode(tx.origin), _encode(tx.origin_lsn), _encode(tx.ts_ms))
+    return (b"%d" % tx.commit_lsn, b"%d" % tx.xid, _encode(tx.commit_time_iso),
+            _encode(tx.origin), b"null" if tx.origin_lsn is None else b"%d" % tx.origin_lsn,
+            b"%d" % tx.ts_ms)
 
 
 def _row_struct(names: tuple[str, ...]):
