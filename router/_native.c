@@ -817,6 +817,10 @@ recorder_vectorcall(Recorder *self, PyObject *const *args, size_t nargsf, PyObje
         PyErr_SetString(PyExc_TypeError, "recorder(op, lsn, seq, old, old_is_key, new)");
         return NULL;
     }
+    if (self->codec == NULL || self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Recorder is not initialised");
+        return NULL;
+    }
     PyObject *key = NULL, *value = NULL;
     int r = encode_change(self->codec, args[0], self->head, self->mid, self->tail, args[1],
                           args[2], args[3], args[4], args[5], &key, &value);
@@ -891,17 +895,36 @@ recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+/* The fallback is a closure over the TableEncoder that caches this Recorder: a cycle, so
+ * the type takes part in garbage collection. */
+static int
+recorder_traverse(Recorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->codec);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->lsn_header);
+    return 0;
+}
+
+static int
+recorder_clear(Recorder *self)
+{
+    Py_CLEAR(self->codec);
+    Py_CLEAR(self->topic);
+    Py_CLEAR(self->head);
+    Py_CLEAR(self->mid);
+    Py_CLEAR(self->tail);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->lsn_header);
+    Py_CLEAR(self->seq_name);
+    return 0;
+}
+
 static void
 recorder_dealloc(Recorder *self)
 {
-    Py_XDECREF(self->codec);
-    Py_XDECREF(self->topic);
-    Py_XDECREF(self->head);
-    Py_XDECREF(self->mid);
-    Py_XDECREF(self->tail);
-    Py_XDECREF(self->fallback);
-    Py_XDECREF(self->lsn_header);
-    Py_XDECREF(self->seq_name);
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -909,11 +932,13 @@ static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "router._native.Recorder",
     .tp_basicsize = sizeof(Recorder),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Recorder(codec, topic, head, mid, tail, fallback, lsn_header, seq_name)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)recorder_init,
     .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(Recorder, vectorcall),
 };
@@ -952,11 +977,27 @@ tally_init(Tally *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+static int
+tally_traverse(Tally *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->on_done);
+    Py_VISIT(self->ticket);
+    return 0;
+}
+
+static int
+tally_clear(Tally *self)
+{
+    Py_CLEAR(self->on_done);
+    Py_CLEAR(self->ticket);
+    return 0;
+}
+
 static void
 tally_dealloc(Tally *self)
 {
-    Py_XDECREF(self->on_done);
-    Py_XDECREF(self->ticket);
+    PyObject_GC_UnTrack(self);
+    tally_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1019,7 +1060,9 @@ static PyTypeObject TallyType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "router._native.Tally",
     .tp_basicsize = sizeof(Tally),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)tally_traverse,
+    .tp_clear = (inquiry)tally_clear,
     .tp_doc = "Tally(count, on_done, ticket): one batch's delivery callback",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)tally_init,
