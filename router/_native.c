@@ -1301,6 +1301,9 @@ native_record_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             seq = PyLong_FromSsize_t(seq_n);
             if (seq == NULL)
                 goto error;
+            /* a recorder's fallback runs Python code: hold what is borrowed */
+            Py_INCREF(recorders);
+            Py_INCREF(kind);
             PyObject *call[6] = {kind, NULL, seq, NULL, NULL, NULL};
             call[1] = PyObject_GetAttr(change, str_lsn);
             call[3] = call[1] ? PyObject_GetAttr(change, str_old) : NULL;
@@ -1318,6 +1321,8 @@ native_record_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(call[4]);
             Py_XDECREF(call[5]);
             Py_CLEAR(seq);
+            Py_DECREF(recorders);
+            Py_DECREF(kind);
             if (failed)
                 goto error;
         }
