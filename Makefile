@@ -7,7 +7,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # the install is redone when the package definition or the C accelerator changes
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py router/_native.c | cksum | cut -d' ' -f1)
+NATIVE := $(wildcard router/_native/*.c router/_native/*.h)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(NATIVE) | cksum | cut -d' ' -f1)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto
 PYTEST_ARGS ?=
@@ -16,7 +17,7 @@ PYTEST_ARGS ?=
 
 test: venv stack
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
-	# the pure-Python twins of the C hot path (router/_native.c), as on machines without a compiler
+	# the pure-Python twins of the C hot path (router/_native/), as on machines without a compiler
 	PGROUTER_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/router tests/actors
 
 demo: venv stack
@@ -39,7 +40,7 @@ system:
 
 venv: system $(STAMP)
 
-$(STAMP): pyproject.toml setup.py router/_native.c
+$(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[dev,spark,librdkafka]'

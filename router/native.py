@@ -1,4 +1,4 @@
-"""The optional C accelerator of the per-change hot path (``router/_native.c``).
+"""The optional C accelerator of the per-change hot path (``router/_native/``, one extension module).
 
 Rules:
 

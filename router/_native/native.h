@@ -1,0 +1,54 @@
+/* router._native: the per-change hot path of pgrouter in C, byte for byte what the Python
+ * code computes. One extension module built from the C files of router/_native (setup.py):
+ *
+ *   module.c    configure(), the module and its shared state
+ *   pgoutput.c  the slot side: drain (psycopg2's read loop), read_tuple, decode_row,
+ *               feed_rows (the transaction assembler's short path)
+ *   json.h      the output buffer and msgspec's JSON writing
+ *   codec.c     the router side: RowCodec (row, key and change JSON)
+ *   recorder.c  Recorder (one route's records of a transaction) and record_run
+ *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
+ *
+ * Rules these files keep:
+ *
+ * - It is an accelerator, never the reference. Every function has a Python twin
+ *   (router.pgoutput.reader.read_tuple_py, router.transactions.TransactionAssembler._feed_row,
+ *   router.envelope.TableEncoder._encode_py, router.routing._record_run_py,
+ *   router.delivery.PyTally, actors.slot._drain_py, actors.rdkafka_client._hand_over_py)
+ *   and returns None (or stops early) where its input is anything but the plain case it was
+ *   written for (malformed bytes, unchanged-TOAST values, binary values, numbers PostgreSQL
+ *   did not print canonically...). The caller then runs the Python twin, which raises the
+ *   precise error or handles the rare case. So errors, offsets and odd values have exactly
+ *   one implementation.
+ * - Output bytes equal msgspec's JSON encoding of the dicts the Python code builds: keys in
+ *   order, no spaces, strings escaped as msgspec escapes them (control characters, '"'
+ *   and '\\'; \b \t \n \f \r short, the others as \u00xx). tests/router/test_native*.py
+ *   and tests/actors/test_native_io.py compare the two.
+ * - No I/O; no global state beyond what configure() is given and interned names.
+ */
+#ifndef PGROUTER_NATIVE_H
+#define PGROUTER_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* module.c: router.pgoutput's sentinel, column limit and message classes (configure()) */
+extern PyObject *unchanged_toast, *insert_type, *update_type, *delete_type;
+extern Py_ssize_t max_columns;
+
+/* each part readies its types, interns its names and adds its functions and types */
+int pgoutput_setup(PyObject *module);
+int codec_setup(PyObject *module);
+int records_setup(PyObject *module);
+int delivery_setup(PyObject *module);
+
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+#endif

@@ -1,0 +1,269 @@
+/* The router side of router._native beyond the codec: one route's records of a transaction
+ * (Recorder) and runs of them (record_run). */
+#include "codec.h"
+
+/* ------------------------------------------------------------------------------------------
+ * Recorder(codec, topic, head, mid, tail, fallback, lsn_header, seq_name): one route's
+ * records of one relation layout in one transaction.
+ *
+ * recorder(op, lsn, seq, old, old_is_key, new) -> (topic, key, value, headers) with
+ * headers = [lsn_header, (seq_name, b"<seq>")] (None when lsn_header is None), encoded by
+ * the codec, or by
+ * fallback(op, lsn, seq, old, old_is_key, new) where the codec returns None for the change
+ * (router.envelope.TableEncoder.recorder). The record and its headers hold only atoms and
+ * are never part of a cycle, so they are not tracked by the garbage collector: a stream of
+ * records then costs the collector nothing.
+ */
+typedef struct {
+    PyObject_HEAD
+    RowCodec *codec;
+    PyObject *topic, *head, *mid, *tail, *fallback, *lsn_header, *seq_name;
+    vectorcallfunc vectorcall;
+} Recorder;
+
+static PyObject *
+recorder_vectorcall(Recorder *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 6 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "recorder(op, lsn, seq, old, old_is_key, new)");
+        return NULL;
+    }
+    if (self->codec == NULL || self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Recorder is not initialised");
+        return NULL;
+    }
+    PyObject *key = NULL, *value = NULL;
+    int r = encode_change(self->codec, args[0], self->head, self->mid, self->tail, args[1],
+                          args[2], args[3], args[4], args[5], &key, &value);
+    if (r < 0)
+        return NULL;
+    if (r == FALLBACK)
+        return PyObject_Vectorcall(self->fallback, args, 6, NULL);
+    PyObject *rec = PyTuple_New(4);
+    if (rec == NULL) {
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(rec, 0, Py_NewRef(self->topic));
+    PyTuple_SET_ITEM(rec, 1, key);
+    PyTuple_SET_ITEM(rec, 2, value);
+    if (self->lsn_header == Py_None) {
+        PyTuple_SET_ITEM(rec, 3, Py_NewRef(Py_None));
+        PyObject_GC_UnTrack(rec);
+        return rec;
+    }
+    char digits[24];
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[2]); /* checked by encode_change */
+    int n = snprintf(digits, sizeof(digits), "%llu", seq);
+    PyObject *headers = PyList_New(2), *seq_header = PyTuple_New(2);
+    PyObject *seq_bytes = PyBytes_FromStringAndSize(digits, n);
+    if (headers == NULL || seq_header == NULL || seq_bytes == NULL) {
+        Py_XDECREF(headers);
+        Py_XDECREF(seq_header);
+        Py_XDECREF(seq_bytes);
+        Py_DECREF(rec);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(seq_header, 0, Py_NewRef(self->seq_name));
+    PyTuple_SET_ITEM(seq_header, 1, seq_bytes);
+    PyList_SET_ITEM(headers, 0, Py_NewRef(self->lsn_header));
+    PyList_SET_ITEM(headers, 1, seq_header);
+    PyTuple_SET_ITEM(rec, 3, headers);
+    PyObject_GC_UnTrack(seq_header);
+    PyObject_GC_UnTrack(headers);
+    PyObject_GC_UnTrack(rec);
+    return rec;
+}
+
+static int
+recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *codec, *topic, *head, *mid, *tail, *fallback, *lsn_header, *seq_name;
+    if (!PyArg_ParseTuple(args, "O!USSSOOU:Recorder", &RowCodecType, &codec, &topic, &head,
+                          &mid, &tail, &fallback, &lsn_header, &seq_name))
+        return -1;
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: fallback must be callable");
+        return -1;
+    }
+    if (lsn_header != Py_None &&
+        (!PyTuple_CheckExact(lsn_header) || PyTuple_GET_SIZE(lsn_header) != 2 ||
+         !PyUnicode_CheckExact(PyTuple_GET_ITEM(lsn_header, 0)) ||
+         !PyBytes_CheckExact(PyTuple_GET_ITEM(lsn_header, 1)))) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: lsn_header is a (str, bytes) pair");
+        return -1;
+    }
+    Py_XSETREF(self->codec, (RowCodec *)Py_NewRef(codec));
+    Py_XSETREF(self->topic, Py_NewRef(topic));
+    Py_XSETREF(self->head, Py_NewRef(head));
+    Py_XSETREF(self->mid, Py_NewRef(mid));
+    Py_XSETREF(self->tail, Py_NewRef(tail));
+    Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    Py_XSETREF(self->lsn_header, Py_NewRef(lsn_header));
+    Py_XSETREF(self->seq_name, Py_NewRef(seq_name));
+    self->vectorcall = (vectorcallfunc)recorder_vectorcall;
+    return 0;
+}
+
+/* The fallback is a closure over the TableEncoder that caches this Recorder: a cycle, so
+ * the type takes part in garbage collection. */
+static int
+recorder_traverse(Recorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->codec);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->lsn_header);
+    return 0;
+}
+
+static int
+recorder_clear(Recorder *self)
+{
+    Py_CLEAR(self->codec);
+    Py_CLEAR(self->topic);
+    Py_CLEAR(self->head);
+    Py_CLEAR(self->mid);
+    Py_CLEAR(self->tail);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->lsn_header);
+    Py_CLEAR(self->seq_name);
+    return 0;
+}
+
+static void
+recorder_dealloc(Recorder *self)
+{
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject RecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "router._native.Recorder",
+    .tp_basicsize = sizeof(Recorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Recorder(codec, topic, head, mid, tail, fallback, lsn_header, seq_name)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)recorder_init,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Recorder, vectorcall),
+};
+
+/* ------------------------------------------------------------------------------------------
+ * record_run(changes, i, relation, ops, kinds, seq, records, limit) -> (next, seq)
+ *
+ * The router's direct path (router.routing._record_run_py): from changes[i] on, while the
+ * change's relation is ``relation`` and ``ops`` (op -> tuple of recorders, or None) has
+ * recorders for its op, each recorder's record(kinds[op], lsn, seq, old, old_is_key, new)
+ * is appended to ``records`` and seq counts up; stops after the change that fills records to
+ * ``limit``.
+ */
+static PyObject *str_relation, *str_op, *str_lsn, *str_old, *str_old_is_key, *str_new;
+
+static PyObject *
+native_record_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[3]) ||
+        !PyDict_CheckExact(args[4]) || !PyList_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "record_run(changes: list, i, relation, ops: dict, "
+                                         "kinds: dict, seq, records: list, limit)");
+        return NULL;
+    }
+    PyObject *changes = args[0], *rel = args[2], *ops = args[3], *kinds = args[4];
+    PyObject *records = args[6];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t seq_n = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *seq = NULL;
+    for (; i < PyList_GET_SIZE(changes); ) {
+        PyObject *change = PyList_GET_ITEM(changes, i);
+        PyObject *crel = PyObject_GetAttr(change, str_relation);
+        if (crel == NULL)
+            goto error;
+        Py_DECREF(crel); /* only its identity matters; the change keeps it alive */
+        if (crel != rel)
+            break;
+        PyObject *op = PyObject_GetAttr(change, str_op);
+        if (op == NULL)
+            goto error;
+        PyObject *recorders = PyDict_GetItemWithError(ops, op);
+        PyObject *kind = recorders ? PyDict_GetItemWithError(kinds, op) : NULL;
+        Py_DECREF(op);
+        if (recorders == NULL || recorders == Py_None || kind == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            break;
+        }
+        if (!PyTuple_CheckExact(recorders)) {
+            PyErr_SetString(PyExc_TypeError, "record_run: recorders are a tuple");
+            goto error;
+        }
+        if (PyTuple_GET_SIZE(recorders)) {
+            seq = PyLong_FromSsize_t(seq_n);
+            if (seq == NULL)
+                goto error;
+            /* a recorder's fallback runs Python code: hold what is borrowed */
+            Py_INCREF(recorders);
+            Py_INCREF(kind);
+            PyObject *call[6] = {kind, NULL, seq, NULL, NULL, NULL};
+            call[1] = PyObject_GetAttr(change, str_lsn);
+            call[3] = call[1] ? PyObject_GetAttr(change, str_old) : NULL;
+            call[4] = call[3] ? PyObject_GetAttr(change, str_old_is_key) : NULL;
+            call[5] = call[4] ? PyObject_GetAttr(change, str_new) : NULL;
+            int failed = call[5] == NULL;
+            for (Py_ssize_t r = 0; !failed && r < PyTuple_GET_SIZE(recorders); r++) {
+                PyObject *rec = PyObject_Vectorcall(PyTuple_GET_ITEM(recorders, r), call, 6,
+                                                    NULL);
+                failed = rec == NULL || PyList_Append(records, rec) < 0;
+                Py_XDECREF(rec);
+            }
+            Py_XDECREF(call[1]);
+            Py_XDECREF(call[3]);
+            Py_XDECREF(call[4]);
+            Py_XDECREF(call[5]);
+            Py_CLEAR(seq);
+            Py_DECREF(recorders);
+            Py_DECREF(kind);
+            if (failed)
+                goto error;
+        }
+        seq_n++;
+        i++;
+        if (PyList_GET_SIZE(records) >= limit)
+            break;
+    }
+    return Py_BuildValue("(nn)", i, seq_n);
+error:
+    return NULL;
+}
+
+static PyMethodDef records_methods[] = {
+    {"record_run", (PyCFunction)(void (*)(void))native_record_run, METH_FASTCALL,
+     "record_run(changes, i, relation, ops, kinds, seq, records, limit) -> (next, seq)"},
+    {NULL}};
+
+int
+records_setup(PyObject *module)
+{
+    if (PyType_Ready(&RecorderType) < 0)
+        return -1;
+    str_relation = PyUnicode_InternFromString("relation");
+    str_op = PyUnicode_InternFromString("op");
+    str_lsn = PyUnicode_InternFromString("lsn");
+    str_old = PyUnicode_InternFromString("old");
+    str_old_is_key = PyUnicode_InternFromString("old_is_key");
+    str_new = PyUnicode_InternFromString("new");
+    if (!str_relation || !str_op || !str_lsn || !str_old || !str_old_is_key || !str_new)
+        return -1;
+    if (PyModule_AddObjectRef(module, "Recorder", (PyObject *)&RecorderType) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, records_methods);
+}
