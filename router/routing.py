@@ -135,6 +135,8 @@ class ChangeRouter:
         self._new_topics: list[tuple[str, str]] = []
         self._pending_routes: list[RouteSpec] | None = None
         self._dispatch: dict[int, tuple] = {}
+        #: (transaction, {id(plan): (plan, recorder)}) for the plans _route_change used in it
+        self._plan_recorders: tuple = (None, {})
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -266,7 +268,7 @@ class ChangeRouter:
                             yield self._chunk(txn, records, schemas, False)
                             records, schemas = [], []
                         continue
-                self._route_change(change, tx, seq, records, schemas)
+                self._route_change(change, tx, seq, records, schemas, lsn_header)
                 seq += 1
                 i += 1
                 if len(records) >= limit:
@@ -316,7 +318,7 @@ class ChangeRouter:
             schemas.append(plan.encoder.schema)
 
     def _route_change(self, change: Change, tx: TxContext, seq: int, out: list,
-                      schemas: list) -> None:
+                      schemas: list, lsn_header: tuple | None) -> None:
         op = change.op
         if op == "message":
             if self.messages_topic:
@@ -352,19 +354,27 @@ class ChangeRouter:
                 entry[3][key] = decisions
             if not decisions:
                 return
-            results = [materialize(plan, kind, change) for plan, kind in decisions]
-        headers = None
-        for result in results:
-            plan, kind, old, old_is_key, new = result
-            sid = plan.encoder.schema.schema_id
-            if sid not in self._seen_schemas:
-                self._seen_schemas.add(sid)
-                schemas.append(plan.encoder.schema)
-            key, value = plan.encoder.encode_change(kind, tx, change.lsn, seq, old, old_is_key,
-                                                    new)
-            if headers is None:
-                headers = self._headers(tx.commit_lsn, seq)
-            out.append((plan.topic, key, value, headers))
+            same = KINDS[op]
+            # a decision that publishes the change as it is (same kind, no column mapping)
+            # needs no materialized copy
+            results = [(plan, kind, change.old, change.old_is_key, change.new)
+                       if kind == same and plan.row_map is None
+                       else materialize(plan, kind, change) for plan, kind in decisions]
+        lsn = change.lsn
+        bound = self._plan_recorders
+        if bound[0] is not tx:
+            bound = self._plan_recorders = (tx, {})
+        for plan, kind, old, old_is_key, new in results:
+            hit = bound[1].get(id(plan))
+            if hit is None:  # the plan's first record in this transaction
+                encoder = plan.encoder
+                if encoder.schema.schema_id not in self._seen_schemas:
+                    self._seen_schemas.add(encoder.schema.schema_id)
+                    schemas.append(encoder.schema)
+                # the plan is kept with its recorder: its id cannot be reused meanwhile
+                hit = bound[1][id(plan)] = (plan, encoder.recorder(tx, plan.topic,
+                                                                   lsn_header, _H_SEQ))
+            out.append(hit[1](kind, lsn, seq, old, old_is_key, new))
 
     def _route_truncate(self, change: Change, tx: TxContext, seq: int, out: list,
                         schemas: list) -> None:

@@ -175,3 +175,28 @@ def test_full_identity_table_is_keyed_by_its_primary_key():
     default = Relation(relation_id=9, namespace="public", name="f", replica_identity="d",
                        columns=rel.columns)
     assert ChangeRouter([], db="d", primary_keys={("public", "f"): ("id",)}).keyed(default) is default
+
+
+@pytest.mark.parametrize("position_headers", [False, True])
+def test_position_headers_on_filtered_and_direct_records(position_headers):
+    """``position_headers`` puts (commit_lsn, seq) on every change record, whether a route
+    filters (evaluated per change) or publishes as is (the direct path); none without it."""
+    def planner(rel):
+        return {"insert_filter": v_over_5} if rel.name == "t" else None
+    other = Relation(2, "public", "u", "d", REL.columns)
+    router = ChangeRouter([RouteSpec(name="f", planner=planner),
+                           RouteSpec(name="a", all_tables=True)], db="d",
+                          position_headers=position_headers)
+    changes = [Change("insert", 1, REL, new=("1", "9", "x")),
+               Change("insert", 2, other, new=("2", "1", "y")),
+               Change("insert", 3, REL, new=("3", "7", "z"))]
+    records = [r for c in router.route(_Txn(changes)) for r in c.records]
+    # t goes through the filter of route f (every plan evaluated), u the direct path
+    assert [(r[0], json.loads(r[2])["source"]["seq"]) for r in records] == [
+        ("f.public.t", 0), ("a.public.t", 0), ("a.public.u", 1), ("f.public.t", 2),
+        ("a.public.t", 2)]
+    for _, _, value, headers in records:
+        src = json.loads(value)["source"]
+        want = [("pgrouter.commit_lsn", b"100"),
+                ("pgrouter.seq", b"%d" % src["seq"])] if position_headers else None
+        assert headers == want
