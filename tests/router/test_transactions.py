@@ -8,6 +8,7 @@ import pathlib
 
 import pytest
 
+from router import changes as changes_module
 from router.errors import ProtocolViolation
 from router.pgoutput import (
     UNCHANGED_TOAST, Begin, BeginPrepare, Commit, CommitPrepared, Decoder, Delete, Insert,
@@ -112,7 +113,7 @@ def test_interleaved_streams_with_subtransaction_aborts():
     assert a.open_streams == () and a.memory == 0
 
 
-def test_streamed_subtransaction_changes_dropped_after_spill(tmp_path):
+def test_streamed_subtransaction_changes_dropped_after_spill(tmp_path, monkeypatch):
     a = assembler(memory_limit=2000, spill_dir=str(tmp_path))
     msgs = [StreamStart(10, True)]
     msgs += [ins(i, 10 if i % 3 else 11) for i in range(60)]
@@ -124,6 +125,11 @@ def test_streamed_subtransaction_changes_dropped_after_spill(tmp_path):
     assert txn.changes.spilled
     expected = [str(i) for i in range(60) if i % 3] + ["1000"]
     assert values(txn) == expected and txn.change_count == len(expected)
+    # the router reads the same changes as lists (spilled ones in runs of RUN_SIZE)
+    monkeypatch.setattr(changes_module, "RUN_SIZE", 7)
+    runs = list(txn.changes.runs())
+    assert [c for run in runs for c in run] == list(txn.changes)
+    assert len(runs) > 2 and all(len(run) <= 7 for run in runs[:-1])
 
 
 def test_spill_to_disk_and_read_back(tmp_path, monkeypatch):
