@@ -54,25 +54,51 @@ def _components(root: pathlib.Path, info: StackInfo):
 
 def _move_stopped_off_taken_ports(root: pathlib.Path, info: StackInfo) -> StackInfo:
     """A stopped service whose remembered port another process took meanwhile (another
-    checkout's stack, a system PostgreSQL) moves to a free port instead of failing."""
+    checkout's stack, a system PostgreSQL) moves to a free port instead of failing; never to
+    a port this stack already gives another of its services."""
     pg, kafka, extras = _components(root, info)
     replace = msgspec.structs.replace
+    taken = {info.pg_port, info.kafka_port, info.controller_port,
+             *(node.port for node in extras.values())}
     if pg.pid() is None and not port_free(info.pg_port):
-        port = pick_port("auto", info.pg_port + 1, what="PostgreSQL", flag="--pg-port")
+        port = pick_port("auto", info.pg_port + 1, what="PostgreSQL", flag="--pg-port",
+                         taken=taken)
+        taken.add(port)
         info = replace(info, pg_port=port,
                        pg_dsn=f"postgresql://postgres@127.0.0.1:{port}/postgres")
     if kafka.pid() is None and not (port_free(info.kafka_port)
                                     and port_free(info.controller_port)):
-        port = pick_port("auto", info.kafka_port + 2, what="Kafka", flag="--kafka-port")
-        ctl = pick_port("auto", port + 1, what="Kafka controller", flag="--kafka-port")
+        port = pick_port("auto", info.kafka_port + 2, what="Kafka", flag="--kafka-port",
+                         taken=taken)
+        taken.add(port)
+        ctl = pick_port("auto", port + 1, what="Kafka controller", flag="--kafka-port",
+                        taken=taken)
+        taken.add(ctl)
         info = replace(info, kafka_port=port, controller_port=ctl,
                        kafka_bootstrap=f"127.0.0.1:{port}")
     extra = dict(info.extra_pg)
     for name, node in extras.items():
         if node.pid() is None and not port_free(node.port):
-            port = pick_port("auto", node.port + 1, what=f"PostgreSQL {name}", flag="--pg-port")
+            port = pick_port("auto", node.port + 1, what=f"PostgreSQL {name}", flag="--pg-port",
+                             taken=taken)
+            taken.add(port)
             extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     return replace(info, extra_pg=extra)
+
+
+def extra_nodes(info: StackInfo, count: int) -> dict[str, str]:
+    """``info.extra_pg`` grown to ``count`` extra PostgreSQL nodes (pg2, pg3, …) on free
+    ports. The ports handed out here are not listening yet: none is given twice."""
+    extra = dict(info.extra_pg)
+    taken = {info.pg_port, info.kafka_port, info.controller_port,
+             *(int(dsn.rsplit(":", 1)[1].split("/")[0]) for dsn in extra.values())}
+    for i in range(len(extra), count):
+        name = f"pg{i + 2}"
+        port = pick_port("auto", info.pg_port + 1 + i, what=f"PostgreSQL {name}",
+                         flag="--pg-port", taken=taken)
+        taken.add(port)
+        extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    return extra
 
 
 def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
@@ -89,11 +115,7 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
         info = StackInfo(pg_dsn=f"postgresql://postgres@127.0.0.1:{pg_p}/postgres",
                          kafka_bootstrap=f"127.0.0.1:{k_p}", pg_port=pg_p, kafka_port=k_p,
                          controller_port=c_p, state_dir=str(root))
-    extra = dict(info.extra_pg)
-    for i in range(len(extra), extra_postgres):
-        name = f"pg{i + 2}"
-        port = pick_port("auto", info.pg_port + 1 + i, what=f"PostgreSQL {name}", flag="--pg-port")
-        extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    extra = extra_nodes(info, extra_postgres)
     info = _move_stopped_off_taken_ports(root, msgspec.structs.replace(info, extra_pg=extra))
     _state_file(root).write_bytes(msgspec.json.encode(info))
 

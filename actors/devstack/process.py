@@ -30,15 +30,17 @@ def port_free(port: int) -> bool:
         return not port_open(port)
 
 
-def pick_port(requested: str | int, default: int, *, what: str, flag: str) -> int:
-    """``requested`` is a number or ``auto`` (first free port from ``default`` upwards)."""
+def pick_port(requested: str | int, default: int, *, what: str, flag: str,
+              taken: set[int] | frozenset[int] = frozenset()) -> int:
+    """``requested`` is a number or ``auto`` (first free port from ``default`` upwards that
+    is not in ``taken``: ports given to services that are not listening yet)."""
     if str(requested) == "auto":
         for port in range(default, default + 200):
-            if port_free(port):
+            if port not in taken and port_free(port):
                 return port
         raise StackError(f"no free port for {what} near {default}")
     port = int(requested)
-    if not port_free(port):
+    if port in taken or not port_free(port):
         raise StackError(f"port {port} for {what} is taken by another process; "
                          f"choose another with {flag} PORT (or {flag} auto)")
     return port
