@@ -16,6 +16,16 @@ from . import maven
 from .process import StackError, port_open, read_pid, spawn, stop_pid, wait_until
 
 
+def cluster_id() -> str:
+    """A KRaft cluster id as Kafka's ``Uuid.randomUuid`` makes them: 16 random bytes in
+    URL-safe base64 without padding, never starting with '-' (a command line would read it
+    as an option; about one id in 64 would)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
 class Kafka:
     def __init__(self, root: pathlib.Path, port: int, controller_port: int, cache: pathlib.Path):
         self.root = root / "kafka"
@@ -82,10 +92,9 @@ class Kafka:
 
             shutil.rmtree(self.root / "data")
         self.config.write_text(props)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         proc = subprocess.run(
-            self._java(jars, "kafka.tools.StorageTool", "format", "--standalone", "-t",
-                       cluster_id, "-c", str(self.config)),
+            self._java(jars, "kafka.tools.StorageTool", "format", "--standalone",
+                       f"--cluster-id={cluster_id()}", "-c", str(self.config)),
             capture_output=True, text=True)
         if proc.returncode != 0:
             raise StackError(f"formatting Kafka storage failed:\n{proc.stdout[-1500:]}"

@@ -1,6 +1,7 @@
-"""The dev stack's port choice: a port handed to a service that is not listening yet is never
+"""The dev stack's choices: a port handed to a service that is not listening yet is never
 handed out again (two extra PostgreSQL nodes once got the same port when the first port
-after the main one was taken by another process)."""
+after the main one was taken by another process), and a KRaft cluster id never starts with
+'-' (the storage tool then read it as an option)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,10 @@ def test_extra_nodes_get_distinct_ports_when_the_next_port_is_busy():
     ports = [int(dsn.rsplit(":", 1)[1].split("/")[0]) for dsn in extra.values()]
     assert list(extra) == ["pg2", "pg3", "pg4"]
     assert len(set(ports)) == 3 and port not in ports and port - 1 not in ports
+
+
+def test_kafka_cluster_ids_never_look_like_an_option():
+    from actors.devstack.kafka import cluster_id
+    ids = [cluster_id() for _ in range(5000)]  # ~78 would start with '-' without the rule
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+    assert len(set(ids)) == len(ids)
