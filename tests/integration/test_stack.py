@@ -11,6 +11,7 @@ import trio
 import trio_asyncio
 
 from actors.slot import _poll as poll_until_ok
+from tests.helpers import Pg
 
 pytestmark = pytest.mark.services
 
@@ -45,10 +46,12 @@ async def test_logical_slot_streams_a_change_over_the_replication_protocol(pg_ds
         assert kinds[0] == b"B" and b"R" in kinds and b"I" in kinds
     finally:
         repl.close()
-        cur.execute("select pg_drop_replication_slot(%s)", (name,))
-        cur.execute(f"drop publication {name}")
-        cur.execute(f"drop table {name}")
         sql.close()
+        pg = Pg(pg_dsn)  # waits until the walsender of the closed connection let go
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
 
 
 def test_kafka_produce_and_consume(kafka_bootstrap):
