@@ -253,3 +253,21 @@ def test_tally_negative_count_and_failing_on_done(cls):
     with pytest.raises(KeyError):
         tally(None, "msg")
     assert tally(None, "msg") is None and tally.left == 0  # fired once, never again
+
+
+@native
+def test_encoders_with_recorders_are_freed():
+    """A Recorder's fallback closes over the encoder that caches it: the cycle is only freed
+    because Recorder takes part in garbage collection."""
+    import gc
+    rel = Relation(1, "public", "t", "d", (RelationColumn(1, "id", 20, -1),
+                                           RelationColumn(0, "x", 25, -1)))
+    tx = TxContext(xid=1, commit_lsn=2, end_lsn=3, commit_time=4)
+    gc.collect()
+    before = sum(type(o) is TableEncoder for o in gc.get_objects())
+    for _ in range(50):
+        enc = TableEncoder(rel, route="r", db="d")
+        assert type(enc.recorder(tx, "t", None, "s")).__name__ == "Recorder"
+    del enc
+    gc.collect()
+    assert sum(type(o) is TableEncoder for o in gc.get_objects()) == before
