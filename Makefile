@@ -13,7 +13,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto
 PYTEST_ARGS ?=
 
-.PHONY: test demo system venv stack down bench clean
+.PHONY: test demo system venv stack down bench clean materialize-bundle
 
 test: venv stack
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -51,6 +51,10 @@ stack: venv
 
 down:
 	-$(BIN)/pgrouter devstack down
+
+# the Spark job as one zip for spark-submit --py-files (README "Materializing topics")
+materialize-bundle: venv
+	$(BIN)/python -m actors.materialize.bundle dist/pgrouter-materialize.zip
 
 bench: venv stack
 	$(BIN)/python bench/decode.py

@@ -145,8 +145,8 @@ def run_null_router(cfg_path: str) -> None:
     """``pgrouter run --until-caught-up`` with ``NullClient`` (in this process)."""
     import trio
 
-    from actors import log
-    from actors.supervisor import Supervisor
+    from actors.services import log
+    from actors.pipeline.supervisor import Supervisor
     from router.config import load_config
 
     cfg = load_config(cfg_path)

@@ -92,7 +92,7 @@ progress_interval = 600
 
 def filter_cost(n: int = 200_000) -> float:
     """ns per transaction spent in OriginFilterActor.filter (lists policy, half tagged)."""
-    from actors.origin_filter import OriginFilterActor
+    from actors.pipeline.origin_filter import OriginFilterActor
     from router.origins import OriginPolicy, OriginRules
     from router.pgoutput import Begin, Commit, Insert, Origin, Relation, RelationColumn
     from router.relations import RelationCache

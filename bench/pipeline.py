@@ -11,7 +11,7 @@ slot reader's. Stages are timed cumulatively, best of ``--repeat`` (machines her
 
 * decode alone     – ``Decoder.decode`` of every message (what a consumer of single
   messages pays; the pipeline does not call it for row changes when the C hot path is built)
-* decode+assemble  – ``TransactionAssembler.feed_batch``, what ``actors.decoder`` does per
+* decode+assemble  – ``TransactionAssembler.feed_batch``, what ``actors.pipeline.decoder`` does per
   batch (row changes decoded and assembled by ``router._native.feed_rows`` when built)
 * +route/encode    – plus ``ChangeRouter.route`` (one route, records encoded for Kafka)
 

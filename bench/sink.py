@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import msgspec  # noqa: E402
 
-from actors.sink import TopicSpec  # noqa: E402
+from actors.pipeline.sink import TopicSpec  # noqa: E402
 from router.routing import CHUNK_RECORDS  # noqa: E402
 
 CLIENTS = ("kafka-python", "librdkafka")
@@ -56,9 +56,9 @@ def make_records(topic: str, n: int) -> list[tuple]:
 
 def client_for(name: str, bootstrap: str):
     if name == "librdkafka":
-        from actors.rdkafka_client import RdKafkaClient
+        from actors.kafka.librdkafka import RdKafkaClient
         return RdKafkaClient(bootstrap, {})
-    from actors.kafka_client import KafkaPythonClient
+    from actors.kafka.kafka_python import KafkaPythonClient
     client = KafkaPythonClient(bootstrap, {})
     if name == SEND:
         client._fast = False

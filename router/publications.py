@@ -2,7 +2,7 @@
 
 This mirrors PostgreSQL 15's ``pgoutput.c`` (``get_rel_sync_entry``,
 ``pgoutput_row_filter_init``, ``pgoutput_column_list_init``) over catalog definitions read
-elsewhere (``actors/catalog.py``); nothing here does I/O.
+elsewhere (``actors/services/catalog.py``); nothing here does I/O.
 
 Rules, for one table and a list of publications (``resolve``):
 

@@ -1,2 +1,5 @@
-"""The Spark materializer: pgrouter's Kafka topics -> Delta tables (``job.py`` runs alone under
-``spark-submit``; ``config.py`` validates its TOML for ``pgrouter materialize``)."""
+"""The Spark materializer: pgrouter's Kafka topics -> Delta tables.
+
+``job`` is the entry point (``pgrouter materialize``, or ``spark-submit`` with the bundle that
+``bundle`` writes); ``settings``, ``columns`` and ``merge`` are its parts; ``config`` validates
+its TOML with msgspec for ``pgrouter materialize``. Nothing here imports ``router/``."""

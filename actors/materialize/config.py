@@ -3,7 +3,7 @@
 Rules: unknown keys are rejected with their path (``kafka.topicz``); exactly one of
 ``kafka.topics`` / ``kafka.topic_pattern``; ``delta.mode`` is ``state`` or ``changelog``;
 ``max_offsets_per_trigger`` may sit at top level or in ``[kafka]`` (not both). The result is the
-job's own ``JobConfig``, so ``job.py`` stays free of msgspec for ``spark-submit``.
+job's own ``JobConfig``, so the job (``settings.py``) stays free of msgspec for ``spark-submit``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import msgspec
 
 from router.errors import ConfigError
 
-from .job import JobConfig, MaterializeError, validate
+from .settings import JobConfig, MaterializeError, validate
 
 _opts = dict(forbid_unknown_fields=True, kw_only=True)
 

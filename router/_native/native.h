@@ -14,7 +14,7 @@
  * - It is an accelerator, never the reference. Every function has a Python twin
  *   (router.pgoutput.reader.read_tuple_py, router.transactions.TransactionAssembler._feed_row,
  *   router.envelope.TableEncoder._encode_py, router.routing._record_run_py,
- *   router.delivery.PyTally, actors.slot._drain_py, actors.rdkafka_client._hand_over_py)
+ *   router.delivery.PyTally, actors.pipeline.slot_reader._drain_py, actors.kafka.librdkafka._hand_over_py)
  *   and returns None (or stops early) where its input is anything but the plain case it was
  *   written for (malformed bytes, unchanged-TOAST values, binary values, numbers PostgreSQL
  *   did not print canonically...). The caller then runs the Python twin, which raises the

@@ -35,7 +35,7 @@ RESTART_ROWS = int(os.environ.get("PGROUTER_FAULT_ROWS", "30000"))
 BATCH = 100
 CLIENTS = ["kafka-python"]
 try:  # the librdkafka client (issue 8) rides the same contract when present
-    import actors.rdkafka_client  # noqa: F401
+    import actors.kafka.librdkafka  # noqa: F401
     CLIENTS.append("librdkafka")
 except ImportError:
     pass

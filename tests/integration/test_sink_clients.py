@@ -22,9 +22,9 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from actors.kafka_client import KafkaPythonClient, murmur2
-from actors.rdkafka_client import RdKafkaClient
-from actors.sink import TopicSpec
+from actors.kafka.kafka_python import KafkaPythonClient, murmur2
+from actors.kafka.librdkafka import RdKafkaClient
+from actors.pipeline.sink import TopicSpec
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkUnavailable
 from tests.helpers import Pg, run_router, unique, write_config
 from tests.helpers import read_topic as read_records

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio_asyncio
 
-from actors.slot import _poll as poll_until_ok
+from actors.pipeline.slot_reader import _poll as poll_until_ok
 from tests.helpers import Pg
 
 pytestmark = pytest.mark.services

@@ -1,0 +1,252 @@
+"""confluent-kafka (librdkafka) behind the sink's client contract.
+
+The contract is exactly ``actors.kafka.kafka_python``'s: ``produce(records, ticket, on_done)``
+hands ``(topic, key, value, headers)`` records over and ``on_done(ticket, error, count)`` is
+called once from the client's thread, when all of them are acknowledged (``error`` None) or
+at the first failure (``router.delivery``); ``produce_sync`` sends one record and returns
+when it is durable; ``ensure_topics``; ``flush``; ``close(timeout)``;
+``map_error(exc) -> SinkError``.
+
+Rules:
+
+* acks=all and ``enable.idempotence`` (per-partition order survives retries), and the
+  ``murmur2_random`` partitioner: a key lands on the partition the Java client and
+  ``KafkaPythonClient`` choose, so the clients are interchangeable on existing topics.
+* librdkafka only reports deliveries from ``poll``/``flush``. A dedicated poll thread serves
+  them, so reports arrive within milliseconds even when nothing else calls into the client.
+* A full local queue (``BufferError``) is backpressure, not a failure: ``produce`` waits for
+  deliveries and retries, so the sink's thread blocks like kafka-python's ``send`` does.
+* ``[kafka] settings`` use the common vocabulary of ``router.kafka_settings``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from router.delivery import Tally
+from router.native import NATIVE
+from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
+from router.kafka_settings import LIBRDKAFKA, translate
+
+#: librdkafka's own defaults are tuned for latency; these match KafkaPythonClient's
+DEFAULTS = {
+    "linger.ms": 5,
+    "batch.size": 1024 * 1024,
+    "batch.num.messages": 10_000,
+    "queue.buffering.max.messages": 200_000,
+    "queue.buffering.max.kbytes": 256 * 1024,
+    "delivery.timeout.ms": 60_000,
+    "request.timeout.ms": 30_000,
+    "max.in.flight.requests.per.connection": 5,
+}
+_ADMIN_KEYS = ("client.id", "security.protocol", "sasl.", "ssl.", "request.timeout.ms",
+               "reconnect.backoff", "socket.")
+#: librdkafka's own log lines (connection retries…) go through Python logging, under the
+#: "kafka" logger that ``actors.services.log`` quiets like kafka-python's: failures that matter reach
+#: the sink as typed delivery errors
+_LOGGER = logging.getLogger("kafka.librdkafka")
+POLL_INTERVAL = 0.1  # seconds a poll waits when idle (reports wake it at once)
+
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                        KafkaError.INVALID_MSG_SIZE})
+_UNAVAILABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                          KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT,
+                          KafkaError._TIMED_OUT_QUEUE, KafkaError._QUEUE_FULL,
+                          KafkaError._RESOLVE, KafkaError._PURGE_QUEUE,
+                          KafkaError._PURGE_INFLIGHT, KafkaError._DESTROY,
+                          KafkaError._WAIT_COORD, KafkaError._NODE_UPDATE})
+
+
+def map_error(exc: BaseException) -> SinkError:
+    """librdkafka errors → the router's tree, by error code and librdkafka's own flags."""
+    if isinstance(exc, SinkError):
+        return exc
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if not isinstance(err, KafkaError):
+        if isinstance(exc, BufferError):
+            return SinkUnavailable(f"Kafka client queue full: {exc}")
+        return SinkUnavailable(f"Kafka client failed: {exc!r}")
+    code = err.code()
+    text = f"{err.name()}: {err.str()}"
+    if code in _TOO_LARGE:
+        return RecordTooLarge(f"a record is larger than the topic accepts: {text}")
+    if err.fatal():
+        return SinkRejected(f"Kafka producer failed fatally: {text}")
+    if code in _UNAVAILABLE or err.retriable():
+        return SinkUnavailable(f"Kafka unavailable: {text}")
+    return SinkRejected(f"Kafka refused the records: {text}")
+
+
+def _hand_over_py(produce, records, start, on_delivery) -> int:
+    """``router._native.hand_over`` in Python: ``produce`` with positional arguments only
+    (confluent-kafka parses keywords slowly): topic, value, key, partition (-1: the
+    partitioner chooses), callback, on_delivery, timestamp (0: now), headers."""
+    if start < 0:
+        raise ValueError("hand_over: negative start")
+    for i in range(start, len(records)):
+        topic, key, value, headers = records[i]
+        try:
+            if headers is None:
+                produce(topic, value, key, -1, on_delivery)
+            else:
+                produce(topic, value, key, -1, on_delivery, None, 0, headers)
+        except BufferError:
+            return i
+    return len(records)
+
+
+def hand_over(produce, records, on_delivery) -> None:
+    """Every record to ``produce``; a full local queue (``BufferError``) waits for
+    deliveries (backpressure) and goes on where it stopped."""
+    step = NATIVE.hand_over if NATIVE is not None else _hand_over_py
+    if type(records) is not list:
+        records = list(records)
+    i = step(produce, records, 0, on_delivery)
+    while i < len(records):
+        produce.__self__.poll(POLL_INTERVAL)
+        i = step(produce, records, i, on_delivery)
+
+
+class _Failure:
+    """``on_done`` with librdkafka's ``KafkaError`` wrapped in the ``KafkaException`` that
+    ``map_error`` reads."""
+
+    __slots__ = ("on_done",)
+
+    def __init__(self, on_done):
+        self.on_done = on_done
+
+    def __call__(self, ticket, err, count):
+        self.on_done(ticket, None if err is None else KafkaException(err), count)
+
+
+class RdKafkaClient:
+    def __init__(self, bootstrap_servers, settings: dict | None = None):
+        servers = (bootstrap_servers if isinstance(bootstrap_servers, str)
+                   else ",".join(bootstrap_servers))
+        conf = dict(DEFAULTS)
+        conf.update(translate(dict(settings or {}), LIBRDKAFKA))
+        conf.update({"bootstrap.servers": servers, "acks": "all",
+                     "enable.idempotence": True, "partitioner": "murmur2_random"})
+        self._timeout = conf["request.timeout.ms"] / 1000
+        self._admin_conf = {k: v for k, v in conf.items()
+                            if k == "bootstrap.servers" or k.startswith(_ADMIN_KEYS)}
+        self._fatal: KafkaError | None = None
+        conf["error_cb"] = self._on_error
+        conf["logger"] = _LOGGER
+        self._admin_conf["logger"] = _LOGGER
+        try:
+            self.producer = Producer(conf)
+        except KafkaException as exc:
+            raise ConfigError(f"librdkafka refused the configuration: {exc.args[0].str()}",
+                              path="kafka.settings") from exc
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"librdkafka refused the configuration: {exc}",
+                              path="kafka.settings") from exc
+        self._admin: AdminClient | None = None
+        self._known_topics: set[str] = set()
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, name="pgrouter-rdkafka-poll",
+                                        daemon=True)
+        self._poller.start()
+
+    map_error = staticmethod(map_error)
+
+    # -- client thread ------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        poll = self.producer.poll
+        stop = self._stop
+        while not stop.is_set():
+            poll(POLL_INTERVAL)
+
+    def _on_error(self, err: KafkaError) -> None:
+        # transient client-level errors (broker down…) surface per record as delivery
+        # timeouts; only a fatal error (idempotence state lost) ends the producer
+        if err.fatal() and self._fatal is None:
+            self._fatal = err
+
+    # -- contract -------------------------------------------------------------------------------
+
+    def produce(self, records, ticket, on_done) -> None:
+        # per record only C runs on the poll thread: librdkafka's report → the Tally
+        report = Tally(len(records), _Failure(on_done), ticket)
+        if self._fatal is not None:
+            raise map_error(KafkaException(self._fatal))
+        try:
+            hand_over(self.producer.produce, records, report)
+        except KafkaException as exc:
+            raise map_error(exc) from exc
+
+    def produce_sync(self, topic: str, key: bytes, value: bytes, timeout: float = 60.0) -> None:
+        done = threading.Event()
+        outcome: list = []
+
+        def report(err, msg):
+            outcome.append(err)
+            done.set()
+
+        try:
+            self.producer.produce(topic, value, key, on_delivery=report)
+        except (KafkaException, BufferError) as exc:
+            raise map_error(exc) from exc
+        if not done.wait(timeout):
+            raise SinkUnavailable(f"record to {topic} not acknowledged within {timeout} s")
+        if outcome[0] is not None:
+            exc = KafkaException(outcome[0])
+            raise map_error(exc) from exc
+
+    def ensure_topics(self, specs) -> None:
+        missing = [s for s in specs if s.name not in self._known_topics]
+        if not missing:
+            return
+        if self._admin is None:
+            self._admin = AdminClient(self._admin_conf)
+        try:
+            existing = set(self._admin.list_topics(timeout=self._timeout).topics)
+            new = [NewTopic(s.name, num_partitions=s.partitions,
+                            replication_factor=s.replication_factor,
+                            config={k: str(v) for k, v in s.configs.items()})
+                   for s in missing if s.name not in existing]
+            if new:
+                futures = self._admin.create_topics(new, request_timeout=self._timeout)
+                for future in futures.values():
+                    try:
+                        future.result(timeout=self._timeout * 2)
+                    except KafkaException as exc:
+                        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                            raise
+        except KafkaException as exc:
+            raise map_error(exc) from exc
+        except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11
+            raise SinkUnavailable(f"Kafka did not answer topic creation: {exc!r}") from exc
+        self._known_topics.update(s.name for s in missing)
+
+    def flush(self, timeout: float | None = None) -> None:
+        left = self.producer.flush(-1 if timeout is None else timeout)
+        if left:
+            raise SinkUnavailable(f"{left} record(s) still unacknowledged after {timeout} s")
+        if self._fatal is not None:
+            raise map_error(KafkaException(self._fatal))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Wait up to ``timeout`` for what is queued, then drop the rest: after close nothing
+        of this producer can land behind a successor's records (what was dropped was never
+        confirmed, so PostgreSQL sends it again)."""
+        try:
+            if self.producer.flush(timeout):
+                self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+                self.producer.flush(min(timeout, 1.0))
+        except Exception:  # closing after a failure: what is lost was never confirmed
+            pass
+        finally:
+            self._stop.set()
+            self._poller.join(POLL_INTERVAL * 10)
+            try:
+                self.producer.close()
+            except Exception:
+                pass

@@ -1,0 +1,130 @@
+"""PostgreSQL column types as Spark types, and values converted from the router's JSON.
+
+Rules: integers and floats map to Spark's numeric types, numeric keeps its precision and scale
+when it has them (text otherwise), booleans to boolean, arrays to arrays of strings parsed from
+PostgreSQL's array text; everything else stays PostgreSQL's text form. pyspark is imported
+lazily, so the type mapping and the array parser load without a JVM.
+"""
+
+from __future__ import annotations
+
+_TEXT_TYPES = {"text", "varchar", "bpchar", "name", "char", "uuid", "json", "jsonb", "interval",
+               "time", "timetz", "xml", "inet", "cidr", "macaddr", "money", "bit", "varbit"}
+
+
+def spark_type_name(col: dict) -> str:
+    """Spark SQL type (DDL string) of a ``ColumnSchema`` dict. Unknown types stay text: the
+    router sends PostgreSQL's text form, which is lossless."""
+    t = col["type"]
+    if t.startswith("_"):
+        elem = _scalar_type(col.get("element") or t[1:], None, None)
+        return f"array<{elem}>" if elem not in ("binary",) else "string"
+    return _scalar_type(t, col.get("precision"), col.get("scale"))
+
+
+def _scalar_type(t: str, precision: int | None, scale: int | None) -> str:
+    simple = {"int2": "smallint", "int4": "int", "int8": "bigint", "oid": "bigint",
+              "float4": "float", "float8": "double", "bool": "boolean", "date": "date",
+              "timestamp": "timestamp_ntz", "timestamptz": "timestamp", "bytea": "binary"}
+    if t in simple:
+        return simple[t]
+    if t == "numeric":
+        # unconstrained numeric has up to 131072 digits and NaN/±Infinity: only text is
+        # lossless (decimal(38,18) would round or overflow). Constrained numeric that fits
+        # Spark's 38 digits becomes a decimal; a negative scale widens it to whole numbers.
+        if precision is None:
+            return "string"
+        s = scale or 0
+        p = precision - s if s < 0 else max(precision, s)
+        s = max(s, 0)
+        return f"decimal({p},{s})" if p <= 38 else "string"
+    return "string"
+
+
+def parse_pg_array(text: str | None) -> list[str | None] | None:
+    """PostgreSQL's text form of a one-dimensional array -> element texts (NULL -> None)."""
+    if text is None:
+        return None
+    if text.startswith("["):  # explicit bounds: "[0:1]={1,2}"
+        text = text[text.index("=") + 1:]
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ValueError(f"not an array literal: {text[:40]!r}")
+    out: list[str | None] = []
+    i, n = 1, len(text) - 1
+    if n == 1:
+        return out
+    while i <= n:
+        if text[i] == "{":
+            raise ValueError("multi-dimensional arrays are not supported")
+        if text[i] == '"':
+            i += 1
+            buf = []
+            while text[i] != '"':
+                if text[i] == "\\":
+                    i += 1
+                buf.append(text[i])
+                i += 1
+            out.append("".join(buf))
+            i += 1
+        else:
+            j = i
+            while j < n and text[j] != ",":
+                j += 1
+            item = text[i:j].strip()
+            out.append(None if item.upper() == "NULL" else item)
+            i = j
+        i += 1  # the comma (or the closing brace)
+    return out
+
+
+def convert(raw, col: dict):
+    """Column expression: the raw JSON text of a value (``raw``) -> its Spark value."""
+    from pyspark.sql import functions as F
+
+    dtype = spark_type_name(col)
+    if dtype == "string":
+        return raw
+    if dtype == "binary":
+        return F.unhex(F.substring(raw, 3, 1 << 30))
+    if dtype.startswith("array<"):
+        return _array_udf()(raw).cast(dtype)
+    if dtype.startswith(("decimal", "date", "timestamp")):
+        # ±infinity dates/timestamps and NaN in numeric(p,s) have no Spark value: NULL
+        return raw.try_cast(dtype)
+    return raw.cast(dtype)
+
+
+_UDF = None
+
+
+def _array_udf():
+    global _UDF
+    if _UDF is None:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ArrayType, StringType
+        _UDF = F.udf(lambda text: parse_pg_array(text), ArrayType(StringType()), useArrow=False)
+    return _UDF
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_path(warehouse: str, route: str, schema: str, table: str) -> str:
+    safe = [p.replace("/", "_") for p in (route or "_", schema, table)]
+    return "/".join([warehouse.rstrip("/"), *safe])
+
+
+# --- the streaming job -------------------------------------------------------------------------
+
+
+def envelope_schema():
+    from pyspark.sql.types import (ArrayType, LongType, StringType, StructField, StructType)
+    source = StructType([StructField(n, t) for n, t in (
+        ("schema", StringType()), ("table", StringType()), ("lsn", LongType()),
+        ("commit_lsn", LongType()), ("seq", LongType()), ("xid", LongType()),
+        ("commit_time", StringType()), ("route", StringType()), ("schema_id", StringType()))])
+    return StructType([StructField("op", StringType()), StructField("before", StringType()),
+                       StructField("after", StringType()), StructField("source", source),
+                       StructField("ts_ms", LongType()),
+                       StructField("unchanged_toast", ArrayType(StringType()))])

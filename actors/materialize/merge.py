@@ -1,0 +1,326 @@
+"""The streaming query and its micro-batches: records parsed against their schema, deduplicated
+and ordered by position, and merged (``state``) or appended (``changelog``) into one Delta table
+per routed table. The rules it keeps are listed in ``job``'s docstring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from .columns import convert, envelope_schema, quote, spark_type_name, table_path
+from .settings import CHANGELOG, STATE, JobConfig, MaterializeError
+
+OPS = ("c", "u", "d", "t", "r")
+POS = ("_pgr_commit_lsn", "_pgr_seq")
+TRUNCATE_PROPERTY = "pgrouter.truncated_before"
+KEY_PROPERTY = "pgrouter.key"
+
+
+@dataclass
+class TableState:
+    path: str
+    types: dict[str, str]  # column -> Spark DDL type, as stored
+    truncated_before: tuple[int, int] | None
+    key: tuple[str, ...] | None
+
+
+class Materializer:
+    """Owns the streaming query and what the driver remembers between micro-batches."""
+
+    def __init__(self, spark, cfg: JobConfig):
+        self.spark = spark
+        self.cfg = cfg
+        self.schemas: dict[str, dict] = {}
+        self.tables: dict[str, TableState] = {}
+        self.app_id = "pgrouter-" + hashlib.sha256(cfg.checkpoint.encode()).hexdigest()[:16]
+        self.failure: BaseException | None = None
+
+    # schema topic ---------------------------------------------------------------------------
+
+    def load_schemas(self) -> None:
+        c = self.cfg
+        df = (self.spark.read.format("kafka").option("kafka.bootstrap.servers", c.bootstrap_servers)
+              .options(**c.kafka_options).option("subscribe", c.schema_topic)
+              .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
+        for row in df.selectExpr("CAST(value AS STRING) AS v").collect():
+            if row.v:
+                s = json.loads(row.v)
+                self.schemas[s["schema_id"]] = s
+
+    def schema(self, schema_id: str) -> dict:
+        if schema_id not in self.schemas:
+            self.load_schemas()
+        if schema_id not in self.schemas:
+            raise MaterializeError(f"schema {schema_id} is not in the schema topic "
+                                   f"{self.cfg.schema_topic!r} (wrong [kafka] schema_topic?)")
+        return self.schemas[schema_id]
+
+    # the query ------------------------------------------------------------------------------
+
+    def start(self, *, available_now: bool = False):
+        c = self.cfg
+        reader = (self.spark.readStream.format("kafka")
+                  .option("kafka.bootstrap.servers", c.bootstrap_servers)
+                  .option("startingOffsets", c.starting_offsets).options(**c.kafka_options))
+        if c.topics:
+            reader = reader.option("subscribe", ",".join(c.topics))
+        else:
+            reader = reader.option("subscribePattern", c.topic_pattern)
+        if c.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", c.max_offsets_per_trigger)
+        writer = (reader.load().writeStream.foreachBatch(self.process_batch)
+                  .option("checkpointLocation", c.checkpoint)
+                  .queryName(f"pgrouter-materialize-{self.app_id}"))
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        elif c.trigger_interval:
+            writer = writer.trigger(processingTime=c.trigger_interval)
+        return writer.start()
+
+    def run(self, *, available_now: bool = False) -> None:
+        query = self.start(available_now=available_now)
+        try:
+            query.awaitTermination()
+        except Exception as exc:
+            if self.failure is not None:
+                raise self.failure from None
+            raise MaterializeError(f"streaming query failed: {str(exc).splitlines()[0]}") from exc
+        finally:
+            if query.isActive:
+                query.stop()
+
+    def process_batch(self, df, batch_id: int) -> None:
+        try:
+            self._process(df, batch_id)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+
+    def _process(self, df, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        env = (df.filter(F.col("topic") != self.cfg.schema_topic)
+               .select(F.from_json(F.col("value").cast("string"), envelope_schema()).alias("e"))
+               .select("e.*").filter(F.col("op").isin(*OPS)).persist(StorageLevel.MEMORY_AND_DISK))
+        try:
+            meta = (env.select("source.route", "source.schema", "source.table", "source.schema_id",
+                               "op", "source.commit_lsn", "source.seq",
+                               F.explode_outer("unchanged_toast").alias("toast"))
+                    .groupBy("route", "schema", "table", "schema_id")
+                    .agg(F.collect_set("toast").alias("toast"),
+                         F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
+                         .alias("truncate"), F.min("commit_lsn").alias("lo"))
+                    .collect())
+            groups: dict[tuple, list] = {}
+            for m in meta:
+                groups.setdefault((m.route, m.schema, m.table), []).append(m)
+            for (route, schema, table), ms in sorted(groups.items(), key=lambda kv: str(kv[0])):
+                sub = env.filter((F.col("source.route").eqNullSafe(F.lit(route)))
+                                 & (F.col("source.schema") == schema)
+                                 & (F.col("source.table") == table))
+                self._table(batch_id, route, schema, table, ms, sub)
+        finally:
+            env.unpersist()
+
+    # one table --------------------------------------------------------------------------------
+
+    def _table(self, batch_id, route, schema, table, metas, sub) -> None:
+        from pyspark.sql import functions as F
+
+        mode = self.cfg.mode
+        name = f"{schema}.{table}"
+        schemas = [self.schema(m.schema_id) for m in metas]
+        keys = tuple(schemas[-1]["key_columns"])
+        for s in schemas:
+            if tuple(s["key_columns"]) != keys:
+                raise MaterializeError(f"{name}: key columns changed from {list(keys)} to "
+                                       f"{list(s['key_columns'])} (schema {s['schema_id']})")
+        if mode == STATE and not keys:
+            raise MaterializeError(
+                f"{name} has no key columns (replica identity "
+                f"{schemas[-1].get('replica_identity')}): state mode cannot tell its rows apart; "
+                "give it a primary key or REPLICA IDENTITY USING INDEX, or use mode = \"changelog\"")
+        wanted: dict[str, str] = {}
+        for s in schemas:
+            for c in s["columns"]:
+                t = spark_type_name(c)
+                if wanted.setdefault(c["name"], t) != t:
+                    raise MaterializeError(f"{name}.{c['name']}: incompatible type change "
+                                           f"{wanted[c['name']]} -> {t}")
+        state = self._ensure_table(route, schema, table, wanted, keys)
+        truncs = [tuple(m.truncate) for m in metas if m.truncate is not None]
+        toast = sorted({t for m in metas for t in m.toast})
+
+        rows = None
+        for m, s in zip(metas, schemas):
+            part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state)
+            rows = part if rows is None else rows.unionByName(part)
+        if mode == CHANGELOG:
+            self._append(batch_id, state, rows, min(m.lo for m in metas))
+            return
+        cut = max([*truncs, state.truncated_before or (-1, -1)])
+        if truncs and max(truncs) > (state.truncated_before or (-1, -1)):
+            t = max(truncs)
+            self.spark.sql(f"DELETE FROM delta.{quote(state.path)} WHERE _pgr_commit_lsn < {t[0]} "
+                           f"OR (_pgr_commit_lsn = {t[0]} AND _pgr_seq < {t[1]})")
+            self.spark.sql(f"ALTER TABLE delta.{quote(state.path)} SET TBLPROPERTIES "
+                           f"('{TRUNCATE_PROPERTY}' = '{t[0]}:{t[1]}')")
+            state.truncated_before = t
+        rows = rows.filter((F.col("_pgr_op") != "t") & (
+            (F.col("_pgr_commit_lsn") > cut[0])
+            | ((F.col("_pgr_commit_lsn") == cut[0]) & (F.col("_pgr_seq") > cut[1]))))
+        self._merge(batch_id, state, rows, keys, toast)
+
+    def _changes(self, sub, s: dict, state: TableState):
+        """Typed change rows of one schema: every table column (NULL where this schema has
+        none), the position, op and unchanged-TOAST names; key-changing updates add a delete
+        of the old key at the same position."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        cols = {c["name"]: c for c in s["columns"]}
+        raw = StructType([StructField(n, StringType()) for n in cols])
+        p = sub.select("op", "source", "ts_ms", "before",
+                       F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("t"),
+                       F.from_json("after", raw).alias("_a"), F.from_json("before", raw).alias("_b"))
+        keys = s["key_columns"]
+        if keys and self.cfg.mode == STATE:
+            moved = F.lit(False)
+            for k in keys:
+                moved = moved | ~F.col("_b").getField(k).eqNullSafe(F.col("_a").getField(k))
+            old = (p.filter((F.col("op") == "u") & F.col("_b").isNotNull() & moved)
+                   .withColumn("op", F.lit("d")))
+            p = p.unionByName(old)
+        out = []
+        for n, dtype in state.types.items():
+            if n.startswith("_pgr_"):
+                continue
+            if n in cols:
+                img = F.when(F.col("op") == "d", F.col("_b").getField(n)) \
+                       .otherwise(F.col("_a").getField(n))
+                out.append(convert(img, cols[n]).alias(n))
+            else:
+                out.append(F.lit(None).cast(dtype).alias(n))
+        meta = [F.col("op").alias("_pgr_op"), F.col("source.commit_lsn").alias("_pgr_commit_lsn"),
+                F.col("source.seq").alias("_pgr_seq"), F.col("t").alias("_pgr_toast")]
+        if self.cfg.mode == CHANGELOG:
+            meta += [F.col("source.lsn").alias("_pgr_lsn"), F.col("source.xid").alias("_pgr_xid"),
+                     F.col("source.commit_time").try_cast("timestamp").alias("_pgr_commit_time"),
+                     F.col("source.schema_id").alias("_pgr_schema_id"),
+                     F.col("before").alias("_pgr_before")]
+        return p.select(*out, *meta)
+
+    def _ensure_table(self, route, schema, table, wanted: dict[str, str], keys) -> TableState:
+        from delta.tables import DeltaTable
+
+        path = table_path(self.cfg.warehouse, route, schema, table)
+        state = self.tables.get(path)
+        if state is None:
+            if DeltaTable.isDeltaTable(self.spark, path):
+                dt = DeltaTable.forPath(self.spark, path)
+                types = {f.name: f.dataType.simpleString() for f in dt.toDF().schema.fields}
+                props = dt.detail().collect()[0].properties or {}
+                tb = props.get(TRUNCATE_PROPERTY)
+                key = props.get(KEY_PROPERTY)
+                state = TableState(path, types,
+                                   tuple(int(x) for x in tb.split(":")) if tb else None,
+                                   tuple(json.loads(key)) if key else None)
+            else:
+                cols = dict(wanted)
+                if self.cfg.mode == STATE:
+                    cols.update(_pgr_commit_lsn="bigint", _pgr_seq="bigint", _pgr_deleted="boolean")
+                else:
+                    cols.update(_pgr_op="string", _pgr_commit_lsn="bigint", _pgr_seq="bigint",
+                                _pgr_lsn="bigint", _pgr_xid="bigint", _pgr_commit_time="timestamp",
+                                _pgr_schema_id="string", _pgr_toast="array<string>",
+                                _pgr_before="string")
+                ddl = ", ".join(f"{quote(n)} {t}" for n, t in cols.items())
+                self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.{quote(path)} ({ddl}) USING delta "
+                               f"TBLPROPERTIES ('{KEY_PROPERTY}' = '{json.dumps(list(keys))}')")
+                state = TableState(path, cols, None, tuple(keys))
+            self.tables[path] = state
+        if state.key is not None and self.cfg.mode == STATE and tuple(keys) != state.key:
+            raise MaterializeError(f"{schema}.{table}: key columns changed from "
+                                   f"{list(state.key)} to {list(keys)}")
+        for n, t in wanted.items():
+            have = state.types.get(n)
+            if have is None:
+                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({quote(n)} {t})")
+                state.types[n] = t
+            elif have != t:
+                raise MaterializeError(f"{schema}.{table}.{n}: incompatible type change: the "
+                                       f"Delta table has {have}, the new schema needs {t}; "
+                                       f"materialize into a new warehouse or migrate the table")
+        return state
+
+    def _txn(self, batch_id: int):
+        conf = self.spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", self.app_id)
+        conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
+
+    def _untxn(self):
+        self.spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        self.spark.conf.unset("spark.databricks.delta.write.txnVersion")
+
+    def _merge(self, batch_id, state: TableState, rows, keys, toast) -> None:
+        from delta.tables import DeltaTable
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        order = (F.col("_pgr_commit_lsn"), F.col("_pgr_seq"), F.col("_pgr_op") != "d")
+        toast = [c for c in toast if c in state.types]
+        if toast:
+            # an unchanged-TOAST value is the key's previous value: the last one in this batch
+            # if there is one (carried forward), else the stored one (see the MERGE below)
+            w = (Window.partitionBy(*keys).orderBy(*order)
+                 .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+            filled = {}
+            for c in toast:
+                given = F.when(~F.array_contains("_pgr_toast", c), F.struct(F.col(c).alias("v")))
+                filled[c] = F.last(given, ignorenulls=True).over(w)
+            rows = rows.select(*[filled[c].getField("v").alias(c) if c in filled else F.col(c)
+                                 for c in rows.columns if c != "_pgr_toast"],
+                               F.array_compact(F.array(*[F.when(filled[c].isNull(), F.lit(c))
+                                                         for c in filled])).alias("_pgr_toast"))
+        latest = Window.partitionBy(*keys).orderBy(*[o.desc() for o in order])
+        src = (rows.withColumn("_pgr_n", F.row_number().over(latest)).filter("_pgr_n = 1")
+               .withColumn("_pgr_deleted", F.col("_pgr_op") == "d"))
+        data = [n for n in state.types if not n.startswith("_pgr_")]
+        newer = ("s._pgr_commit_lsn > t._pgr_commit_lsn OR (s._pgr_commit_lsn = t._pgr_commit_lsn"
+                 " AND s._pgr_seq > t._pgr_seq)")
+        sets = {}
+        for n in data:
+            q = quote(n)
+            if n in toast:
+                lit = n.replace("\\", "\\\\").replace("'", "\\'")
+                sets[q] = f"CASE WHEN array_contains(s._pgr_toast, '{lit}') THEN t.{q} ELSE s.{q} END"
+            else:
+                sets[q] = f"s.{q}"
+        for n in ("_pgr_commit_lsn", "_pgr_seq", "_pgr_deleted"):
+            sets[n] = f"s.{n}"
+        inserts = {quote(n): f"s.{quote(n)}" for n in [*data, *POS, "_pgr_deleted"]}
+        cond = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+        self._txn(batch_id)
+        try:
+            (DeltaTable.forPath(self.spark, state.path).alias("t").merge(src.alias("s"), cond)
+             .whenMatchedUpdate(condition=newer, set=sets).whenNotMatchedInsert(values=inserts)
+             .execute())
+        finally:
+            self._untxn()
+
+    def _append(self, batch_id, state: TableState, rows, lo: int) -> None:
+        from delta.tables import DeltaTable
+
+        rows = rows.dropDuplicates(list(POS))
+        cond = (f"t._pgr_commit_lsn >= {lo} AND t._pgr_commit_lsn = s._pgr_commit_lsn "
+                "AND t._pgr_seq = s._pgr_seq")
+        values = {quote(n): f"s.{quote(n)}" for n in state.types}
+        self._txn(batch_id)
+        try:
+            (DeltaTable.forPath(self.spark, state.path).alias("t").merge(rows.alias("s"), cond)
+             .whenNotMatchedInsert(values=values).execute())
+        finally:
+            self._untxn()

@@ -1,0 +1,87 @@
+"""The progress actor: durable acknowledgements in, the flush LSN out (``router.progress``),
+plus the periodic progress log line and the ``--until-caught-up`` finish line."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from router.lsn import format_lsn
+from router.progress import ProgressTracker
+
+from ..services import log
+from .mailbox import Begin, Done, Hold, Keepalive, Latest
+
+_log = log.get("progress")
+
+
+class Stats:
+    """Counters the actors bump and the progress log reads (one trio thread: no locks)."""
+
+    def __init__(self):
+        self.received_messages = 0
+        self.received_lsn = 0
+        self.server_lsn = 0
+        self.sent_records = 0
+        self.acked_records = 0
+
+
+class ProgressActor:
+    def __init__(self, *, inbox: trio.MemoryReceiveChannel, flush: Latest, start_lsn: int,
+                 stats: Stats, interval: float = 10.0, until_lsn: int | None = None,
+                 caught_up: trio.Event | None = None):
+        self.inbox = inbox
+        self.flush = flush
+        self.tracker = ProgressTracker(start_lsn)
+        self.stats = stats
+        self.interval = interval
+        self.until_lsn = until_lsn
+        self.caught_up = caught_up
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        tracker = self.tracker
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._report)
+                async with self.inbox:
+                    async for events in self.inbox:  # lists, in the sink's order
+                        for ev in events:
+                            kind = type(ev)
+                            if kind is Begin:
+                                tracker.begin(ev.ticket, ev.end_lsn)
+                            elif kind is Done:
+                                tracker.done(ev.ticket)
+                            elif kind is Keepalive:
+                                tracker.keepalive(ev.lsn)
+                            elif kind is Hold:
+                                tracker.set_hold(ev.lsn)
+                        if tracker.confirmed > self.flush.value:
+                            self.flush.set(tracker.confirmed)
+                            if (self.until_lsn is not None and self.caught_up is not None
+                                    and tracker.confirmed >= self.until_lsn):
+                                self.caught_up.set()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.flush.close()
+        self._line()
+
+    async def _report(self) -> None:
+        while True:
+            await trio.sleep(self.interval)
+            self._line()
+
+    _last = (0.0, 0)
+
+    def _line(self) -> None:
+        now = time.monotonic()
+        then, acked_then = self._last
+        rate = (self.stats.acked_records - acked_then) / (now - then) if then else 0.0
+        self._last = (now, self.stats.acked_records)
+        server = max(self.stats.server_lsn, self.stats.received_lsn)
+        log.event(_log, "progress", received_lsn=format_lsn(self.stats.received_lsn),
+                  confirmed_lsn=format_lsn(self.tracker.confirmed),
+                  lag_bytes=max(0, server - self.tracker.confirmed),
+                  records_acked=self.stats.acked_records, records_per_s=round(rate, 1),
+                  in_flight=self.tracker.in_flight)

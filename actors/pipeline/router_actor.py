@@ -1,0 +1,76 @@
+"""The router actor: committed transactions in, Kafka-ready record chunks out, route by
+route (``router.routing``). Keepalives and holds pass through in order.
+
+Origin filtering (``actors.pipeline.origin_filter``) arrives as ``FilteredTransaction`` (an empty
+final chunk: nothing is published, the end LSN is still registered and confirmed in order)
+and ``RestrictedTransaction`` (routed by a router holding only the routes that publish it;
+``router_for`` builds one per route set). With ``meta`` (``router.transaction_meta``) every
+transaction that produces records gets BEGIN/END records in its own chunks.
+
+Items go out as lists: everything one incoming batch of events produced, cut whenever
+``CHUNK_RECORDS`` records have gathered, so a stream of small transactions costs one channel
+send per batch rather than one per transaction."""
+
+from __future__ import annotations
+
+import trio
+
+from router.origins import FilteredTransaction, RestrictedTransaction
+from router.routing import CHUNK_RECORDS, ChangeRouter, RoutedChunk
+from router.transactions import NonTransactionalMessage, Transaction
+
+from .mailbox import Hold, Keepalive
+
+
+class RouterActor:
+    def __init__(self, *, router: ChangeRouter, inbox: trio.MemoryReceiveChannel,
+                 out: trio.MemorySendChannel, router_for=None, meta=None):
+        self.router = router
+        self.inbox = inbox
+        self.out = out
+        self.router_for = router_for  # frozenset of route names -> ChangeRouter
+        self.meta = meta  # router.transaction_meta.TransactionMeta or None
+        self._subsets: dict[frozenset, ChangeRouter] = {}
+
+    def _route(self, txn: Transaction, router: ChangeRouter):
+        chunks = router.route(txn)
+        return chunks if self.meta is None else self.meta.wrap(txn, chunks)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        route = self.router.route if self.meta is None else (
+            lambda txn: self._route(txn, self.router))
+        task_status.started()
+        async with self.inbox, self.out:
+            async for events in self.inbox:
+                group: list = []
+                size = 0
+                for ev in events:
+                    kind = type(ev)
+                    if kind is Transaction or kind is RestrictedTransaction:
+                        txn = ev if kind is Transaction else ev.transaction
+                        chunks = route(txn) if kind is Transaction else self._route(
+                            txn, self._subset(ev.routes))
+                        try:
+                            for chunk in chunks:
+                                group.append(chunk)
+                                size += len(chunk.records)
+                                if size >= CHUNK_RECORDS:
+                                    await self.out.send(group)
+                                    group, size = [], 0
+                        finally:
+                            txn.changes.close()
+                    elif kind is NonTransactionalMessage:
+                        group.append(self.router.route_message(ev))
+                    elif kind is Keepalive or kind is Hold:
+                        group.append(ev)
+                    elif kind is FilteredTransaction:
+                        group.append(RoutedChunk(ev.xid, ev.commit_lsn, ev.end_lsn, [], [], True))
+                    # PreparedOutcome (prepare mode): nothing to publish
+                if group:
+                    await self.out.send(group)
+
+    def _subset(self, routes: frozenset) -> ChangeRouter:
+        sub = self._subsets.get(routes)
+        if sub is None:
+            sub = self._subsets[routes] = self.router_for(routes)
+        return sub

@@ -1,0 +1,247 @@
+"""The Kafka sink actor: record chunks in, durable acknowledgements out.
+
+Rules (the delivery contract, whichever Kafka client is behind it):
+
+* "Accepted" is not "durable": a transaction is reported ``Done`` only from Kafka's delivery
+  results (acks=all, idempotent producer), never when a send call returns. Records are
+  counted per transaction; the transaction is done when it is sealed (its last chunk was
+  handed over) and every record is acknowledged.
+* Transactions are registered with the progress actor (``Begin``) in commit order, before
+  any of their records are sent; keepalives and holds follow on the same channel, so their
+  order is kept.
+* A table schema is made durable on the schema topic before the first record naming it is
+  sent (consumers can always find the schema of a record they read).
+* Topics are created (when ``create_topics``) before their first record, with the route's
+  partitions, replication factor and configs; the schema topic is compacted.
+* A failed delivery fails the sink with a typed ``SinkError`` (the supervisor decides on a
+  retry); nothing after it is reported done.
+* The client's blocking calls run in a worker thread; delivery callbacks arrive on the
+  client's own thread and are handed to trio with ``run_sync_soon``.
+* Chunks already waiting in the inbox are taken together (a stream of small transactions
+  is one chunk per transaction): they are registered and sealed in order as above, and
+  their records handed to the client in one worker-thread call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import trio
+
+from router.errors import SinkError
+from router.routing import RoutedChunk
+from router.schema import encode_schema
+
+from ..services import log
+from .mailbox import Begin, Done, Hold, Keepalive
+
+_log = log.get("sink")
+#: channel items taken together at most (each a chunk of at most CHUNK_RECORDS records)
+MAX_GROUP = 64
+
+
+class TopicSpec:
+    __slots__ = ("name", "partitions", "replication_factor", "configs")
+
+    def __init__(self, name: str, partitions: int = 1, replication_factor: int = 1,
+                 configs: dict[str, str] | None = None):
+        self.name = name
+        self.partitions = partitions
+        self.replication_factor = replication_factor
+        self.configs = configs or {}
+
+
+class _Txn:
+    __slots__ = ("sent", "acked", "sealed")
+
+    def __init__(self):
+        self.sent = 0
+        self.acked = 0
+        self.sealed = False
+
+
+class SinkActor:
+    def __init__(self, *, client, inbox: trio.MemoryReceiveChannel,
+                 progress: trio.MemorySendChannel, schema_topic: str,
+                 topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None):
+        self.client = client
+        self.inbox = inbox
+        self.progress = progress
+        self.schema_topic = schema_topic
+        self.topic_specs = topic_specs  # route name -> settings template
+        self.create_topics = create_topics
+        self.stats = stats
+        self._lock = threading.Lock()
+        self._txns: dict[int, _Txn] = {}
+        self._next_ticket = 0
+        self._current: int | None = None  # ticket of the transaction being sent
+        self._completed: deque[int] = deque()
+        self._outbox: list = []  # Begin/Keepalive/Hold not yet sent to the progress actor
+        self._wake = trio.Event()
+        self._error: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._schema_ready = False
+
+    # -- delivery callbacks (client thread) ---------------------------------------------------
+
+    def _on_delivery(self, ticket: int, error, count: int) -> None:
+        """The client's report for one ``produce`` call: ``count`` records acknowledged, or
+        ``error`` (``router.delivery``)."""
+        if error is not None:
+            self._token.run_sync_soon(self._fail, error)
+            return
+        with self._lock:
+            txn = self._txns[ticket]
+            txn.acked += count
+            complete = txn.sealed and txn.acked == txn.sent
+        if complete:
+            self._token.run_sync_soon(self._complete, ticket)
+
+    # -- trio side ----------------------------------------------------------------------------
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake.set()
+
+    def _complete(self, ticket: int) -> None:
+        self._completed.append(ticket)
+        self._wake.set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        task_status.started()
+        async with self.progress:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._forward_completions)
+                await self._consume()
+                # drained: every record handed over; wait until all are durable
+                await trio.to_thread.run_sync(self.client.flush)
+                while self._txns and self._error is None:
+                    self._wake.set()
+                    await trio.sleep(0.01)
+                self._raise_if_failed()
+                nursery.cancel_scope.cancel()
+            await self._flush_completions()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            err = self._error
+            raise (err if isinstance(err, SinkError) else self.client.map_error(err)) from err
+
+    async def _forward_completions(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            self._raise_if_failed()
+            await self._flush_completions()
+
+    async def _flush_completions(self) -> None:
+        if not self._completed:
+            return
+        done = []
+        while self._completed:
+            ticket = self._completed.popleft()
+            with self._lock:
+                txn = self._txns.pop(ticket)
+            if self.stats is not None:
+                self.stats.acked_records += txn.acked
+            done.append(Done(ticket, txn.acked))
+        await self.progress.send(done)
+
+    async def _flush_progress(self) -> None:
+        """Send the registrations and keepalives gathered so far, as one list. Called before
+        anything that can let a completion through, so a ``Done`` never overtakes its
+        ``Begin``."""
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            await self.progress.send(events)
+
+    async def _consume(self) -> None:
+        async with self.inbox:
+            async for item in self.inbox:
+                self._raise_if_failed()
+                items = list(item)
+                groups = 1
+                while groups < MAX_GROUP:  # whatever else is waiting: one thread call
+                    try:
+                        items.extend(self.inbox.receive_nowait())
+                        groups += 1
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                batch: list = []  # (records, ticket) not yet handed to the client
+                for item in items:
+                    if type(item) is RoutedChunk:
+                        await self._chunk(item, batch)
+                    elif type(item) in (Keepalive, Hold):
+                        self._outbox.append(item)
+                await self._produce(batch)
+                await self._flush_progress()
+                await self._flush_completions()
+
+    async def _produce(self, batch: list) -> None:
+        await self._flush_progress()
+        if not batch:
+            return
+        if len(batch) == 1:
+            await trio.to_thread.run_sync(self.client.produce, *batch[0], self._on_delivery)
+        else:
+            await trio.to_thread.run_sync(self._produce_all, batch)
+        if self.stats is not None:
+            self.stats.sent_records += sum(len(records) for records, _ in batch)
+        batch.clear()
+
+    def _produce_all(self, batch: list) -> None:
+        produce, on_delivery = self.client.produce, self._on_delivery
+        for records, ticket in batch:
+            produce(records, ticket, on_delivery)
+
+    async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
+        """Registers the chunk's transaction and queues its records in ``batch``; topics and
+        schemas it needs are made ready first (and what is queued before them handed over,
+        so order is kept)."""
+        if self._current is None:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            with self._lock:
+                self._txns[ticket] = _Txn()
+            self._current = ticket
+            self._outbox.append(Begin(ticket, chunk.end_lsn))
+        ticket = self._current
+        if chunk.new_topics and self.create_topics:
+            await self._produce(batch)
+            specs = []
+            for topic, route in chunk.new_topics:
+                tmpl = self.topic_specs.get(route) or TopicSpec(topic)
+                specs.append(TopicSpec(topic, tmpl.partitions, tmpl.replication_factor,
+                                       tmpl.configs))
+            await trio.to_thread.run_sync(self.client.ensure_topics, specs)
+        if chunk.schemas:
+            await self._produce(batch)
+            await self._send_schemas(chunk.schemas)
+        if chunk.records:
+            records = chunk.records
+            with self._lock:
+                self._txns[ticket].sent += len(records)
+            batch.append((records, ticket))
+        if chunk.last:
+            self._current = None
+            with self._lock:
+                txn = self._txns[ticket]
+                txn.sealed = True
+                complete = txn.acked == txn.sent
+            if complete:
+                self._complete(ticket)
+
+    async def _send_schemas(self, schemas) -> None:
+        if not self._schema_ready and self.create_topics:
+            await trio.to_thread.run_sync(self.client.ensure_topics, [TopicSpec(
+                self.schema_topic, 1, self.topic_specs.get("", TopicSpec("")).replication_factor,
+                {"cleanup.policy": "compact"})])
+        self._schema_ready = True
+        for schema in schemas:
+            key, value = encode_schema(schema)
+            await trio.to_thread.run_sync(self.client.produce_sync, self.schema_topic, key, value)
+            log.event(_log, "schema published", schema_id=schema.schema_id,
+                      table=f"{schema.schema}.{schema.table}", topic=self.schema_topic)

@@ -1,0 +1,329 @@
+"""The supervisor: owns the nursery, wires the actors, restarts on transient failures.
+
+Rules:
+
+* Before streaming, a preflight over SQL checks the server (``wal_level``, version), the slot
+  (exists or is created when ``create_slot``; uses pgoutput; not in use — a slot still held
+  by the walsender of a killed predecessor is waited for briefly) and the publications.
+* Actors: slot reader → decoder → router → Kafka sink → progress → (flush LSN) → slot reader,
+  joined by small bounded channels, so backpressure reaches the replication socket.
+* A failure is retried when ``router.errors.is_retryable`` says so, with capped exponential
+  backoff; the pipeline restarts from the slot's confirmed position (PostgreSQL resends
+  everything not confirmed; records already in Kafka are sent again, identical, at the same
+  position). Anything else stops the router with its message.
+* Before a restart the old producer is closed (bounded, shielded wait) so records it still
+  holds cannot land after the new pipeline's records of the same key.
+* SIGTERM/SIGINT drain: stop reading, let every channel empty, flush Kafka, send the final
+  flush LSN, exit 0. A second signal aborts.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import trio
+import trio_asyncio
+
+from router.config import Config, mask_dsn
+from router.errors import (ConfigError, PgRouterError, PublicationMissing,
+                           SlotInUse, SlotMissing, SourceError)
+from router import native
+from router.lsn import format_lsn, parse_lsn
+from router.pgoutput import Decoder
+from router.relations import RelationCache
+from router.origins import rules_from_config
+from router.routing import ChangeRouter, RouteSpec
+from router.transaction_meta import TransactionMeta
+from router.transactions import TransactionAssembler
+from router.publications import Catalog
+
+from ..services import log
+from ..services.catalog import build_route_specs, load_catalog, needs_catalog, route_problems
+from .decoder import DecoderActor
+from .router_actor import RouterActor
+from .origin_filter import OriginFilterActor
+from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
+from ..services.sql import SqlSession
+from .progress import ProgressActor, Stats
+from ..services.retry import primary, run_with_retries
+from .sink import SinkActor, TopicSpec
+from .slot_reader import SlotReader, pgoutput_options
+
+_log = log.get("supervisor")
+SLOT_BUSY_WAIT = 30.0
+
+
+class ServerInfo:
+    def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
+                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None):
+        self.version = version
+        self.db = db
+        self.start_lsn = start_lsn
+        self.proto_version = proto_version
+        self.primary_keys = primary_keys or {}
+
+
+PRIMARY_KEYS = """
+select n.nspname, c.relname,
+       array_agg(a.attname::text order by array_position(i.indkey::int2[], a.attnum))
+from pg_index i
+join pg_class c on c.oid = i.indrelid
+join pg_namespace n on n.oid = c.relnamespace
+join pg_attribute a on a.attrelid = c.oid and a.attnum = any(i.indkey::int2[])
+where i.indisprimary and c.relreplident = 'f'
+group by n.nspname, c.relname
+"""
+
+
+def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
+    """Route specs from the config; publication routes take their definitions from
+    ``catalog`` (``actors.services.catalog``), read at startup and again on SIGHUP."""
+    return build_route_specs(cfg, catalog)
+
+
+def max_proto_version(server_version: int) -> int:
+    if server_version >= 160000:
+        return 4
+    if server_version >= 150000:
+        return 3
+    if server_version >= 140000:
+        return 2
+    return 1
+
+
+async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
+    src = cfg.source
+    version = int(await sql.fetchval("select current_setting('server_version_num')"))
+    wal_level = await sql.fetchval("select current_setting('wal_level')")
+    if wal_level != "logical":
+        raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
+                          "wal_level=logical (and a restart)", path="source.dsn")
+    found = {r["pubname"] for r in await sql.fetch(
+        "select pubname from pg_publication where pubname = any($1::text[])", src.publications)}
+    missing = [p for p in src.publications if p not in found]
+    if missing:
+        raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
+                                 f"database {await sql.fetchval('select current_database()')}")
+    deadline = time.monotonic() + SLOT_BUSY_WAIT
+    while True:
+        row = await sql.fetch("select plugin, active, active_pid, confirmed_flush_lsn::text as lsn,"
+                              " database from pg_replication_slots where slot_name = $1", src.slot)
+        if not row:
+            if not src.create_slot:
+                raise SlotMissing(f"replication slot {src.slot!r} does not exist (set "
+                                  "source.create_slot = true to create it)")
+            await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', false, $2)",
+                            src.slot, src.two_phase)
+            log.event(_log, "replication slot created", slot=src.slot)
+            continue
+        slot = row[0]
+        if slot["plugin"] != "pgoutput":
+            raise ConfigError(f"slot {src.slot!r} uses plugin {slot['plugin']}, not pgoutput",
+                              path="source.slot")
+        db = await sql.fetchval("select current_database()")
+        if slot["database"] != db:
+            raise ConfigError(f"slot {src.slot!r} belongs to database {slot['database']}, the "
+                              f"DSN connects to {db}", path="source.dsn")
+        if not slot["active"]:
+            break
+        if time.monotonic() > deadline:
+            raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
+                            f"{slot['active_pid']}; stop that consumer first")
+        await trio.sleep(0.5)
+    proto = src.proto_version or max_proto_version(version)
+    if proto > max_proto_version(version):
+        raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
+                          f"{max_proto_version(version)} at most", path="source.proto_version")
+    pks = {(r[0], r[1]): tuple(r[2]) for r in await sql.fetch(PRIMARY_KEYS)}
+    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks)
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, *, until_caught_up: bool = False, client_factory=None):
+        self.cfg = cfg
+        self.until_caught_up = until_caught_up
+        self.client_factory = client_factory or _default_client
+        self.drain = trio.Event()
+        self.stats = Stats()
+        self.until_lsn: int | None = None
+        self.restarts = 0
+        self.catalog: Catalog | None = None
+
+    async def run(self) -> int:
+        try:
+            async with trio_asyncio.open_loop():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._signals, nursery.cancel_scope)
+                    try:
+                        await self._run_with_retries()
+                    finally:
+                        nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise primary(group) from None
+        return 0
+
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if not self.drain.is_set():
+                    log.event(_log, "draining", signal=signal.Signals(signum).name)
+                    self.drain.set()
+                else:
+                    log.event(_log, "aborting", signal=signal.Signals(signum).name)
+                    scope.cancel()
+                    return
+
+    async def _run_with_retries(self) -> None:
+        self.restarts = await run_with_retries(self._run_once, stop=self.drain, logger=_log)
+
+    async def _run_once(self) -> None:
+        cfg = self.cfg
+        src = cfg.source
+        async with await SqlSession.connect(src.dsn) as sql:
+            info = await preflight(sql, cfg)
+            if needs_catalog(cfg):
+                self.catalog = await load_catalog(sql, cfg)
+                for path, problem in route_problems(cfg, self.catalog):
+                    log.event(_log, "route problem", path=path, problem=problem)
+            if self.until_caught_up and self.until_lsn is None:
+                self.until_lsn = parse_lsn(await sql.fetchval("select pg_current_wal_lsn()::text"))
+        log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
+                  server_version=info.version, proto_version=info.proto_version,
+                  confirmed_lsn=format_lsn(info.start_lsn),
+                  until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None,
+                  hot_path=native.describe(), kafka_client=self.cfg.kafka.client)
+        if self.until_lsn is not None and info.start_lsn >= self.until_lsn:
+            log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
+            return
+        client = await trio.to_thread.run_sync(self.client_factory, cfg)
+        try:
+            await self._pipeline(info, client)
+        finally:
+            with trio.move_on_after(15) as scope:
+                scope.shield = True
+                await trio.to_thread.run_sync(client.close, 10.0)
+
+    async def _pipeline(self, info: ServerInfo, client) -> None:
+        cfg, src = self.cfg, self.cfg.source
+        origins = rules_from_config(cfg)
+        wal_tx, wal_rx = trio.open_memory_channel(WAL_BATCHES)
+        ev_tx, ev_rx = trio.open_memory_channel(EVENT_BATCHES)
+        chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
+        prog_tx, prog_rx = trio.open_memory_channel(PROGRESS_EVENTS)
+        flush = Latest(info.start_lsn)
+        caught_up = trio.Event()
+        relations = RelationCache()
+        slot = SlotReader(
+            dsn=src.dsn, slot=src.slot, out=wal_tx, flush=flush,
+            status_interval=src.status_interval, stats=self.stats,
+            options=pgoutput_options(proto_version=info.proto_version,
+                                     publications=src.publications, streaming=src.streaming,
+                                     messages=src.messages, binary=src.binary,
+                                     two_phase=src.two_phase,
+                                     origin=origins.server_option(info.version)))
+        decoder = DecoderActor(
+            decoder=Decoder(info.proto_version),
+            assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
+                                           spill_dir=src.spill_dir),
+            inbox=wal_rx, out=ev_tx)
+        # origin filter between decoder and router actor, unless nothing can be dropped or the
+        # server drops it (PG >= 16, "none" everywhere)
+        origin_filter = None
+        if not origins.passes_everything and origins.server_option(info.version) is None:
+            of_tx, of_rx = trio.open_memory_channel(EVENT_BATCHES)
+            origin_filter = OriginFilterActor(rules=origins, inbox=ev_rx, out=of_tx)
+            ev_rx = of_rx
+        state = {"routes": route_specs(cfg, self.catalog)}
+        routers: list[tuple[frozenset | None, ChangeRouter]] = []
+
+        def router_for(names=None):
+            router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
+                                  db=info.db, messages_topic=cfg.kafka.messages_topic,
+                                  type_names=_TypeNames(relations),
+                                  primary_keys=info.primary_keys,
+                                  position_headers=cfg.kafka.position_headers)
+            routers.append((names, router))
+            return router
+        router_actor = RouterActor(router=router_for(), inbox=ev_rx, out=chunk_tx,
+                             router_for=router_for,
+                             meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db)
+                                   if cfg.kafka.transactions_topic else None))
+        specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
+                                   r.topic_settings.replication_factor,
+                                   r.topic_settings.configs) for r in cfg.routes}
+        specs[""] = TopicSpec("", 1, max((s.replication_factor for s in specs.values()),
+                                         default=1))
+        sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
+                         schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
+                         create_topics=cfg.kafka.create_topics, stats=self.stats)
+        progress = ProgressActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
+                                 stats=self.stats, interval=cfg.log.progress_interval,
+                                 until_lsn=self.until_lsn, caught_up=caught_up)
+        async with trio.open_nursery() as reloader:
+            if needs_catalog(cfg):  # lives as long as the pipeline, not longer
+                reloader.start_soon(self._reload_on_hup, state, routers)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(progress.run)
+                await nursery.start(sink.run)
+                await nursery.start(router_actor.run)
+                if origin_filter is not None:
+                    await nursery.start(origin_filter.run)
+                await nursery.start(decoder.run)
+                await nursery.start(slot.run)
+                nursery.start_soon(self._drain_when, slot, caught_up)
+            reloader.cancel_scope.cancel()
+        if self.until_lsn is not None and flush.value >= self.until_lsn:
+            log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
+                      until_lsn=format_lsn(self.until_lsn))
+
+    async def _reload_on_hup(self, state: dict, routers: list) -> None:
+        """SIGHUP: read the publications again; every router uses the new definitions from
+        its next transaction on. A failed reload keeps the current ones."""
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                try:
+                    async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+                        catalog = await load_catalog(sql, self.cfg)
+                    specs = route_specs(self.cfg, catalog)
+                except PgRouterError as exc:
+                    log.event(_log, "reload failed, keeping the current publications",
+                              error=str(exc), kind=type(exc).__name__)
+                    continue
+                for path, problem in route_problems(self.cfg, catalog):
+                    log.event(_log, "route problem", path=path, problem=problem)
+                self.catalog = catalog
+                state["routes"] = specs
+                for names, router in routers:
+                    router.replace_routes([r for r in specs if names is None or r.name in names])
+                log.event(_log, "publications reloaded", routes=len(specs))
+
+    async def _drain_when(self, slot: SlotReader, caught_up: trio.Event) -> None:
+        async with trio.open_nursery() as nursery:
+            async def wait(ev):
+                await ev.wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(wait, self.drain)
+            nursery.start_soon(wait, caught_up)
+        slot.stop_reading()
+
+
+class _TypeNames:
+    """``dict.get``-like view of the relation cache's type names (for schema records)."""
+
+    def __init__(self, relations: RelationCache):
+        self._relations = relations
+
+    def get(self, oid: int, default=None):
+        return self._relations.type_name(oid) or default
+
+
+def _default_client(cfg: Config):
+    if cfg.kafka.client == "librdkafka":
+        from ..kafka.librdkafka import RdKafkaClient
+
+        return RdKafkaClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))
+    from ..kafka.kafka_python import KafkaPythonClient
+
+    return KafkaPythonClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))

@@ -1,0 +1,326 @@
+"""Publication and table definitions read from PostgreSQL's catalog, and the route specs
+built from them.
+
+Rules:
+
+* Read once at startup and again on SIGHUP (``Supervisor``); the core never queries. What is
+  read is the *current* catalog, not the historic snapshot pgoutput decodes with: a changed
+  publication applies from the next transaction the router sees after the reload.
+* Tables: every ordinary and partitioned table outside the system schemas, with live,
+  non-generated columns in attnum order (what a Relation message lists), the replica
+  identity key (``relreplident``: primary key for DEFAULT, the ``indisreplident`` index for
+  USING INDEX, every column for FULL, none for NOTHING), partition ancestors
+  (``pg_inherits``, parent first) and leaf partitions.
+* Publications: ``pg_publication`` (actions, ``puballtables``, ``pubviaroot``),
+  ``pg_publication_namespace`` (TABLES IN SCHEMA) and ``pg_publication_rel`` with the row
+  filter as ``pg_get_expr(prqual, prrelid)`` prints it and the column list as names.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from router.config import Config, qualified
+from router.errors import ConfigError, PublicationMissing
+from router.publications import (Catalog, CatalogColumn, FilterCache, Planner, PubTable,
+                                 Publication, Resolved, TableInfo, config_resolver,
+                                 publication_resolver, resolve)
+from router.rowfilter import ColumnType, compile_filter
+from router.routing import RouteSpec
+
+from .sql import SqlSession
+
+_USER_TABLES = """
+    c.relkind in ('r', 'p')
+    and n.nspname not in ('pg_catalog', 'information_schema')
+    and n.nspname not like 'pg\\_toast%' and n.nspname not like 'pg\\_temp\\_%'
+"""
+
+_TABLES = f"""
+select c.oid, n.nspname, c.relname, c.relkind::text as relkind, c.relreplident::text as ident
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where {_USER_TABLES}
+"""
+
+_COLUMNS = f"""
+select a.attrelid, a.attnum, a.attname, a.atttypid::int8 as typid, a.atttypmod
+from pg_attribute a join pg_class c on c.oid = a.attrelid
+join pg_namespace n on n.oid = c.relnamespace
+where {_USER_TABLES} and a.attnum > 0 and not a.attisdropped and a.attgenerated = ''
+order by a.attrelid, a.attnum
+"""
+
+_KEYS = """
+select i.indrelid, i.indkey::int2[] as keys, i.indisprimary, i.indisreplident
+from pg_index i where (i.indisprimary or i.indisreplident) and i.indisvalid
+"""
+
+_INHERITS = """
+select i.inhrelid, i.inhparent from pg_inherits i
+join pg_class p on p.oid = i.inhparent where p.relkind = 'p'
+"""
+
+_PUBLICATIONS = """
+select p.oid, p.pubname, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete,
+       p.pubtruncate, p.pubviaroot,
+       coalesce((select array_agg(n.nspname::text) from pg_publication_namespace pn
+                 join pg_namespace n on n.oid = pn.pnnspid where pn.pnpubid = p.oid),
+                '{}') as schemas
+from pg_publication p where p.pubname = any($1::text[])
+"""
+
+_PUBLICATION_RELS = """
+select p.pubname, n.nspname, c.relname, pg_get_expr(pr.prqual, pr.prrelid) as qual,
+       (select array_agg(a.attname::text order by a.attnum) from pg_attribute a
+        where a.attrelid = pr.prrelid and a.attnum = any(pr.prattrs::int2[])) as cols,
+       pr.prattrs is not null as has_cols
+from pg_publication_rel pr join pg_publication p on p.oid = pr.prpubid
+join pg_class c on c.oid = pr.prrelid join pg_namespace n on n.oid = c.relnamespace
+where p.pubname = any($1::text[])
+"""
+
+
+async def load_tables(sql: SqlSession) -> dict[tuple[str, str], TableInfo]:
+    rels = {r["oid"]: r for r in await sql.fetch(_TABLES)}
+    columns: dict[int, list] = {}
+    for r in await sql.fetch(_COLUMNS):
+        columns.setdefault(r["attrelid"], []).append(r)
+    pk: dict[int, set] = {}
+    ri: dict[int, set] = {}
+    for r in await sql.fetch(_KEYS):
+        if r["indisprimary"]:
+            pk[r["indrelid"]] = set(r["keys"])
+        if r["indisreplident"]:
+            ri[r["indrelid"]] = set(r["keys"])
+    parent: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
+    for r in await sql.fetch(_INHERITS):
+        parent[r["inhrelid"]] = r["inhparent"]
+        children.setdefault(r["inhparent"], []).append(r["inhrelid"])
+
+    def name(oid):
+        return (rels[oid]["nspname"], rels[oid]["relname"])
+
+    def leaves(oid):
+        out, stack = set(), list(children.get(oid, ()))
+        while stack:
+            o = stack.pop()
+            if o in children:
+                stack.extend(children[o])
+            elif o in rels:
+                out.add(name(o))
+        return frozenset(out)
+
+    tables = {}
+    for oid, r in rels.items():
+        ident = r["ident"]
+        keys = {"d": pk.get(oid, set()), "i": ri.get(oid, set()), "n": set()}.get(ident)
+        cols = tuple(CatalogColumn(c["attname"], c["typid"], c["atttypmod"],
+                                   ident == "f" or c["attnum"] in keys)
+                     for c in columns.get(oid, ()))
+        ancestors, o = [], oid
+        while o in parent and parent[o] in rels:
+            o = parent[o]
+            ancestors.append(name(o))
+        tables[name(oid)] = TableInfo(
+            schema=r["nspname"], name=r["relname"], relkind=r["relkind"],
+            ancestors=tuple(ancestors), columns=cols, replica_identity=ident,
+            leaves=leaves(oid) if r["relkind"] == "p" else frozenset())
+    return tables
+
+
+async def load_publications(sql: SqlSession, names: list[str]) -> dict[str, Publication]:
+    if not names:
+        return {}
+    rows = await sql.fetch(_PUBLICATIONS, list(names))
+    tables: dict[str, dict] = {}
+    for r in await sql.fetch(_PUBLICATION_RELS, list(names)):
+        cols = tuple(r["cols"] or ()) if r["has_cols"] else None
+        tables.setdefault(r["pubname"], {})[(r["nspname"], r["relname"])] = PubTable(
+            where=r["qual"], columns=cols)
+    return {r["pubname"]: Publication(
+        name=r["pubname"], all_tables=r["puballtables"], insert=r["pubinsert"],
+        update=r["pubupdate"], delete=r["pubdelete"], truncate=r["pubtruncate"],
+        via_root=r["pubviaroot"], schemas=frozenset(r["schemas"]),
+        tables=tables.get(r["pubname"], {})) for r in rows}
+
+
+def route_publication_names(cfg: Config) -> list[str]:
+    return sorted({p for r in cfg.routes for p in r.publication_names()})
+
+
+async def load_catalog(sql: SqlSession, cfg: Config, *, strict: bool = True) -> Catalog:
+    """Tables plus every publication the config names (the slot's and the routes'). With
+    ``strict`` a route publication that does not exist is a ``PublicationMissing``."""
+    names = sorted(set(route_publication_names(cfg)) | set(cfg.source.publications))
+    pubs = await load_publications(sql, names)
+    if strict:
+        missing = [p for p in route_publication_names(cfg) if p not in pubs]
+        if missing:
+            raise PublicationMissing(f"publication(s) {', '.join(missing)} named by routes do "
+                                     "not exist")
+    return Catalog(publications=pubs, tables=await load_tables(sql))
+
+
+def build_route_specs(cfg: Config, catalog: Catalog | None) -> list[RouteSpec]:
+    """One ``RouteSpec`` per ``[[routes]]``: publication routes and routes with a ``where``
+    or ``columns`` get a planner; the rest keep the plain table/schema selectors."""
+    filters = FilterCache()
+    specs = []
+    for r in cfg.routes:
+        ops = frozenset(r.operations)
+        tables = frozenset(qualified(t) for t in r.tables)
+        planner = None
+        if r.publication_names():
+            if catalog is None:
+                raise PublicationMissing(f"route {r.name!r} needs the catalog")
+            pubs = [catalog.publications[p] for p in r.publication_names()]
+            planner = Planner(r.name, publication_resolver(pubs, catalog), ops,
+                              catalog.tables, filters)
+        elif r.where or r.columns:
+            planner = Planner(r.name, config_resolver(tables, r.where, r.columns), ops,
+                              catalog.tables if catalog else {}, filters)
+        specs.append(RouteSpec(name=r.name, tables=tables, schemas=frozenset(r.schemas),
+                               all_tables=r.all_tables, operations=ops, topic=r.topic,
+                               planner=planner))
+    return specs
+
+
+def needs_catalog(cfg: Config) -> bool:
+    return any(r.publication_names() or r.where or r.columns for r in cfg.routes)
+
+
+def _route_resolver(route, catalog: Catalog):
+    if route.publication_names():
+        return publication_resolver([catalog.publications[p] for p in route.publication_names()],
+                                    catalog)
+    if route.tables:
+        return config_resolver(frozenset(qualified(t) for t in route.tables), route.where,
+                               route.columns)
+
+    def by_selector(table, relation):
+        if route.all_tables or any(fnmatch.fnmatchcase(table[0], p) for p in route.schemas):
+            return Resolved(publish_as=table, insert=True, update=True, delete=True,
+                            truncate=True)
+        return None
+    return by_selector
+
+
+def _route_path(route, i: int) -> str:
+    if route.publication:
+        return f"routes[{i}].publication"
+    if route.publications:
+        return f"routes[{i}].publications"
+    return f"routes[{i}].where" if route.where else f"routes[{i}]"
+
+
+def route_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]:
+    """What keeps routes from replicating exactly what their publications define, as
+    (config key path, message): filters or column lists that do not fit the table, UPDATE/
+    DELETE without a usable replica identity or filtered on columns outside it, and the
+    slot's own publications hiding rows, columns, actions or tables a route needs."""
+    problems: list[tuple[str, str]] = []
+    tables = catalog.tables
+    slot_pubs = [catalog.publications[p] for p in cfg.source.publications
+                 if p in catalog.publications]
+    leaves = [t for t in tables.values() if t.relkind == "r"]
+    for i, route in enumerate(cfg.routes):
+        path = _route_path(route, i)
+        missing = [p for p in route.publication_names() if p not in catalog.publications]
+        if missing:
+            problems.append((path, f"publication(s) {', '.join(missing)} do not exist"))
+            continue
+        for j, t in enumerate(route.tables):
+            if qualified(t) not in tables:
+                problems.append((f"routes[{i}].tables[{j}]", f"table {t} does not exist"))
+        resolver = _route_resolver(route, catalog)
+        ops = frozenset(route.operations)
+        for table in leaves:
+            try:
+                res = resolver(table.qualified, None)
+            except ConfigError as exc:
+                problems.append((path, str(exc)))
+                continue
+            if res is None:
+                continue
+            name = f"{table.schema}.{table.name}"
+            problems.extend((path, f"table {name}: {m}")
+                            for m in _table_problems(table, res, ops, tables))
+            problems.extend(("source.publications", f"route {route.name!r}, table {name}: {m}")
+                            for m in _slot_problems(table, res, ops, slot_pubs, tables))
+    return problems
+
+
+def _compiled(res: Resolved, info: TableInfo, action: str):
+    sqls = getattr(res, f"{action}_filters") or ()
+    ctypes = tuple(ColumnType(c.name, c.type_oid, c.type_modifier) for c in info.columns)
+    return [compile_filter(s, ctypes) for s in sqls]
+
+
+def _table_problems(table: TableInfo, res: Resolved, ops, tables) -> list[str]:
+    out = []
+    info = tables.get(res.publish_as, table)
+    names = {c.name for c in info.columns}
+    if res.columns is not None and res.columns - names:
+        out.append(f"column list names unknown column(s) {sorted(res.columns - names)}")
+    keys = {c.name for c in info.columns if c.key}
+    for action in ("update", "delete"):
+        if not (getattr(res, action) and action in ops):
+            continue
+        if not keys and info.replica_identity != "f":
+            out.append(f"publishes {action.upper()} but has no usable replica identity "
+                       f"(REPLICA IDENTITY {'NOTHING' if info.replica_identity == 'n' else 'DEFAULT without a primary key'})")
+    for action in ("insert", "update", "delete"):
+        if not (getattr(res, action) and action in ops):
+            continue
+        try:
+            compiled = _compiled(res, info, action)
+        except ConfigError as exc:
+            out.append(f"row filter for {action.upper()}: {exc}")
+            continue
+        if action != "insert" and info.replica_identity != "f":
+            outside = set().union(*(f.columns_used for f in compiled)) - keys if compiled else set()
+            if outside:
+                out.append(f"publishes {action.upper()} with a row filter on column(s) "
+                           f"{sorted(outside)} outside the replica identity (PostgreSQL "
+                           "refuses such UPDATE/DELETE; the old row only has key columns)")
+    return list(dict.fromkeys(out))
+
+
+def _slot_problems(table: TableInfo, res: Resolved, ops, slot_pubs, tables) -> list[str]:
+    try:
+        slot = resolve(table, slot_pubs, tables)
+    except ConfigError as exc:
+        return [f"the slot's publications cannot be combined: {exc}"]
+    if slot is None:
+        return ["not in the slot's publications (source.publications)"]
+    out = []
+    if slot.publish_as != table.qualified and slot.publish_as != res.publish_as:
+        out.append(f"the slot's publications send it as {'.'.join(slot.publish_as)} "
+                   "(publish_via_partition_root), the route needs "
+                   f"{'.'.join(res.publish_as)}")
+    for action in ("insert", "update", "delete", "truncate"):
+        if getattr(res, action) and action in ops and not getattr(slot, action):
+            out.append(f"the slot's publications do not publish {action.upper()}")
+        if action == "truncate":
+            continue
+        want = getattr(res, f"{action}_filters")
+        have = getattr(slot, f"{action}_filters")
+        if getattr(res, action) and action in ops and have is not None and (
+                want is None or not set(want) <= set(have)):
+            out.append(f"the slot's publications filter {action.upper()} with "
+                       f"{' OR '.join(have)}, narrower than the route's "
+                       f"{' OR '.join(want) if want else '(no filter)'}")
+    if slot.columns is not None:
+        info = tables.get(res.publish_as, table)
+        needed = res.columns if res.columns is not None else {c.name for c in info.columns}
+        for action in ("insert", "update", "delete"):
+            try:
+                needed = needed | set().union(*(f.columns_used
+                                                 for f in _compiled(res, info, action)))
+            except ConfigError:
+                pass
+        if needed - slot.columns:
+            out.append(f"the slot's publications send only columns {sorted(slot.columns)}; "
+                       f"the route needs {sorted(needed - slot.columns)} too")
+    return out

@@ -1,0 +1,88 @@
+"""Materializer config: msgspec validation (``pgrouter materialize``) and the stdlib twin in
+``job.py`` (``spark-submit``) accept and reject the same files, naming the offending key."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from actors.materialize.config import parse
+from actors.materialize.settings import MaterializeError, config_from_dict
+from router.errors import ConfigError
+
+BASE = """
+[kafka]
+bootstrap_servers = "k:9092"
+topics = ["a", "b"]
+[delta]
+warehouse = "/wh"
+checkpoint = "/ck"
+"""
+
+
+def both(text: str):
+    """Parse with both validators; return (config, error path) from each."""
+    out = []
+    for fn, err in ((lambda t: parse(t), ConfigError),
+                    (lambda t: config_from_dict(tomllib.loads(t)), MaterializeError)):
+        try:
+            out.append((fn(text), None))
+        except err as exc:
+            out.append((None, exc.path))
+    return out
+
+
+def test_minimal_defaults():
+    for cfg, err in both(BASE):
+        assert err is None
+        assert cfg.mode == "state" and cfg.schema_topic == "pgrouter.schemas"
+        assert cfg.starting_offsets == "earliest" and cfg.master == "local[*]"
+        assert cfg.topics == ["a", "b"] and cfg.topic_pattern is None
+
+
+def test_full_example_file():
+    import pathlib
+    text = (pathlib.Path(__file__).resolve().parents[3] / "configs/materialize.toml").read_text()
+    (a, ea), (b, eb) = both(text)
+    assert ea is None and eb is None and a == b
+    assert a.max_offsets_per_trigger == 200000
+
+
+@pytest.mark.parametrize("patch,path", [
+    (BASE.replace('topics = ["a", "b"]', 'topics = ["a"]\ntopicz = 1'), "kafka.topicz"),
+    (BASE + "[sparks]\n", "sparks"),
+    (BASE + 'mode = "upsert"\n', "delta.mode"),
+    (BASE.replace('warehouse = "/wh"', ""), "delta.warehouse"),
+    (BASE.replace('topics = ["a", "b"]', ""), "kafka.topics"),
+    (BASE.replace('topics = ["a", "b"]', 'topics = ["a"]\ntopic_pattern = "x.*"'), "kafka.topics"),
+    (BASE + "[spark]\nconf = { a = 1 }\nextra = 2\n", "spark.extra"),
+    (BASE + "max_offsets_per_trigger = 0\n", "max_offsets_per_trigger"),
+])
+def test_rejects_with_key_path(patch, path):
+    for cfg, err in both(patch):
+        assert cfg is None and err == path
+
+
+def test_max_offsets_top_level_or_kafka_not_both():
+    top = "max_offsets_per_trigger = 10\n" + BASE
+    for cfg, err in both(top):
+        assert cfg.max_offsets_per_trigger == 10
+    twice = top.replace('topics = ["a", "b"]', 'topics = ["a"]\nmax_offsets_per_trigger = 5')
+    for cfg, err in both(twice):
+        assert cfg is None and err.endswith("max_offsets_per_trigger")
+
+
+def test_spark_conf_values_become_strings():
+    for cfg, _ in both(BASE + "[spark]\nconf = { 'spark.x' = true, 'spark.n' = 4 }\n"):
+        assert cfg.spark_conf == {"spark.x": "true", "spark.n": "4"}
+
+
+def test_cli_reports_config_error_on_one_line(tmp_path, capsys):
+    from actors.cli import main
+
+    bad = tmp_path / "m.toml"
+    bad.write_text(BASE + "[delta.nope]\n")
+    assert main(["materialize", "-c", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "delta.nope" in err

@@ -1,0 +1,125 @@
+"""The sink's delivery contract, driven with an in-memory client whose acknowledgements the
+test releases by hand: accepted is not durable."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from actors.pipeline.mailbox import Begin, Done, Keepalive
+from actors.pipeline.sink import SinkActor, TopicSpec
+from router.delivery import Tally
+from router.errors import RecordTooLarge, SinkError
+from router.routing import RoutedChunk
+
+
+class HeldClient:
+    """Keeps every record's delivery callback until the test acknowledges it; per-record
+    callbacks reach the sink through ``router.delivery.Tally``, as with the real clients."""
+
+    def __init__(self):
+        self.pending = []  # (tally, record)
+        self.topics = []
+        self.schemas = []
+        self.closed = False
+
+    def produce(self, records, ticket, on_done):
+        tally = Tally(len(records), on_done, ticket)
+        self.pending.extend((tally, r) for r in records)
+
+    def produce_sync(self, topic, key, value, timeout=60.0):
+        self.schemas.append((topic, key))
+
+    def ensure_topics(self, specs):
+        self.topics.extend(s.name for s in specs)
+
+    def flush(self, timeout=None):
+        pass
+
+    def close(self, timeout=10.0):
+        self.closed = True
+
+    @staticmethod
+    def map_error(exc):
+        return exc if isinstance(exc, SinkError) else SinkError(str(exc))
+
+    def ack(self, n=None, error=None):
+        take = self.pending[:n] if n is not None else list(self.pending)
+        del self.pending[:len(take)]
+        for tally, _ in take:
+            if error is not None:
+                tally.fail(error)
+            else:
+                tally.ack("metadata")
+
+
+def chunk(end_lsn, n, *, last=True, topics=()):
+    records = [("t", b"k", b"v%d" % i, []) for i in range(n)]
+    return RoutedChunk(1, end_lsn, end_lsn, records, [], last, list(topics))
+
+
+async def start(client, nursery):
+    chunks_tx, chunks_rx = trio.open_memory_channel(8)
+    prog_tx, prog_rx = trio.open_memory_channel(64)
+    sink = SinkActor(client=client, inbox=chunks_rx, progress=prog_tx, schema_topic="schemas",
+                     topic_specs={"r": TopicSpec("r", 3)})
+    await nursery.start(sink.run)
+    return chunks_tx, prog_rx
+
+
+async def expect(rx, n):
+    """The next ``n`` progress events, then nothing more for a while (the sink works in
+    worker threads, so "nothing more" is checked after letting them run)."""
+    out: list = []
+    with trio.fail_after(5):
+        while len(out) < n:
+            out.extend(await rx.receive())  # the sink sends lists of events
+    await trio.sleep(0.1)
+    with pytest.raises(trio.WouldBlock):
+        rx.receive_nowait()
+    return out
+
+
+async def test_done_only_after_every_record_is_acknowledged():
+    client = HeldClient()
+    async with trio.open_nursery() as nursery:
+        chunks, progress = await start(client, nursery)
+        await chunks.send([chunk(100, 3, last=False, topics=[("t", "r")])])
+        await chunks.send([chunk(100, 2, last=True)])
+        assert await expect(progress, 1) == [Begin(0, 100)], "sent is not done"
+        assert client.topics == ["t"]
+        client.ack(4)
+        assert await expect(progress, 0) == []
+        client.ack()
+        assert await expect(progress, 1) == [Done(0, 5)]
+        await chunks.aclose()
+
+
+async def test_keepalive_and_registration_keep_commit_order():
+    client = HeldClient()
+    async with trio.open_nursery() as nursery:
+        chunks, progress = await start(client, nursery)
+        await chunks.send([chunk(100, 1)])
+        await chunks.send([Keepalive(150)])
+        await chunks.send([chunk(200, 0)])  # everything filtered out: done at once
+        got = await expect(progress, 4)
+        assert got == [Begin(0, 100), Keepalive(150), Begin(1, 200), Done(1, 0)]
+        client.ack()
+        assert await expect(progress, 1) == [Done(0, 1)]
+        await chunks.aclose()
+
+
+async def test_failed_delivery_fails_the_sink_and_reports_nothing_done():
+    client = HeldClient()
+    seen = []
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with trio.open_nursery() as nursery:
+            chunks, progress = await start(client, nursery)
+            await chunks.send([chunk(100, 2)])
+            seen += await expect(progress, 1)
+            client.ack(1)
+            client.ack(1, error=RecordTooLarge("too big"))
+            with trio.fail_after(5):
+                await trio.sleep_forever()
+    assert info.group_contains(RecordTooLarge)
+    assert seen == [Begin(0, 100)], "nothing may be reported done"
