@@ -1,6 +1,6 @@
 # pgrouter — the two commands of the README: `make demo` and `make test`.
 # Both set up everything on a fresh Debian machine: system packages (PostgreSQL, Java, Maven,
-# gcc and Python's headers for the C hot path) when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
+# gcc and Python's headers for the C hot path, Prometheus for the metrics test) when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
 # Spark jars from Maven Central (fetched by `pgrouter devstack up` into .devstack/cache).
 
 PYTHON ?= python3
@@ -29,6 +29,7 @@ system:
 	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn  >/dev/null 2>&1 || missing="$$missing maven"; \
 	command -v gcc  >/dev/null 2>&1 || missing="$$missing gcc"; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql postgresql-contrib"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	$(PYTHON) -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/e2e.py [--changes 500000] [--txn-rows 50000] [--partitions 1]
                                   [--runs pg_recvlogical,librdkafka,kafka-python] [--repeat N]
+                                  (also: --runs …,librdkafka+metrics: the metrics' cost)
                                   [--profile DIR]
     .venv/bin/python bench/e2e.py --quick        # 60k changes, for a smoke run
 
@@ -56,6 +57,8 @@ CLIENTS = ("librdkafka", "kafka-python")
 #: pgrouter with a client that acknowledges every record at once, without Kafka: what the
 #: router itself costs (slot reading, decoding, routing, encoding, the sink's bookkeeping)
 NULL = "null"
+#: librdkafka with the Prometheus endpoint on ([metrics] listen): what the metrics cost
+METRICS = "librdkafka+metrics"
 _ACKED = re.compile(r"records_acked=(\d+)")
 
 
@@ -87,8 +90,8 @@ def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
 
 
 def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
-           route: str, schema_topic: str, partitions: int) -> str:
-    return f"""
+           route: str, schema_topic: str, partitions: int, metrics: bool = False) -> str:
+    return (METRICS_SECTION if metrics else "") + f"""
 [source]
 dsn = "{dsn}"
 slot = "{slot}"
@@ -103,6 +106,12 @@ tables = ["public.{table}"]
 topic_settings = {{ partitions = {partitions} }}
 [log]
 progress_interval = 5.0
+"""
+
+
+METRICS_SECTION = """
+[metrics]
+listen = "127.0.0.1:0"
 """
 
 
@@ -232,7 +241,7 @@ def main() -> None:
         args.changes = min(args.changes, 60_000)
         args.txn_rows = min(args.txn_rows, 20_000)
     runs = args.runs.split(",")
-    unknown = set(runs) - {RECV, NULL, *CLIENTS}
+    unknown = set(runs) - {RECV, NULL, METRICS, *CLIENTS}
     if unknown:
         raise SystemExit(f"unknown run(s): {sorted(unknown)}")
     tag = uuid.uuid4().hex[:8]
@@ -241,7 +250,8 @@ def main() -> None:
     order = [(r, run) for r in rounds for run in runs]
     slots = {key: f"bench_e2e_{tag}_{i}" for i, key in enumerate(order)}
     schema_topic = f"bench.e2e.{tag}.schemas"
-    routes = {(r, c): f"bench-{c}-{tag}-{r}" for r in rounds for c in CLIENTS}
+    routes = {(r, c): f"bench-{c.replace('+', '-')}-{tag}-{r}" for r in rounds
+              for c in (*CLIENTS, METRICS)}
     topics = [schema_topic] + [f"{route}.public.{table}" for route in routes.values()]
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -286,10 +296,11 @@ def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, rout
         elapsed = run_recvlogical(args.dsn, slot, pub, endpos)
     else:
         cfg = os.path.join(tmp, f"{run}-{rnd}.toml")
-        client = "librdkafka" if run == NULL else run
+        client = "librdkafka" if run in (NULL, METRICS) else run
         with open(cfg, "w") as fh:
             fh.write(config(args.dsn, args.bootstrap, slot, pub, table, client,
-                            routes[(rnd, client)], schema_topic, args.partitions))
+                            routes[(rnd, METRICS if run == METRICS else client)],
+                            schema_topic, args.partitions, metrics=run == METRICS))
         prof = os.path.join(args.profile, f"{run}.prof") if args.profile else None
         elapsed, log = run_router(cfg, prof, null=run == NULL)
         found = _ACKED.findall(log)

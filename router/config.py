@@ -104,11 +104,24 @@ class LogConfig(_Base):
     progress_interval: float = 10.0
 
 
+class MetricsConfig(_Base):
+    #: ``host:port`` of the HTTP endpoint serving ``/metrics``, ``/healthz`` and ``/readyz``
+    #: (``""``: no endpoint). Port 0 picks a free port (logged at start).
+    listen: str = ""
+    #: seconds between samples of the slot over SQL (lag, retained WAL, ``wal_status``)
+    sample_interval: float = 15.0
+    #: a warning line (and ``pgrouter_slot_lag_warning`` = 1) when the slot's lag exceeds
+    #: this many bytes / seconds; 0 = never
+    lag_warning_bytes: int = 0
+    lag_warning_seconds: float = 0.0
+
+
 class Config(_Base):
     source: SourceConfig
     kafka: KafkaConfig
     routes: list[RouteConfig]
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     #: which transactions to publish by replication origin (router.origins); default "any"
     origin: OriginSetting | None = None
 
@@ -210,6 +223,29 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
                               source=source)
     # the common settings vocabulary, checked for the chosen client (router.kafka_settings)
     translate_kafka_settings(dict(cfg.kafka.settings), cfg.kafka.client, source=source)
+    _validate_metrics(cfg.metrics, source)
+
+
+def parse_listen(listen: str, *, path: str = "metrics.listen",
+                 source: str = "<config>") -> tuple[str, int]:
+    """``host:port`` (``[::1]:9187`` for IPv6) -> ``(host, port)``."""
+    host, colon, port = listen.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"expected host:port (e.g. 127.0.0.1:9187), got {listen!r}",
+                          path=path, source=source)
+    return host, int(port)
+
+
+def _validate_metrics(m: MetricsConfig, source: str) -> None:
+    if m.listen:
+        parse_listen(m.listen, source=source)
+    if not m.sample_interval > 0:
+        raise ConfigError("must be > 0", path="metrics.sample_interval", source=source)
+    for key in ("lag_warning_bytes", "lag_warning_seconds"):
+        if getattr(m, key) < 0:
+            raise ConfigError("must be ≥ 0 (0 = no warning)", path=f"metrics.{key}",
+                              source=source)
 
 
 def _validate_route_filter(route: RouteConfig, where: str, source: str) -> None:

@@ -99,6 +99,11 @@ class PublicationMissing(SourceError):
     """A publication named in the config does not exist."""
 
 
+class SlotInvalidated(SourceError):
+    """The server invalidated the slot (``wal_status = lost``: it removed WAL the slot still
+    needed, e.g. past ``max_slot_wal_keep_size``). Its changes are gone; retrying cannot help."""
+
+
 # --- Kafka ---------------------------------------------------------------------------------
 
 
@@ -148,6 +153,7 @@ RETRYABLE: dict[type[BaseException], bool] = {
     SlotInUse: False,
     SlotMissing: False,
     PublicationMissing: False,
+    SlotInvalidated: False,
     SourceError: True,
     SinkUnavailable: True,
     RecordTooLarge: False,

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "check": "check",
     "materialize": "materialize",
     "apply": "apply",
+    "status": "status",
 }
 
 HELP: dict[str, str] = {
@@ -32,6 +33,7 @@ HELP: dict[str, str] = {
     "check": "check a config against PostgreSQL and Kafka, printing every problem",
     "materialize": "materialize topics into Delta tables with Spark Structured Streaming",
     "apply": "apply topics to another PostgreSQL, tagged with a replication origin",
+    "status": "the slot (lag, retained WAL) and the routes' topics, for a person or --json",
 }
 
 

@@ -13,6 +13,8 @@ send per batch rather than one per transaction."""
 
 from __future__ import annotations
 
+from time import perf_counter
+
 import trio
 
 from router.origins import FilteredTransaction, RestrictedTransaction
@@ -24,13 +26,14 @@ from .mailbox import Hold, Keepalive
 
 class RouterActor:
     def __init__(self, *, router: ChangeRouter, inbox: trio.MemoryReceiveChannel,
-                 out: trio.MemorySendChannel, router_for=None, meta=None):
+                 out: trio.MemorySendChannel, router_for=None, meta=None, metrics=None):
         self.router = router
         self.inbox = inbox
         self.out = out
         self.router_for = router_for  # frozenset of route names -> ChangeRouter
         self.meta = meta  # router.transaction_meta.TransactionMeta or None
         self._subsets: dict[frozenset, ChangeRouter] = {}
+        self.metrics = metrics  # actors.services.metrics.Metrics or None
 
     def _route(self, txn: Transaction, router: ChangeRouter):
         chunks = router.route(txn)
@@ -39,11 +42,13 @@ class RouterActor:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         route = self.router.route if self.meta is None else (
             lambda txn: self._route(txn, self.router))
+        metrics = self.metrics
         task_status.started()
         async with self.inbox, self.out:
             async for events in self.inbox:
                 group: list = []
                 size = 0
+                started, waited = perf_counter(), 0.0
                 for ev in events:
                     kind = type(ev)
                     if kind is Transaction or kind is RestrictedTransaction:
@@ -55,17 +60,26 @@ class RouterActor:
                                 group.append(chunk)
                                 size += len(chunk.records)
                                 if size >= CHUNK_RECORDS:
+                                    sent = perf_counter()  # time waiting is not routing
                                     await self.out.send(group)
+                                    waited += perf_counter() - sent
                                     group, size = [], 0
                         finally:
                             txn.changes.close()
+                        if metrics is not None:
+                            metrics.routed(txn.end_lsn, txn.commit_time, txn.change_count)
                     elif kind is NonTransactionalMessage:
                         group.append(self.router.route_message(ev))
                     elif kind is Keepalive or kind is Hold:
                         group.append(ev)
                     elif kind is FilteredTransaction:
                         group.append(RoutedChunk(ev.xid, ev.commit_lsn, ev.end_lsn, [], [], True))
+                        if metrics is not None:
+                            metrics.origin_dropped.inc()
                     # PreparedOutcome (prepare mode): nothing to publish
+                if metrics is not None:
+                    metrics.stage_seconds.labels("route").observe(
+                        perf_counter() - started - waited)
                 if group:
                     await self.out.send(group)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from time import perf_counter
 
 import trio
 
@@ -64,7 +65,8 @@ class _Txn:
 class SinkActor:
     def __init__(self, *, client, inbox: trio.MemoryReceiveChannel,
                  progress: trio.MemorySendChannel, schema_topic: str,
-                 topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None):
+                 topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None,
+                 metrics=None):
         self.client = client
         self.inbox = inbox
         self.progress = progress
@@ -72,6 +74,7 @@ class SinkActor:
         self.topic_specs = topic_specs  # route name -> settings template
         self.create_topics = create_topics
         self.stats = stats
+        self.metrics = metrics  # actors.services.metrics.Metrics or None
         self._lock = threading.Lock()
         self._txns: dict[int, _Txn] = {}
         self._next_ticket = 0
@@ -184,10 +187,15 @@ class SinkActor:
         await self._flush_progress()
         if not batch:
             return
+        started = perf_counter()
         if len(batch) == 1:
             await trio.to_thread.run_sync(self.client.produce, *batch[0], self._on_delivery)
         else:
             await trio.to_thread.run_sync(self._produce_all, batch)
+        if self.metrics is not None:
+            self.metrics.stage_seconds.labels("produce").observe(perf_counter() - started)
+            for records, _ in batch:
+                self.metrics.produced(records)
         if self.stats is not None:
             self.stats.sent_records += sum(len(records) for records, _ in batch)
         batch.clear()
@@ -209,6 +217,9 @@ class SinkActor:
             self._current = ticket
             self._outbox.append(Begin(ticket, chunk.end_lsn))
         ticket = self._current
+        if chunk.new_topics and self.metrics is not None:
+            for topic, route in chunk.new_topics:
+                self.metrics.topic_route(topic, route)
         if chunk.new_topics and self.create_topics:
             await self._produce(batch)
             specs = []

@@ -26,7 +26,7 @@ import time
 import trio
 import trio_asyncio
 
-from router.config import Config, mask_dsn
+from router.config import Config, mask_dsn, parse_listen
 from router.errors import (ConfigError, PgRouterError, PublicationMissing,
                            SlotInUse, SlotMissing, SourceError)
 from router import native
@@ -45,10 +45,13 @@ from .decoder import DecoderActor
 from .router_actor import RouterActor
 from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
+from ..services.http import Endpoint, Health
+from ..services.metrics import Metrics
 from ..services.sql import SqlSession
 from .progress import ProgressActor, Stats
 from ..services.retry import primary, run_with_retries
 from .sink import SinkActor, TopicSpec
+from .slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from .slot_reader import SlotReader, pgoutput_options
 
 _log = log.get("supervisor")
@@ -150,8 +153,24 @@ class Supervisor:
         self.until_lsn: int | None = None
         self.restarts = 0
         self.catalog: Catalog | None = None
+        #: Prometheus metrics and /readyz, with ``[metrics] listen`` set
+        self.metrics = Metrics() if cfg.metrics.listen else None
+        self.health = Health()
+        self.endpoint: Endpoint | None = None
 
     async def run(self) -> int:
+        if self.metrics is not None:
+            host, port = parse_listen(self.cfg.metrics.listen)
+            self.endpoint = Endpoint(host, port, self.metrics.registry, self.health)
+            log.event(_log, "metrics endpoint listening",
+                      url=f"http://{host}:{self.endpoint.port}/metrics")
+        try:
+            return await self._run()
+        finally:
+            if self.endpoint is not None:
+                self.endpoint.close()
+
+    async def _run(self) -> int:
         try:
             async with trio_asyncio.open_loop():
                 async with trio.open_nursery() as nursery:
@@ -176,13 +195,17 @@ class Supervisor:
                     return
 
     async def _run_with_retries(self) -> None:
-        self.restarts = await run_with_retries(self._run_once, stop=self.drain, logger=_log)
+        on_restart = (None if self.metrics is None
+                      else lambda kind: self.metrics.restarts.labels(kind).inc())
+        self.restarts = await run_with_retries(self._run_once, stop=self.drain, logger=_log,
+                                               on_restart=on_restart)
 
     async def _run_once(self) -> None:
         cfg = self.cfg
         src = cfg.source
         async with await SqlSession.connect(src.dsn) as sql:
             info = await preflight(sql, cfg)
+            refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
             if needs_catalog(cfg):
                 self.catalog = await load_catalog(sql, cfg)
                 for path, problem in route_problems(cfg, self.catalog):
@@ -201,6 +224,7 @@ class Supervisor:
         try:
             await self._pipeline(info, client)
         finally:
+            self._streaming(False, "not streaming (starting, restarting or stopped)")
             with trio.move_on_after(15) as scope:
                 scope.shield = True
                 await trio.to_thread.run_sync(client.close, 10.0)
@@ -227,7 +251,7 @@ class Supervisor:
             decoder=Decoder(info.proto_version),
             assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
                                            spill_dir=src.spill_dir),
-            inbox=wal_rx, out=ev_tx)
+            inbox=wal_rx, out=ev_tx, metrics=self.metrics)
         # origin filter between decoder and router actor, unless nothing can be dropped or the
         # server drops it (PG >= 16, "none" everywhere)
         origin_filter = None
@@ -249,7 +273,8 @@ class Supervisor:
         router_actor = RouterActor(router=router_for(), inbox=ev_rx, out=chunk_tx,
                              router_for=router_for,
                              meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db)
-                                   if cfg.kafka.transactions_topic else None))
+                                   if cfg.kafka.transactions_topic else None),
+                             metrics=self.metrics)
         specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
                                    r.topic_settings.replication_factor,
                                    r.topic_settings.configs) for r in cfg.routes}
@@ -257,13 +282,26 @@ class Supervisor:
                                          default=1))
         sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
                          schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
-                         create_topics=cfg.kafka.create_topics, stats=self.stats)
+                         create_topics=cfg.kafka.create_topics, stats=self.stats,
+                         metrics=self.metrics)
         progress = ProgressActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
                                  stats=self.stats, interval=cfg.log.progress_interval,
                                  until_lsn=self.until_lsn, caught_up=caught_up)
+        metrics = self.metrics
+        if metrics is not None:
+            stats = self.stats
+            metrics.clock.reset()
+            metrics.bind(in_flight=lambda: stats.sent_records - stats.acked_records,
+                         confirmed_lsn=lambda: flush.value,
+                         received_lsn=lambda: stats.received_lsn)
+        monitor = SlotMonitor(dsn=src.dsn, slot=src.slot, interval=cfg.metrics.sample_interval,
+                              metrics=metrics, warn_bytes=cfg.metrics.lag_warning_bytes,
+                              warn_seconds=cfg.metrics.lag_warning_seconds,
+                              lag_seconds=metrics.clock.lag_seconds if metrics else None)
         async with trio.open_nursery() as reloader:
             if needs_catalog(cfg):  # lives as long as the pipeline, not longer
                 reloader.start_soon(self._reload_on_hup, state, routers)
+            reloader.start_soon(monitor.run)
             async with trio.open_nursery() as nursery:
                 await nursery.start(progress.run)
                 await nursery.start(sink.run)
@@ -273,10 +311,16 @@ class Supervisor:
                 await nursery.start(decoder.run)
                 await nursery.start(slot.run)
                 nursery.start_soon(self._drain_when, slot, caught_up)
+                self._streaming(True, "streaming")
             reloader.cancel_scope.cancel()
         if self.until_lsn is not None and flush.value >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))
+
+    def _streaming(self, on: bool, reason: str) -> None:
+        self.health.set(on, reason)
+        if self.metrics is not None:
+            self.metrics.streaming.set(1 if on else 0)
 
     async def _reload_on_hup(self, state: dict, routers: list) -> None:
         """SIGHUP: read the publications again; every router uses the new definitions from

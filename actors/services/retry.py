@@ -48,9 +48,10 @@ def primary(exc: BaseException) -> BaseException:
 
 
 async def run_with_retries(run_once: Callable[[], Awaitable[None]], *, stop: trio.Event,
-                           logger: logging.Logger) -> int:
+                           logger: logging.Logger,
+                           on_restart: Callable[[str], None] | None = None) -> int:
     """Run ``run_once`` until it returns, retrying transient failures. Returns the number of
-    restarts."""
+    restarts; ``on_restart`` is told the error kind of each (for the metrics)."""
     backoff = BACKOFF_MIN
     restarts = 0
     while True:
@@ -71,6 +72,8 @@ async def run_with_retries(run_once: Callable[[], Awaitable[None]], *, stop: tri
             if time.monotonic() - started > 60:
                 backoff = BACKOFF_MIN
             restarts += 1
+            if on_restart is not None:
+                on_restart(type(cause).__name__)
             log.event(logger, "restarting after transient failure", error=str(cause),
                       kind=type(cause).__name__, backoff_s=round(backoff, 2),
                       restarts=restarts)

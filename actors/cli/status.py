@@ -1,0 +1,170 @@
+"""``pgrouter status -c FILE [--json]``: the slot and the routes' topics on one screen.
+
+What it shows, read from the servers (never from a running router, which may be down):
+the slot (active, confirmed flush LSN, lag in bytes, WAL retained, ``wal_status``, WAL left
+before ``max_slot_wal_keep_size`` would invalidate it), and per route the Kafka topics its
+topic template produces with their record counts (end offsets) and the commit time of the
+newest record delivered to each. ``--json`` prints the same as one JSON object.
+
+Exit status: 0, or 1 when the slot is missing or invalidated or a server cannot be reached
+(what could be read is still printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import string
+
+import trio
+import trio_asyncio
+
+from router.config import Config, load_config
+from router.errors import PgRouterError
+from router.lsn import format_lsn
+
+from ..pipeline.slot_monitor import sample_slot
+from ..services.sql import SqlSession
+
+KAFKA_TIMEOUT = 10.0
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", required=True, help="TOML config file")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+
+
+async def slot_status(cfg: Config) -> dict:
+    slot = cfg.source.slot
+    async with await SqlSession.connect(cfg.source.dsn) as sql:
+        sample = await sample_slot(sql, slot)
+        version = await sql.fetchval("select current_setting('server_version')")
+        pid = await sql.fetchval("select active_pid from pg_replication_slots "
+                                 "where slot_name = $1", slot)
+    out: dict = {"name": slot, "exists": sample is not None, "server_version": version}
+    if sample is not None:
+        out.update(active=sample.active, active_pid=pid,
+                   confirmed_flush_lsn=format_lsn(sample.confirmed),
+                   server_lsn=format_lsn(sample.current), lag_bytes=sample.lag_bytes,
+                   retained_wal_bytes=sample.retained_bytes, wal_status=sample.wal_status,
+                   safe_wal_bytes=sample.safe_wal_size)
+    return out
+
+
+def topic_pattern(template: str, route: str) -> re.Pattern:
+    """The topics a route's template can produce (``{schema}``/``{table}`` match anything)."""
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        parts.append(re.escape(literal))
+        if field == "route":
+            parts.append(re.escape(route))
+        elif field:
+            parts.append(".+")
+    return re.compile("".join(parts) + r"\Z")
+
+
+def kafka_status(cfg: Config) -> dict[str, list[dict]]:
+    """route name -> its topics with record counts and the newest record's commit time."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers,
+                             enable_auto_commit=False, request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
+                             consumer_timeout_ms=2000)
+    try:
+        topics = sorted(consumer.topics())
+        out: dict[str, list[dict]] = {}
+        for route in cfg.routes:
+            pattern = topic_pattern(route.topic, route.name)
+            out[route.name] = [_topic(consumer, TopicPartition, t)
+                               for t in topics if pattern.match(t)]
+        return out
+    finally:
+        consumer.close()
+
+
+def _topic(consumer, TopicPartition, topic: str) -> dict:
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    if not tps:
+        return {"topic": topic, "records": 0, "last_commit_time": None}
+    ends = consumer.end_offsets(tps)
+    begins = consumer.beginning_offsets(tps)
+    consumer.assign(tps)
+    last = None
+    for tp in tps:
+        if ends[tp] > begins[tp]:
+            consumer.seek(tp, ends[tp] - 1)
+    for _ in range(5):
+        for msgs in consumer.poll(timeout_ms=500).values():
+            for m in msgs:
+                try:
+                    t = json.loads(m.value)["source"]["commit_time"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                last = t if last is None or t > last else last
+        if all(consumer.position(tp) >= ends[tp] for tp in tps):
+            break
+    return {"topic": topic, "records": sum(ends[tp] - begins[tp] for tp in tps),
+            "last_commit_time": last}
+
+
+async def _gather(cfg: Config) -> tuple[dict, list[str]]:
+    problems: list[str] = []
+    report: dict = {"slot": {"name": cfg.source.slot}, "routes": {}}
+    async with trio_asyncio.open_loop():
+        try:
+            report["slot"] = await slot_status(cfg)
+        except PgRouterError as exc:
+            problems.append(f"source.dsn: {exc}")
+    if report["slot"].get("exists") is False:
+        problems.append(f"source.slot: replication slot {cfg.source.slot!r} does not exist")
+    if report["slot"].get("wal_status") == "lost":
+        problems.append(f"source.slot: replication slot {cfg.source.slot!r} was invalidated "
+                        "by the server (wal_status=lost)")
+    try:
+        report["routes"] = await trio.to_thread.run_sync(kafka_status, cfg)
+    except Exception as exc:  # noqa: BLE001 — any failure to talk to Kafka is the report
+        problems.append(f"kafka.bootstrap_servers: Kafka not reachable: {exc}")
+    times = [t["last_commit_time"] for ts in report["routes"].values() for t in ts
+             if t["last_commit_time"]]
+    report["last_delivered_commit_time"] = max(times) if times else None
+    report["problems"] = problems
+    return report, problems
+
+
+def _text(report: dict) -> str:
+    s = report["slot"]
+    lines = [f"slot {s['name']}: " + (
+        "missing" if s.get("exists") is False else "unknown" if "exists" not in s else
+        f"{'active' if s['active'] else 'inactive'}"
+        f"{' (pid ' + str(s['active_pid']) + ')' if s.get('active_pid') else ''}, "
+        f"confirmed {s['confirmed_flush_lsn']}, server at {s['server_lsn']}, "
+        f"lag {_bytes(s['lag_bytes'])}, WAL retained {_bytes(s['retained_wal_bytes'])}, "
+        f"wal_status {s['wal_status']}"
+        + (f", {_bytes(s['safe_wal_bytes'])} before invalidation"
+           if s.get("safe_wal_bytes") is not None else ""))]
+    for route, topics in report["routes"].items():
+        lines.append(f"route {route}: {len(topics)} topic(s)")
+        for t in topics:
+            lines.append(f"  {t['topic']}: {t['records']} records, last commit "
+                         f"{t['last_commit_time'] or '-'}")
+    lines.append(f"last delivered commit: {report['last_delivered_commit_time'] or '-'}")
+    lines.extend(report["problems"])
+    return "\n".join(lines)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    report, problems = trio.run(_gather, cfg)
+    print(json.dumps(report, indent=2) if args.json else _text(report))
+    return 1 if problems else 0
