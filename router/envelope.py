@@ -2,9 +2,9 @@
 
 Rules (see README "Message format"):
 
-* key   = JSON object of the key columns the relation flags (``{"id": 7}``): the replica
-  identity, or the primary key of a REPLICA IDENTITY FULL table (``ChangeRouter.keyed``);
-  ``null`` when there is none and for truncates/messages.
+* key   = JSON object of the key columns the relation flags (``{"id": 7}``): the primary key
+  whenever the table has one, else the replica identity (``router.keys``, applied by
+  ``ChangeRouter.keyed``); ``null`` when there is none and for truncates/messages.
 * value = ``{"op", "before", "after", "source", "ts_ms"}`` (+ ``"unchanged_toast"`` when the new
   row has unchanged-TOAST columns, which are then left out of ``after``). ``op``: ``c`` insert,
   ``u`` update, ``d`` delete, ``t`` truncate, ``r`` snapshot read, ``m`` logical message.

@@ -8,6 +8,8 @@ Rules (after jackc/pglogrepl: the cache is the caller's, not hidden decoder stat
   you need the layout a change was decoded with (the transaction assembler does).
 * Type messages name non-built-in types (enums, domains, composites, extension types) used by
   later Relations; built-in types are named from a static table.
+* Every Relation applied is also appended to ``fresh`` until the owner takes the list: the
+  pipeline looks up the primary keys of relations it does not know there (``router.keys``).
 * Asking for a relation never described is a ``ProtocolViolation``: pgoutput guarantees the
   Relation message comes first.
 """
@@ -20,19 +22,26 @@ from .values import BUILTIN_TYPE_NAMES
 
 
 class RelationCache:
-    __slots__ = ("_relations", "_types")
+    __slots__ = ("_relations", "_types", "fresh")
 
     def __init__(self) -> None:
         self._relations: dict[int, Relation] = {}
         self._types: dict[int, Type] = {}
+        #: Relations applied since the owner last took this list
+        self.fresh: list[Relation] = []
 
     def apply(self, msg: Relation | Type) -> None:
         if type(msg) is Relation:
             self._relations[msg.relation_id] = msg
+            self.fresh.append(msg)
         elif type(msg) is Type:
             self._types[msg.type_oid] = msg
         else:
             raise TypeError(f"RelationCache.apply takes Relation or Type, not {type(msg).__name__}")
+
+    def take_fresh(self) -> list[Relation]:
+        fresh, self.fresh = self.fresh, []
+        return fresh
 
     def get(self, relation_id: int) -> Relation:
         try:

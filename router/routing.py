@@ -26,6 +26,7 @@ import msgspec
 from .changes import Change
 from .native import NATIVE
 from .envelope import TableEncoder, TxContext, encode_message
+from .keys import PrimaryKeys
 from .plans import KINDS, TablePlan, apply_plan, materialize
 from .pgoutput import Relation
 from .schema import TableSchema
@@ -116,16 +117,16 @@ def _position(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
 class ChangeRouter:
     def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
                  type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
-                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
+                 primary_keys: PrimaryKeys | dict[tuple[str, str], tuple[str, ...]] | None = None,
                  position_headers: bool = False):
         self.routes = routes
         #: Kafka headers pgrouter.commit_lsn and pgrouter.seq on every change record (the
         #: same position as the value's source; they cost the client ~1 µs a record)
         self._headers = _position if position_headers else _no_headers
         self.db = db
-        #: (schema, table) -> primary key columns, for tables with REPLICA IDENTITY FULL,
-        #: whose Relation message marks every column as key (see ``keyed``)
-        self.primary_keys = primary_keys or {}
+        #: the tables' primary keys, which key their records (shared by a pipeline's routers)
+        self.primary_keys = (primary_keys if isinstance(primary_keys, PrimaryKeys)
+                             else PrimaryKeys(primary_keys))
         self.messages_topic = messages_topic
         self.type_names = type_names if type_names is not None else {}
         self.chunk_records = chunk_records
@@ -141,18 +142,9 @@ class ChangeRouter:
     # -- plans ---------------------------------------------------------------------------------
 
     def keyed(self, relation: Relation) -> Relation:
-        """With REPLICA IDENTITY FULL, PostgreSQL flags every column as part of the identity,
-        which would make the Kafka key the whole row: a row's key would change with every
-        update and its changes would spread over partitions. When the table has a primary
-        key, the primary key is the record key (and the schema's key columns) instead."""
-        if relation.replica_identity != "f":
-            return relation
-        pk = self.primary_keys.get((relation.namespace, relation.name))
-        if not pk or not set(pk) <= {c.name for c in relation.columns}:
-            return relation
-        cols = tuple(msgspec.structs.replace(c, flags=(c.flags | 1) if c.name in pk
-                                             else (c.flags & ~1)) for c in relation.columns)
-        return msgspec.structs.replace(relation, columns=cols)
+        """``relation`` with its record-key columns flagged: the primary key whenever the
+        table has one, whatever its replica identity (``router.keys``)."""
+        return self.primary_keys.keyed(relation)
 
     def plans_for(self, relation: Relation) -> tuple[TablePlan, ...]:
         cached = self._plans.get(relation.relation_id)

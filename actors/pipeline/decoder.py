@@ -1,7 +1,11 @@
 """The decoder actor: WAL batches in, committed transactions out (``router.pgoutput`` +
 ``router.transactions``). A keepalive position passes on only while nothing is buffered
 (no open, streamed or prepared transaction), so it can never be confirmed past a change the
-pipeline has not yet delivered; the earliest held prepare travels as a ``Hold``."""
+pipeline has not yet delivered; the earliest held prepare travels as a ``Hold``.
+
+Relations whose record key depends on a primary key the pipeline does not know (a table
+created, or given REPLICA IDENTITY FULL, before the router first saw it) get their primary
+key looked up (``lookup``) before the events that use them go on (``router.keys``)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from time import perf_counter
 
 import trio
 
+from router.keys import PrimaryKeys
 from router.pgoutput import Decoder
 from router.transactions import TransactionAssembler
 
@@ -17,7 +22,10 @@ from .mailbox import Hold, Keepalive
 
 class DecoderActor:
     def __init__(self, *, decoder: Decoder, assembler: TransactionAssembler,
-                 inbox: trio.MemoryReceiveChannel, out: trio.MemorySendChannel, metrics=None):
+                 inbox: trio.MemoryReceiveChannel, out: trio.MemorySendChannel, metrics=None,
+                 keys: PrimaryKeys | None = None, lookup=None):
+        self.keys = keys
+        self.lookup = lookup  # async (tables) -> {table: primary key columns}
         self.decoder = decoder
         self.metrics = metrics  # actors.services.metrics.Metrics or None
         self.assembler = assembler
@@ -40,6 +48,8 @@ class DecoderActor:
                     started = perf_counter()
                     events = feed_batch(batch.messages, decode)
                     observe(perf_counter() - started)
+                if assembler.relations.fresh:
+                    await self._look_up_keys(assembler.relations.take_fresh())
                 if assembler.hold_lsn != hold:
                     hold = assembler.hold_lsn
                     events.append(Hold(None if hold is None else hold - 1))
@@ -47,3 +57,12 @@ class DecoderActor:
                     events.append(Keepalive(batch.keepalive))
                 if events:
                     await self.out.send(events)
+
+    async def _look_up_keys(self, relations: list) -> None:
+        if self.keys is None or self.lookup is None:
+            return
+        missing = list(dict.fromkeys((r.namespace, r.name) for r in relations
+                                     if self.keys.unknown(r)))
+        if missing:
+            for table, columns in (await self.lookup(missing)).items():
+                self.keys.set(table, columns)

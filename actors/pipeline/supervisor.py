@@ -32,6 +32,7 @@ from router.errors import (ConfigError, PgRouterError, PublicationMissing,
 from router import native
 from router.lsn import format_lsn, parse_lsn
 from router.pgoutput import Decoder
+from router.keys import PrimaryKeys
 from router.relations import RelationCache
 from router.origins import rules_from_config
 from router.routing import ChangeRouter, RouteSpec
@@ -40,7 +41,8 @@ from router.transactions import TransactionAssembler
 from router.publications import Catalog
 
 from ..services import log
-from ..services.catalog import build_route_specs, load_catalog, needs_catalog, route_problems
+from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
+                                needs_catalog, route_problems)
 from .decoder import DecoderActor
 from .router_actor import RouterActor
 from .origin_filter import OriginFilterActor
@@ -68,16 +70,6 @@ class ServerInfo:
         self.primary_keys = primary_keys or {}
 
 
-PRIMARY_KEYS = """
-select n.nspname, c.relname,
-       array_agg(a.attname::text order by array_position(i.indkey::int2[], a.attnum))
-from pg_index i
-join pg_class c on c.oid = i.indrelid
-join pg_namespace n on n.oid = c.relnamespace
-join pg_attribute a on a.attrelid = c.oid and a.attnum = any(i.indkey::int2[])
-where i.indisprimary and c.relreplident = 'f'
-group by n.nspname, c.relname
-"""
 
 
 def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
@@ -139,7 +131,7 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
     if proto > max_proto_version(version):
         raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
                           f"{max_proto_version(version)} at most", path="source.proto_version")
-    pks = {(r[0], r[1]): tuple(r[2]) for r in await sql.fetch(PRIMARY_KEYS)}
+    pks = await load_primary_keys(sql)
     return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks)
 
 
@@ -239,6 +231,7 @@ class Supervisor:
         flush = Latest(info.start_lsn)
         caught_up = trio.Event()
         relations = RelationCache()
+        keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
         slot = SlotReader(
             dsn=src.dsn, slot=src.slot, out=wal_tx, flush=flush,
             status_interval=src.status_interval, stats=self.stats,
@@ -251,7 +244,8 @@ class Supervisor:
             decoder=Decoder(info.proto_version),
             assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
                                            spill_dir=src.spill_dir),
-            inbox=wal_rx, out=ev_tx, metrics=self.metrics)
+            inbox=wal_rx, out=ev_tx, metrics=self.metrics, keys=keys,
+            lookup=self._primary_keys)
         # origin filter between decoder and router actor, unless nothing can be dropped or the
         # server drops it (PG >= 16, "none" everywhere)
         origin_filter = None
@@ -266,7 +260,7 @@ class Supervisor:
             router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
                                   db=info.db, messages_topic=cfg.kafka.messages_topic,
                                   type_names=_TypeNames(relations),
-                                  primary_keys=info.primary_keys,
+                                  primary_keys=keys,
                                   position_headers=cfg.kafka.position_headers)
             routers.append((names, router))
             return router
@@ -321,6 +315,10 @@ class Supervisor:
         self.health.set(on, reason)
         if self.metrics is not None:
             self.metrics.streaming.set(1 if on else 0)
+
+    async def _primary_keys(self, tables: list[tuple[str, str]]) -> dict:
+        async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+            return await load_primary_keys(sql, tables)
 
     async def _reload_on_hup(self, state: dict, routers: list) -> None:
         """SIGHUP: read the publications again; every router uses the new definitions from

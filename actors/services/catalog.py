@@ -80,6 +80,30 @@ where p.pubname = any($1::text[])
 """
 
 
+_PRIMARY_KEYS = """
+select n.nspname, c.relname,
+       array_agg(a.attname::text order by array_position(i.indkey::int2[], a.attnum)) as cols
+from pg_index i
+join pg_class c on c.oid = i.indrelid
+join pg_namespace n on n.oid = c.relnamespace
+join pg_attribute a on a.attrelid = c.oid and a.attnum = any(i.indkey::int2[])
+where i.indisprimary and ($1::text[] is null or (n.nspname || '.' || c.relname) = any($1::text[]))
+group by n.nspname, c.relname
+"""
+
+
+async def load_primary_keys(sql: SqlSession, tables: list[tuple[str, str]] | None = None
+                            ) -> dict[tuple[str, str], tuple[str, ...]]:
+    """Primary key columns (in index order) of every table, or of ``tables``; a table asked
+    for that has none maps to ``()``. They key the records (``router.keys``)."""
+    names = None if tables is None else [f"{s}.{t}" for s, t in tables]
+    found = {(r["nspname"], r["relname"]): tuple(r["cols"])
+             for r in await sql.fetch(_PRIMARY_KEYS, names)}
+    for table in tables or ():
+        found.setdefault(table, ())
+    return found
+
+
 async def load_tables(sql: SqlSession) -> dict[tuple[str, str], TableInfo]:
     rels = {r["oid"]: r for r in await sql.fetch(_TABLES)}
     columns: dict[int, list] = {}
