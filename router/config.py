@@ -17,6 +17,7 @@ import msgspec
 from .errors import ConfigError
 from .kafka_settings import translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
+from .topics import illegal
 
 Operation = Literal["insert", "update", "delete", "truncate"]
 ALL_OPERATIONS: tuple[Operation, ...] = ("insert", "update", "delete", "truncate")
@@ -189,6 +190,11 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     if not cfg.routes:
         raise ConfigError("at least one [[routes]] entry is needed", path="routes", source=source)
     parse_policy(cfg.origin, path="origin", source=source)
+    for key in ("schema_topic", "messages_topic", "transactions_topic"):
+        topic = getattr(cfg.kafka, key)
+        problem = (topic or key == "schema_topic") and illegal(topic)
+        if problem:
+            raise ConfigError(f"topic {problem}", path=f"kafka.{key}", source=source)
     names = set()
     for i, route in enumerate(cfg.routes):
         where = f"routes[{i}]"

@@ -9,6 +9,7 @@ Rules:
   Relation message means a new plan).
 * What a plan does with one change — PostgreSQL's publication semantics — is in
   ``router.plans``.
+* Topics are the route's template filled with escaped identifiers (``router.topics``).
 * Positions: ``seq`` is the change's ordinal in its transaction, counted before routing, so
   the same change carries the same position on every route and every rerun.
 * Output comes in ``RoutedChunk``s of at most ``CHUNK_RECORDS`` records so a huge
@@ -26,7 +27,9 @@ import msgspec
 from .changes import Change
 from .native import NATIVE
 from .envelope import TableEncoder, TxContext, encode_message
+from .errors import ConfigError
 from .keys import PrimaryKeys
+from .topics import illegal, topic_name
 from .plans import KINDS, TablePlan, apply_plan, materialize
 from .pgoutput import Relation
 from .schema import TableSchema
@@ -73,7 +76,14 @@ class RouteSpec(msgspec.Struct, frozen=True):
         return any(fnmatch.fnmatchcase(schema, s) for s in self.schemas)
 
     def topic_for(self, schema: str, table: str) -> str:
-        return self.topic.format(route=self.name, schema=schema, table=table)
+        """The topic of a table (``router.topics``: identifiers escaped); a ``ConfigError``
+        when Kafka would refuse the name (a table created after ``check`` ran)."""
+        topic = topic_name(self.topic, self.name, schema, table)
+        problem = illegal(topic)
+        if problem:
+            raise ConfigError(f"route {self.name!r}, table {schema}.{table}: topic {problem}",
+                              path="routes.topic")
+        return topic
 
 
 _H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"

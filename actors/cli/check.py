@@ -5,7 +5,8 @@ if there is any (0 and ``ok`` otherwise): ``wal_level``, the slot (exists or may
 pgoutput, not active), the slot's and the routes' publications and tables, replica identities
 usable for published UPDATE/DELETE, row filters of UPDATE/DELETE on columns outside the
 replica identity, the slot's publications hiding rows, columns, actions or tables a route
-needs (``actors.services.catalog.route_problems``), and Kafka reachable.
+needs (``actors.services.catalog.route_problems``), every topic a route can produce
+(``actors.services.topic_names``), and Kafka reachable.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from router.errors import PgRouterError
 
 from ..services.catalog import load_catalog, route_problems
 from ..services.sql import SqlSession
+from ..services.topic_names import route_topic_problems
 
 KAFKA_TIMEOUT = 10.0
 
@@ -60,6 +62,7 @@ async def source_problems(cfg: Config) -> list[tuple[str, str]]:
             out.append((f"source.publications[{j}]", f"publication {p!r} does not exist"))
     seen = set(out)
     out.extend(p for p in route_problems(cfg, catalog) if p not in seen)
+    out.extend(route_topic_problems(cfg, catalog))
     return out
 
 

@@ -50,6 +50,7 @@ from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
 from ..services.http import Endpoint, Health
 from ..services.metrics import Metrics
 from ..services.sql import SqlSession
+from ..services.topic_names import refuse_bad_topics
 from .progress import ProgressActor, Stats
 from ..services.retry import primary, run_with_retries
 from .sink import SinkActor, TopicSpec
@@ -196,6 +197,8 @@ class Supervisor:
         cfg = self.cfg
         src = cfg.source
         async with await SqlSession.connect(src.dsn) as sql:
+            # before the slot is made: a topic Kafka would refuse stops the router here
+            refuse_bad_topics(cfg, await load_catalog(sql, cfg, strict=False))
             info = await preflight(sql, cfg)
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
             if needs_catalog(cfg):

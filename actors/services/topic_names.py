@@ -1,0 +1,47 @@
+"""Every topic the configured routes can produce, checked against the catalog
+(``router.topics``): by ``pgrouter check``, which lists every problem, and by ``run``, which
+refuses to stream with the first one."""
+
+from __future__ import annotations
+
+from router.config import Config
+from router.errors import ConfigError
+from router.publications import Catalog
+from router.topics import topic_problems
+
+from .catalog import _route_resolver
+
+
+def route_topic_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]:
+    """(config key path, message) for each illegal topic name, each topic two tables would
+    share although the template names both schema and table, and each pair of topics Kafka
+    cannot hold together."""
+    routes = []
+    leaves = [t for t in catalog.tables.values() if t.relkind == "r"]
+    for i, route in enumerate(cfg.routes):
+        if any(p not in catalog.publications for p in route.publication_names()):
+            continue  # reported by route_problems
+        resolver = _route_resolver(route, catalog)
+        tables = []
+        for table in leaves:
+            try:
+                res = resolver(table.qualified, None)
+            except ConfigError:
+                continue  # reported by route_problems
+            if res is not None:
+                tables.append(res.publish_as)
+        routes.append((f"routes[{i}].topic", route.name, route.topic, tables))
+    k = cfg.kafka
+    fixed = [("kafka.schema_topic", k.schema_topic), ("kafka.messages_topic", k.messages_topic),
+             ("kafka.transactions_topic", k.transactions_topic)]
+    return topic_problems(routes, fixed)
+
+
+def refuse_bad_topics(cfg: Config, catalog: Catalog) -> None:
+    """Raise a ``ConfigError`` naming the first topic problem, if there is any."""
+    problems = route_topic_problems(cfg, catalog)
+    if problems:
+        path, message = problems[0]
+        more = (f" (and {len(problems) - 1} more; `pgrouter check` lists them)"
+                if len(problems) > 1 else "")
+        raise ConfigError(message + more, path=path)

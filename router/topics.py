@@ -1,0 +1,134 @@
+"""Kafka topic names for routed tables: a documented, injective mapping from PostgreSQL
+identifiers to names Kafka accepts, and the checks every topic a route can produce must pass.
+
+Rules (README "Topic names"):
+
+* Kafka accepts topic names of ``[A-Za-z0-9._-]``, at most 249 characters, not ``.`` or
+  ``..``. It also refuses to hold two topics that differ only in ``.`` versus ``_`` (their
+  metric names collide).
+* A schema or table name is written into a template (``{schema}``, ``{table}``) escaped:
+  ASCII letters, digits and ``_`` stay as they are; every other character — ``.``, ``-``,
+  space, quotes, non-ASCII — becomes ``-hh`` for each byte of its UTF-8 form (lowercase
+  hex). So an escaped identifier never contains ``.``, the default template
+  ``{route}.{schema}.{table}`` splits back into its parts, and ``"a.b".c`` (``r.a-2eb.c``)
+  and ``a."b.c"`` (``r.a.b-2ec``) get different topics. Names made of letters, digits and
+  ``_`` — what PostgreSQL accepts unquoted, in ASCII — keep the topics they always had.
+* A route name is written as it is and must consist of Kafka's characters: it is the
+  operator's own choice, and the template ends with the escaped identifiers, so for one
+  route the mapping stays injective with any route name.
+* Every topic a route can produce must be legal; two different tables may share a topic
+  only when the template leaves out ``{table}`` (or ``{schema}``) on purpose. These are
+  checked by ``topic_problems`` — by ``pgrouter check`` and by ``run`` before it streams —
+  and a topic for a table created later is checked when the router first meets it.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+
+MAX_TOPIC_LENGTH = 249
+_LEGAL = re.compile(r"[A-Za-z0-9._-]+")
+_KEPT = frozenset(string.ascii_letters + string.digits + "_")
+
+TableName = tuple[str, str]
+
+
+def escape(identifier: str) -> str:
+    """A schema or table name as it appears in a topic name (see the module rules)."""
+    if _KEPT.issuperset(identifier):
+        return identifier
+    return "".join(c if c in _KEPT else "".join(f"-{b:02x}" for b in c.encode())
+                   for c in identifier)
+
+
+def unescape(text: str) -> str:
+    """The identifier ``escape`` made ``text`` from (its inverse)."""
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] == "-":
+            out.append(int(text[i + 1:i + 3], 16))
+            i += 3
+        else:
+            out += text[i].encode()
+            i += 1
+    return out.decode()
+
+
+def topic_name(template: str, route: str, schema: str, table: str) -> str:
+    """The topic ``template`` gives a table of ``route``."""
+    return template.format(route=route, schema=escape(schema), table=escape(table))
+
+
+def illegal(topic: str) -> str | None:
+    """Why Kafka would refuse ``topic`` as a name, or None."""
+    if not topic:
+        return "is empty"
+    if topic in (".", ".."):
+        return f"{topic!r} is not a legal topic name"
+    if len(topic) > MAX_TOPIC_LENGTH:
+        return (f"is {len(topic)} characters long, Kafka allows {MAX_TOPIC_LENGTH} "
+                f"({topic[:40]}…)")
+    if not _LEGAL.fullmatch(topic):
+        bad = sorted({c for c in topic if not _LEGAL.fullmatch(c)})
+        return (f"{topic!r} has character(s) {''.join(bad)!r} that Kafka does not allow "
+                "(letters, digits, '.', '_', '-')")
+    return None
+
+
+def route_name_problem(name: str, template: str) -> str | None:
+    """Why a route name used in a topic template cannot be, or None: it must be made of
+    Kafka's characters."""
+    if "{route}" in template and not _LEGAL.fullmatch(name):
+        return (f"route name {name!r} appears in the topic template but has characters a "
+                "Kafka topic cannot hold; use letters, digits, '.', '_', '-'")
+    return None
+
+
+def topic_problems(routes: list[tuple[str, str, str, list[TableName]]],
+                   fixed: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    """Problems of every topic the routes can produce, as (config key path, message).
+
+    ``routes``: (path of the route's ``topic``, route name, template, the tables it takes,
+    as they are published). ``fixed``: (path, topic) of topics named in the config
+    (schema, messages, transactions topics)."""
+    out: list[tuple[str, str]] = []
+    owners: dict[str, tuple[str, TableName | None, bool]] = {}
+    folded: dict[str, str] = {}
+
+    def claim(path: str, topic: str, owner: tuple[str, TableName | None], shared_ok: bool):
+        owner = (*owner, shared_ok)
+        problem = illegal(topic)
+        if problem:
+            what = "" if owner[1] is None else f"table {'.'.join(owner[1])}: "
+            out.append((path, f"{what}topic {problem}"))
+            return
+        prev = owners.get(topic)
+        if prev is None:
+            owners[topic] = owner
+            fold = topic.replace(".", "_")
+            other = folded.setdefault(fold, topic)
+            if other != topic:
+                out.append((path, f"topics {other!r} and {topic!r} differ only in '.' and "
+                                  "'_'; Kafka cannot hold both"))
+        elif prev != owner and not (shared_ok and prev[2]):
+            def who(o):
+                return (f"route {o[0]!r}" if o[1] is None
+                        else f"route {o[0]!r} table {'.'.join(o[1])}")
+            out.append((path, f"{who(owner)} and {who(prev)} would share topic {topic!r}"))
+
+    for path, topic in fixed:
+        if topic:
+            claim(path, topic, (path, None), False)
+    for path, route, template, tables in routes:
+        problem = route_name_problem(route, template)
+        if problem:
+            out.append((path, problem))
+            continue
+        # a template without {table} (or {schema}) merges tables on purpose
+        shared_ok = "{table}" not in template or "{schema}" not in template
+        for table in sorted(set(tables)):
+            claim(path, topic_name(template, route, *table), (route, table), shared_ok)
+    return list(dict.fromkeys(out))
