@@ -42,6 +42,7 @@ class SourceConfig(_Base):
     #: PREPARED. Off: PostgreSQL sends them as ordinary transactions at COMMIT PREPARED.
     two_phase: bool = False
     messages: bool = True
+    #: pgoutput's binary mode; refused (``validate``): records carry PostgreSQL's text form
     binary: bool = False
     #: seconds between standby status updates
     status_interval: float = 2.0
@@ -181,6 +182,13 @@ def _qualified(name: str, *, path: str, source: str) -> tuple[str, str]:
     return schema, table
 
 
+#: why ``[source] binary = true`` is refused (by ``check`` and ``run``, at load)
+BINARY_REFUSED = (
+    "binary = true is not supported: in binary mode pgoutput sends each value in its type's "
+    "send() form, which pgrouter cannot turn into the documented text form for every type "
+    "(extension types, money, tsvector, …); remove it (records carry the text form)")
+
+
 def validate(cfg: Config, *, source: str = "<config>") -> None:
     if not cfg.source.publications:
         raise ConfigError("at least one publication is needed", path="source.publications",
@@ -189,6 +197,8 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         raise ConfigError("must be 0 (auto) or 1–4", path="source.proto_version", source=source)
     if not cfg.routes:
         raise ConfigError("at least one [[routes]] entry is needed", path="routes", source=source)
+    if cfg.source.binary:
+        raise ConfigError(BINARY_REFUSED, path="source.binary", source=source)
     parse_policy(cfg.origin, path="origin", source=source)
     for key in ("schema_topic", "messages_topic", "transactions_topic"):
         topic = getattr(cfg.kafka, key)
