@@ -103,12 +103,18 @@ class TableEncoder:
     __slots__ = ("relation", "route", "db", "schema", "_names", "_conv", "_pick", "_key_pick",
                  "_key_names", "_source_static", "_identity", "_convs", "_key_single",
                  "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl",
-                 "_static_tmpl", "_codec", "_head", "_mid", "_tail", "_route_part", "_recorder")
+                 "_static_tmpl", "_codec", "_head", "_mid", "_tail", "_route_part", "_recorder",
+                 "_delete_key")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
-                 type_names: dict[int, str] | None = None):
+                 type_names: dict[int, str] | None = None,
+                 delete_key: tuple[int, ...] | None = None):
         self.relation = relation
+        #: the columns keying a DELETE's key-only old tuple when they are not the key columns
+        #: (an identity index without the primary key, ``router.keys``); rare, so such a
+        #: layout takes the Python path
+        self._delete_key = delete_key
         self.route = route
         self.db = db
         self.schema: TableSchema = table_schema(relation, column_indexes, type_names)
@@ -148,7 +154,7 @@ class TableEncoder:
                             + _encode(self.schema.schema_id))
         self._mid = self._tail = b""
         self._recorder = None
-        if NATIVE is not None:
+        if NATIVE is not None and delete_key is None:
             self._codec = NATIVE.RowCodec(
                 len(cols), pick, tuple(_encode(n) + b":" for n in self._names),
                 bytes(_NATIVE_KIND.get(cols[i].type_oid, 0) for i in pick),
@@ -319,6 +325,10 @@ class TableEncoder:
             # a TOASTed key column that did not change is not in the new tuple; PostgreSQL
             # then logs the old key (it does whenever the identity has external values)
             key = self.key(new if not toast else _key_values(self._key_pick, new, old))
+        elif old_is_key and self._delete_key is not None:
+            cols = self.relation.columns
+            key = _encode({cols[i].name: self._value(_JSON_FROM_TEXT.get(cols[i].type_oid),
+                                                     old[i]) for i in self._delete_key})
         else:
             key = self.key(old)
         if toast:

@@ -10,9 +10,9 @@ Rules (the README's "Message format" and "Order"):
   - FULL: it flags every column; the old tuple is the whole old row, so a DELETE or an
     UPDATE still carries the primary key's old values.
   - USING INDEX: it flags the index's columns. When they include the primary key the old
-    key tuple carries its values; when they do not, a DELETE would have no primary-key
-    values, so the record key is the identity index's columns (``mismatched`` says so;
-    ``pgrouter check`` reports it).
+    key tuple carries its values. When they do not (``mismatched``), a DELETE carries only
+    the index's columns: inserts and updates are still keyed by the primary key (from the
+    new row), a DELETE by the identity index's columns — the only values it has.
   - NOTHING: nothing is flagged; UPDATEs carry the new row (keyed by the primary key) and
     PostgreSQL refuses UPDATE/DELETE when the publication publishes them.
 
@@ -72,8 +72,6 @@ class PrimaryKeys:
         pk = self._known.get(table)
         if not pk or not set(pk) <= {c.name for c in relation.columns}:
             return relation
-        if ident == "i" and not set(pk) <= set(flagged):
-            return relation
         if set(pk) == set(flagged):
             return relation
         cols = tuple(msgspec.structs.replace(
@@ -83,7 +81,7 @@ class PrimaryKeys:
 
     def mismatched(self, relation: Relation) -> tuple[str, ...] | None:
         """The primary key of a USING INDEX relation whose identity index does not include
-        it (its records are keyed by the index instead), else None."""
+        it (its DELETEs are keyed by the index), else None."""
         if relation.replica_identity != "i":
             return None
         pk = self._known.get((relation.namespace, relation.name))

@@ -175,9 +175,14 @@ class ChangeRouter:
                           publish_delete="delete" in ops, publish_truncate="truncate" in ops)
             kwargs.update(extra)
             columns = kwargs.pop("columns", None)
-            publish_as = self.keyed(kwargs.pop("publish_as", None) or relation)
+            source = kwargs.pop("publish_as", None) or relation
+            publish_as = self.keyed(source)
+            delete_key = None  # an identity index without the primary key keys DELETEs
+            if publish_as is not source and self.primary_keys.mismatched(source):
+                delete_key = tuple(i for i, c in enumerate(source.columns) if c.flags & 1)
             encoder = TableEncoder(publish_as, route=spec.name, db=self.db,
-                                   column_indexes=columns, type_names=self.type_names)
+                                   column_indexes=columns, type_names=self.type_names,
+                                   delete_key=delete_key)
             topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace,
                                                                 publish_as.name)
             if topic not in self._seen_topics:

@@ -30,7 +30,7 @@ def flagged(r: Relation) -> list[str]:
     ("f", (1, 1, 1), {("public", "t"): ("id",)}, ["id"]),              # FULL with a primary key
     ("f", (1, 1, 1), {("public", "t"): ()}, ["id", "n", "code"]),      # FULL without: whole row
     ("i", (1, 1, 0), {("public", "t"): ("id",)}, ["id"]),              # index covering the pk
-    ("i", (0, 0, 1), {("public", "t"): ("id",)}, ["code"]),            # index without the pk
+    ("i", (0, 0, 1), {("public", "t"): ("id",)}, ["id"]),              # index without the pk
     ("i", (0, 0, 1), {("public", "t"): ()}, ["code"]),                 # index, no primary key
     ("n", (0, 0, 0), {("public", "t"): ("id",)}, ["id"]),              # NOTHING with a pk
     ("n", (0, 0, 0), {("public", "t"): ()}, []),                       # NOTHING without: none
@@ -50,6 +50,35 @@ def test_default_relation_teaches_the_primary_key():
     assert keys.mismatched(rel("i", (1, 0, 1))) is None
 
 
+class Txn:
+    xid, commit_lsn, end_lsn, commit_time = 5, 100, 101, 0
+    origin_name = origin_lsn = None
+
+
+def route_each(router: ChangeRouter, changes: list) -> list[tuple[bytes, str]]:
+    keys = []
+    for change in changes:  # one transaction per change, as DDL splits them
+        txn = Txn()
+        txn.changes = [change]
+        for chunk in router.route(txn):
+            keys += [(k, json.loads(v)["op"]) for _, k, v, _ in chunk.records]
+    return keys
+
+
+def test_identity_index_without_the_primary_key_keys_only_deletes():
+    """USING INDEX on (code): inserts and updates keep the primary key; a DELETE carries
+    only the index's columns, so they key it."""
+    default, idx = rel("d", (1, 0, 0)), rel("i", (0, 0, 1))
+    changes = [Change("insert", 1, default, new=("1", "0", "a")),
+               Change("update", 2, idx, new=("1", "1", "a")),
+               Change("update", 3, idx, old=(None, None, "a"), old_is_key=True,
+                      new=("1", "1", "b")),
+               Change("delete", 4, idx, old=(None, None, "b"), old_is_key=True)]
+    router = ChangeRouter([RouteSpec(name="r", all_tables=True)], db="d")
+    assert route_each(router, changes) == [(b'{"id":1}', "c"), (b'{"id":1}', "u"),
+                                           (b'{"id":1}', "u"), (b'{"code":"b"}', "d")]
+
+
 def test_one_row_keeps_its_key_when_replica_identity_becomes_full():
     """A router that started with the table DEFAULT (no catalog knowledge at all): after the
     Relation message of ``ALTER TABLE … REPLICA IDENTITY FULL`` the key stays ``{"id":1}``,
@@ -61,15 +90,6 @@ def test_one_row_keeps_its_key_when_replica_identity_becomes_full():
                Change("update", 4, full, old=("1", "2", "a"), new=("1", "3", "b")),
                Change("delete", 5, full, old=("1", "3", "b"))]
 
-    class Txn:
-        xid, commit_lsn, end_lsn, commit_time = 5, 100, 101, 0
-        origin_name = origin_lsn = None
-
-    keys = []
     router = ChangeRouter([RouteSpec(name="r", all_tables=True)], db="d")
-    for i, change in enumerate(changes):  # one transaction per change, as DDL splits them
-        txn = Txn()
-        txn.changes = [change]
-        for chunk in router.route(txn):
-            keys += [(k, json.loads(v)["op"]) for _, k, v, _ in chunk.records]
+    keys = route_each(router, changes)
     assert keys == [(b'{"id":1}', op) for op in "cuuud"]
