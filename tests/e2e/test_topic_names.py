@@ -80,3 +80,35 @@ def test_topic_kafka_would_refuse_is_reported_and_refused(odd_tables, kafka_boot
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "routes[0].topic" in err[0] and "249" in err[0], err
+
+
+def test_table_created_later_with_a_topic_kafka_would_refuse_stops_the_router(
+        odd_tables, kafka_bootstrap, tmp_path):
+    from tests.helpers import start_router
+
+    pg, name = odd_tables
+    cfg = write_config(tmp_path / "router.toml", dsn=pg.dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r"\nschemas = ["{name}"]\n'
+                              f'topic = "{{route}}.{{schema}}.{{table}}.{{table}}"\n')
+    log = tmp_path / "router.log"
+    run_router(cfg)
+    proc = start_router(cfg, log)
+    try:
+        long = "é" * 31  # 186 characters escaped, twice: over 249
+        pg.run(f'create table "{name}"."{long}" (id int primary key)')
+        pg.run(f'insert into "{name}"."{long}" values (1)')
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 2, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    last = log.read_text().strip().splitlines()[-1]
+    assert "configuration error" in last and "249" in last and f"table {name}." in last, last
+    # nothing was confirmed past the change that could not be published
+    assert pg.one("select confirmed_flush_lsn < pg_current_wal_lsn() from pg_replication_slots "
+                  "where slot_name = %s", name)
