@@ -71,8 +71,6 @@ class ServerInfo:
         self.primary_keys = primary_keys or {}
 
 
-
-
 def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
     """Route specs from the config; publication routes take their definitions from
     ``catalog`` (``actors.services.catalog``), read at startup and again on SIGHUP."""
