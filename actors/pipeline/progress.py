@@ -17,7 +17,9 @@ _log = log.get("progress")
 
 
 class Stats:
-    """Counters the actors bump and the progress log reads (one trio thread: no locks)."""
+    """Counters the actors bump and the progress log reads. All but ``acked_records`` are
+    bumped on the trio thread; the sink bumps that one from the Kafka client's thread, under
+    its lock, as acknowledged batches arrive (readers only need a recent value)."""
 
     def __init__(self):
         self.received_messages = 0
