@@ -122,6 +122,19 @@ class TransactionAssembler:
                 and not self._prepared)
 
     @property
+    def buffering(self) -> bool:
+        """A transaction or stream is open (prepared transactions held until COMMIT
+        PREPARED do not count: they cap confirmation with ``hold_lsn`` instead)."""
+        return self._current is not None or self._stream_xid is not None or bool(self._streams)
+
+    @property
+    def held(self) -> tuple[int, str] | None:
+        """(prepare LSN, gid) of the earliest prepared transaction held, if any."""
+        if not self._prepared:
+            return None
+        return min((buf.final_lsn, gid) for gid, buf in self._prepared.items())
+
+    @property
     def hold_lsn(self) -> int | None:
         """The earliest prepare LSN of prepared transactions held until COMMIT PREPARED.
         Confirming a flush position at or past it would make PostgreSQL skip the prepared
