@@ -46,7 +46,7 @@ DEFAULTS = {
     "request_timeout_ms": 30_000,
 }
 #: unacknowledged batch bytes before ``produce`` waits (``buffer_memory``; ours, not kafka-python's)
-BUFFER_MEMORY = 64 * 1024 * 1024
+BUFFER_MEMORY = 32 * 1024 * 1024
 #: bytes a record adds to key+value+headers on the wire, at most (DefaultRecordBatch)
 _RECORD_OVERHEAD = 61 + 21
 
