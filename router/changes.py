@@ -5,12 +5,15 @@ Rules:
 * A ``ChangeBuffer`` holds the changes of one open transaction with, for each, the
   (sub)transaction id it came from, so a subtransaction's changes can be dropped when it
   aborts — also after they were spilled (they are skipped on read-back).
-* Memory is an estimate: ``CHANGE_OVERHEAD`` plus the bytes of the tuple values (on the
-  assembler's batch path: the bytes of the message that carried them, a close upper bound).
+* Memory is an estimate of what the Python objects take: ``CHANGE_OVERHEAD`` per change plus
+  ``VALUE_OVERHEAD`` per value plus the bytes of the values (on the assembler's batch path:
+  the bytes of the message that carried them). It must not undercount: ``memory_limit``
+  bounds the resident memory of buffered transactions, narrow rows included.
 * Only streamed transactions remember each change's subtransaction (only they can lose a
   subtransaction to Stream Abort); a normal transaction's changes all belong to its xid.
-* Spilling appends the in-memory changes to an anonymous temporary file as one msgpack frame
-  (4-byte length + payload); relations are written as indexes into a per-buffer table, so a
+* Spilling appends the in-memory changes to an anonymous temporary file as msgpack frames of
+  at most ``RUN_SIZE`` changes (4-byte length + payload), so reading back holds one small
+  frame at a time, however much was spilled at once; relations are written as indexes into a per-buffer table, so a
   relation's layout is stored once, and ``UNCHANGED_TOAST`` as a msgpack extension.
   ``Changes`` reads the frames back on every iteration, so memory stays bounded downstream.
 * This is the one place the core touches a file; the assembler decides when.
@@ -27,8 +30,12 @@ import msgspec
 
 from .pgoutput import messages as m
 
-#: Fixed per-change overhead added to the payload bytes when estimating memory.
-CHANGE_OVERHEAD = 120
+#: Bytes a change costs in memory beyond its message's bytes: the Change, its list slot, its
+#: LSN and the tuple (CPython 3.11, 64 bit), less the message's own header bytes.
+CHANGE_OVERHEAD = 168
+#: Bytes a value costs beyond the bytes the message spends on it (kind + length + data):
+#: the str/bytes object's header and its slot in the tuple. Narrow rows are mostly this.
+VALUE_OVERHEAD = 52
 
 
 class Change(msgspec.Struct, frozen=True, gc=False):
@@ -82,10 +89,11 @@ _decode = msgspec.msgpack.Decoder(ext_hook=_ext_hook).decode
 def _payload(values: tuple | None) -> int:
     if values is None:
         return 0
+    fixed = (VALUE_OVERHEAD + 5) * len(values)  # + kind and length, as in the message
     try:  # once per change: text/binary values in C; filter drops the NULLs
-        return sum(map(len, filter(None, values)))
+        return fixed + sum(map(len, filter(None, values)))
     except TypeError:  # an unchanged-TOAST marker has no length
-        return sum(len(v) for v in values if type(v) is str or type(v) is bytes)
+        return fixed + sum(len(v) for v in values if type(v) is str or type(v) is bytes)
 
 
 class ChangeBuffer:
@@ -138,11 +146,15 @@ class ChangeBuffer:
         if self.file is None:
             self.file = tempfile.TemporaryFile(prefix="pgrouter-txn-", dir=spill_dir)
         subxids = self.subxids if self.streamed else itertools.repeat(self.xid)
-        records = [self._record(c, s) for c, s in zip(self.changes, subxids)]
-        blob = _encode(records)
+        pairs = zip(self.changes, subxids)
+        write = self.file.write
         self.file.seek(0, 2)
-        self.file.write(_FRAME.pack(len(blob)))
-        self.file.write(blob)
+        record = self._record
+        # frames of RUN_SIZE changes: reading one back decodes no more than that at a time
+        while frame := [record(c, s) for c, s in itertools.islice(pairs, RUN_SIZE)]:
+            blob = _encode(frame)
+            write(_FRAME.pack(len(blob)))
+            write(blob)
         released, self.memory = self.memory, 0
         self.changes, self.subxids = [], []
         return released
@@ -167,6 +179,13 @@ class ChangeBuffer:
     def release(self) -> Changes:
         return Changes(self.changes, self.subxids, self.file, tuple(self.relations),
                        frozenset(self.aborted), self.count)
+
+
+def row_size(c: Change, message_bytes: int) -> int:
+    """The estimate for a row change from the size of the message that carried it
+    (``router._native.feed_rows`` counts the same)."""
+    values = (0 if c.old is None else len(c.old)) + (0 if c.new is None else len(c.new))
+    return CHANGE_OVERHEAD + message_bytes + VALUE_OVERHEAD * values
 
 
 def change_size(c: Change) -> int:

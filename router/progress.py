@@ -14,6 +14,9 @@ Rules (DESIGN.md "Delivery and progress"):
   delivered (a prepared transaction waiting for COMMIT PREPARED). Confirming past it would
   make PostgreSQL skip that data after a restart.
 * The confirmed LSN never moves backwards.
+* ``delivered`` is where confirmation would be without ``hold``: everything registered up
+  to it is durable. ``--until-caught-up`` reads it to finish while a prepared transaction is
+  held (confirmation itself stays capped).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class ProgressTracker:
         self._queue: deque[_Entry] = deque()
         self._by_ticket: dict[object, _Entry] = {}
         self.confirmed = start_lsn
+        self.delivered = start_lsn
         self.hold: int | None = None
 
     def begin(self, ticket: object, end_lsn: int) -> None:
@@ -72,6 +76,8 @@ class ProgressTracker:
             lsn = q.popleft().lsn
             if lsn > best:
                 best = lsn
+        if best > self.delivered:
+            self.delivered = best
         if self.hold is not None and best > self.hold:
             best = max(self.confirmed, self.hold)
         self.confirmed = best

@@ -39,7 +39,8 @@ import msgspec
 from .errors import ProtocolViolation
 from .native import NATIVE
 from .pgoutput import messages as m
-from .changes import CHANGE_OVERHEAD, Change, ChangeBuffer, Changes, change_size, row_change
+from .changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, ChangeBuffer, Changes
+from .changes import change_size, row_change, row_size
 from .relations import RelationCache
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
@@ -115,20 +116,25 @@ class TransactionAssembler:
         return tuple(self._streams)
 
     @property
-    def idle(self) -> bool:
-        """No transaction, stream or prepared transaction is being buffered: every change
-        received so far has been released."""
-        return (self._current is None and self._stream_xid is None and not self._streams
-                and not self._prepared)
+    def buffering(self) -> bool:
+        """A transaction or stream is open (prepared transactions held until COMMIT
+        PREPARED do not count: they cap confirmation with ``hold_lsn`` instead)."""
+        return self._current is not None or self._stream_xid is not None or bool(self._streams)
+
+    @property
+    def held(self) -> tuple[int, str] | None:
+        """(prepare LSN, gid) of the earliest prepared transaction held, if any."""
+        if not self._prepared:
+            return None
+        return min((buf.final_lsn, gid) for gid, buf in self._prepared.items())
 
     @property
     def hold_lsn(self) -> int | None:
         """The earliest prepare LSN of prepared transactions held until COMMIT PREPARED.
         Confirming a flush position at or past it would make PostgreSQL skip the prepared
         changes after a restart (it would send only the COMMIT PREPARED)."""
-        if not self._prepared:
-            return None
-        return min(buf.final_lsn for buf in self._prepared.values())
+        held = self.held
+        return None if held is None else held[0]
 
     # -- feeding --------------------------------------------------------------------------
 
@@ -158,7 +164,8 @@ class TransactionAssembler:
             if buf is not None:
                 if feed_rows is not None:
                     j, size, count = feed_rows(messages, i, buf.changes, self.relations.by_id,
-                                               Change, CHANGE_OVERHEAD, limit - self._memory)
+                                               Change, CHANGE_OVERHEAD, VALUE_OVERHEAD,
+                                               limit - self._memory)
                 else:
                     j, size, count = self._feed_row(buf, messages, i, decode)
                 if j > i:
@@ -189,8 +196,9 @@ class TransactionAssembler:
         if msg.xid is not None:  # cannot be (Stream Start inside a transaction is refused)
             self.feed(lsn, msg)
             return i + 1, 0, 0
-        buf.changes.append(row_change(lsn, msg, self.relations.get(msg.relation_id)))
-        return i + 1, CHANGE_OVERHEAD + len(payload), 1
+        change = row_change(lsn, msg, self.relations.get(msg.relation_id))
+        buf.changes.append(change)
+        return i + 1, row_size(change, len(payload)), 1
 
     def _violation(self, text: str) -> ProtocolViolation:
         return ProtocolViolation(text)

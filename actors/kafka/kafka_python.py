@@ -20,6 +20,10 @@ Rules of the hot path (kafka-python spends all its time in Python, ~40 µs a rec
   are missing the client falls back to ``send``.
 * kafka-python's accumulator has no memory bound of its own: ``produce`` blocks while more
   than ``buffer_memory`` bytes of batches are unacknowledged (backpressure, as in librdkafka).
+* A record above the producer's ``max_request_size`` or the topic's ``max.message.bytes``
+  (read once per topic) is refused before sending, with a line naming it
+  (``router.delivery.record_too_large``): kafka-python's delivery errors do not say which
+  record the broker refused.
 * ``[kafka] settings`` use the common vocabulary of ``router.kafka_settings``.
 """
 
@@ -34,7 +38,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.structs import TopicPartition
 
-from router.delivery import Tally
+from router.delivery import Tally, record_too_large
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import KAFKA_PYTHON, translate
 
@@ -46,7 +50,7 @@ DEFAULTS = {
     "request_timeout_ms": 30_000,
 }
 #: unacknowledged batch bytes before ``produce`` waits (``buffer_memory``; ours, not kafka-python's)
-BUFFER_MEMORY = 64 * 1024 * 1024
+BUFFER_MEMORY = 32 * 1024 * 1024
 #: bytes a record adds to key+value+headers on the wire, at most (DefaultRecordBatch)
 _RECORD_OVERHEAD = 61 + 21
 
@@ -62,7 +66,9 @@ def map_error(exc: BaseException) -> SinkError:
     if isinstance(exc, SinkError):
         return exc
     if isinstance(exc, _TOO_LARGE):
-        return RecordTooLarge(f"a record is larger than the topic accepts: {exc}")
+        return RecordTooLarge(f"a record is larger than Kafka accepts ({exc}): raise "
+                              "[kafka.settings] max_request_size and the topic's "
+                              "max.message.bytes")
     if isinstance(exc, _UNAVAILABLE) or getattr(exc, "retriable", False):
         return SinkUnavailable(f"Kafka unavailable: {exc}")
     if isinstance(exc, kerr.KafkaError):
@@ -160,6 +166,8 @@ class KafkaPythonClient:
         self._tps: dict[str, list[TopicPartition]] = {}
         self._rotation = itertools.count()
         self._known_topics: set[str] = set()
+        self._topic_limits: dict[str, int | None] = {}
+        self._admin: KafkaAdminClient | None = None
 
     map_error = staticmethod(map_error)
 
@@ -199,6 +207,7 @@ class KafkaPythonClient:
                     n = len(tps)
                     last_topic = topic
                     null_tp = tps[next(self._rotation) % n]
+                    limit = self._limit(topic) - _RECORD_OVERHEAD
                 if n == 1:
                     tp = tps[0]
                 elif key is None:
@@ -206,7 +215,7 @@ class KafkaPythonClient:
                 else:
                     tp = tps[(murmur2(key) & 0x7FFFFFFF) % n]
                 if len(value) + (len(key) if key is not None else 0) > limit:
-                    self._check_size(key, value, headers)
+                    self._check_size(topic, key, value, headers)
                 future, full, new_batch, _ = append(tp, None, key, value,
                                                     [] if headers is None else headers)
                 future._add_cb_eb(ack, fail)
@@ -217,11 +226,36 @@ class KafkaPythonClient:
         except Exception as exc:
             raise map_error(exc) from exc
 
-    def _check_size(self, key, value, headers) -> None:
+    def _check_size(self, topic, key, value, headers) -> None:
         size = self.producer._estimate_size_in_bytes(key, value, headers)
         if size > self._max_record:
-            raise RecordTooLarge(f"a record of {size} bytes is larger than max_request_size "
-                                 f"({self._max_record})")
+            raise record_too_large(topic, key, value, producer_limit=self._max_record)
+        topic_limit = self._topic_limits.get(topic)
+        if topic_limit is not None and size > topic_limit:
+            raise record_too_large(topic, key, value, topic_limit=topic_limit)
+
+    def _limit(self, topic: str) -> int:
+        """The largest record ``topic`` takes: ``max_request_size``, or the topic's
+        ``max.message.bytes`` when smaller (read from Kafka once per topic; when it cannot
+        be read the broker's refusal is reported instead)."""
+        if topic not in self._topic_limits:
+            self._topic_limits[topic] = self._read_topic_limit(topic)
+        topic_limit = self._topic_limits[topic]
+        return self._max_record if topic_limit is None else min(self._max_record, topic_limit)
+
+    def _read_topic_limit(self, topic: str) -> int | None:
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        try:
+            if self._admin is None:
+                self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
+                                               client_id="pgrouter-admin", **self._admin_config)
+            described = self._admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})],
+                config_filter="all")
+            return int(described["topic"][topic]["max.message.bytes"]["value"])
+        except Exception:  # no rights to describe, an old broker: the broker still refuses
+            return None
 
     def _produce_with_send(self, records, tally) -> None:
         send = self.producer.send
@@ -232,6 +266,8 @@ class KafkaPythonClient:
     def produce_sync(self, topic: str, key: bytes, value: bytes, timeout: float = 60.0) -> None:
         try:
             self.producer.send(topic, value=value, key=key).get(timeout=timeout)
+        except _TOO_LARGE as exc:
+            raise record_too_large(topic, key, value) from exc
         except Exception as exc:
             raise map_error(exc) from exc
 
@@ -271,3 +307,8 @@ class KafkaPythonClient:
             self.producer.close(timeout=timeout)
         except Exception:  # closing after a failure: what is lost was never confirmed
             pass
+        if self._admin is not None:
+            try:
+                self._admin.close()
+            except Exception:
+                pass

@@ -27,7 +27,7 @@ import threading
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from router.delivery import Tally
+from router.delivery import Tally, record_too_large
 from router.native import NATIVE
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import LIBRDKAFKA, translate
@@ -37,8 +37,8 @@ DEFAULTS = {
     "linger.ms": 5,
     "batch.size": 1024 * 1024,
     "batch.num.messages": 10_000,
-    "queue.buffering.max.messages": 200_000,
-    "queue.buffering.max.kbytes": 256 * 1024,
+    "queue.buffering.max.messages": 100_000,
+    "queue.buffering.max.kbytes": 32 * 1024,
     "delivery.timeout.ms": 60_000,
     "request.timeout.ms": 30_000,
     "max.in.flight.requests.per.connection": 5,
@@ -73,7 +73,9 @@ def map_error(exc: BaseException) -> SinkError:
     code = err.code()
     text = f"{err.name()}: {err.str()}"
     if code in _TOO_LARGE:
-        return RecordTooLarge(f"a record is larger than the topic accepts: {text}")
+        return RecordTooLarge(f"a record is larger than Kafka accepts ({text}): raise "
+                              "[kafka.settings] max_request_size (message.max.bytes) and "
+                              "the topic's max.message.bytes")
     if err.fatal():
         return SinkRejected(f"Kafka producer failed fatally: {text}")
     if code in _UNAVAILABLE or err.retriable():
@@ -113,15 +115,22 @@ def hand_over(produce, records, on_delivery) -> None:
 
 class _Failure:
     """``on_done`` with librdkafka's ``KafkaError`` wrapped in the ``KafkaException`` that
-    ``map_error`` reads."""
+    ``map_error`` reads; a record the broker refused as too large is named
+    (``router.delivery.record_too_large``) from the report's message (the Tally passes the
+    largest failed record of the batch)."""
 
     __slots__ = ("on_done",)
 
     def __init__(self, on_done):
         self.on_done = on_done
 
-    def __call__(self, ticket, err, count):
-        self.on_done(ticket, None if err is None else KafkaException(err), count)
+    def __call__(self, ticket, err, count, msg=None):
+        if err is None:
+            return self.on_done(ticket, None, count)
+        if msg is not None and err.code() in _TOO_LARGE:
+            return self.on_done(ticket, record_too_large(msg.topic(), msg.key(), msg.value()),
+                                count)
+        self.on_done(ticket, KafkaException(err), count)
 
 
 class RdKafkaClient:
@@ -133,6 +142,7 @@ class RdKafkaClient:
         conf.update({"bootstrap.servers": servers, "acks": "all",
                      "enable.idempotence": True, "partitioner": "murmur2_random"})
         self._timeout = conf["request.timeout.ms"] / 1000
+        self._max_message = int(conf.get("message.max.bytes", 1_000_000))
         self._admin_conf = {k: v for k, v in conf.items()
                             if k == "bootstrap.servers" or k.startswith(_ADMIN_KEYS)}
         self._fatal: KafkaError | None = None
@@ -180,7 +190,17 @@ class RdKafkaClient:
         try:
             hand_over(self.producer.produce, records, report)
         except KafkaException as exc:
+            if exc.args and exc.args[0].code() in _TOO_LARGE:
+                raise self._too_large(records) from exc
             raise map_error(exc) from exc
+
+    def _too_large(self, records) -> RecordTooLarge:
+        """The record librdkafka refused before sending: above ``message.max.bytes``."""
+        def size(r):
+            return len(r[1] or b"") + len(r[2] or b"")
+        big = next((r for r in records if size(r) > self._max_message), None)
+        topic, key, value, _ = big or max(records, key=size)
+        return record_too_large(topic, key, value, producer_limit=self._max_message)
 
     def produce_sync(self, topic: str, key: bytes, value: bytes, timeout: float = 60.0) -> None:
         done = threading.Event()
@@ -192,12 +212,18 @@ class RdKafkaClient:
 
         try:
             self.producer.produce(topic, value, key, on_delivery=report)
-        except (KafkaException, BufferError) as exc:
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() in _TOO_LARGE:
+                raise self._too_large([(topic, key, value, None)]) from exc
+            raise map_error(exc) from exc
+        except BufferError as exc:
             raise map_error(exc) from exc
         if not done.wait(timeout):
             raise SinkUnavailable(f"record to {topic} not acknowledged within {timeout} s")
         if outcome[0] is not None:
             exc = KafkaException(outcome[0])
+            if outcome[0].code() in _TOO_LARGE:
+                raise record_too_large(topic, key, value) from exc
             raise map_error(exc) from exc
 
     def ensure_topics(self, specs) -> None:

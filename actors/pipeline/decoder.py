@@ -1,7 +1,10 @@
 """The decoder actor: WAL batches in, committed transactions out (``router.pgoutput`` +
-``router.transactions``). A keepalive position passes on only while nothing is buffered
-(no open, streamed or prepared transaction), so it can never be confirmed past a change the
-pipeline has not yet delivered; the earliest held prepare travels as a ``Hold``.
+``router.transactions``). The earliest prepared transaction held until COMMIT PREPARED
+travels as a ``Hold`` (its gid and prepare LSN with it), which caps every confirmation. A
+keepalive position passes on only while no transaction or stream is open, so it can never
+be confirmed past a change the pipeline has not yet delivered (past a held prepare the
+``Hold``, sent first, keeps it from being confirmed); it lets ``--until-caught-up`` see that
+everything but the held transaction is delivered.
 
 Relations whose record key depends on a primary key the pipeline does not know (a table
 created, or given REPLICA IDENTITY FULL, before the router first saw it) get their primary
@@ -50,10 +53,11 @@ class DecoderActor:
                     observe(perf_counter() - started)
                 if assembler.relations.fresh:
                     await self._look_up_keys(assembler.relations.take_fresh())
-                if assembler.hold_lsn != hold:
-                    hold = assembler.hold_lsn
-                    events.append(Hold(None if hold is None else hold - 1))
-                if batch.keepalive is not None and assembler.idle:
+                if assembler.held != hold:
+                    hold = assembler.held
+                    events.append(Hold(None) if hold is None else
+                                  Hold(hold[0] - 1, hold[1], hold[0]))
+                if batch.keepalive is not None and not assembler.buffering:
                     events.append(Keepalive(batch.keepalive))
                 if events:
                     await self.out.send(events)

@@ -26,7 +26,13 @@ class Keepalive(msgspec.Struct, frozen=True):
 
 
 class Hold(msgspec.Struct, frozen=True):
+    """The cap on confirmation while a prepared transaction is held (``lsn``: the last
+    LSN that may be confirmed; None: no cap), with the held transaction's ``gid`` and
+    ``prepare_lsn`` for the operator."""
+
     lsn: int | None
+    gid: str | None = None
+    prepare_lsn: int | None = None
 
 
 class Begin(msgspec.Struct, frozen=True):

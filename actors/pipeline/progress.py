@@ -1,5 +1,11 @@
 """The progress actor: durable acknowledgements in, the flush LSN out (``router.progress``),
-plus the periodic progress log line and the ``--until-caught-up`` finish line."""
+plus the periodic progress log line and the ``--until-caught-up`` finish line.
+
+``--until-caught-up`` is reached when the confirmed LSN reaches ``until_lsn``, or when a
+prepared transaction (two-phase) caps confirmation below it and everything else up to
+``until_lsn`` is durable in Kafka: waiting for COMMIT PREPARED could take forever, so the
+run finishes and ``held`` names the transaction (its gid and prepare LSN); a later run
+delivers it once it is committed."""
 
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ _log = log.get("progress")
 
 
 class Stats:
-    """Counters the actors bump and the progress log reads (one trio thread: no locks)."""
+    """Counters the actors bump and the progress log reads. All but ``acked_records`` are
+    bumped on the trio thread; the sink bumps that one from the Kafka client's thread, under
+    its lock, as acknowledged batches arrive (readers only need a recent value)."""
 
     def __init__(self):
         self.received_messages = 0
@@ -38,6 +46,9 @@ class ProgressActor:
         self.interval = interval
         self.until_lsn = until_lsn
         self.caught_up = caught_up
+        self._hold: Hold | None = None
+        #: the Hold (gid, prepare LSN) that capped confirmation when caught up, if one did
+        self.held: Hold | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         tracker = self.tracker
@@ -57,15 +68,25 @@ class ProgressActor:
                                 tracker.keepalive(ev.lsn)
                             elif kind is Hold:
                                 tracker.set_hold(ev.lsn)
+                                self._hold = ev if ev.lsn is not None else None
                         if tracker.confirmed > self.flush.value:
                             self.flush.set(tracker.confirmed)
-                            if (self.until_lsn is not None and self.caught_up is not None
-                                    and tracker.confirmed >= self.until_lsn):
-                                self.caught_up.set()
+                        if self.until_lsn is not None and self.caught_up is not None:
+                            self._check_caught_up()
                 nursery.cancel_scope.cancel()
         finally:
             self.flush.close()
         self._line()
+
+    def _check_caught_up(self) -> None:
+        tracker, until = self.tracker, self.until_lsn
+        if tracker.confirmed >= until:
+            self.held = None
+            self.caught_up.set()
+        elif (self._hold is not None and tracker.hold is not None
+              and tracker.delivered >= until and not tracker.in_flight):
+            self.held = self._hold
+            self.caught_up.set()
 
     async def _report(self) -> None:
         while True:

@@ -5,7 +5,9 @@ Rules (the delivery contract, whichever Kafka client is behind it):
 * "Accepted" is not "durable": a transaction is reported ``Done`` only from Kafka's delivery
   results (acks=all, idempotent producer), never when a send call returns. Records are
   counted per transaction; the transaction is done when it is sealed (its last chunk was
-  handed over) and every record is acknowledged.
+  handed over) and every record is acknowledged. ``stats.acked_records`` grows with every
+  acknowledged batch (a client's ``produce`` call), so progress lines move during a huge
+  transaction too.
 * Transactions are registered with the progress actor (``Begin``) in commit order, before
   any of their records are sent; keepalives and holds follow on the same channel, so their
   order is kept.
@@ -98,6 +100,8 @@ class SinkActor:
             txn = self._txns[ticket]
             txn.acked += count
             complete = txn.sealed and txn.acked == txn.sent
+            if self.stats is not None:  # counted as batches arrive, not per transaction
+                self.stats.acked_records += count
         if complete:
             self._token.run_sync_soon(self._complete, ticket)
 
@@ -148,8 +152,6 @@ class SinkActor:
             ticket = self._completed.popleft()
             with self._lock:
                 txn = self._txns.pop(ticket)
-            if self.stats is not None:
-                self.stats.acked_records += txn.acked
             done.append(Done(ticket, txn.acked))
         await self.progress.send(done)
 

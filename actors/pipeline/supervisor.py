@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import signal
+from logging import WARNING
 import time
 
 import trio
@@ -310,6 +311,13 @@ class Supervisor:
             reloader.cancel_scope.cancel()
         if self.until_lsn is not None and flush.value >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
+                      until_lsn=format_lsn(self.until_lsn))
+        elif self.until_lsn is not None and progress.held is not None:
+            held = progress.held
+            log.event(_log, "caught up except a prepared transaction: everything else is in "
+                      "Kafka; it is delivered by a run after COMMIT PREPARED", level=WARNING,
+                      gid=held.gid, prepare_lsn=format_lsn(held.prepare_lsn),
+                      confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))
 
     def _streaming(self, on: bool, reason: str) -> None:

@@ -8,14 +8,17 @@
  * Called as tally(err, msg) once per record from the Kafka client's thread (librdkafka's
  * delivery callback), or tally.ack(metadata) / tally.fail(exc) (kafka-python's). Calls
  * on_done(ticket, None, count) once when every record was acknowledged, or
- * on_done(ticket, err, 0) at the first failure (and nothing after that). A Tally of count 0
+ * on_done(ticket, err, 0) at the first failure (and nothing after that). A failure reported
+ * with its record (tally(err, msg), librdkafka's) is held until every record of the batch is
+ * reported; then on_done(ticket, err, 0, msg) names the largest record that failed (len(msg)),
+ * so a batch the broker refused because of one record names that record. A Tally of count 0
  * (never made by the clients: they hand over at least one record) fires at its first call.
  */
 typedef struct {
     PyObject_HEAD
-    Py_ssize_t count, left;
+    Py_ssize_t count, left, failed_size;
     int fired;
-    PyObject *on_done, *ticket;
+    PyObject *on_done, *ticket, *failed_err, *failed_msg;
 } Tally;
 
 static int
@@ -31,6 +34,9 @@ tally_init(Tally *self, PyObject *args, PyObject *kwds)
     }
     self->count = self->left = count;
     self->fired = 0;
+    self->failed_size = -1;
+    Py_CLEAR(self->failed_err);
+    Py_CLEAR(self->failed_msg);
     Py_XSETREF(self->on_done, Py_NewRef(on_done));
     Py_XSETREF(self->ticket, Py_NewRef(ticket));
     return 0;
@@ -41,6 +47,8 @@ tally_traverse(Tally *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->on_done);
     Py_VISIT(self->ticket);
+    Py_VISIT(self->failed_err);
+    Py_VISIT(self->failed_msg);
     return 0;
 }
 
@@ -49,6 +57,8 @@ tally_clear(Tally *self)
 {
     Py_CLEAR(self->on_done);
     Py_CLEAR(self->ticket);
+    Py_CLEAR(self->failed_err);
+    Py_CLEAR(self->failed_msg);
     return 0;
 }
 
@@ -60,6 +70,31 @@ tally_dealloc(Tally *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* len(msg) (confluent-kafka's Message: the value's length); 0 for anything without one */
+static Py_ssize_t
+message_size(PyObject *msg)
+{
+    Py_ssize_t size = PyObject_Size(msg);
+    if (size < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    return size;
+}
+
+/* the final report: the largest failed record when one was held, else every record acked */
+static PyObject *
+tally_fire(Tally *self)
+{
+    self->fired = 1;
+    if (self->failed_msg != NULL)
+        return PyObject_CallFunction(self->on_done, "OOnO", self->ticket, self->failed_err,
+                                     (Py_ssize_t)0, self->failed_msg);
+    return PyObject_CallFunction(self->on_done, "OOn", self->ticket, Py_None, self->count);
+}
+
 static PyObject *
 tally_call(Tally *self, PyObject *args, PyObject *kwds)
 {
@@ -68,14 +103,23 @@ tally_call(Tally *self, PyObject *args, PyObject *kwds)
         return NULL;
     if (self->fired || self->on_done == NULL)
         Py_RETURN_NONE;
-    if (err != Py_None) {
+    if (err != Py_None && msg == Py_None) {
         self->fired = 1;
         return PyObject_CallFunction(self->on_done, "OOn", self->ticket, err, (Py_ssize_t)0);
     }
+    if (err != Py_None) { /* held: the largest failed record is reported at the end */
+        Py_ssize_t size = message_size(msg);
+        if (size < 0)
+            return NULL;
+        if (self->failed_msg == NULL || size > self->failed_size) {
+            Py_XSETREF(self->failed_err, Py_NewRef(err));
+            Py_XSETREF(self->failed_msg, Py_NewRef(msg));
+            self->failed_size = size;
+        }
+    }
     if (--self->left > 0)
         Py_RETURN_NONE;
-    self->fired = 1;
-    return PyObject_CallFunction(self->on_done, "OOn", self->ticket, Py_None, self->count);
+    return tally_fire(self);
 }
 
 /* kafka-python's future callbacks: ack(metadata) per acknowledged record, fail(exc) */
@@ -86,8 +130,7 @@ tally_ack(Tally *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     if (--self->left > 0)
         Py_RETURN_NONE;
-    self->fired = 1;
-    return PyObject_CallFunction(self->on_done, "OOn", self->ticket, Py_None, self->count);
+    return tally_fire(self);
 }
 
 static PyObject *

@@ -181,13 +181,13 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------------
- * feed_rows(messages, start, changes, relations, Change, overhead, budget)
+ * feed_rows(messages, start, changes, relations, Change, overhead, value_overhead, budget)
  *     -> (next, bytes, count)
  *
  * The transaction assembler's short path (router.transactions.feed_batch) in C: from
  * messages[start] on ((lsn, payload) pairs), every plain Insert/Update/Delete of a known
  * relation becomes Change(op, lsn, relation, old, old_is_key, new) appended to ``changes``,
- * counted as overhead + len(payload) bytes. Stops before the first message that is anything
+ * counted as overhead + len(payload) + value_overhead per value bytes. Stops before the first message that is anything
  * else (the caller decodes it the long way) and after the change that takes the bytes past
  * ``budget`` (the caller spills). Only for use inside Begin ... Commit outside a stream block.
  */
@@ -196,16 +196,18 @@ static PyObject *op_insert, *op_update, *op_delete;
 static PyObject *
 native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
+    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
         !PyDict_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "feed_rows(messages: list, start, changes: list, "
-                                         "relations: dict, Change, overhead, budget)");
+                                         "relations: dict, Change, overhead, value_overhead, "
+                                         "budget)");
         return NULL;
     }
     PyObject *messages = args[0], *changes = args[2], *relations = args[3], *change_type = args[4];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     Py_ssize_t overhead = PyLong_AsSsize_t(args[5]);
-    long long budget = PyLong_AsLongLong(args[6]);
+    Py_ssize_t value_overhead = PyLong_AsSsize_t(args[6]);
+    long long budget = PyLong_AsLongLong(args[7]);
     if (PyErr_Occurred())
         return NULL;
     long long used = 0;
@@ -262,6 +264,8 @@ native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         if (pos != end)
             goto stop;
+        Py_ssize_t values = (before ? PyTuple_GET_SIZE(before) : 0) +
+                            (new ? PyTuple_GET_SIZE(new) : 0);
         PyObject *call[] = {op, lsn, rel, before ? before : Py_None,
                             action == 'K' ? Py_True : Py_False, new ? new : Py_None};
         PyObject *change = PyObject_Vectorcall(change_type, call, 6, NULL);
@@ -273,7 +277,7 @@ native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(change);
         if (r < 0)
             return NULL;
-        used += overhead + end;
+        used += overhead + end + value_overhead * values;
         count++;
         continue;
     stop:
@@ -360,7 +364,8 @@ static PyMethodDef pgoutput_methods[] = {
     {"decode_row", (PyCFunction)native_decode_row, METH_O,
      "decode_row(data) -> Insert | Update | Delete | None (None: use the Python decoder)"},
     {"feed_rows", (PyCFunction)(void (*)(void))native_feed_rows, METH_FASTCALL,
-     "feed_rows(messages, start, changes, relations, Change, overhead, budget) -> "
+     "feed_rows(messages, start, changes, relations, Change, overhead, value_overhead, "
+     "budget) -> "
      "(next, bytes, count)"},
     {"drain", (PyCFunction)(void (*)(void))native_drain, METH_FASTCALL,
      "drain(read_message, max_messages, max_bytes) -> (batch, exhausted)"},

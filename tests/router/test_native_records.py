@@ -214,8 +214,27 @@ TALLY_STEPS = {
     "call ok": lambda t: t(None, "msg"), "call ok, no msg": lambda t: t(None),
     "call error": lambda t: t(ERROR, "msg"), "ack": lambda t: t.ack("metadata"),
     "ack, no args": lambda t: t.ack(), "fail": lambda t: t.fail(ERROR),
+    "call error, small record": lambda t: t(ERROR, Msg(10)),
+    "call error, large record": lambda t: t(ERROR2, Msg(5000)),
 }
 ERROR = RuntimeError("delivery failed")
+ERROR2 = RuntimeError("record too large")
+
+
+class Msg:
+    """What a librdkafka delivery report's message offers the Tally: its length."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def __eq__(self, other):
+        return type(other) is Msg and other.size == self.size
+
+    def __repr__(self):
+        return f"Msg({self.size})"
 
 
 def tally_run(cls, count: int, steps) -> list:
@@ -232,12 +251,25 @@ def test_tally_equals_py_tally():
     rng = random.Random(6)
     for count in [0, 1, 2, 3, 5, 40]:
         for _ in range(200):
-            steps = rng.choices(list(TALLY_STEPS), weights=[8, 2, 1, 4, 1, 1],
+            steps = rng.choices(list(TALLY_STEPS), weights=[8, 2, 1, 4, 1, 1, 1, 1],
                                 k=rng.randint(0, count + 3))
             want = tally_run(PyTally, count, steps)
             assert tally_run(NATIVE.Tally, count, steps) == want, (count, steps)
     assert tally_run(NATIVE.Tally, 2, ["ack", "call ok"])[-1][2] == [("ticket", None, 2)]
     assert tally_run(NATIVE.Tally, 2, ["ack", "fail", "ack"])[-1][2] == [("ticket", ERROR, 0)]
+
+
+@pytest.mark.parametrize("cls", [PyTally, pytest.param("native", marks=native)])
+def test_tally_names_the_largest_failed_record_once_every_record_is_reported(cls):
+    """librdkafka fails every record of a batch the broker refused as too large: the Tally
+    waits for the batch's reports and names the largest record, not the first reported."""
+    cls = NATIVE.Tally if cls == "native" else cls
+    trace = tally_run(cls, 4, ["call error, small record", "call error, large record",
+                               "call ok", "call error, small record"])
+    assert [calls for _, _, calls in trace[1:]] == [[], [], [],
+                                                    [("ticket", ERROR2, 0, Msg(5000))]]
+    trace = tally_run(cls, 2, ["call error, small record", "fail", "call ok"])
+    assert trace[-1][2] == [("ticket", ERROR, 0)], "a failure without its record fires at once"
 
 
 @pytest.mark.parametrize("cls", [PyTally, pytest.param("native", marks=native)])

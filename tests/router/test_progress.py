@@ -56,6 +56,21 @@ def test_hold_caps_confirmation_and_never_moves_back():
     assert p.confirmed == 300
 
 
+def test_delivered_passes_a_hold_that_confirmation_respects():
+    p = ProgressTracker(start_lsn=50)
+    p.set_hold(120)  # a prepared transaction at 121, held until COMMIT PREPARED
+    p.begin(1, 200)
+    p.keepalive(250)
+    assert p.delivered == 50, "the transaction at 200 is not durable yet"
+    p.done(1)
+    assert (p.confirmed, p.delivered) == (120, 250)
+    p.set_hold(None)  # committed: its transaction is registered before the hold is lifted
+    p.begin(2, 300)
+    assert p.confirmed == 120, "nothing confirmed past the prepare before it is delivered"
+    p.done(2)
+    assert (p.confirmed, p.delivered) == (300, 300)
+
+
 def test_confirmed_never_moves_backwards_on_an_older_keepalive():
     p = ProgressTracker()
     p.begin(1, 500)

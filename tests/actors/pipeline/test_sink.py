@@ -7,6 +7,7 @@ import pytest
 import trio
 
 from actors.pipeline.mailbox import Begin, Done, Keepalive
+from actors.pipeline.progress import Stats
 from actors.pipeline.sink import SinkActor, TopicSpec
 from router.delivery import Tally
 from router.errors import RecordTooLarge, SinkError
@@ -58,11 +59,11 @@ def chunk(end_lsn, n, *, last=True, topics=()):
     return RoutedChunk(1, end_lsn, end_lsn, records, [], last, list(topics))
 
 
-async def start(client, nursery):
+async def start(client, nursery, stats=None):
     chunks_tx, chunks_rx = trio.open_memory_channel(8)
     prog_tx, prog_rx = trio.open_memory_channel(64)
     sink = SinkActor(client=client, inbox=chunks_rx, progress=prog_tx, schema_topic="schemas",
-                     topic_specs={"r": TopicSpec("r", 3)})
+                     topic_specs={"r": TopicSpec("r", 3)}, stats=stats)
     await nursery.start(sink.run)
     return chunks_tx, prog_rx
 
@@ -92,6 +93,29 @@ async def test_done_only_after_every_record_is_acknowledged():
         assert await expect(progress, 0) == []
         client.ack()
         assert await expect(progress, 1) == [Done(0, 5)]
+        await chunks.aclose()
+
+
+async def test_acknowledged_records_are_counted_while_the_transaction_is_open():
+    """Progress lines read ``stats.acked_records``: it grows with every acknowledged batch
+    of records, not only when a whole transaction is done (a huge transaction would show
+    records_acked=0 for minutes)."""
+    client = HeldClient()
+    stats = Stats()
+    async with trio.open_nursery() as nursery:
+        chunks, progress = await start(client, nursery, stats)
+        await chunks.send([chunk(100, 3, last=False)])
+        await chunks.send([chunk(100, 4, last=False)])
+        assert await expect(progress, 1) == [Begin(0, 100)]
+        client.ack(3)  # the first batch: acknowledged, the transaction still open
+        with trio.fail_after(5):
+            while stats.acked_records < 3:
+                await trio.sleep(0.01)
+        assert stats.acked_records == 3
+        client.ack()
+        await chunks.send([chunk(100, 0, last=True)])
+        assert await expect(progress, 1) == [Done(0, 7)]
+        assert stats.acked_records == 7, "each record counted once"
         await chunks.aclose()
 
 

@@ -1,0 +1,76 @@
+"""A row whose record Kafka will not take stops ``pgrouter run`` with one line that names the
+topic, the table, the key and the size, and what to change, with either Kafka client, for
+both limits: the topic's ``max.message.bytes`` (checked by the broker) and the producer's own
+request size; nothing is confirmed past the row."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.helpers import ROOT, Pg, router_cmd, unique, write_config
+
+pytestmark = pytest.mark.services
+TIMEOUT = 120
+
+CASES = {
+    # a 20 kB value into a topic that takes 4 kB
+    "topic": (20_000, "topic_settings = { configs = { \"max.message.bytes\" = \"4096\" } }",
+              ["max.message.bytes", "topic_settings.configs"]),
+    # a 1.5 MB value: above both producers' default request size (the dev broker takes 10 MB)
+    "producer": (1_500_000, "", ["max_request_size", "message.max.bytes"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
+def test_record_too_large_names_topic_table_key_size_and_setting(client, case, pg_dsn,
+                                                                  kafka_bootstrap, tmp_path):
+    size, topic_settings, settings = CASES[case]
+    pg = Pg(pg_dsn)
+    name = unique("big")
+    topic = f"{name}.public.{name}"
+    pg.run(f"create table {name} (id int primary key, v text)")
+    pg.run(f"alter table {name} alter column v set storage external")  # no compression
+    pg.run(f"create publication {name} for table {name}")
+    pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", name)
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra=f'client = "{client}"\n'
+                       "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
+                       "request_timeout_ms = 10000\n",
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{topic}"\n{topic_settings}\n')
+    try:
+        before = pg.one("select confirmed_flush_lsn::text from pg_replication_slots "
+                        "where slot_name = %s", name)
+        pg.run(f"insert into {name} values (1, 'small'), (7, repeat('x', {size}))")
+        proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
+                              text=True, timeout=TIMEOUT, cwd=ROOT)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("pgrouter run: record too large for Kafka:"), proc.stderr[-3000:]
+        assert f"topic {topic}," in last and f"table public.{name}," in last, last
+        assert 'key {"id":7}' in last, last
+        got = int(re.search(r"(\d+) bytes,", last).group(1))
+        assert size < got < size + 2000, last
+        for setting in settings:
+            assert setting in last, last
+        after = pg.one("select confirmed_flush_lsn::text from pg_replication_slots "
+                       "where slot_name = %s", name)
+        assert after == before, "confirmed past a row that is not in Kafka"
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication if exists {name}")
+        pg.run(f"drop table if exists {name}")
+        pg.close()
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
+        try:
+            if topic in set(admin.list_topics()):
+                admin.delete_topics([topic])
+        finally:
+            admin.close()
