@@ -118,12 +118,30 @@ class MetricsConfig(_Base):
     lag_warning_seconds: float = 0.0
 
 
+class SnapshotConfig(_Base):
+    """``[snapshot]``: what a new slot's topics start with, and how backfills run
+    (``actors.snapshot``; README "Snapshots")."""
+
+    #: "initial": when the router creates the slot it first copies every routed table
+    #: (op "r" records) and then streams from the slot's consistent point, as a PostgreSQL
+    #: subscription (copy_data = true) and Debezium (snapshot.mode = initial) do; "never":
+    #: topics hold only changes made after the slot was created
+    mode: Literal["initial", "never"] = "initial"
+    #: tables read at the same time (one PostgreSQL session each)
+    parallel: int = 4
+    #: rows per backfill chunk (read between two watermarks, held in memory until the high one)
+    chunk_rows: int = 2048
+    #: compacted topic holding snapshot and backfill progress (route, table, last key done)
+    progress_topic: str = "pgrouter.snapshots"
+
+
 class Config(_Base):
     source: SourceConfig
     kafka: KafkaConfig
     routes: list[RouteConfig]
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    snapshot: SnapshotConfig = msgspec.field(default_factory=SnapshotConfig)
     #: which transactions to publish by replication origin (router.origins); default "any"
     origin: OriginSetting | None = None
 
@@ -237,6 +255,13 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         if route.topic_settings.partitions < 1:
             raise ConfigError("must be ≥ 1", path=f"{where}.topic_settings.partitions",
                               source=source)
+    if cfg.snapshot.parallel < 1:
+        raise ConfigError("must be ≥ 1", path="snapshot.parallel", source=source)
+    if cfg.snapshot.chunk_rows < 1:
+        raise ConfigError("must be ≥ 1", path="snapshot.chunk_rows", source=source)
+    if not cfg.snapshot.progress_topic or not _TOPIC_CHARS.match(cfg.snapshot.progress_topic):
+        raise ConfigError("a topic name (letters, digits, '.', '_' and '-')",
+                          path="snapshot.progress_topic", source=source)
     # the common settings vocabulary, checked for the chosen client (router.kafka_settings)
     translate_kafka_settings(dict(cfg.kafka.settings), cfg.kafka.client, source=source)
     _validate_metrics(cfg.metrics, source)

@@ -42,6 +42,7 @@ from router.transactions import TransactionAssembler
 from router.publications import Catalog
 
 from ..services import log
+from ..snapshot.initial import ensure_initial_snapshot
 from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
                                 needs_catalog, route_problems)
 from .decoder import DecoderActor
@@ -195,6 +196,8 @@ class Supervisor:
     async def _run_once(self) -> None:
         cfg = self.cfg
         src = cfg.source
+        # a slot the router creates starts with a copy of the tables ([snapshot] mode)
+        self.snapshot_pending = await ensure_initial_snapshot(cfg, self.client_factory)
         async with await SqlSession.connect(src.dsn) as sql:
             # before the slot is made: a topic Kafka would refuse stops the router here
             refuse_bad_topics(cfg, await load_catalog(sql, cfg, strict=False))

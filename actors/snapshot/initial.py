@@ -1,0 +1,213 @@
+"""The initial snapshot: when the router creates its slot (``[source] create_slot``,
+``[snapshot] mode = "initial"``), every table the slot streams and some route takes is
+copied into the routes' topics as ``op: "r"`` records before the stream starts.
+
+Rules:
+
+* The slot is created on a replication connection with ``SNAPSHOT 'export'``: its
+  consistent point and the exported snapshot describe the same instant — every transaction
+  committed before it is in the snapshot, every later one is streamed. That connection
+  stays open (and idle) until every reader imported the snapshot and finished.
+* Readers (``[snapshot] parallel`` sessions) import the snapshot (REPEATABLE READ) and
+  take tables from a shared queue; rows go through the same route semantics as changes
+  (``router.snapshot_rows``) and to Kafka through a ``SinkActor`` of their own, with
+  positions before the consistent point (``router.snapshot``).
+* Progress (``actors.snapshot.store``): ``started`` is written before the slot is created,
+  ``done`` after Kafka acknowledged every snapshot record; only then does the stream start
+  (from the consistent point: nothing missed, nothing read twice). The slot's position is
+  not confirmed by anything here.
+* A start that finds its slot with an initial snapshot ``started`` but not ``done`` (the
+  router was killed while copying) finishes it as a backfill of every routed table
+  (``actors.snapshot.backfill``): the slot streams from its consistent point, so every change
+  since the rows already written is in the stream, and the tables are read again by key
+  chunks between watermarks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg2
+import psycopg2.extras
+import trio
+
+from router.config import Config
+from router.envelope import TxContext
+from router.errors import SlotInUse, SourceError, SourceUnavailable
+from router.lsn import format_lsn, parse_lsn
+from router.routing import ChangeRouter
+from router.snapshot import Progress, TABLE_SHIFT, initial_position
+from router.snapshot_rows import SnapshotRows
+
+from ..pipeline.mailbox import CHUNKS
+from ..pipeline.sink import SinkActor, TopicSpec
+from ..services import log
+from ..services.catalog import load_catalog
+from ..services.sql import SqlSession
+from .reader import TableReader
+from .report import Reporter
+from .store import ProgressStore
+from .tables import SnapshotTable, slot_tables, snapshot_specs
+
+_log = log.get("snapshot")
+_PG_EPOCH = 946684800
+
+
+class ExportedSlot:
+    """A slot created with an exported snapshot, on a replication connection kept open."""
+
+    def __init__(self, dsn: str, slot: str, two_phase: bool):
+        try:
+            self.conn = psycopg2.connect(
+                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            cur = self.conn.cursor()
+            opts = "SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
+            cur.execute(f'CREATE_REPLICATION_SLOT "{slot.replace(chr(34), "")}" LOGICAL '
+                        f"pgoutput ({opts})")
+            row = cur.fetchone()
+        except psycopg2.errors.DuplicateObject as exc:
+            raise SlotInUse(f"replication slot {slot!r} was created by someone else: "
+                            f"{exc}".strip()) from exc
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            raise SourceUnavailable(f"cannot create slot {slot!r}: {exc}".strip()) from exc
+        except psycopg2.Error as exc:
+            raise SourceError(f"cannot create slot {slot!r}: {exc}".strip()) from exc
+        self.consistent_point = parse_lsn(row[1])
+        self.snapshot = row[2]
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except psycopg2.Error:
+            pass
+
+
+async def type_names(sql: SqlSession, tables: list[SnapshotTable]) -> dict[int, str]:
+    """Names of the non-built-in column types, as the stream's Type messages give them."""
+    oids = sorted({c.type_oid for t in tables for c in t.relation.columns})
+    names = {}
+    for r in await sql.fetch("select t.oid::int8 as oid, n.nspname, t.typname from pg_type t "
+                             "join pg_namespace n on n.oid = t.typnamespace "
+                             "where t.oid = any($1::oid[])", oids):
+        names[r["oid"]] = r["typname"] if r["nspname"] == "pg_catalog" else \
+            f"{r['nspname']}.{r['typname']}"
+    return names
+
+
+def topic_specs(cfg: Config) -> dict[str, TopicSpec]:
+    specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
+                               r.topic_settings.replication_factor, r.topic_settings.configs)
+             for r in cfg.routes}
+    specs[""] = TopicSpec("", 1, max((s.replication_factor for s in specs.values()), default=1))
+    return specs
+
+
+async def ensure_initial_snapshot(cfg: Config, client_factory) -> list[str]:
+    """Runs before the stream starts. Returns the tables ("schema.table") an interrupted
+    initial snapshot left unfinished (to be finished by backfill), usually none."""
+    src = cfg.source
+    if cfg.snapshot.mode != "initial" or not src.create_slot:
+        return []
+    async with await SqlSession.connect(src.dsn) as sql:
+        exists = await sql.fetchval("select exists (select 1 from pg_replication_slots "
+                                    "where slot_name = $1)", src.slot)
+        client = await trio.to_thread.run_sync(client_factory, cfg)
+        try:
+            store = ProgressStore(cfg, client)
+            await store.aload()
+            state = store.get(Progress("initial", src.slot, ""))
+            if exists:
+                if state is None or state.state == "done":
+                    return []
+                log.event(_log, "initial snapshot was interrupted; finishing it by backfill",
+                          slot=src.slot)
+                return ["*"]
+            await store.aput(Progress("initial", src.slot, "started"))
+            await _snapshot(cfg, sql, client, store)
+            return []
+        finally:
+            with trio.move_on_after(15) as scope:
+                scope.shield = True
+                await trio.to_thread.run_sync(client.close, 10.0)
+
+
+async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) -> None:
+    src = cfg.source
+    catalog = await load_catalog(sql, cfg)
+    db = await sql.fetchval("select current_database()")
+    slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot, src.two_phase)
+    log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
+              consistent_point=format_lsn(slot.consistent_point), snapshot=slot.snapshot)
+    try:
+        tables = slot_tables(cfg, catalog)
+        names = await type_names(sql, tables)
+        rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db, type_names=names),
+                            position_headers=cfg.kafka.position_headers)
+        tables = [t for t in tables if rows.routed(t.relation)]
+        await copy_tables(cfg, client, tables, rows, slot)
+    finally:
+        await trio.to_thread.run_sync(slot.close)
+    await store.aput(Progress("initial", src.slot, "done"))
+    log.event(_log, "initial snapshot done; streaming from the consistent point",
+              slot=src.slot, consistent_point=format_lsn(slot.consistent_point))
+
+
+async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: SnapshotRows,
+                      slot: ExportedSlot) -> None:
+    """Every table of ``tables`` into Kafka, read in ``parallel`` sessions on the exported
+    snapshot; returns once Kafka acknowledged every record."""
+    cp = slot.consistent_point
+    tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
+                   commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
+    report = Reporter("initial snapshot", cfg.log.progress_interval)
+    chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
+    prog_tx, prog_rx = trio.open_memory_channel(CHUNKS * 4)
+    sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
+                     schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
+                     create_topics=cfg.kafka.create_topics)
+    queue = list(enumerate(tables))
+    queue.reverse()
+
+    async def reader(out: trio.MemorySendChannel) -> None:
+        r = await trio.to_thread.run_sync(TableReader, cfg.source.dsn)
+        try:
+            await trio.to_thread.run_sync(r.import_snapshot, slot.snapshot)
+            async with out:
+                while queue:
+                    ordinal, table = queue.pop()
+                    estimate = await trio.to_thread.run_sync(r.estimate, table.table)
+                    report.start(table.name, estimate)
+                    seq = [initial_position(cp, ordinal, 0)[1]]
+
+                    def deliver(batch, table=table, seq=seq):
+                        chunk = trio.from_thread.run_sync(rows.chunk, table.relation, batch,
+                                                          tx, seq[0])
+                        seq[0] += len(batch)
+                        trio.from_thread.run_sync(report.add, table.name, len(batch))
+                        trio.from_thread.run(out.send, [chunk])
+
+                    n = await trio.to_thread.run_sync(r.copy, table.select(), deliver,
+                                                      f"copying {table.name}",
+                                                      abandon_on_cancel=True)
+                    if n >= 1 << TABLE_SHIFT:
+                        raise SourceError(f"table {table.name} has more than 2^40 rows")
+                    report.finish(table.name)
+        finally:
+            await trio.to_thread.run_sync(r.close)
+
+    async def acks() -> None:
+        async for _ in prog_rx:
+            pass
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(report.run)
+        async with trio.open_nursery() as work:
+            work.start_soon(acks)
+            await work.start(sink.run)
+            async with chunk_tx, trio.open_nursery() as readers:
+                for _ in range(max(1, min(cfg.snapshot.parallel, len(tables)))):
+                    readers.start_soon(reader, chunk_tx.clone())
+            # the readers are done; the sink drains and returns once Kafka acknowledged
+            # every record (or raises)
+        outer.cancel_scope.cancel()
+    report.summary()

@@ -1,0 +1,116 @@
+"""Which tables a snapshot reads, as what, and what each route makes of their rows.
+
+Rules (PostgreSQL's initial table sync, ``tablesync.c`` ``fetch_remote_table_info``):
+
+* A table in several publications of one route is copied with the OR of their row filters,
+  and without a filter when any of them has none (FOR ALL TABLES, TABLES IN SCHEMA, or a
+  plain listing) — whatever actions they publish: the copy is not an INSERT, every
+  publication contributes. The column list and ``publish_via_partition_root`` are the
+  stream's (``router.publications.resolve``). Config routes keep their own ``where`` and
+  ``columns``; selector routes take every row.
+* Only leaf tables are read (``FROM ONLY``): a partition's rows go to its root's topic when
+  the route publishes via the root, exactly as its streamed changes do (``TablePlan.row_map``).
+* Only what the slot streams is read: a table none of ``[source] publications`` publishes
+  gets no snapshot; the rows are read as the slot sends them — as the slot's
+  ``publish_as`` table (its columns by name, from the leaf), with the slot's column list,
+  and only rows the slot's publications' filters (combined as above) let through, evaluated
+  by PostgreSQL in the ``WHERE`` of the read.
+* A table's snapshot relation is what a Relation message of the stream would say, so the
+  records' keys, schemas and topics are the streamed ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import msgspec
+
+from router.config import Config, qualified
+from router.pgoutput import Relation
+from router.pgoutput.messages import RelationColumn
+from router.publications import (Catalog, FilterCache, Planner, Publication, TableInfo,
+                                 config_resolver, publication_resolver, resolve)
+from router.routing import RouteSpec
+
+ALL_ACTIONS = frozenset({"insert", "update", "delete", "truncate"})
+_ids = itertools.count(1 << 33)  # relation ids no server oid can take
+
+
+def as_copied(pub: Publication) -> Publication:
+    """A publication as the initial copy sees it: every action contributes its filter."""
+    return msgspec.structs.replace(pub, insert=True, update=True, delete=True)
+
+
+def snapshot_specs(cfg: Config, catalog: Catalog, routes: set[str] | None = None
+                   ) -> list[RouteSpec]:
+    """Route specs whose plans are what the initial copy does for each route (all of them,
+    or the ``routes`` named)."""
+    filters = FilterCache()
+    specs = []
+    for r in cfg.routes:
+        if routes is not None and r.name not in routes:
+            continue
+        tables = frozenset(qualified(t) for t in r.tables)
+        planner = None
+        if r.publication_names():
+            pubs = [as_copied(catalog.publications[p]) for p in r.publication_names()]
+            planner = Planner(r.name, publication_resolver(pubs, catalog), ALL_ACTIONS,
+                              catalog.tables, filters)
+        elif r.where or r.columns:
+            planner = Planner(r.name, config_resolver(tables, r.where, r.columns), ALL_ACTIONS,
+                              catalog.tables, filters)
+        specs.append(RouteSpec(name=r.name, tables=tables, schemas=frozenset(r.schemas),
+                               all_tables=r.all_tables, operations=ALL_ACTIONS, topic=r.topic,
+                               planner=planner))
+    return specs
+
+
+class SnapshotTable(msgspec.Struct, frozen=True):
+    """One leaf table to read."""
+
+    table: tuple[str, str]  # the leaf read
+    relation: Relation  # its rows as the slot sends them
+    where: str | None  # the slot's publications' filter for the copy (SQL), None: all rows
+
+    @property
+    def name(self) -> str:
+        return f"{self.table[0]}.{self.table[1]}"
+
+    def select(self) -> str:
+        cols = ", ".join(ident(c.name) for c in self.relation.columns)
+        sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
+        return sql if self.where is None else f"{sql} WHERE {self.where}"
+
+
+def ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def relation_of(info: TableInfo, columns: frozenset[str] | None) -> Relation:
+    cols = tuple(RelationColumn(1 if c.key else 0, c.name, c.type_oid, c.type_modifier)
+                 for c in info.columns if columns is None or c.name in columns)
+    return Relation(relation_id=next(_ids), namespace=info.schema, name=info.name,
+                    replica_identity=info.replica_identity, columns=cols)
+
+
+def slot_tables(cfg: Config, catalog: Catalog, only: set[tuple[str, str]] | None = None
+                ) -> list[SnapshotTable]:
+    """Every leaf table the slot streams (or those of ``only``, by leaf or partitioned
+    table name), as the slot sends it."""
+    slot_pubs = [as_copied(catalog.publications[p]) for p in cfg.source.publications
+                 if p in catalog.publications]
+    out = []
+    for info in sorted(catalog.tables.values(), key=lambda t: t.qualified):
+        if info.relkind != "r":
+            continue
+        if only is not None and info.qualified not in only and not (
+                set(info.ancestors) & only):
+            continue
+        res = resolve(info, slot_pubs, catalog.tables)
+        if res is None:
+            continue
+        as_info = catalog.tables.get(res.publish_as, info)
+        filters = res.insert_filters
+        where = None if not filters else " OR ".join(f"({f})" for f in filters)
+        out.append(SnapshotTable(info.qualified, relation_of(as_info, res.columns), where))
+    return out

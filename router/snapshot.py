@@ -1,0 +1,221 @@
+"""Snapshots in the core: positions of snapshot records, COPY text rows, watermark and
+progress records, and the chunk window of a backfill. Nothing here does I/O
+(``actors.snapshot`` reads the tables and talks to Kafka).
+
+Rules (README "Snapshots"):
+
+* Positions. A snapshot record must order before every change the stream sends after the
+  rows were read, and no two records of one table may share a position (consumers
+  deduplicate by ``(commit_lsn, seq)``).
+  - Initial snapshot: ``commit_lsn = consistent point - 1`` (every transaction the slot
+    streams commits at or after its consistent point), ``seq = (table ordinal << 40) + row
+    ordinal``, so the tables of one snapshot never share positions, also when several
+    partitions go to one topic. ``lsn`` is the consistent point, ``xid`` 0.
+  - Backfill chunk: the high watermark's transaction position, ``commit_lsn`` of that
+    transaction, ``seq = change_count + row ordinal`` (after the watermark message itself):
+    after every change inside the window and before every change after it.
+* Rows come as PostgreSQL's COPY text format (the types' output functions, exactly what
+  pgoutput sends in text mode): tab-separated, ``\\N`` for NULL, backslash escapes.
+* Watermarks and backfill requests are transactional logical decoding messages with the
+  prefix ``pgrouter.snapshot`` and a JSON body; they are read back from the stream in commit
+  order, so a chunk's window is exactly the stream between its low and high watermark.
+* A chunk row is dropped when the stream changed its key inside the window (insert, update
+  of either key, delete), and every row when the table was truncated there: the change in
+  the stream is newer than the row read, and it flows as usual.
+* Progress records (compacted topic, key ``slot/route/schema.table``) say what is done:
+  ``last_key`` of the last chunk whose records Kafka acknowledged, or ``done``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PREFIX = "pgrouter.snapshot"
+#: bits of ``seq`` left for the row ordinal of one table in an initial snapshot
+TABLE_SHIFT = 40
+
+_UNESCAPE = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+
+
+def initial_position(consistent_point: int, table_ordinal: int, row: int) -> tuple[int, int]:
+    """(commit_lsn, seq) of row ``row`` of the ``table_ordinal``-th table of an initial
+    snapshot taken at ``consistent_point``."""
+    return consistent_point - 1, (table_ordinal << TABLE_SHIFT) + row
+
+
+def _unescape(field: str) -> str:
+    out = []
+    i, n = 0, len(field)
+    while i < n:
+        c = field[i]
+        if c == "\\" and i + 1 < n:
+            nxt = field[i + 1]
+            if nxt in _UNESCAPE:
+                out.append(_UNESCAPE[nxt])
+                i += 2
+                continue
+            if nxt in "01234567":  # \ooo (COPY never writes it, but it may be read)
+                j = i + 1
+                while j < n and j < i + 4 and field[j] in "01234567":
+                    j += 1
+                out.append(chr(int(field[i + 1:j], 8)))
+                i = j
+                continue
+            if nxt == "x" and i + 2 < n and field[i + 2] in "0123456789abcdefABCDEF":
+                j = i + 2
+                while j < n and j < i + 4 and field[j] in "0123456789abcdefABCDEF":
+                    j += 1
+                out.append(chr(int(field[i + 2:j], 16)))
+                i = j
+                continue
+            out.append(nxt)
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def parse_copy_line(line: str) -> tuple:
+    """One row of ``COPY … TO STDOUT`` (text format, without its newline) as a tuple of
+    text values and None."""
+    fields = line.split("\t")
+    if "\\" not in line:
+        return tuple(fields)
+    return tuple(None if f == "\\N" else (_unescape(f) if "\\" in f else f) for f in fields)
+
+
+def parse_copy_data(data: str) -> list[tuple]:
+    """Whole lines of COPY text output (each ending with a newline) as row tuples."""
+    lines = data.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if "\\" not in data:
+        return [tuple(line.split("\t")) for line in lines]
+    return [parse_copy_line(line) for line in lines]
+
+
+# -- watermarks and requests ----------------------------------------------------------------
+
+
+class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The body of a ``pgrouter.snapshot`` message. ``kind``: ``low``/``high`` (a chunk's
+    window; ``chunk`` names it) or ``request`` (``pgrouter snapshot``: backfill ``tables``
+    — empty: every table the routes take — into ``routes``)."""
+
+    kind: str
+    slot: str
+    chunk: str = ""
+    routes: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+
+
+_wm_decoder = msgspec.json.Decoder(Watermark)
+
+
+def encode_watermark(mark: Watermark) -> bytes:
+    return msgspec.json.encode(mark)
+
+
+def decode_watermark(prefix: str, content: bytes) -> Watermark | None:
+    """The watermark a logical message carries, or None when it is not one of ours (or not
+    readable: a message of another program with our prefix is ignored, never fatal)."""
+    if prefix != PREFIX:
+        return None
+    try:
+        return _wm_decoder.decode(content)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+class Progress(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One progress record. ``kind``: ``initial`` (key ``slot``: the initial snapshot of a
+    slot, ``state`` ``started``/``done``) or ``backfill`` (key ``slot/route/schema.table``:
+    ``last_key`` done so far as text values, ``state`` ``running``/``done``)."""
+
+    kind: str
+    slot: str
+    state: str
+    route: str = ""
+    table: str = ""
+    last_key: tuple | None = None
+    rows: int = 0
+
+
+_progress_decoder = msgspec.json.Decoder(Progress)
+
+
+def progress_key(p: Progress) -> bytes:
+    if p.kind == "initial":
+        return f"initial/{p.slot}".encode()
+    return f"backfill/{p.slot}/{p.route}/{p.table}".encode()
+
+
+def encode_progress(p: Progress) -> tuple[bytes, bytes]:
+    return progress_key(p), msgspec.json.encode(p)
+
+
+def decode_progress(value: bytes | None) -> Progress | None:
+    if not value:
+        return None
+    try:
+        return _progress_decoder.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+# -- chunk windows --------------------------------------------------------------------------
+
+
+class ChunkWindow:
+    """The stream between one chunk's low and high watermark, for one table: the keys it
+    changed. ``key_indexes`` are the key columns' positions in the table's rows (as the
+    stream sends them and as the chunk was read)."""
+
+    __slots__ = ("table", "key_indexes", "changed", "truncated")
+
+    def __init__(self, table: tuple[str, str], key_indexes: tuple[int, ...]):
+        self.table = table
+        self.key_indexes = key_indexes
+        self.changed: set[tuple] = set()
+        self.truncated = False
+
+    def _key(self, row: tuple, names: dict[str, int] | None) -> tuple:
+        return tuple(row[i] for i in self.key_indexes)
+
+    def observe(self, op: str, relation, old: tuple | None, new: tuple | None,
+                relations=None) -> None:
+        """One change of the stream inside the window."""
+        if op == "truncate":
+            if any((r.namespace, r.name) == self.table for r in relations or ()):
+                self.truncated = True
+            return
+        if relation is None or (relation.namespace, relation.name) != self.table:
+            return
+        ki = self.key_indexes
+        if old is not None:
+            self.changed.add(tuple(old[i] for i in ki))
+        if new is not None:
+            self.changed.add(tuple(new[i] for i in ki))
+
+    def keep(self, rows: list[tuple]) -> list[tuple]:
+        """The chunk rows the stream did not change inside the window."""
+        if self.truncated:
+            return []
+        if not self.changed:
+            return rows
+        ki, changed = self.key_indexes, self.changed
+        return [r for r in rows if tuple(r[i] for i in ki) not in changed]
+
+
+# -- progress lines -------------------------------------------------------------------------
+
+
+def eta(done: int, total: int, rate: float) -> float | None:
+    """Seconds left at ``rate`` rows/s (None when unknown)."""
+    if rate <= 0 or total <= 0:
+        return None
+    return max(0.0, (total - done) / rate)
