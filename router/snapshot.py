@@ -22,7 +22,7 @@ Rules (README "Snapshots"):
 * A chunk row is dropped when the stream changed its key inside the window (insert, update
   of either key, delete), and every row when the table was truncated there: the change in
   the stream is newer than the row read, and it flows as usual.
-* Progress records (compacted topic, key ``slot/route/schema.table``) say what is done:
+* Progress records (compacted topic, keyed by kind, slot, route and table) say what is done:
   ``last_key`` of the last chunk whose records Kafka acknowledged, or ``done``.
 """
 
@@ -100,8 +100,8 @@ def parse_copy_data(data: str) -> list[tuple]:
 
 class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
     """The body of a ``pgrouter.snapshot`` message. ``kind``: ``low``/``high`` (a chunk's
-    window; ``chunk`` names it) or ``request`` (``pgrouter snapshot``: backfill ``tables``
-    — empty: every table the routes take — into ``routes``)."""
+    window; ``chunk`` names it) or ``request`` (``pgrouter snapshot``, ``chunk`` is its id:
+    backfill ``tables`` — empty: every table the routes take — into ``routes``)."""
 
     kind: str
     slot: str
@@ -132,13 +132,14 @@ def decode_watermark(prefix: str, content: bytes) -> Watermark | None:
 
 
 class Progress(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One progress record. ``kind``: ``initial`` (key ``slot``: the initial snapshot of a
-    slot, ``state`` ``started``/``done``) or ``backfill`` (key ``slot/route/schema.table``:
+    """One progress record. ``kind``: ``initial`` (the initial snapshot of a slot, ``state``
+    ``started``/``done``) or ``backfill`` (one route and table:
     ``last_key`` done so far as text values, ``state`` ``running``/``done``)."""
 
     kind: str
     slot: str
     state: str
+    request: str = ""  # the request's id (a request seen again after a restart is known)
     route: str = ""
     table: str = ""
     last_key: tuple | None = None
@@ -149,9 +150,11 @@ _progress_decoder = msgspec.json.Decoder(Progress)
 
 
 def progress_key(p: Progress) -> bytes:
+    """A JSON object, like every key pgrouter writes."""
     if p.kind == "initial":
-        return f"initial/{p.slot}".encode()
-    return f"backfill/{p.slot}/{p.route}/{p.table}".encode()
+        return msgspec.json.encode({"kind": "initial", "slot": p.slot})
+    return msgspec.json.encode({"kind": "backfill", "slot": p.slot, "route": p.route,
+                                "table": p.table})
 
 
 def encode_progress(p: Progress) -> tuple[bytes, bytes]:
@@ -172,30 +175,42 @@ def decode_progress(value: bytes | None) -> Progress | None:
 
 class ChunkWindow:
     """The stream between one chunk's low and high watermark, for one table: the keys it
-    changed. ``key_indexes`` are the key columns' positions in the table's rows (as the
-    stream sends them and as the chunk was read)."""
+    changed. ``key`` names the key columns; ``row_key`` their positions in the chunk's rows.
+    A table without a key (``key`` empty) is copied whole: any change to it inside the window
+    spoils the copy (``keep`` returns nothing and ``spoiled`` is set)."""
 
-    __slots__ = ("table", "key_indexes", "changed", "truncated")
+    __slots__ = ("table", "key", "row_key", "changed", "spoiled", "_indexes")
 
-    def __init__(self, table: tuple[str, str], key_indexes: tuple[int, ...]):
+    def __init__(self, table: tuple[str, str], key: tuple[str, ...], row_key: tuple[int, ...]):
         self.table = table
-        self.key_indexes = key_indexes
+        self.key = key
+        self.row_key = row_key
         self.changed: set[tuple] = set()
-        self.truncated = False
+        self.spoiled = False
+        self._indexes: tuple = (None, ())  # (relation, key indexes in its columns)
 
-    def _key(self, row: tuple, names: dict[str, int] | None) -> tuple:
-        return tuple(row[i] for i in self.key_indexes)
+    def _key_indexes(self, relation) -> tuple[int, ...] | None:
+        cached = self._indexes
+        if cached[0] is relation:
+            return cached[1]
+        pos = {c.name: i for i, c in enumerate(relation.columns)}
+        idx = tuple(pos[n] for n in self.key) if all(n in pos for n in self.key) else None
+        self._indexes = (relation, idx)
+        return idx
 
     def observe(self, op: str, relation, old: tuple | None, new: tuple | None,
                 relations=None) -> None:
         """One change of the stream inside the window."""
         if op == "truncate":
             if any((r.namespace, r.name) == self.table for r in relations or ()):
-                self.truncated = True
+                self.spoiled = True
             return
         if relation is None or (relation.namespace, relation.name) != self.table:
             return
-        ki = self.key_indexes
+        ki = self._key_indexes(relation)
+        if not self.key or ki is None:
+            self.spoiled = True
+            return
         if old is not None:
             self.changed.add(tuple(old[i] for i in ki))
         if new is not None:
@@ -203,12 +218,12 @@ class ChunkWindow:
 
     def keep(self, rows: list[tuple]) -> list[tuple]:
         """The chunk rows the stream did not change inside the window."""
-        if self.truncated:
+        if self.spoiled:
             return []
         if not self.changed:
             return rows
-        ki, changed = self.key_indexes, self.changed
-        return [r for r in rows if tuple(r[i] for i in ki) not in changed]
+        rk, changed = self.row_key, self.changed
+        return [r for r in rows if tuple(r[i] for i in rk) not in changed]
 
 
 # -- progress lines -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "materialize": "materialize",
     "apply": "apply",
     "status": "status",
+    "snapshot": "snapshot",
 }
 
 HELP: dict[str, str] = {
@@ -34,6 +35,7 @@ HELP: dict[str, str] = {
     "materialize": "materialize topics into Delta tables with Spark Structured Streaming",
     "apply": "apply topics to another PostgreSQL, tagged with a replication origin",
     "status": "the slot (lag, retained WAL) and the routes' topics, for a person or --json",
+    "snapshot": "backfill tables into some routes' topics while the router streams",
 }
 
 

@@ -4,7 +4,8 @@ route (``router.routing``). Keepalives and holds pass through in order.
 Origin filtering (``actors.pipeline.origin_filter``) arrives as ``FilteredTransaction`` (an empty
 final chunk: nothing is published, the end LSN is still registered and confirmed in order)
 and ``RestrictedTransaction`` (routed by a router holding only the routes that publish it;
-``router_for`` builds one per route set). With ``meta`` (``router.transaction_meta``) every
+``router_for`` builds one per route set). ``RoutedChunk``s in the inbox (a backfill's chunk
+records, ``actors.snapshot.backfill``) pass on in order. With ``meta`` (``router.transaction_meta``) every
 transaction that produces records gets BEGIN/END records in its own chunks.
 
 Items go out as lists: everything one incoming batch of events produced, cut whenever
@@ -72,6 +73,9 @@ class RouterActor:
                         group.append(self.router.route_message(ev))
                     elif kind is Keepalive or kind is Hold:
                         group.append(ev)
+                    elif kind is RoutedChunk:  # routed already (backfill chunk records)
+                        group.append(ev)
+                        size += len(ev.records)
                     elif kind is FilteredTransaction:
                         group.append(RoutedChunk(ev.xid, ev.commit_lsn, ev.end_lsn, [], [], True))
                         if metrics is not None:

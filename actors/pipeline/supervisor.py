@@ -42,6 +42,7 @@ from router.transactions import TransactionAssembler
 from router.publications import Catalog
 
 from ..services import log
+from ..snapshot.backfill import backfill_stage
 from ..snapshot.initial import ensure_initial_snapshot
 from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
                                 needs_catalog, route_problems)
@@ -150,6 +151,7 @@ class Supervisor:
         self.metrics = Metrics() if cfg.metrics.listen else None
         self.health = Health()
         self.endpoint: Endpoint | None = None
+        self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
 
     async def run(self) -> int:
         if self.metrics is not None:
@@ -251,6 +253,10 @@ class Supervisor:
                                            spill_dir=src.spill_dir),
             inbox=wal_rx, out=ev_tx, metrics=self.metrics, keys=keys,
             lookup=self._primary_keys)
+        # backfills (watermark windows) see the decoder's output before anything is dropped
+        backfill, ev_rx = backfill_stage(cfg, db=info.db, client=client, flush=flush,
+                                         pending=self.snapshot_pending, inbox=ev_rx,
+                                         buffer=EVENT_BATCHES)
         # origin filter between decoder and router actor, unless nothing can be dropped or the
         # server drops it (PG >= 16, "none" everywhere)
         origin_filter = None
@@ -307,6 +313,8 @@ class Supervisor:
                 await nursery.start(router_actor.run)
                 if origin_filter is not None:
                     await nursery.start(origin_filter.run)
+                if backfill is not None:
+                    await nursery.start(backfill.run)
                 await nursery.start(decoder.run)
                 await nursery.start(slot.run)
                 nursery.start_soon(self._drain_when, slot, caught_up)

@@ -84,12 +84,16 @@ class TableReader:
             row = cur.fetchone()
         return int(row[0]) if row else 0
 
-    def copy(self, select: str, deliver, what: str, batch_rows: int = BATCH_ROWS) -> int:
-        """Runs ``COPY (select) TO STDOUT``; ``deliver(rows)`` gets the rows in batches.
-        Returns the number of rows."""
+    def copy(self, select: str, deliver, what: str, batch_rows: int = BATCH_ROWS,
+             params: tuple | None = None) -> int:
+        """Runs ``COPY (select) TO STDOUT`` (``params`` bound into ``select``, which then
+        has every literal ``%`` doubled);
+        ``deliver(rows)`` gets the rows in batches. Returns the number of rows."""
         sink = _Rows(deliver, batch_rows)
         try:
             with self.conn.cursor() as cur:
+                if params is not None:
+                    select = cur.mogrify(select, params).decode()
                 cur.copy_expert(f"COPY ({select}) TO STDOUT", sink)
         except psycopg2.Error as exc:
             raise _error(exc, what) from exc

@@ -82,6 +82,29 @@ class SnapshotTable(msgspec.Struct, frozen=True):
         return sql if self.where is None else f"{sql} WHERE {self.where}"
 
 
+    def chunk_select(self, key: tuple[str, ...], key_types: tuple[str, ...],
+                     after: tuple | None, limit: int | None) -> tuple[str, tuple]:
+        """The next chunk by key order: rows whose key is after ``after`` (text values),
+        ``limit`` of them: SQL with ``%s`` parameters (every other ``%`` doubled) and the
+        parameters."""
+        cols = ", ".join(ident(c.name) for c in self.relation.columns)
+        sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
+        conds = [] if self.where is None else [f"({self.where})".replace("%", "%%")]
+        params: tuple = ()
+        if after is not None:
+            names = ", ".join(ident(k) for k in key)
+            vals = ", ".join(f"%s::text::{t}" for t in key_types)
+            conds.append(f"({names}) > ({vals})" if len(key) > 1 else f"{names} > {vals}")
+            params = tuple(after)
+        if conds:
+            sql += " WHERE " + " AND ".join(conds)
+        if key:
+            sql += " ORDER BY " + ", ".join(ident(k) for k in key)
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return sql, params
+
+
 def ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 

@@ -1,0 +1,303 @@
+"""Backfills while streaming: chunks read between watermarks (DBLog), for some routes only.
+
+The actor sits between the decoder and the origin filter (it sees every committed
+transaction, in commit order) and runs the chunk drivers.
+
+Rules:
+
+* A request is a transactional ``pgrouter.snapshot`` message of kind ``request`` for this
+  slot (``pgrouter snapshot`` writes it); its jobs are recorded in the progress topic
+  before the request's transaction moves on, so a request the slot confirmed is never lost.
+  A request seen again (the stream replays what was not confirmed) is recognised by its id.
+* A driver, per job: a low watermark (committed), the next ``chunk_rows`` rows by key order
+  read (its own statement, after the low watermark committed), a high watermark. Between
+  the two watermarks in the stream the actor records every key of the table the stream
+  changes; at the high watermark the chunk rows whose key was not changed go out as
+  ``op: "r"`` records of the job's route only, right after the high watermark's
+  transaction and at its position (``router.snapshot``). Changes flow as usual all along.
+* The chunk's records travel through the same sink and progress tracking as changes: the
+  slot's position passes the high watermark only once they are acknowledged. The driver
+  waits for that, then records the chunk's last key in the progress topic and goes on;
+  after a ``kill -9`` a job resumes after the last key recorded (the chunk in flight is
+  read again: at most one chunk per job is written twice). Watermarks of a chunk this
+  process does not know (replayed after a restart) are ignored.
+* Memory: one chunk per running job (``[snapshot] parallel`` jobs at a time).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import trio
+
+from router.config import Config
+from router.envelope import TxContext
+from router.snapshot import (PREFIX, ChunkWindow, Progress, Watermark, decode_watermark,
+                             encode_watermark)
+from router.transactions import Transaction
+
+from ..pipeline.mailbox import Latest
+from ..services import log
+from ..services.catalog import load_catalog
+from ..services.sql import SqlSession
+from .initial import type_names
+from .jobs import Job, plan_jobs, route_rows
+from .reader import TableReader
+from .report import Reporter
+from .store import ProgressStore
+
+_log = log.get("snapshot")
+#: jobs waiting for a driver at most
+JOBS = 4096
+INITIAL = "initial"
+
+
+class _Chunk:
+    __slots__ = ("job", "rows", "window", "emitted", "end_lsn", "spoiled")
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.rows: list | None = None
+        self.window: ChunkWindow | None = None
+        self.emitted = trio.Event()
+        self.end_lsn = 0
+        self.spoiled = False
+
+
+class BackfillActor:
+    def __init__(self, *, cfg: Config, db: str, client, flush: Latest,
+                 resume_initial: bool = False):
+        self.cfg = cfg
+        self.db = db
+        self.slot = cfg.source.slot
+        self.flush = flush
+        self.store = ProgressStore(cfg, client)
+        self.resume_initial = resume_initial
+        self.inbox: trio.MemoryReceiveChannel | None = None
+        self.out: trio.MemorySendChannel | None = None
+        self.chunks: dict[str, _Chunk] = {}
+        self.open: list[_Chunk] = []
+        self.rows: dict[str, object] = {}  # route -> SnapshotRows
+        self.report = Reporter("backfill", cfg.log.progress_interval)
+        self._jobs_tx, self._jobs_rx = trio.open_memory_channel(JOBS)
+        self._initial_left = 0
+
+    # -- the stream ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+            self.sql = sql
+            await self._start()
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.cfg.snapshot.parallel):
+                    nursery.start_soon(self._driver)
+                nursery.start_soon(self.report.run)
+                await self._pump()
+                nursery.cancel_scope.cancel()
+
+    async def _pump(self) -> None:
+        async with self.inbox, self.out:
+            async for events in self.inbox:
+                out = []
+                for ev in events:
+                    out.append(ev)
+                    if type(ev) is not Transaction:
+                        continue
+                    mark = self._mark(ev) if ev.change_count == 1 else None
+                    if mark is not None:
+                        chunk = await self._watermark(mark, ev)
+                        if chunk is not None:
+                            out.append(chunk)
+                    elif self.open:
+                        for change in ev.changes:
+                            for c in self.open:
+                                c.window.observe(change.op, change.relation, change.old,
+                                                 change.new, change.relations)
+                await self.out.send(out)
+
+    def _mark(self, txn: Transaction) -> Watermark | None:
+        for change in txn.changes:
+            if change.op != "message" or change.message.prefix != PREFIX:
+                return None
+            mark = decode_watermark(change.message.prefix, change.message.content)
+            return mark if mark is not None and mark.slot == self.slot else None
+        return None
+
+    async def _watermark(self, mark: Watermark, txn: Transaction):
+        if mark.kind == "request":
+            await self._request(mark.chunk, list(mark.routes), list(mark.tables))
+            return None
+        chunk = self.chunks.get(mark.chunk)
+        if chunk is None:
+            return None  # a chunk of an earlier run
+        job = chunk.job
+        if mark.kind == "low":
+            rel = job.table.relation
+            chunk.window = ChunkWindow((rel.namespace, rel.name), job.key, job.row_key)
+            self.open.append(chunk)
+            return None
+        if mark.kind != "high" or chunk.window is None:
+            return None
+        self.open.remove(chunk)
+        kept = chunk.window.keep(chunk.rows or [])
+        chunk.spoiled = chunk.window.spoiled
+        tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
+                       commit_time=txn.commit_time)
+        routed = self.rows[job.route].chunk(job.table.relation, kept, tx, txn.change_count)
+        chunk.end_lsn = txn.end_lsn
+        chunk.emitted.set()
+        return routed
+
+    # -- requests and jobs --------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        """Resumes the jobs the progress topic says are running, and an interrupted initial
+        snapshot."""
+        records = await self.store.aload()
+        running = [p for p in records.values() if p.kind == "backfill" and p.slot == self.slot
+                   and p.state == "running"]
+        if running or self.resume_initial:
+            await self._reload()
+        for p in running:
+            jobs, problems = await self._plan(p.request, [p.route], [p.table])
+            for problem in problems:
+                log.event(_log, "backfill cannot resume", problem=problem)
+            for job in jobs:
+                job.last_key, job.rows = p.last_key, p.rows
+                self._queue(job)
+                log.event(_log, "backfill resumed", route=job.route, table=job.name,
+                          after_key=list(p.last_key or ()), rows_done=p.rows)
+        if self.resume_initial:
+            await self._request(INITIAL, [r.name for r in self.cfg.routes], [])
+
+    async def _reload(self) -> None:
+        self.catalog = await load_catalog(self.sql, self.cfg)
+        self.rows = {}
+
+    async def _plan(self, request: str, routes: list[str], tables: list[str]):
+        jobs, problems = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, request,
+                                         routes, tables, type_names,
+                                         whole_keyless=request == INITIAL)
+        for job in jobs:
+            if job.route not in self.rows:
+                self.rows[job.route] = route_rows(self.cfg, self.catalog, self.db, job.route,
+                                                  await type_names(self.sql, [job.table]))
+        return jobs, problems
+
+    async def _request(self, request: str, routes: list[str], tables: list[str]) -> None:
+        await self._reload()
+        jobs, problems = await self._plan(request, routes, tables)
+        for problem in problems:
+            log.event(_log, "backfill refused", request=request, problem=problem)
+        fresh = []
+        for job in jobs:
+            seen = self.store.get(Progress("backfill", self.slot, "", route=job.route,
+                                           table=job.name))
+            if seen is not None and seen.request == request:
+                continue  # already known: running (resumed) or done
+            fresh.append(job)
+        if request == INITIAL:
+            self._initial_left = len(fresh) + sum(
+                1 for p in self.store.records.values() if p.kind == "backfill"
+                and p.request == INITIAL and p.state == "running")
+            if not self._initial_left:
+                await self.store.aput(Progress("initial", self.slot, "done"))
+        for job in fresh:
+            await self.store.aput(self._progress(job, "running"))
+        for job in fresh:
+            self._queue(job)
+            log.event(_log, "backfill requested", request=request, route=job.route,
+                      table=job.name, key=list(job.key))
+
+    def _queue(self, job: Job) -> None:
+        try:
+            self._jobs_tx.send_nowait(job)
+        except trio.WouldBlock:
+            log.event(_log, "backfill refused", problem=f"more than {JOBS} jobs waiting",
+                      route=job.route, table=job.name)
+
+    def _progress(self, job: Job, state: str) -> Progress:
+        return Progress("backfill", self.slot, state, request=job.request, route=job.route,
+                        table=job.name, last_key=job.last_key, rows=job.rows)
+
+    # -- drivers ------------------------------------------------------------------------------
+
+    async def _driver(self) -> None:
+        async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+            reader = await trio.to_thread.run_sync(TableReader, self.cfg.source.dsn)
+            try:
+                async for job in self._jobs_rx:
+                    await self._job(job, sql, reader)
+            finally:
+                await trio.to_thread.run_sync(reader.close)
+
+    async def _emit(self, sql: SqlSession, mark: Watermark) -> None:
+        await sql.execute("select pg_logical_emit_message(true, $1, $2::text)", PREFIX,
+                          encode_watermark(mark).decode())
+
+    async def _durable(self, lsn: int) -> None:
+        while self.flush.value < lsn:
+            if self.flush.closed:  # the pipeline is stopping: the chunk is redone next time
+                await trio.sleep_forever()
+            await self.flush.wait_changed()
+
+    async def _job(self, job: Job, sql: SqlSession, reader: TableReader) -> None:
+        limit = self.cfg.snapshot.chunk_rows if job.key else None
+        estimate = await trio.to_thread.run_sync(reader.estimate, job.table.table)
+        self.report.start(job.name, estimate)
+        self.report.add(job.name, job.rows)
+        while True:
+            cid = uuid.uuid4().hex
+            chunk = self.chunks[cid] = _Chunk(job)
+            try:
+                await self._emit(sql, Watermark("low", self.slot, chunk=cid))
+                select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
+                                                        limit)
+                rows: list = []
+                await trio.to_thread.run_sync(reader.copy, select, rows.extend,
+                                              f"reading a chunk of {job.name}", 2000, params,
+                                              abandon_on_cancel=True)
+                chunk.rows = rows
+                await self._emit(sql, Watermark("high", self.slot, chunk=cid))
+                await chunk.emitted.wait()
+            finally:
+                del self.chunks[cid]
+            await self._durable(chunk.end_lsn)
+            if chunk.spoiled:
+                continue  # a keyless table changed while it was copied: copy it again
+            done = limit is None or len(rows) < limit
+            if rows and job.key:
+                job.last_key = tuple(rows[-1][i] for i in job.row_key)
+            job.rows += len(rows)
+            self.report.add(job.name, len(rows))
+            await self.store.aput(self._progress(job, "done" if done else "running"))
+            if done:
+                self.report.finish(job.name)
+                await self._job_done(job)
+                return
+
+    async def _job_done(self, job: Job) -> None:
+        if job.request == INITIAL and self._initial_left > 0:
+            self._initial_left -= 1
+            if not self._initial_left:
+                await self.store.aput(Progress("initial", self.slot, "done"))
+                log.event(_log, "initial snapshot finished by backfill", slot=self.slot)
+
+
+def backfill_stage(cfg: Config, *, db: str, client, flush: Latest, pending: list,
+                   inbox: trio.MemoryReceiveChannel, buffer: int):
+    """The backfill actor wired after ``inbox`` (None when the slot sends no logical
+    messages: watermarks could not be seen) and the channel the next actor reads."""
+    if not cfg.source.messages:
+        if pending:
+            from router.errors import ConfigError
+
+            raise ConfigError("an interrupted initial snapshot is finished by backfill, which "
+                              "needs logical messages", path="source.messages")
+        return None, inbox
+    actor = BackfillActor(cfg=cfg, db=db, client=client, flush=flush,
+                          resume_initial=bool(pending))
+    tx, rx = trio.open_memory_channel(buffer)
+    actor.inbox, actor.out = inbox, tx
+    return actor, rx

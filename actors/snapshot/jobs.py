@@ -1,0 +1,118 @@
+"""Backfill jobs: what a request (``pgrouter snapshot``, or an interrupted initial snapshot)
+asks for, checked against the catalog — one job per (route, table).
+
+Rules:
+
+* A route's tables are those it takes among the tables the slot streams
+  (``actors.snapshot.tables.slot_tables``); ``--table`` names narrow them (a partitioned table
+  names its leaves).
+* Chunks go by the table's key: the replica identity (the primary key, or the index of
+  REPLICA IDENTITY USING INDEX), or the primary key of a REPLICA IDENTITY FULL table — the
+  columns the stream's changes are keyed by, so a change inside a window names the chunk
+  row it replaces. A table without one cannot be backfilled by chunks: a request is refused
+  for it (one clear line); only the resumption of an initial snapshot copies such a table
+  whole between two watermarks.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from router.config import Config, qualified
+from router.errors import ConfigError
+from router.routing import ChangeRouter
+from router.snapshot_rows import SnapshotRows
+
+from ..services.sql import SqlSession
+from .tables import SnapshotTable, ident, slot_tables, snapshot_specs
+
+_PRIMARY_KEY = """
+select array_agg(a.attname::text order by array_position(i.indkey::int2[], a.attnum))
+from pg_index i join pg_attribute a on a.attrelid = i.indrelid and a.attnum = any(i.indkey::int2[])
+where i.indrelid = to_regclass($1) and i.indisprimary
+"""
+
+_TYPES = """
+select a.attname::text as name, format_type(a.atttypid, a.atttypmod) as type
+from pg_attribute a where a.attrelid = to_regclass($1) and a.attname = any($2::text[])
+"""
+
+
+class Job(msgspec.Struct):
+    request: str
+    route: str
+    table: SnapshotTable
+    key: tuple[str, ...]
+    key_types: tuple[str, ...]
+    row_key: tuple[int, ...]
+    last_key: tuple | None = None
+    rows: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+
+async def table_key(sql: SqlSession, table: SnapshotTable) -> tuple[tuple, tuple, tuple]:
+    """(key columns, their SQL types, their positions in the rows), empty without a key."""
+    rel = table.relation
+    qname = f"{ident(table.table[0])}.{ident(table.table[1])}"
+    if rel.replica_identity == "f":
+        key = tuple(await sql.fetchval(_PRIMARY_KEY, qname) or ())
+    else:
+        key = tuple(c.name for c in rel.columns if c.flags & 1)
+    names = [c.name for c in rel.columns]
+    if not key or not set(key) <= set(names):
+        return (), (), ()
+    types = {r["name"]: r["type"] for r in await sql.fetch(_TYPES, qname, list(key))}
+    if set(types) != set(key):
+        return (), (), ()
+    return key, tuple(types[k] for k in key), tuple(names.index(k) for k in key)
+
+
+def route_rows(cfg: Config, catalog, db: str, route: str, type_names: dict) -> SnapshotRows:
+    return SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog, {route}), db=db,
+                                     type_names=type_names),
+                        position_headers=cfg.kafka.position_headers)
+
+
+async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str,
+                    routes: list[str], tables: list[str], type_names, *,
+                    whole_keyless: bool = False) -> tuple[list[Job], list[str]]:
+    """The jobs of a request, and the problems that refuse parts of it (one line each)."""
+    problems: list[str] = []
+    known = {r.name for r in cfg.routes}
+    only = None
+    if tables:
+        only = set()
+        for t in tables:
+            try:
+                only.add(qualified(t))
+            except ConfigError:
+                problems.append(f"table {t!r}: write it schema.table")
+    leaves = slot_tables(cfg, catalog, only)
+    if only:
+        found = {t.table for t in leaves} | {a for t in leaves
+                                            for a in catalog.tables[t.table].ancestors}
+        for t in sorted(only - found):
+            problems.append(f"table {t[0]}.{t[1]} is not streamed by the slot's publications "
+                            "(source.publications)")
+    names = await type_names(sql, leaves)
+    jobs = []
+    for route in routes:
+        if route not in known:
+            problems.append(f"route {route!r} is not in the config")
+            continue
+        rows = route_rows(cfg, catalog, db, route, names)
+        taken = [t for t in leaves if rows.routed(t.relation)]
+        if only and not taken:
+            problems.append(f"route {route!r} takes none of the tables named")
+        for t in taken:
+            key, types, row_key = await table_key(sql, t)
+            if not key and not whole_keyless:
+                problems.append(f"table {t.name} has no primary key or replica identity "
+                                "index: it cannot be backfilled in chunks (only the initial "
+                                "snapshot copies it)")
+                continue
+            jobs.append(Job(request, route, t, key, types, row_key))
+    return jobs, problems

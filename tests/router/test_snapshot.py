@@ -1,0 +1,144 @@
+"""The snapshot core: COPY text rows, positions, watermarks, progress records, chunk windows
+and snapshot rows routed with each route's copy semantics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.envelope import TxContext
+from router.pgoutput import Relation
+from router.pgoutput.messages import RelationColumn
+from router.publications import FilterCache, Planner, config_resolver
+from router.routing import ChangeRouter, RouteSpec
+from router.snapshot import (PREFIX, TABLE_SHIFT, ChunkWindow, Progress, Watermark,
+                             decode_progress, decode_watermark, encode_progress,
+                             encode_watermark, eta, initial_position, parse_copy_data,
+                             parse_copy_line)
+from router.snapshot_rows import SnapshotRows
+
+REL = Relation(relation_id=1, namespace="public", name="t", replica_identity="d",
+               columns=(RelationColumn(1, "id", 23, -1), RelationColumn(0, "v", 25, -1),
+                        RelationColumn(0, "n", 23, -1)))
+
+
+@pytest.mark.parametrize("line, row", [
+    ("1\tabc\t\\N", ("1", "abc", None)),
+    ("2\ta\\tb\\nc\\\\d\t3", ("2", "a\tb\nc\\d", "3")),
+    ("3\t\\\\N\t4", ("3", "\\N", "4")),  # the text \N, not NULL
+    ("4\t\\r\\b\\f\\v\t\\101\\x41", ("4", "\r\b\f\v", "AA")),
+    ("5\t\t", ("5", "", "")),
+])
+def test_copy_text_rows(line, row):
+    assert parse_copy_line(line) == row
+    assert parse_copy_data(line + "\n" + line + "\n") == [row, row]
+
+
+def test_null_only_rows_without_backslashes_elsewhere():
+    assert parse_copy_data("1\t\\N\n") == [("1", None)]
+
+
+def test_initial_positions_order_before_the_consistent_point_and_never_collide():
+    a = initial_position(1000, 0, 5)
+    b = initial_position(1000, 1, 0)
+    assert a[0] == b[0] == 999
+    assert a[1] < b[1] and b[1] == 1 << TABLE_SHIFT
+
+
+def test_watermarks_round_trip_and_foreign_messages_are_ignored():
+    mark = Watermark("request", "s", chunk="abc", routes=("r",), tables=("public.t",))
+    assert decode_watermark(PREFIX, encode_watermark(mark)) == mark
+    assert decode_watermark("other", encode_watermark(mark)) is None
+    assert decode_watermark(PREFIX, b"not json") is None
+    assert decode_watermark(PREFIX, b'{"kind": 1}') is None
+
+
+def test_progress_records_are_keyed_by_slot_route_and_table():
+    p = Progress("backfill", "s", "running", request="q", route="r", table="public.t",
+                 last_key=("7",), rows=3)
+    key, value = encode_progress(p)
+    assert json.loads(key) == {"kind": "backfill", "slot": "s", "route": "r",
+                               "table": "public.t"}
+    assert decode_progress(value) == p
+    assert decode_progress(b"junk") is None
+    assert json.loads(encode_progress(Progress("initial", "s", "done"))[0]) == {
+        "kind": "initial", "slot": "s"}
+
+
+def _rel(name="t", cols=REL.columns):
+    return Relation(relation_id=2, namespace="public", name=name, replica_identity="d",
+                    columns=cols)
+
+
+def test_window_drops_rows_whose_key_the_stream_changed():
+    w = ChunkWindow(("public", "t"), ("id",), (0,))
+    rows = [("1", "a", "1"), ("2", "b", "2"), ("3", "c", "3"), ("4", "d", "4"),
+            ("5", "e", "5")]
+    w.observe("insert", _rel(), None, ("2", "x", "0"))  # inserted inside the window
+    w.observe("update", _rel(), ("3", None, None), ("30", "c", "3"))  # key changed: both keys
+    w.observe("delete", _rel(), ("4", None, None), None)
+    w.observe("update", _rel("other"), None, ("5", "z", "0"))  # another table
+    assert w.keep(rows) == [("1", "a", "1"), ("5", "e", "5")]
+    assert w.changed == {("2",), ("3",), ("30",), ("4",)}
+
+
+def test_window_keys_by_name_in_the_streamed_layout():
+    # the stream's relation lists the columns in another order (e.g. a partition's root)
+    cols = (RelationColumn(0, "v", 25, -1), RelationColumn(1, "id", 23, -1))
+    w = ChunkWindow(("public", "t"), ("id",), (0,))
+    w.observe("update", _rel(cols=cols), None, ("x", "1"))
+    assert w.keep([("1", "a"), ("2", "b")]) == [("2", "b")]
+
+
+def test_truncate_inside_the_window_drops_the_chunk():
+    w = ChunkWindow(("public", "t"), ("id",), (0,))
+    w.observe("truncate", None, None, None, relations=(_rel(),))
+    assert w.spoiled and w.keep([("1",)]) == []
+
+
+def test_keyless_table_copy_is_spoiled_by_any_change():
+    w = ChunkWindow(("public", "t"), (), ())
+    assert w.keep([("1",)]) == [("1",)]
+    w.observe("insert", _rel(), None, ("9", "x", "1"))
+    assert w.spoiled and w.keep([("1",)]) == []
+
+
+def test_eta():
+    assert eta(50, 100, 10.0) == 5.0
+    assert eta(50, 0, 10.0) is None and eta(5, 10, 0.0) is None
+
+
+def _snapshot_rows(where: str | None, columns: list[str] | None) -> SnapshotRows:
+    filters = FilterCache()
+    planner = Planner("f", config_resolver(frozenset({("public", "t")}), where, columns),
+                      frozenset({"insert", "update", "delete", "truncate"}), {}, filters)
+    specs = [RouteSpec(name="all", all_tables=True),
+             RouteSpec(name="f", tables=frozenset({("public", "t")}), planner=planner),
+             RouteSpec(name="none", tables=frozenset({("public", "u")}))]
+    return SnapshotRows(ChangeRouter(specs, db="db"), position_headers=True)
+
+
+def test_snapshot_rows_follow_each_routes_filter_and_column_list():
+    rows = _snapshot_rows("n > 1", ["id", "n"])
+    tx = TxContext(xid=0, commit_lsn=99, end_lsn=100, commit_time=0)
+    chunk = rows.chunk(REL, [("1", "a", "1"), ("2", None, "2"), ("3", "c", None)], tx, 10)
+    by_topic: dict = {}
+    for topic, key, value, headers in chunk.records:
+        by_topic.setdefault(topic, []).append((json.loads(key), json.loads(value), headers))
+    assert sorted(by_topic) == ["all.public.t", "f.public.t"]
+    assert [v["after"] for _, v, _ in by_topic["all.public.t"]] == [
+        {"id": 1, "v": "a", "n": 1}, {"id": 2, "v": None, "n": 2}, {"id": 3, "v": "c", "n": None}]
+    # NULL fails the filter, as in PostgreSQL; the column list drops v
+    assert [(k, v["after"]) for k, v, _ in by_topic["f.public.t"]] == [({"id": 2}, {"id": 2, "n": 2})]
+    for _, v, headers in by_topic["all.public.t"] + by_topic["f.public.t"]:
+        assert v["op"] == "r" and v["before"] is None
+        assert v["source"]["commit_lsn"] == 99
+        assert dict(headers)["pgrouter.commit_lsn"] == b"99"
+    # the same row has the same position on every route
+    assert by_topic["f.public.t"][0][1]["source"]["seq"] == \
+        by_topic["all.public.t"][1][1]["source"]["seq"] == 11
+    assert {t for t, _ in chunk.new_topics} == {"all.public.t", "f.public.t"}
+    assert len(chunk.schemas) == 2
+    again = rows.chunk(REL, [("4", "d", "4")], tx, 13)
+    assert again.schemas == [] and again.new_topics == []
