@@ -184,3 +184,61 @@ columns = ["id", "n"]
         if sub is not None:
             sub.drop()
         pg.drop_slot(slot)
+
+
+def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_bootstrap,
+                                                              tmp_path):
+    """The router died after creating its slot, before the copy was done: the next start
+    streams from the slot's consistent point and copies the tables by backfill."""
+    from kafka import KafkaProducer
+
+    from router.snapshot import Progress, encode_progress
+    from tests.e2e.test_backfill import progress, wait_for
+    from tests.helpers import start_router
+
+    pg = Pg(pg_dsn)
+    u = unique("snapi")
+    t, nokey = f"t_{u}", f"nk_{u}"
+    pg.run(f"create table {t}(id int primary key, v text)")
+    pg.run(f"create table {nokey}(a int)")
+    pg.run(f"insert into {t} select g, 'v' || g from generate_series(1, 300) g")
+    pg.run(f"insert into {nokey} select g from generate_series(1, 10) g")
+    pg.run(f"create publication sp_{u} for table {t}, {nokey}")
+    slot = f"{u}_router"
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    producer.send("pgrouter.snapshots", *reversed(encode_progress(
+        Progress("initial", slot, "started")))).get(timeout=30)
+    producer.close()
+    pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", slot)
+    # changes after the consistent point, before the router comes back
+    pg.run(f"update {t} set v = 'u' where id <= 20")
+    pg.run(f"delete from {t} where id between 290 and 295")
+    pg.run(f"insert into {t} values (1000, 'new')")
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot,
+                       publications=[f"sp_{u}"], bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r_{u}"\ntables = ["{t}", "{nokey}"]\n',
+                       extra="[snapshot]\nchunk_rows = 40\n")
+    log = tmp_path / "router.log"
+    proc = start_router(cfg, log)
+    try:
+        def initial_done():
+            return any(r["value"]["kind"] == "initial" and r["value"]["slot"] == slot
+                       and r["value"]["state"] == "done"
+                       for r in read_topic(kafka_bootstrap, "pgrouter.snapshots"))
+        wait_for("the initial snapshot to be finished", initial_done, log)
+        assert {p["table"] for p in progress(kafka_bootstrap, slot)
+                if p["state"] == "done"} == {f"public.{t}", f"public.{nokey}"}
+        lsn = pg.one("select pg_current_wal_lsn()::text")
+        wait_for("the router to catch up", lambda: pg.one(
+            "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
+            "slot_name = %s", lsn, slot), log)
+    finally:
+        from tests.helpers import kill9
+
+        kill9(proc)
+        pg.drop_slot(slot)
+    assert topic_rows(kafka_bootstrap, f"r_{u}.public.{t}", ["id"], ["id", "v"]) == \
+        table_rows(pg.conn, t, ["id", "v"])
+    nk = read_topic(kafka_bootstrap, f"r_{u}.public.{nokey}")
+    assert sorted(r["value"]["after"]["a"] for r in nk) == list(range(1, 11))
+    assert "finishing it by backfill" in log.read_text()
