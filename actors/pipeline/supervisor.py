@@ -216,7 +216,8 @@ class Supervisor:
                   confirmed_lsn=format_lsn(info.start_lsn),
                   until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None,
                   hot_path=native.describe(), kafka_client=self.cfg.kafka.client)
-        if self.until_lsn is not None and info.start_lsn >= self.until_lsn:
+        if (self.until_lsn is not None and info.start_lsn >= self.until_lsn
+                and not self.snapshot_pending):
             log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
             return
         client = await trio.to_thread.run_sync(self.client_factory, cfg)
@@ -254,9 +255,9 @@ class Supervisor:
             inbox=wal_rx, out=ev_tx, metrics=self.metrics, keys=keys,
             lookup=self._primary_keys)
         # backfills (watermark windows) see the decoder's output before anything is dropped
-        backfill, ev_rx = backfill_stage(cfg, db=info.db, client=client, flush=flush,
-                                         pending=self.snapshot_pending, inbox=ev_rx,
-                                         buffer=EVENT_BATCHES)
+        backfill, ev_rx, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
+                                               pending=self.snapshot_pending, inbox=ev_rx,
+                                               buffer=EVENT_BATCHES, caught_up=caught_up)
         # origin filter between decoder and router actor, unless nothing can be dropped or the
         # server drops it (PG >= 16, "none" everywhere)
         origin_filter = None
@@ -317,7 +318,7 @@ class Supervisor:
                     await nursery.start(backfill.run)
                 await nursery.start(decoder.run)
                 await nursery.start(slot.run)
-                nursery.start_soon(self._drain_when, slot, caught_up)
+                nursery.start_soon(self._drain_when, slot, done)
                 self._streaming(True, "streaming")
             reloader.cancel_scope.cancel()
         if self.until_lsn is not None and flush.value >= self.until_lsn:

@@ -23,11 +23,16 @@ class SqlSession:
         self._conn = conn
 
     @classmethod
-    async def connect(cls, dsn: str, *, timeout: float = 10.0) -> "SqlSession":
+    async def connect(cls, dsn: str, *, timeout: float = 10.0, utc: bool = True,
+                      application_name: str = "pgrouter") -> "SqlSession":
+        """``utc=False`` keeps the server's TimeZone (as the walsender session does: values
+        read as text then print as the stream prints them)."""
+        settings = {"application_name": application_name}
+        if utc:
+            settings["TimeZone"] = "UTC"
         try:
             conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(
-                dsn, timeout=timeout, server_settings={"application_name": "pgrouter",
-                                                       "TimeZone": "UTC"})
+                dsn, timeout=timeout, server_settings=settings)
         except _CONNECT_ERRORS as exc:
             raise SourceUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
         return cls(conn)
@@ -47,6 +52,17 @@ class SqlSession:
     async def execute(self, query: str, *args):
         try:
             return await trio_asyncio.aio_as_trio(self._conn.execute)(query, *args)
+        except _CONNECT_ERRORS as exc:
+            raise SourceUnavailable(f"PostgreSQL connection lost: {exc}") from exc
+
+    async def copy_out(self, query: str, *args, sink) -> None:
+        """``COPY (query) TO STDOUT`` in text format (``query`` is the SELECT); ``sink(data)``, a trio async function,
+        gets the bytes as they arrive (in pieces that may split a row)."""
+        async def output(data: bytes) -> None:
+            await trio_asyncio.trio_as_aio(sink)(data)
+        try:
+            await trio_asyncio.aio_as_trio(self._conn.copy_from_query)(query, *args,
+                                                                      output=output)
         except _CONNECT_ERRORS as exc:
             raise SourceUnavailable(f"PostgreSQL connection lost: {exc}") from exc
 

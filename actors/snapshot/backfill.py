@@ -81,6 +81,11 @@ class BackfillActor:
         self.report = Reporter("backfill", cfg.log.progress_interval)
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel(JOBS)
         self._initial_left = 0
+        self._active = 0  # jobs queued or running
+        #: ``caught_up`` (set by the progress actor) and every backfill job done: what
+        #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
+        self.caught_up: trio.Event | None = None
+        self.finished = trio.Event()
 
     # -- the stream ---------------------------------------------------------------------------
 
@@ -93,8 +98,16 @@ class BackfillActor:
                 for _ in range(self.cfg.snapshot.parallel):
                     nursery.start_soon(self._driver)
                 nursery.start_soon(self.report.run)
+                if self.caught_up is not None:
+                    nursery.start_soon(self._finish_when_caught_up)
                 await self._pump()
                 nursery.cancel_scope.cancel()
+
+    async def _finish_when_caught_up(self) -> None:
+        await self.caught_up.wait()
+        while self._active:
+            await trio.sleep(0.1)
+        self.finished.set()
 
     async def _pump(self) -> None:
         async with self.inbox, self.out:
@@ -213,6 +226,7 @@ class BackfillActor:
     def _queue(self, job: Job) -> None:
         try:
             self._jobs_tx.send_nowait(job)
+            self._active += 1
         except trio.WouldBlock:
             log.event(_log, "backfill refused", problem=f"more than {JOBS} jobs waiting",
                       route=job.route, table=job.name)
@@ -225,12 +239,16 @@ class BackfillActor:
 
     async def _driver(self) -> None:
         async with await SqlSession.connect(self.cfg.source.dsn) as sql:
-            reader = await trio.to_thread.run_sync(TableReader, self.cfg.source.dsn)
+            reader = await TableReader.open(self.cfg.source.dsn)
             try:
                 async for job in self._jobs_rx:
-                    await self._job(job, sql, reader)
+                    try:
+                        await self._job(job, sql, reader)
+                    finally:
+                        self._active -= 1
             finally:
-                await trio.to_thread.run_sync(reader.close)
+                with trio.CancelScope(shield=True):
+                    await reader.close()
 
     async def _emit(self, sql: SqlSession, mark: Watermark) -> None:
         await sql.execute("select pg_logical_emit_message(true, $1, $2::text)", PREFIX,
@@ -244,7 +262,7 @@ class BackfillActor:
 
     async def _job(self, job: Job, sql: SqlSession, reader: TableReader) -> None:
         limit = self.cfg.snapshot.chunk_rows if job.key else None
-        estimate = await trio.to_thread.run_sync(reader.estimate, job.table.table)
+        estimate = await reader.estimate(job.table.table)
         self.report.start(job.name, estimate)
         self.report.add(job.name, job.rows)
         while True:
@@ -255,9 +273,10 @@ class BackfillActor:
                 select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
                                                         limit)
                 rows: list = []
-                await trio.to_thread.run_sync(reader.copy, select, rows.extend,
-                                              f"reading a chunk of {job.name}", 2000, params,
-                                              abandon_on_cancel=True)
+
+                async def keep(batch: list) -> None:
+                    rows.extend(batch)
+                await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
                 chunk.rows = rows
                 await self._emit(sql, Watermark("high", self.slot, chunk=cid))
                 await chunk.emitted.wait()
@@ -286,18 +305,20 @@ class BackfillActor:
 
 
 def backfill_stage(cfg: Config, *, db: str, client, flush: Latest, pending: list,
-                   inbox: trio.MemoryReceiveChannel, buffer: int):
+                   inbox: trio.MemoryReceiveChannel, buffer: int, caught_up: trio.Event):
     """The backfill actor wired after ``inbox`` (None when the slot sends no logical
-    messages: watermarks could not be seen) and the channel the next actor reads."""
+    messages: watermarks could not be seen), the channel the next actor reads, and the event
+    that says the pipeline caught up with every backfill done (``caught_up`` without the
+    actor)."""
     if not cfg.source.messages:
         if pending:
             from router.errors import ConfigError
 
             raise ConfigError("an interrupted initial snapshot is finished by backfill, which "
                               "needs logical messages", path="source.messages")
-        return None, inbox
+        return None, inbox, caught_up
     actor = BackfillActor(cfg=cfg, db=db, client=client, flush=flush,
                           resume_initial=bool(pending))
     tx, rx = trio.open_memory_channel(buffer)
-    actor.inbox, actor.out = inbox, tx
-    return actor, rx
+    actor.inbox, actor.out, actor.caught_up = inbox, tx, caught_up
+    return actor, rx, actor.finished

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extras
 import trio
 
@@ -169,31 +170,28 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
     queue.reverse()
 
     async def reader(out: trio.MemorySendChannel) -> None:
-        r = await trio.to_thread.run_sync(TableReader, cfg.source.dsn)
+        r = await TableReader.open(cfg.source.dsn)
         try:
-            await trio.to_thread.run_sync(r.import_snapshot, slot.snapshot)
+            await r.import_snapshot(slot.snapshot)
             async with out:
                 while queue:
                     ordinal, table = queue.pop()
-                    estimate = await trio.to_thread.run_sync(r.estimate, table.table)
-                    report.start(table.name, estimate)
+                    report.start(table.name, await r.estimate(table.table))
                     seq = [initial_position(cp, ordinal, 0)[1]]
 
-                    def deliver(batch, table=table, seq=seq):
-                        chunk = trio.from_thread.run_sync(rows.chunk, table.relation, batch,
-                                                          tx, seq[0])
+                    async def deliver(batch, table=table, seq=seq):
+                        chunk = rows.chunk(table.relation, batch, tx, seq[0])
                         seq[0] += len(batch)
-                        trio.from_thread.run_sync(report.add, table.name, len(batch))
-                        trio.from_thread.run(out.send, [chunk])
+                        report.add(table.name, len(batch))
+                        await out.send([chunk])
 
-                    n = await trio.to_thread.run_sync(r.copy, table.select(), deliver,
-                                                      f"copying {table.name}",
-                                                      abandon_on_cancel=True)
+                    n = await r.copy(table.select(), deliver, f"copying {table.name}")
                     if n >= 1 << TABLE_SHIFT:
                         raise SourceError(f"table {table.name} has more than 2^40 rows")
                     report.finish(table.name)
         finally:
-            await trio.to_thread.run_sync(r.close)
+            with trio.CancelScope(shield=True):
+                await r.close()
 
     async def acks() -> None:
         async for _ in prog_rx:

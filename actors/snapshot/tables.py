@@ -85,15 +85,14 @@ class SnapshotTable(msgspec.Struct, frozen=True):
     def chunk_select(self, key: tuple[str, ...], key_types: tuple[str, ...],
                      after: tuple | None, limit: int | None) -> tuple[str, tuple]:
         """The next chunk by key order: rows whose key is after ``after`` (text values),
-        ``limit`` of them: SQL with ``%s`` parameters (every other ``%`` doubled) and the
-        parameters."""
+        ``limit`` of them: SQL with ``$n`` parameters, and the parameters."""
         cols = ", ".join(ident(c.name) for c in self.relation.columns)
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
-        conds = [] if self.where is None else [f"({self.where})".replace("%", "%%")]
+        conds = [] if self.where is None else [f"({self.where})"]
         params: tuple = ()
         if after is not None:
             names = ", ".join(ident(k) for k in key)
-            vals = ", ".join(f"%s::text::{t}" for t in key_types)
+            vals = ", ".join(f"${i}::text::{t}" for i, t in enumerate(key_types, start=1))
             conds.append(f"({names}) > ({vals})" if len(key) > 1 else f"{names} > {vals}")
             params = tuple(after)
         if conds:

@@ -133,7 +133,7 @@ columns = ["id", "n"]
     sub = None
     try:
         proc = run_router(cfg, timeout=120)
-        assert "initial snapshot done" in proc.stderr
+        assert "initial snapshot done" in proc.stderr, proc.stderr[-3000:]
         # a real subscription of the publication route's publications, copying the same rows
         sub = CopyingSubscriber(pg, f"{u}_s", [f"p1_{u}", f"p2_{u}", f"pr_{u}"], ddl)
         sub.wait_synced(pg.one("select pg_current_wal_lsn()::text"))
