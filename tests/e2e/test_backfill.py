@@ -27,7 +27,7 @@ pytestmark = pytest.mark.services
 
 DEADLINE = 120
 CHUNK = 25
-COLS = ["id", "v", "n"]
+COLS = ["id", "v", "n", "f", "b", "j", "ts", "arr", "flag"]
 
 
 class Writer(threading.Thread):
@@ -93,9 +93,13 @@ def test_backfill_of_one_route_under_concurrent_writes(pg_dsn, kafka_bootstrap, 
     pg = Pg(pg_dsn)
     u = unique("bf")
     t, nokey = f"t_{u}", f"nk_{u}"
-    pg.run(f"create table {t}(id int primary key, v text, n int)")
+    pg.run(f"create table {t}(id int primary key, v text, n int, f float8 default 0.25, "
+           "b bytea default '\\x00ff', j jsonb default '{\"a\": [1, \"x\\ty\"]}', "
+           "ts timestamptz default '2026-01-01 00:00:00.123456+00', "
+           "arr text[] default '{a,\"b c\",NULL}', flag bool default true)")
     pg.run(f"create table {nokey}(a int)")
-    pg.run(f"insert into {t} select g, 'v' || g, g from generate_series(1, 400) g")
+    pg.run(f"insert into {t}(id, v, n, f, flag) select g, case when g % 9 = 0 then null else "
+           f"'v' || g || E'\\t\\\\' end, g, g + 0.5, g % 2 = 0 from generate_series(1, 400) g")
     pg.run(f"create publication sp_{u} for table {t}, {nokey}")
     slot = f"{u}_router"
     routes = f"""
@@ -151,7 +155,7 @@ tables = ["{t}", "{nokey}"]
     folded = fold_rows(recs, ["id"])
     got = {tuple(pg_text(r.get(c)) for c in COLS) for r in folded.values()}
     with pg.conn.cursor() as cur:
-        cur.execute(f"select id::text, v, n::text from {t}")
+        cur.execute(f"select {', '.join(c + '::text' for c in COLS)} from {t}")
         want = set(cur.fetchall())
     assert got == want, sorted(got ^ want)[:20]
     snap = [r for r in recs if r["value"]["op"] == "r"]
