@@ -42,7 +42,7 @@ from ..services.catalog import load_catalog
 from ..services.sql import SqlSession
 from .initial import type_names
 from .jobs import Job, plan_jobs, route_rows
-from .reader import TableReader
+from .reader import TableReader, close_session
 from .report import Reporter
 from .store import ProgressStore
 
@@ -90,8 +90,10 @@ class BackfillActor:
     # -- the stream ---------------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with await SqlSession.connect(self.cfg.source.dsn) as sql:
-            self.sql = sql
+        # SQL sessions are opened when a backfill needs them: a router without backfills
+        # keeps only its usual connections
+        self.sql: SqlSession | None = None
+        try:
             await self._start()
             task_status.started()
             async with trio.open_nursery() as nursery:
@@ -102,6 +104,9 @@ class BackfillActor:
                     nursery.start_soon(self._finish_when_caught_up)
                 await self._pump()
                 nursery.cancel_scope.cancel()
+        finally:
+            if self.sql is not None:
+                await close_session(self.sql)
 
     async def _finish_when_caught_up(self) -> None:
         await self.caught_up.wait()
@@ -185,6 +190,8 @@ class BackfillActor:
             await self._request(INITIAL, [r.name for r in self.cfg.routes], [])
 
     async def _reload(self) -> None:
+        if self.sql is None:
+            self.sql = await SqlSession.connect(self.cfg.source.dsn)
         self.catalog = await load_catalog(self.sql, self.cfg)
         self.rows = {}
 
@@ -238,17 +245,22 @@ class BackfillActor:
     # -- drivers ------------------------------------------------------------------------------
 
     async def _driver(self) -> None:
-        async with await SqlSession.connect(self.cfg.source.dsn) as sql:
-            reader = await TableReader.open(self.cfg.source.dsn)
-            try:
-                async for job in self._jobs_rx:
-                    try:
-                        await self._job(job, sql, reader)
-                    finally:
-                        self._active -= 1
-            finally:
-                with trio.CancelScope(shield=True):
-                    await reader.close()
+        sql = reader = None
+        try:
+            async for job in self._jobs_rx:
+                try:
+                    if sql is None:
+                        sql = await SqlSession.connect(self.cfg.source.dsn)
+                    if reader is None:
+                        reader = await TableReader.open(self.cfg.source.dsn)
+                    await self._job(job, sql, reader)
+                finally:
+                    self._active -= 1
+        finally:
+            if sql is not None:
+                await close_session(sql)
+            if reader is not None:
+                await reader.close()
 
     async def _emit(self, sql: SqlSession, mark: Watermark) -> None:
         await sql.execute("select pg_logical_emit_message(true, $1, $2::text)", PREFIX,

@@ -45,7 +45,7 @@ from ..pipeline.sink import SinkActor, TopicSpec
 from ..services import log
 from ..services.catalog import load_catalog
 from ..services.sql import SqlSession
-from .reader import TableReader
+from .reader import TableReader, session
 from .report import Reporter
 from .store import ProgressStore
 from .tables import SnapshotTable, slot_tables, snapshot_specs
@@ -109,7 +109,7 @@ async def ensure_initial_snapshot(cfg: Config, client_factory) -> list[str]:
     src = cfg.source
     if cfg.snapshot.mode != "initial" or not src.create_slot:
         return []
-    async with await SqlSession.connect(src.dsn) as sql:
+    async with session(src.dsn) as sql:
         exists = await sql.fetchval("select exists (select 1 from pg_replication_slots "
                                     "where slot_name = $1)", src.slot)
         client = await trio.to_thread.run_sync(client_factory, cfg)
@@ -190,8 +190,7 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
                         raise SourceError(f"table {table.name} has more than 2^40 rows")
                     report.finish(table.name)
         finally:
-            with trio.CancelScope(shield=True):
-                await r.close()
+            await r.close()
 
     async def acks() -> None:
         async for _ in prog_rx:

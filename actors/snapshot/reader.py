@@ -19,11 +19,16 @@ Rules:
 from __future__ import annotations
 
 import asyncpg
+import trio
 
 from router.errors import SourceError
 from router.snapshot import parse_copy_data
 
 from ..services.sql import SqlSession
+
+#: seconds a session may take to close, shielded from cancellation (a close cancelled
+#: half-way makes asyncpg report a lost connection to the event loop)
+CLOSE_TIMEOUT = 5.0
 
 #: rows handed over at a time (about)
 BATCH_ROWS = 2000
@@ -83,4 +88,24 @@ class TableReader:
         return state["count"]
 
     async def close(self) -> None:
-        await self.sql.close()
+        await close_session(self.sql)
+
+
+async def close_session(sql: SqlSession) -> None:
+    with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+        scope.shield = True
+        await sql.close()
+
+
+class session:
+    """``async with session(dsn) as sql``: a ``SqlSession`` closed shielded."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+
+    async def __aenter__(self) -> SqlSession:
+        self.sql = await SqlSession.connect(self.dsn)
+        return self.sql
+
+    async def __aexit__(self, *exc) -> None:
+        await close_session(self.sql)
