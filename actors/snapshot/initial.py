@@ -16,11 +16,12 @@ Rules:
   ``done`` after Kafka acknowledged every snapshot record; only then does the stream start
   (from the consistent point: nothing missed, nothing read twice). The slot's position is
   not confirmed by anything here.
-* A start that finds its slot with an initial snapshot ``started`` but not ``done`` (the
-  router was killed while copying) finishes it as a backfill of every routed table
+* A table whose records Kafka acknowledged is recorded done, per route. A start that finds
+  its slot with an initial snapshot ``started`` but not ``done`` (the router was killed
+  while copying) finishes it as a backfill of the routed tables not recorded done
   (``actors.snapshot.backfill``): the slot streams from its consistent point, so every change
-  since the rows already written is in the stream, and the tables are read again by key
-  chunks between watermarks.
+  since the rows already written is in the stream, and those tables are read again by key
+  chunks between watermarks (rows of the tables in flight are written twice).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from router.routing import ChangeRouter
 from router.snapshot import Progress, TABLE_SHIFT, initial_position
 from router.snapshot_rows import SnapshotRows
 
-from ..pipeline.mailbox import CHUNKS
+from ..pipeline.mailbox import CHUNKS, Done
 from ..pipeline.sink import SinkActor, TopicSpec
 from ..services import log
 from ..services.catalog import load_catalog
@@ -145,7 +146,7 @@ async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) 
         rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db, type_names=names),
                             position_headers=cfg.kafka.position_headers)
         tables = [t for t in tables if rows.routed(t.relation)]
-        await copy_tables(cfg, client, tables, rows, slot)
+        await copy_tables(cfg, client, tables, rows, slot, store)
     finally:
         await trio.to_thread.run_sync(slot.close)
     await store.aput(Progress("initial", src.slot, "done"))
@@ -154,9 +155,11 @@ async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) 
 
 
 async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: SnapshotRows,
-                      slot: ExportedSlot) -> None:
+                      slot: ExportedSlot, store: ProgressStore) -> None:
     """Every table of ``tables`` into Kafka, read in ``parallel`` sessions on the exported
-    snapshot; returns once Kafka acknowledged every record."""
+    snapshot; returns once Kafka acknowledged every record. A table whose records are all
+    acknowledged is recorded done (per route) in the progress topic: if the snapshot is
+    interrupted, finishing it by backfill leaves that table alone."""
     cp = slot.consistent_point
     tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
                    commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
@@ -168,6 +171,19 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
                      create_topics=cfg.kafka.create_topics)
     queue = list(enumerate(tables))
     queue.reverse()
+    # the sink numbers chunks in the order they reach it, one ticket each (every chunk is
+    # final): ``order[ticket]`` is the chunk's table. Nothing awaits between the append and
+    # the send, and blocked senders are served in order, so the channel keeps that order.
+    order: list[str] = []
+    pending = {t.name: 0 for t in tables}
+    read: set[str] = set()
+    routes_of = {t.name: sorted({p.route for p in rows.router.plans_for(t.relation)})
+                 for t in tables}
+
+    async def durable(name: str) -> None:
+        for route in routes_of[name]:
+            await store.aput(Progress("backfill", cfg.source.slot, "done", request="initial",
+                                      route=route, table=name))
 
     async def reader(out: trio.MemorySendChannel) -> None:
         r = await TableReader.open(cfg.source.dsn)
@@ -183,18 +199,28 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
                         chunk = rows.chunk(table.relation, batch, tx, seq[0])
                         seq[0] += len(batch)
                         report.add(table.name, len(batch))
+                        order.append(table.name)
+                        pending[table.name] += 1
                         await out.send([chunk])
 
                     n = await r.copy(table.select(), deliver, f"copying {table.name}")
                     if n >= 1 << TABLE_SHIFT:
                         raise SourceError(f"table {table.name} has more than 2^40 rows")
                     report.finish(table.name)
+                    read.add(table.name)
+                    if not pending[table.name]:
+                        await durable(table.name)
         finally:
             await r.close()
 
     async def acks() -> None:
-        async for _ in prog_rx:
-            pass
+        async for events in prog_rx:
+            for ev in events:
+                if type(ev) is Done:
+                    name = order[ev.ticket]
+                    pending[name] -= 1
+                    if not pending[name] and name in read:
+                        await durable(name)
 
     async with trio.open_nursery() as outer:
         outer.start_soon(report.run)

@@ -134,6 +134,12 @@ columns = ["id", "n"]
     try:
         proc = run_router(cfg, timeout=120)
         assert "initial snapshot done" in proc.stderr, proc.stderr[-3000:]
+        from tests.e2e.test_backfill import progress
+
+        done = {(p["route"], p["table"]) for p in progress(kafka_bootstrap, slot)
+                if p["state"] == "done" and p["request"] == "initial"}
+        assert {(f"all_{u}", f"public.{t}"), (f"all_{u}", f"public.{nokey}"),
+                (f"root_{u}", f"public.{leaf2}"), (f"pub_{u}", f"public.{t}")} <= done
         # a real subscription of the publication route's publications, copying the same rows
         sub = CopyingSubscriber(pg, f"{u}_s", [f"p1_{u}", f"p2_{u}", f"pr_{u}"], ddl)
         sub.wait_synced(pg.one("select pg_current_wal_lsn()::text"))
@@ -188,8 +194,8 @@ columns = ["id", "n"]
 
 def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_bootstrap,
                                                               tmp_path):
-    """The router died after creating its slot, before the copy was done: the next start
-    streams from the slot's consistent point and copies the tables by backfill."""
+    """The router died after creating its slot, having copied one table: the next start
+    streams from the slot's consistent point and copies the other tables by backfill."""
     from kafka import KafkaProducer
 
     from router.snapshot import Progress, encode_progress
@@ -198,16 +204,22 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
 
     pg = Pg(pg_dsn)
     u = unique("snapi")
-    t, nokey = f"t_{u}", f"nk_{u}"
+    t, nokey, nokey2 = f"t_{u}", f"nk_{u}", f"nk2_{u}"
     pg.run(f"create table {t}(id int primary key, v text)")
     pg.run(f"create table {nokey}(a int)")
+    pg.run(f"create table {nokey2}(a int)")
+    pg.run(f"insert into {nokey2} select g from generate_series(1, 5) g")
     pg.run(f"insert into {t} select g, 'v' || g from generate_series(1, 300) g")
     pg.run(f"insert into {nokey} select g from generate_series(1, 10) g")
-    pg.run(f"create publication sp_{u} for table {t}, {nokey}")
+    pg.run(f"create publication sp_{u} for table {t}, {nokey}, {nokey2}")
     slot = f"{u}_router"
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
-    producer.send("pgrouter.snapshots", *reversed(encode_progress(
-        Progress("initial", slot, "started")))).get(timeout=30)
+    for p in (Progress("initial", slot, "started"),
+              # the keyless table was copied before the crash
+              Progress("backfill", slot, "done", request="initial", route=f"r_{u}",
+                       table=f"public.{nokey}")):
+        key, value = encode_progress(p)
+        producer.send("pgrouter.snapshots", key=key, value=value).get(timeout=30)
     producer.close()
     pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", slot)
     # changes after the consistent point, before the router comes back
@@ -216,7 +228,8 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
     pg.run(f"insert into {t} values (1000, 'new')")
     cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot,
                        publications=[f"sp_{u}"], bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "r_{u}"\ntables = ["{t}", "{nokey}"]\n',
+                       routes=f'[[routes]]\nname = "r_{u}"\n'
+                              f'tables = ["{t}", "{nokey}", "{nokey2}"]\n',
                        extra="[snapshot]\nchunk_rows = 40\n")
     log = tmp_path / "router.log"
     proc = start_router(cfg, log)
@@ -227,7 +240,8 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
                        for r in read_topic(kafka_bootstrap, "pgrouter.snapshots"))
         wait_for("the initial snapshot to be finished", initial_done, log)
         assert {p["table"] for p in progress(kafka_bootstrap, slot)
-                if p["state"] == "done"} == {f"public.{t}", f"public.{nokey}"}
+                if p["state"] == "done"} == {f"public.{t}", f"public.{nokey}",
+                                             f"public.{nokey2}"}
         lsn = pg.one("select pg_current_wal_lsn()::text")
         wait_for("the router to catch up", lambda: pg.one(
             "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
@@ -239,6 +253,9 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
         pg.drop_slot(slot)
     assert topic_rows(kafka_bootstrap, f"r_{u}.public.{t}", ["id"], ["id", "v"]) == \
         table_rows(pg.conn, t, ["id", "v"])
-    nk = read_topic(kafka_bootstrap, f"r_{u}.public.{nokey}")
-    assert sorted(r["value"]["after"]["a"] for r in nk) == list(range(1, 11))
+    # the table recorded done is not copied again
+    assert read_topic(kafka_bootstrap, f"r_{u}.public.{nokey}") == []
+    # a keyless table is copied whole between two watermarks
+    nk2 = read_topic(kafka_bootstrap, f"r_{u}.public.{nokey2}")
+    assert sorted(r["value"]["after"]["a"] for r in nk2) == [1, 2, 3, 4, 5]
     assert "finishing it by backfill" in log.read_text()
