@@ -47,7 +47,7 @@ class Writer(threading.Thread):
         t, rng = self.table, self.rng
         with self.conn.cursor() as cur:
             while not self.stop.is_set():
-                k = rng.randrange(1, 700)
+                k = rng.randrange(1, 1600)
                 op = rng.random()
                 if op < 0.25:  # many keys at once: windows catch changes to chunk rows
                     cur.execute(f"update {t} set n = n + 1 where id %% 11 = %s", (k % 11,))
@@ -99,7 +99,7 @@ def test_backfill_of_one_route_under_concurrent_writes(pg_dsn, kafka_bootstrap, 
            "arr text[] default '{a,\"b c\",NULL}', flag bool default true)")
     pg.run(f"create table {nokey}(a int)")
     pg.run(f"insert into {t}(id, v, n, f, flag) select g, case when g % 9 = 0 then null else "
-           f"'v' || g || E'\\t\\\\' end, g, g + 0.5, g % 2 = 0 from generate_series(1, 400) g")
+           f"'v' || g || E'\\t\\\\' end, g, g + 0.5, g % 2 = 0 from generate_series(1, 1500) g")
     pg.run(f"create publication sp_{u} for table {t}, {nokey}")
     slot = f"{u}_router"
     routes = f"""
@@ -128,9 +128,13 @@ tables = ["{t}", "{nokey}"]
         asked = snapshot_cmd(cfg, f"new_{u}", t)
         assert asked.returncode == 0, asked.stderr
         if crash:
-            wait_for("a chunk done", lambda: any(p["state"] == "running" and p.get("rows")
-                                                 for p in progress(kafka_bootstrap, slot)), log)
+            # a few chunks done (a restart from the beginning would write them all again)
+            wait_for("chunks done", lambda: any(p["state"] == "running"
+                                                and p.get("rows", 0) >= 4 * CHUNK
+                                                for p in progress(kafka_bootstrap, slot)), log)
             kill9(proc)
+            # killed in the middle: the backfill is not done
+            assert not any(p["state"] == "done" for p in progress(kafka_bootstrap, slot))
             proc = start_router(cfg, log)
         wait_for("the backfill", lambda: any(p["state"] == "done" and p["table"] ==
                                              f"public.{t}"
