@@ -77,11 +77,11 @@ class BackfillActor:
         self.out: trio.MemorySendChannel | None = None
         self.chunks: dict[str, _Chunk] = {}
         self.open: list[_Chunk] = []
-        self.rows: dict[str, object] = {}  # route -> SnapshotRows
         self.report = Reporter("backfill", cfg.log.progress_interval)
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel(JOBS)
         self._initial_left = 0
         self._active = 0  # jobs queued or running
+        self._running: set[tuple[str, str]] = set()  # their (route, table)
         #: ``caught_up`` (set by the progress actor) and every backfill job done: what
         #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
         self.caught_up: trio.Event | None = None
@@ -162,7 +162,7 @@ class BackfillActor:
         chunk.spoiled = chunk.window.spoiled
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
                        commit_time=txn.commit_time)
-        routed = self.rows[job.route].chunk(job.table.relation, kept, tx, txn.change_count)
+        routed = job.encoder.chunk(job.table.relation, kept, tx, txn.change_count)
         chunk.end_lsn = txn.end_lsn
         chunk.emitted.set()
         return routed
@@ -193,16 +193,18 @@ class BackfillActor:
         if self.sql is None:
             self.sql = await SqlSession.connect(self.cfg.source.dsn)
         self.catalog = await load_catalog(self.sql, self.cfg)
-        self.rows = {}
 
     async def _plan(self, request: str, routes: list[str], tables: list[str]):
         jobs, problems = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, request,
                                          routes, tables, type_names,
                                          whole_keyless=request == INITIAL)
+        names = await type_names(self.sql, [job.table for job in jobs])
+        encoders: dict = {}  # one per route: a schema or topic is announced once
         for job in jobs:
-            if job.route not in self.rows:
-                self.rows[job.route] = route_rows(self.cfg, self.catalog, self.db, job.route,
-                                                  await type_names(self.sql, [job.table]))
+            job.encoder = encoders.get(job.route)
+            if job.encoder is None:
+                job.encoder = encoders[job.route] = route_rows(self.cfg, self.catalog, self.db,
+                                                               job.route, names)
         return jobs, problems
 
     async def _request(self, request: str, routes: list[str], tables: list[str]) -> None:
@@ -216,6 +218,9 @@ class BackfillActor:
                                            table=job.name))
             if seen is not None and seen.request == request:
                 continue  # already known: running (resumed) or done
+            if (job.route, job.name) in self._running:
+                log.event(_log, "backfill already running", route=job.route, table=job.name)
+                continue
             fresh.append(job)
         if request == INITIAL:
             self._initial_left = len(fresh) + sum(
@@ -234,6 +239,7 @@ class BackfillActor:
         try:
             self._jobs_tx.send_nowait(job)
             self._active += 1
+            self._running.add((job.route, job.name))
         except trio.WouldBlock:
             log.event(_log, "backfill refused", problem=f"more than {JOBS} jobs waiting",
                       route=job.route, table=job.name)
@@ -256,6 +262,7 @@ class BackfillActor:
                     await self._job(job, sql, reader)
                 finally:
                     self._active -= 1
+                    self._running.discard((job.route, job.name))
         finally:
             if sql is not None:
                 await close_session(sql)

@@ -47,6 +47,8 @@ class Job(msgspec.Struct):
     row_key: tuple[int, ...]
     last_key: tuple | None = None
     rows: int = 0
+    #: the route's ``SnapshotRows`` (with the type names of the request's tables)
+    encoder: object = None
 
     @property
     def name(self) -> str:
