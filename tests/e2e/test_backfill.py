@@ -169,3 +169,37 @@ tables = ["{t}", "{nokey}"]
     old = read_topic(kafka_bootstrap, f"old_{u}.public.{t}")
     assert old and all(r["value"]["op"] != "r" for r in old)
     assert "backfill: table done" in log.read_text()
+
+
+def test_backfill_requested_while_the_router_is_down(pg_dsn, kafka_bootstrap, tmp_path):
+    """A request waits in the WAL; ``pgrouter run --until-caught-up`` backfills it before it
+    exits."""
+    from tests.helpers import run_router
+
+    pg = Pg(pg_dsn)
+    u = unique("bfd")
+    t = f"t_{u}"
+    pg.run(f"create table {t}(k text, n int, v text, primary key (k, n))")
+    pg.run(f"insert into {t} select 'k' || (g % 7), g, 'v' || g from generate_series(1, 90) g")
+    pg.run(f"create publication sp_{u} for table {t}")
+    slot = f"{u}_router"
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot,
+                       publications=[f"sp_{u}"], bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r_{u}"\ntables = ["{t}"]\n',
+                       extra="[snapshot]\nmode = \"never\"\nchunk_rows = 10\n")
+    try:
+        run_router(cfg)  # creates the slot, no snapshot
+        assert read_topic(kafka_bootstrap, f"r_{u}.public.{t}") == []
+        asked = snapshot_cmd(cfg, f"r_{u}", t)
+        assert asked.returncode == 0, asked.stderr
+        assert "key=k,n" in asked.stdout
+        pg.run(f"delete from {t} where n < 10")
+        proc = run_router(cfg)
+        assert "backfill: table done" in proc.stderr
+    finally:
+        pg.drop_slot(slot)
+    folded = fold_rows(read_topic(kafka_bootstrap, f"r_{u}.public.{t}"), ["k", "n"])
+    with pg.conn.cursor() as cur:
+        cur.execute(f"select k, n, v from {t}")
+        want = {(k, n, v) for k, n, v in cur.fetchall()}
+    assert {(r["k"], r["n"], r["v"]) for r in folded.values()} == want
