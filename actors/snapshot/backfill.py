@@ -38,7 +38,7 @@ from router.transactions import Transaction
 
 from ..pipeline.mailbox import Latest
 from ..services import log
-from ..services.catalog import load_catalog
+from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
 from .initial import type_names
 from .jobs import Job, plan_jobs, route_rows
@@ -199,12 +199,13 @@ class BackfillActor:
                                          routes, tables, type_names,
                                          whole_keyless=request == INITIAL)
         names = await type_names(self.sql, [job.table for job in jobs])
+        pks = await load_primary_keys(self.sql) if jobs else {}
         encoders: dict = {}  # one per route: a schema or topic is announced once
         for job in jobs:
             job.encoder = encoders.get(job.route)
             if job.encoder is None:
                 job.encoder = encoders[job.route] = route_rows(self.cfg, self.catalog, self.db,
-                                                               job.route, names)
+                                                               job.route, names, pks)
         return jobs, problems
 
     async def _request(self, request: str, routes: list[str], tables: list[str]) -> None:

@@ -44,7 +44,7 @@ from router.snapshot_rows import SnapshotRows
 from ..pipeline.mailbox import CHUNKS, Done
 from ..pipeline.sink import SinkActor, TopicSpec
 from ..services import log
-from ..services.catalog import load_catalog
+from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
 from .reader import TableReader, session
 from .report import Reporter
@@ -143,7 +143,9 @@ async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) 
     try:
         tables = slot_tables(cfg, catalog)
         names = await type_names(sql, tables)
-        rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db, type_names=names),
+        # records keyed as the stream keys them (the primary key whenever there is one)
+        rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db, type_names=names,
+                                         primary_keys=await load_primary_keys(sql)),
                             position_headers=cfg.kafka.position_headers)
         tables = [t for t in tables if rows.routed(t.relation)]
         await copy_tables(cfg, client, tables, rows, slot, store)

@@ -72,9 +72,12 @@ async def table_key(sql: SqlSession, table: SnapshotTable) -> tuple[tuple, tuple
     return key, tuple(types[k] for k in key), tuple(names.index(k) for k in key)
 
 
-def route_rows(cfg: Config, catalog, db: str, route: str, type_names: dict) -> SnapshotRows:
+def route_rows(cfg: Config, catalog, db: str, route: str, type_names: dict,
+               primary_keys: dict | None = None) -> SnapshotRows:
+    """The route's snapshot records; ``primary_keys`` key them as the stream's records are
+    keyed (``router.keys``)."""
     return SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog, {route}), db=db,
-                                     type_names=type_names),
+                                     type_names=type_names, primary_keys=primary_keys),
                         position_headers=cfg.kafka.position_headers)
 
 

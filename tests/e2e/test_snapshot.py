@@ -82,7 +82,8 @@ def test_initial_snapshot_then_stream_equals_tables_and_subscription(pg_dsn, kaf
                                                                      tmp_path):
     pg = Pg(pg_dsn)
     u = unique("snap")
-    t, parent, leaf1, leaf2, nokey = (f"{n}_{u}" for n in ("t", "par", "l1", "l2", "nk"))
+    t, parent, leaf1, leaf2, nokey, full = (f"{n}_{u}" for n in ("t", "par", "l1", "l2", "nk",
+                                                                   "full"))
     ddl = f"""
         create table {t}(id int primary key, b text, n numeric(10,2), flag bool,
                          ts timestamptz, arr int[], j jsonb);
@@ -92,6 +93,9 @@ def test_initial_snapshot_then_stream_equals_tables_and_subscription(pg_dsn, kaf
         create table {nokey}(a int, b text);
     """
     pg.run(ddl)
+    pg.run(f"create table {full}(id int primary key, v text); "
+           f"alter table {full} replica identity full; "
+           f"insert into {full} select g, 'f' || g from generate_series(1, 30) g")
     pg.run(f"""
         insert into {t} select g, case when g % 7 = 0 then null else 'r' || g || E'\\t\\\\x\\n' end,
                g * 1.5, g % 3 = 0, '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 h',
@@ -106,13 +110,13 @@ def test_initial_snapshot_then_stream_equals_tables_and_subscription(pg_dsn, kaf
             with (publish = 'delete');
         create publication pr_{u} for table {parent} where (id % 2 = 0)
             with (publish_via_partition_root = true);
-        create publication sp_{u} for table {t}, {parent}, {nokey};
+        create publication sp_{u} for table {t}, {parent}, {nokey}, {full};
     """)
     slot = f"{u}_router"
     routes = f"""
 [[routes]]
 name = "all_{u}"
-tables = ["{t}", "{leaf1}", "{leaf2}", "{nokey}"]
+tables = ["{t}", "{leaf1}", "{leaf2}", "{nokey}", "{full}"]
 
 [[routes]]
 name = "pub_{u}"
@@ -151,6 +155,8 @@ columns = ["id", "n"]
                f" on conflict (id) do update set b = 'conflict'")
         pg.run(f"update {parent} set v = 'w' where id in (2, 150)")
         pg.run(f"delete from {parent} where id in (4, 151)")
+        pg.run(f"update {full} set v = 'g' where id < 5")
+        pg.run(f"delete from {full} where id = 6")
         run_router(cfg, timeout=120)
 
         def topic(route, table):
@@ -161,6 +167,11 @@ columns = ["id", "n"]
         for leaf in (leaf1, leaf2):
             assert topic_rows(kafka_bootstrap, topic("all", leaf), ["id"], ["id", "v"]) == \
                 table_rows(pg.conn, leaf, ["id", "v"])
+        # REPLICA IDENTITY FULL: snapshot and stream records both keyed by the primary key
+        full_recs = read_topic(kafka_bootstrap, topic("all", full))
+        assert all(set(r["key"]) == {"id"} for r in full_recs)
+        assert topic_rows(kafka_bootstrap, topic("all", full), ["id"], ["id", "v"]) == \
+            table_rows(pg.conn, full, ["id", "v"])
         # a keyless table: every row once, as a snapshot record
         nk = read_topic(kafka_bootstrap, topic("all", nokey))
         assert sorted(r["value"]["after"]["a"] for r in nk) == list(range(1, 21))
