@@ -21,12 +21,16 @@ Rules (README "Snapshots"):
   order, so a chunk's window is exactly the stream between its low and high watermark.
 * A chunk row is dropped when the stream changed its key inside the window (insert, update
   of either key, delete), and every row when the table was truncated there: the change in
-  the stream is newer than the row read, and it flows as usual.
+  the stream is newer than the row read, and it flows as usual. The same holds for a
+  transaction committed just before the low watermark that the chunk's read could not see
+  yet (``RecentChanges``).
 * Progress records (compacted topic, keyed by kind, slot, route and table) say what is done:
   ``last_key`` of the last chunk whose records Kafka acknowledged, or ``done``.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import msgspec
 
@@ -224,6 +228,47 @@ class ChunkWindow:
             return rows
         rk, changed = self.row_key, self.changed
         return [r for r in rows if tuple(r[i] for i in rk) not in changed]
+
+
+class RecentChanges:
+    """The last ``limit`` changes of the tables being backfilled, with their transaction's
+    xid, numbered in stream order.
+
+    Why: PostgreSQL makes a transaction visible a moment after its commit record is written,
+    so a transaction committed just before a low watermark can still be invisible to the
+    chunk's read. Its changes are in the stream before the window; the chunk's read names it
+    in its snapshot's in-progress list (``xip``), and ``replay`` feeds its changes to the
+    window, so the rows it changed are dropped from the chunk like changes inside it."""
+
+    __slots__ = ("changes", "count")
+
+    def __init__(self, limit: int = 8192):
+        self.changes: deque = deque(maxlen=limit)  # (number, xid, change)
+        self.count = 0
+
+    def add(self, xid: int, change) -> None:
+        self.count += 1
+        self.changes.append((self.count, xid, change))
+
+    def replay(self, window: "ChunkWindow", upto: int, xids: frozenset[int]) -> None:
+        """Changes numbered ``upto`` or lower of the transactions ``xids`` into ``window``."""
+        if not xids:
+            return
+        for n, xid, change in self.changes:
+            if n > upto:
+                break
+            if xid in xids:
+                window.observe(change.op, change.relation, change.old, change.new,
+                               change.relations)
+
+
+def snapshot_xip(text: str) -> frozenset[int]:
+    """The in-progress transactions of ``pg_current_snapshot()`` (``xmin:xmax:xip,…``, 64-bit
+    xids) as the 32-bit xids the stream carries."""
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[2]:
+        return frozenset()
+    return frozenset(int(x) & 0xFFFFFFFF for x in parts[2].split(","))
 
 
 # -- progress lines -------------------------------------------------------------------------

@@ -10,11 +10,13 @@ Rules:
   before the request's transaction moves on, so a request the slot confirmed is never lost.
   A request seen again (the stream replays what was not confirmed) is recognised by its id.
 * A driver, per job: a low watermark (committed), the next ``chunk_rows`` rows by key order
-  read (its own statement, after the low watermark committed), a high watermark. Between
+  read (its own transaction, after the low watermark committed), a high watermark. Between
   the two watermarks in the stream the actor records every key of the table the stream
   changes; at the high watermark the chunk rows whose key was not changed go out as
   ``op: "r"`` records of the job's route only, right after the high watermark's
   transaction and at its position (``router.snapshot``). Changes flow as usual all along.
+  Transactions the chunk's read saw in progress that committed before the low watermark
+  count as inside the window (``router.snapshot.RecentChanges``).
 * The chunk's records travel through the same sink and progress tracking as changes: the
   slot's position passes the high watermark only once they are acknowledged. The driver
   waits for that, then records the chunk's last key in the progress topic and goes on;
@@ -32,8 +34,8 @@ import trio
 
 from router.config import Config
 from router.envelope import TxContext
-from router.snapshot import (PREFIX, ChunkWindow, Progress, Watermark, decode_watermark,
-                             encode_watermark)
+from router.snapshot import (PREFIX, ChunkWindow, Progress, RecentChanges, Watermark,
+                             decode_watermark, encode_watermark)
 from router.transactions import Transaction
 
 from ..pipeline.mailbox import Latest
@@ -53,11 +55,13 @@ INITIAL = "initial"
 
 
 class _Chunk:
-    __slots__ = ("job", "rows", "window", "emitted", "end_lsn", "spoiled")
+    __slots__ = ("job", "rows", "window", "emitted", "end_lsn", "spoiled", "low", "xip")
 
     def __init__(self, job: Job):
         self.job = job
         self.rows: list | None = None
+        self.low = 0  # the number of the last recent change before the low watermark
+        self.xip: frozenset[int] = frozenset()  # in progress for the chunk's read
         self.window: ChunkWindow | None = None
         self.emitted = trio.Event()
         self.end_lsn = 0
@@ -82,6 +86,9 @@ class BackfillActor:
         self._initial_left = 0
         self._active = 0  # jobs queued or running
         self._running: set[tuple[str, str]] = set()  # their (route, table)
+        #: tables being backfilled, as the stream names them -> running jobs
+        self._watch: dict[tuple[str, str], int] = {}
+        self.recent = RecentChanges()
         #: ``caught_up`` (set by the progress actor) and every backfill job done: what
         #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
         self.caught_up: trio.Event | None = None
@@ -127,12 +134,21 @@ class BackfillActor:
                         chunk = await self._watermark(mark, ev)
                         if chunk is not None:
                             out.append(chunk)
-                    elif self.open:
-                        for change in ev.changes:
-                            for c in self.open:
-                                c.window.observe(change.op, change.relation, change.old,
-                                                 change.new, change.relations)
+                    elif self._watch:
+                        self._observe(ev)
                 await self.out.send(out)
+
+    def _observe(self, txn: Transaction) -> None:
+        """A transaction while tables are backfilled: its changes of those tables are
+        remembered (``RecentChanges``) and go to the open windows."""
+        watch, recent, xid = self._watch, self.recent, txn.xid
+        for change in txn.changes:
+            rel = change.relation
+            if change.op == "truncate" or (rel is not None and
+                                           (rel.namespace, rel.name) in watch):
+                recent.add(xid, change)
+                for c in self.open:
+                    c.window.observe(change.op, rel, change.old, change.new, change.relations)
 
     def _mark(self, txn: Transaction) -> Watermark | None:
         for change in txn.changes:
@@ -153,11 +169,14 @@ class BackfillActor:
         if mark.kind == "low":
             rel = job.table.relation
             chunk.window = ChunkWindow((rel.namespace, rel.name), job.key, job.row_key)
+            chunk.low = self.recent.count
             self.open.append(chunk)
             return None
         if mark.kind != "high" or chunk.window is None:
             return None
         self.open.remove(chunk)
+        # committed before the low watermark but not yet visible to the chunk's read
+        self.recent.replay(chunk.window, chunk.low, chunk.xip)
         kept = chunk.window.keep(chunk.rows or [])
         chunk.spoiled = chunk.window.spoiled
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
@@ -281,6 +300,17 @@ class BackfillActor:
             await self.flush.wait_changed()
 
     async def _job(self, job: Job, sql: SqlSession, reader: TableReader) -> None:
+        rel = job.table.relation
+        watched = (rel.namespace, rel.name)
+        self._watch[watched] = self._watch.get(watched, 0) + 1
+        try:
+            await self._chunks(job, sql, reader)
+        finally:
+            self._watch[watched] -= 1
+            if not self._watch[watched]:
+                del self._watch[watched]
+
+    async def _chunks(self, job: Job, sql: SqlSession, reader: TableReader) -> None:
         limit = self.cfg.snapshot.chunk_rows if job.key else None
         estimate = await reader.estimate(job.table.table)
         self.report.start(job.name, estimate)
@@ -296,7 +326,9 @@ class BackfillActor:
 
                 async def keep(batch: list) -> None:
                     rows.extend(batch)
+                chunk.xip = await reader.begin_read()
                 await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
+                await reader.end_read()
                 chunk.rows = rows
                 await self._emit(sql, Watermark("high", self.slot, chunk=cid))
                 await chunk.emitted.wait()

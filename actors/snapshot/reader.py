@@ -22,7 +22,7 @@ import asyncpg
 import trio
 
 from router.errors import SourceError
-from router.snapshot import parse_copy_data
+from router.snapshot import parse_copy_data, snapshot_xip
 
 from ..services.sql import SqlSession
 
@@ -49,6 +49,18 @@ class TableReader:
             await self.sql.execute(f"SET TRANSACTION SNAPSHOT '{snapshot.replace(chr(39), '')}'")
         except asyncpg.PostgresError as exc:
             raise SourceError(f"cannot import snapshot {snapshot}: {exc}") from exc
+
+    async def begin_read(self) -> frozenset[int]:
+        """Opens a REPEATABLE READ transaction for a backfill chunk; returns the transactions
+        its snapshot sees in progress (``router.snapshot.snapshot_xip``)."""
+        try:
+            await self.sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            return snapshot_xip(await self.sql.fetchval("select pg_current_snapshot()::text"))
+        except asyncpg.PostgresError as exc:
+            raise SourceError(f"cannot start a snapshot read: {exc}") from exc
+
+    async def end_read(self) -> None:
+        await self.sql.execute("COMMIT")
 
     async def estimate(self, table: tuple[str, str]) -> int:
         """Rows of the table as the planner's statistics say (0 when never analyzed)."""

@@ -142,3 +142,23 @@ def test_snapshot_rows_follow_each_routes_filter_and_column_list():
     assert len(chunk.schemas) == 2
     again = rows.chunk(REL, [("4", "d", "4")], tx, 13)
     assert again.schemas == [] and again.new_topics == []
+
+
+def test_changes_committed_before_the_window_but_invisible_to_the_read_count():
+    from router.changes import Change
+    from router.snapshot import RecentChanges, snapshot_xip
+
+    assert snapshot_xip("100:105:101,4294967399") == frozenset({101, 103})
+    assert snapshot_xip("100:100:") == frozenset()
+    recent = RecentChanges(limit=3)
+    recent.add(7, Change("update", 1, _rel(), None, False, ("1", "a", "1")))   # visible
+    recent.add(9, Change("delete", 2, _rel(), ("2", None, None), True, None))  # invisible
+    low = recent.count
+    recent.add(9, Change("insert", 3, _rel(), None, False, ("3", "c", "3")))   # after low
+    w = ChunkWindow(("public", "t"), ("id",), (0,))
+    recent.replay(w, low, frozenset({9}))
+    assert w.keep([("1",), ("2",), ("3",)]) == [("1",), ("3",)]
+    # bounded: the oldest changes are forgotten
+    for i in range(5):
+        recent.add(1, Change("insert", 4, _rel(), None, False, (str(i), "x", "0")))
+    assert len(recent.changes) == 3
