@@ -198,11 +198,11 @@ class Supervisor:
     async def _run_once(self) -> None:
         cfg = self.cfg
         src = cfg.source
-        # a slot the router creates starts with a copy of the tables ([snapshot] mode)
-        self.snapshot_pending = await ensure_initial_snapshot(cfg, self.client_factory)
         async with await SqlSession.connect(src.dsn) as sql:
             # before the slot is made: a topic Kafka would refuse stops the router here
             refuse_bad_topics(cfg, await load_catalog(sql, cfg, strict=False))
+            # a slot the router creates starts with a copy of the tables ([snapshot] mode)
+            self.snapshot_pending = await ensure_initial_snapshot(cfg, self.client_factory)
             info = await preflight(sql, cfg)
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
             if needs_catalog(cfg):

@@ -35,7 +35,8 @@ import trio
 
 from router.config import Config
 from router.envelope import TxContext
-from router.errors import SlotInUse, SourceError, SourceUnavailable
+from router.errors import (ConfigError, PublicationMissing, SlotInUse, SourceError,
+                           SourceUnavailable)
 from router.lsn import format_lsn, parse_lsn
 from router.routing import ChangeRouter
 from router.snapshot import Progress, TABLE_SHIFT, initial_position
@@ -137,6 +138,16 @@ async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) 
     src = cfg.source
     catalog = await load_catalog(sql, cfg)
     db = await sql.fetchval("select current_database()")
+    # what preflight refuses, refused before the slot exists (a slot made without them would
+    # start with an empty snapshot recorded done)
+    wal_level = await sql.fetchval("select current_setting('wal_level')")
+    if wal_level != "logical":
+        raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
+                          "wal_level=logical (and a restart)", path="source.dsn")
+    missing = [p for p in src.publications if p not in catalog.publications]
+    if missing:
+        raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
+                                 f"database {db}")
     slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot, src.two_phase)
     log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
               consistent_point=format_lsn(slot.consistent_point), snapshot=slot.snapshot)
