@@ -245,7 +245,7 @@ class BackfillActor:
         if request == INITIAL:
             self._initial_left = len(fresh) + sum(
                 1 for p in self.store.records.values() if p.kind == "backfill"
-                and p.request == INITIAL and p.state == "running")
+                and p.slot == self.slot and p.request == INITIAL and p.state == "running")
             if not self._initial_left:
                 await self.store.aput(Progress("initial", self.slot, "done"))
         for job in fresh:
