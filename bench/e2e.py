@@ -20,6 +20,13 @@ Then, one after the other:
   ``"kafka-python"``: decode → route → encode → produce, done when every record is
   acknowledged by Kafka (acks=all) and the slot confirmed. Process start included.
 
+A run name may carry a suffix for routes that follow the publication (``publication =``)
+instead of naming the table: ``librdkafka/wal`` — publication changes taken at their WAL
+position (the event trigger of ``pgrouter setup`` is installed for the bench and removed
+after it; definitions messages are decoded with the changes), ``librdkafka/poll`` — the same
+route polling ``pg_publication*`` instead (no trigger involved in that run's decoding): e.g.
+``--runs pg_recvlogical,librdkafka/poll,librdkafka/wal`` shows what the mechanism costs.
+
 It prints seconds, changes/s and the ratio to pg_recvlogical (time / reference time) side by
 side from one run (with ``--repeat N``: N rounds of every run, interleaved, each on a slot of
 its own at the same position; the ratio of each round and their median), plus the CPU
@@ -90,19 +97,23 @@ def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
 
 
 def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
-           route: str, schema_topic: str, partitions: int, metrics: bool = False) -> str:
+           route: str, schema_topic: str, partitions: int, metrics: bool = False,
+           follow: str = "") -> str:
+    selector = f'publication = "{pub}"' if follow else f'tables = ["public.{table}"]'
     return (METRICS_SECTION if metrics else "") + f"""
 [source]
 dsn = "{dsn}"
 slot = "{slot}"
 publications = ["{pub}"]
+{f'publication_changes = "{follow}"' if follow else ""}
 [kafka]
 bootstrap_servers = "{bootstrap}"
 client = "{client}"
 schema_topic = "{schema_topic}"
+definitions_topic = "{schema_topic.removesuffix('schemas')}definitions"
 [[routes]]
 name = "{route}"
-tables = ["public.{table}"]
+{selector}
 topic_settings = {{ partitions = {partitions} }}
 [log]
 progress_interval = 5.0
@@ -241,7 +252,8 @@ def main() -> None:
         args.changes = min(args.changes, 60_000)
         args.txn_rows = min(args.txn_rows, 20_000)
     runs = args.runs.split(",")
-    unknown = set(runs) - {RECV, NULL, METRICS, *CLIENTS}
+    unknown = {r for r in runs if r.partition("/")[0] not in {RECV, NULL, METRICS, *CLIENTS}
+               or r.partition("/")[2] not in ("", "wal", "poll")}
     if unknown:
         raise SystemExit(f"unknown run(s): {sorted(unknown)}")
     tag = uuid.uuid4().hex[:8]
@@ -250,13 +262,17 @@ def main() -> None:
     order = [(r, run) for r in rounds for run in runs]
     slots = {key: f"bench_e2e_{tag}_{i}" for i, key in enumerate(order)}
     schema_topic = f"bench.e2e.{tag}.schemas"
-    routes = {(r, c): f"bench-{c.replace('+', '-')}-{tag}-{r}" for r in rounds
-              for c in (*CLIENTS, METRICS)}
+    routes = {(r, run): f"bench-{run.replace('/', '-').replace('+', '-')}-{tag}-{r}"
+              for r in rounds for run in runs if run != RECV}
     topics = [schema_topic] + [f"{route}.public.{table}" for route in routes.values()]
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     results: dict[tuple, float] = {}
+    trigger = any(r.endswith("/wal") for r in runs)
     try:
+        if trigger:
+            from actors.services.publication_trigger import install_sql
+            sql(args.dsn, *install_sql())
         sql(args.dsn, f"create table {table} (id bigint primary key, account int, "
                       "amount numeric(12,2), status text, note text, created_at timestamptz)",
             f"create publication {pub} for table {table}")
@@ -281,7 +297,10 @@ def main() -> None:
             except psycopg2.Error as exc:
                 print(f"could not drop slot {slot}: {exc}", file=sys.stderr)
         sql(args.dsn, f"drop publication if exists {pub}", f"drop table if exists {table}")
-        delete_topics(args.bootstrap, topics)
+        if trigger:
+            from actors.services.publication_trigger import uninstall_sql
+            sql(args.dsn, *uninstall_sql())
+        delete_topics(args.bootstrap, topics + [f"bench.e2e.{tag}.definitions"])
     report(runs, rounds, results)
 
 
@@ -295,14 +314,16 @@ def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, rout
     if run == RECV:
         elapsed = run_recvlogical(args.dsn, slot, pub, endpos)
     else:
-        cfg = os.path.join(tmp, f"{run}-{rnd}.toml")
-        client = "librdkafka" if run in (NULL, METRICS) else run
+        cfg = os.path.join(tmp, f"{run.replace('/', '-')}-{rnd}.toml")
+        client, _, follow = run.partition("/")
+        client = "librdkafka" if client in (NULL, METRICS) else client
+        text = config(args.dsn, args.bootstrap, slot, pub, table, client, routes[(rnd, run)],
+                      schema_topic, args.partitions, metrics=run.startswith(METRICS),
+                      follow=follow)
         with open(cfg, "w") as fh:
-            fh.write(config(args.dsn, args.bootstrap, slot, pub, table, client,
-                            routes[(rnd, METRICS if run == METRICS else client)],
-                            schema_topic, args.partitions, metrics=run == METRICS))
-        prof = os.path.join(args.profile, f"{run}.prof") if args.profile else None
-        elapsed, log = run_router(cfg, prof, null=run == NULL)
+            fh.write(text)
+        prof = os.path.join(args.profile, f"{run.replace('/', '-')}.prof") if args.profile else None
+        elapsed, log = run_router(cfg, prof, null=run.startswith(NULL))
         found = _ACKED.findall(log)
         acked = found[-1] if found else "?"
         gc_line = re.findall(r"^gc: .*$", log, re.M)

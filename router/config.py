@@ -49,6 +49,12 @@ class SourceConfig(_Base):
     #: bytes of buffered streamed-transaction changes kept in memory before spilling to disk
     memory_limit: int = 64 * 1024 * 1024
     spill_dir: str | None = None
+    #: how routes that follow a publication see its changes: "wal" (the definitions messages
+    #: of ``pgrouter setup``'s event trigger, at their WAL position), "poll" (pg_publication*
+    #: polled every ``publication_poll_interval`` seconds; positions approximate), "auto"
+    #: (wal when the trigger is installed)
+    publication_changes: Literal["auto", "wal", "poll"] = "auto"
+    publication_poll_interval: float = 5.0
 
 
 class TopicSettings(_Base):
@@ -64,6 +70,9 @@ class KafkaConfig(_Base):
     schema_topic: str = "pgrouter.schemas"
     #: topic for logical decoding messages (``pg_logical_emit_message``); empty = dropped
     messages_topic: str = ""
+    #: topic keeping the publication definitions in force, per slot, with the router's
+    #: progress (``router.definitions``); read at start
+    definitions_topic: str = "pgrouter.publications"
     create_topics: bool = True
     #: Kafka headers ``pgrouter.commit_lsn`` and ``pgrouter.seq`` on every change record (the
     #: position the value's ``source`` carries anyway; they cost the client ~1 µs a record)

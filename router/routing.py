@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 import msgspec
 
 from .changes import Change
+from .following import FollowsDefinitions
 from .native import NATIVE
 from .envelope import TableEncoder, TxContext, encode_message
 from .errors import ConfigError
@@ -124,7 +125,7 @@ def _position(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
     return [(_H_LSN, b"%d" % commit_lsn), (_H_SEQ, b"%d" % seq)]
 
 
-class ChangeRouter:
+class ChangeRouter(FollowsDefinitions):
     def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
                  type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
                  primary_keys: PrimaryKeys | dict[tuple[str, str], tuple[str, ...]] | None = None,
@@ -238,6 +239,7 @@ class ChangeRouter:
         if self._pending_routes is not None:
             self.routes, self._pending_routes = self._pending_routes, None
             self.forget_plans()
+        self._check_definitions()
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
                        commit_time=txn.commit_time, origin=txn.origin_name,
                        origin_lsn=txn.origin_lsn)
@@ -276,6 +278,8 @@ class ChangeRouter:
                             records, schemas = [], []
                         continue
                 self._route_change(change, tx, seq, records, schemas, lsn_header)
+                if self._routes_changed:  # a definitions message: plans bound so far are old
+                    bound, rel, ops, self._routes_changed = {}, None, None, False
                 seq += 1
                 i += 1
                 if len(records) >= limit:
@@ -328,6 +332,8 @@ class ChangeRouter:
                       schemas: list, lsn_header: tuple | None) -> None:
         op = change.op
         if op == "message":
+            if self._definitions_message(change, tx, out):
+                return
             if self.messages_topic:
                 m = change.message
                 key, value = encode_message(db=self.db, route="", tx=tx, lsn=change.lsn, seq=seq,

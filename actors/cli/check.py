@@ -6,7 +6,10 @@ pgoutput, not active), the slot's and the routes' publications and tables, repli
 usable for published UPDATE/DELETE, row filters of UPDATE/DELETE on columns outside the
 replica identity, the slot's publications hiding rows, columns, actions or tables a route
 needs (``actors.services.catalog.route_problems``), every topic a route can produce
-(``actors.services.topic_names``), and Kafka reachable.
+(``actors.services.topic_names``), and Kafka reachable. Before them, one ``mode`` line per
+route that follows a publication: ``wal`` (changes of the publication apply at their WAL
+position: the event trigger of ``pgrouter setup`` is installed) or ``poll`` (polled;
+positions approximate).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import trio
 import trio_asyncio
 
 from router.config import Config, load_config
-from router.errors import PgRouterError
+from router.errors import ConfigError, PgRouterError
 
+from ..pipeline.definitions_state import mode as publication_mode
+from ..services.publication_trigger import installed
 from ..services.catalog import load_catalog, route_problems
 from ..services.sql import SqlSession
 from ..services.topic_names import route_topic_problems
@@ -30,10 +35,31 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", required=True, help="TOML config file")
 
 
-async def source_problems(cfg: Config) -> list[tuple[str, str]]:
+MODES = {"wal": "publication changes apply at their WAL position (event trigger installed)",
+         "poll": "publication changes are polled and apply from when they are noticed: "
+                 "positions are approximate (run 'pgrouter setup -c FILE' to install the "
+                 "event trigger)"}
+
+
+async def route_modes(sql: SqlSession, cfg: Config, modes: list,
+                      problems: list) -> None:
+    try:
+        mode = await publication_mode(sql, cfg, install=False)
+    except ConfigError as exc:
+        problems.append((exc.path or "source.publication_changes", str(exc)))
+        return
+    note = "" if mode != "wal" or await installed(sql) else (
+        " (not installed yet: the router installs it at start, it runs as a superuser)")
+    modes.extend(f"mode routes[{i}] ({r.name}): {mode}: {MODES[mode]}{note}"
+                 for i, r in enumerate(cfg.routes) if r.publication_names())
+
+
+async def source_problems(cfg: Config, modes: list | None = None) -> list[tuple[str, str]]:
     src = cfg.source
     out: list[tuple[str, str]] = []
     async with await SqlSession.connect(src.dsn) as sql:
+        if modes is not None:
+            await route_modes(sql, cfg, modes, out)
         wal_level = await sql.fetchval("select current_setting('wal_level')")
         if wal_level != "logical":
             out.append(("source.dsn", f"wal_level is {wal_level}, logical decoding needs "
@@ -83,11 +109,11 @@ def kafka_problems(cfg: Config) -> list[tuple[str, str]]:
     return []
 
 
-async def _check(cfg: Config) -> list[tuple[str, str]]:
+async def _check(cfg: Config, modes: list | None = None) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     async with trio_asyncio.open_loop():
         try:
-            problems += await source_problems(cfg)
+            problems += await source_problems(cfg, modes)
         except PgRouterError as exc:
             problems.append(("source.dsn", str(exc)))
     problems += await trio.to_thread.run_sync(kafka_problems, cfg)
@@ -96,7 +122,10 @@ async def _check(cfg: Config) -> list[tuple[str, str]]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    problems = trio.run(_check, cfg)
+    modes: list[str] = []
+    problems = trio.run(_check, cfg, modes)
+    for line in modes:
+        print(line)
     for path, message in problems:
         print(f"{path}: {message}")
     if not problems:

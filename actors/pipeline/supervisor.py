@@ -47,6 +47,7 @@ from ..snapshot.initial import ensure_initial_snapshot
 from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
                                 needs_catalog, route_problems)
 from .decoder import DecoderActor
+from . import definitions_state
 from .router_actor import RouterActor
 from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
@@ -152,6 +153,10 @@ class Supervisor:
         self.health = Health()
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
+        #: "wal", "poll" or None (no route follows a publication), and in "wal" mode the
+        #: definitions shared by the pipeline's routers (``router.definitions``)
+        self.publication_mode: str | None = None
+        self.definitions = None
 
     async def run(self) -> int:
         if self.metrics is not None:
@@ -205,8 +210,10 @@ class Supervisor:
             self.snapshot_pending = await ensure_initial_snapshot(cfg, self.client_factory)
             info = await preflight(sql, cfg)
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
-            if needs_catalog(cfg):
-                self.catalog = await load_catalog(sql, cfg)
+            self.publication_mode = await definitions_state.mode(sql, cfg)
+            if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
+                self.catalog = await load_catalog(sql, cfg,
+                                                  strict=self.publication_mode != "wal")
                 for path, problem in route_problems(cfg, self.catalog):
                     log.event(_log, "route problem", path=path, problem=problem)
             if self.until_caught_up and self.until_lsn is None:
@@ -222,6 +229,11 @@ class Supervisor:
             return
         client = await trio.to_thread.run_sync(self.client_factory, cfg)
         try:
+            self.definitions = None
+            if self.publication_mode == "wal":
+                async with await SqlSession.connect(src.dsn) as sql:
+                    self.definitions = await definitions_state.starting_definitions(
+                        sql, cfg, client, info.start_lsn, on_change=definitions_state.log_change)
             await self._pipeline(info, client)
         finally:
             self._streaming(False, "not streaming (starting, restarting or stopped)")
@@ -245,7 +257,8 @@ class Supervisor:
             status_interval=src.status_interval, stats=self.stats,
             options=pgoutput_options(proto_version=info.proto_version,
                                      publications=src.publications, streaming=src.streaming,
-                                     messages=src.messages, binary=src.binary,
+                                     messages=src.messages or self.definitions is not None,
+                                     binary=src.binary,
                                      two_phase=src.two_phase,
                                      origin=origins.server_option(info.version)))
         decoder = DecoderActor(
@@ -265,7 +278,8 @@ class Supervisor:
             of_tx, of_rx = trio.open_memory_channel(EVENT_BATCHES)
             origin_filter = OriginFilterActor(rules=origins, inbox=ev_rx, out=of_tx)
             ev_rx = of_rx
-        state = {"routes": route_specs(cfg, self.catalog)}
+        state = {"routes": self.definitions.routes if self.definitions is not None
+                 else route_specs(cfg, self.catalog)}
         routers: list[tuple[frozenset | None, ChangeRouter]] = []
 
         def router_for(names=None):
@@ -274,6 +288,8 @@ class Supervisor:
                                   type_names=_TypeNames(relations),
                                   primary_keys=keys,
                                   position_headers=cfg.kafka.position_headers)
+            if self.definitions is not None:
+                router.follow(self.definitions, names)
             routers.append((names, router))
             return router
         router_actor = RouterActor(router=router_for(), inbox=ev_rx, out=chunk_tx,
@@ -308,6 +324,11 @@ class Supervisor:
             if needs_catalog(cfg):  # lives as long as the pipeline, not longer
                 reloader.start_soon(self._reload_on_hup, state, routers)
             reloader.start_soon(monitor.run)
+            if self.publication_mode == "poll":
+                reloader.start_soon(definitions_state.PublicationPoller(
+                    cfg, lambda: self._reload(state, routers), src.publication_poll_interval,
+                    {n: p for n, p in self.catalog.publications.items()
+                     if n in definitions_state.route_publication_names(cfg)}).run)
             async with trio.open_nursery() as nursery:
                 await nursery.start(progress.run)
                 await nursery.start(sink.run)
@@ -346,21 +367,28 @@ class Supervisor:
         its next transaction on. A failed reload keeps the current ones."""
         with trio.open_signal_receiver(signal.SIGHUP) as signals:
             async for _ in signals:
-                try:
-                    async with await SqlSession.connect(self.cfg.source.dsn) as sql:
-                        catalog = await load_catalog(sql, self.cfg)
-                    specs = route_specs(self.cfg, catalog)
-                except PgRouterError as exc:
-                    log.event(_log, "reload failed, keeping the current publications",
-                              error=str(exc), kind=type(exc).__name__)
+                if self.definitions is not None:
+                    log.event(_log, "publication definitions follow the WAL: nothing to reload")
                     continue
-                for path, problem in route_problems(self.cfg, catalog):
-                    log.event(_log, "route problem", path=path, problem=problem)
-                self.catalog = catalog
-                state["routes"] = specs
-                for names, router in routers:
-                    router.replace_routes([r for r in specs if names is None or r.name in names])
-                log.event(_log, "publications reloaded", routes=len(specs))
+                await self._reload(state, routers)
+
+    async def _reload(self, state: dict, routers: list) -> None:
+        """Read the publications again (SIGHUP, or a change the poller noticed)."""
+        try:
+            async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+                catalog = await load_catalog(sql, self.cfg)
+            specs = route_specs(self.cfg, catalog)
+        except PgRouterError as exc:
+            log.event(_log, "reload failed, keeping the current publications",
+                      error=str(exc), kind=type(exc).__name__)
+            return
+        for path, problem in route_problems(self.cfg, catalog):
+            log.event(_log, "route problem", path=path, problem=problem)
+        self.catalog = catalog
+        state["routes"] = specs
+        for names, router in routers:
+            router.replace_routes([r for r in specs if names is None or r.name in names])
+        log.event(_log, "publications reloaded", routes=len(specs))
 
     async def _drain_when(self, slot: SlotReader, caught_up: trio.Event) -> None:
         async with trio.open_nursery() as nursery:

@@ -146,7 +146,8 @@ def test_sighup_rereads_publications(table, kafka_bootstrap, tmp_path):
     cfg = write_config(tmp_path / "c.toml", dsn=pg.dsn, slot=name, publications=[name],
                        bootstrap=kafka_bootstrap,
                        routes=f'[[routes]]\nname = "{name}"\npublication = "{name}_f"\n'
-                              f'topic = "{name}"\n')
+                              f'topic = "{name}"\n',
+                       source_extra='publication_changes = "poll"')  # what SIGHUP is for
     run_router(cfg)
     proc = start_router(cfg, tmp_path / "r.log")
     try:

@@ -1,0 +1,64 @@
+"""``pgrouter setup -c FILE``: install what routes need in the source database.
+
+Installs the event trigger that writes publication definitions into the WAL
+(``actors.services.publication_trigger``; needs a superuser on PostgreSQL 15), creates the
+slot when it is missing and ``source.create_slot`` is true, and emits a baseline
+definitions message. ``--uninstall`` removes the trigger and its schema (routes then fall
+back to polling). Idempotent.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import trio
+import trio_asyncio
+
+from router.config import load_config
+from router.errors import ConfigError
+
+from ..services import publication_trigger as trigger
+from ..services.retry import primary
+from ..services.sql import SqlSession
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", required=True, help="TOML config file")
+    p.add_argument("--uninstall", action="store_true",
+                   help="remove the event trigger and the pgrouter schema")
+
+
+async def _setup(cfg, uninstall: bool) -> list[str]:
+    src = cfg.source
+    done = []
+    async with trio_asyncio.open_loop():
+        async with await SqlSession.connect(src.dsn) as sql:
+            if uninstall:
+                for stmt in trigger.uninstall_sql():
+                    await sql.execute(stmt)
+                return ["event trigger removed"]
+            if not await trigger.superuser(sql):
+                raise ConfigError("installing the event trigger needs a superuser (PostgreSQL "
+                                  "allows event triggers to superusers only)", path="source.dsn")
+            await trigger.install(sql)
+            done.append(f"event trigger installed ({', '.join(trigger.TRIGGERS)})")
+            exists = await sql.fetchval("select count(*) from pg_replication_slots "
+                                        "where slot_name = $1", src.slot)
+            if not exists and src.create_slot:
+                await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', "
+                                "false, $2)", src.slot, src.two_phase)
+                done.append(f"replication slot {src.slot} created")
+            lsn = await trigger.emit_baseline(sql)
+            done.append(f"baseline definitions message at {lsn}")
+    return done
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    try:
+        done = trio.run(_setup, cfg, args.uninstall)
+    except BaseExceptionGroup as group:  # trio-asyncio's loop wraps what escapes it
+        raise primary(group) from None
+    for line in done:
+        print(line)
+    return 0

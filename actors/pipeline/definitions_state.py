@@ -1,0 +1,242 @@
+"""The publication definitions a pipeline starts with, and the polling fallback.
+
+Rules:
+
+* Routes that name publications follow them (``follows_publications``). Mode ``wal``: the
+  event trigger of ``pgrouter setup`` is installed (``source.publication_changes`` "auto" or
+  "wal"; with "auto" a superuser router installs it itself); definitions change at their
+  position in the stream (``router.definitions``).
+  Mode ``poll``: it is not (or "poll" is configured); ``pg_publication*`` is polled and a
+  change applies from the router's position when it is noticed, with a warning that
+  positions are approximate.
+* ``wal`` mode starts, for the slot's confirmed position C, from
+  1. the definitions topic's latest state record of this slot whose transaction ended at or
+     before C (what the router had in force when it confirmed C);
+  2. else, when the trigger's log says the backlog may hold a change (``changes_since``), the
+     first definitions message the server would send after C (peeked, nothing consumed: one
+     extra decoding of the backlog in the server): its ``before`` (for a baseline message
+     from ``pgrouter setup``: its ``after``);
+  3. else the definitions now: no DDL that changed them is in the backlog.
+  After 2 or 3 a state record for C is written at once, so the next start needs no peek.
+  Never the current catalog when the backlog holds a change of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import asyncpg
+import msgspec
+import trio
+
+from router.config import Config
+from router.definitions import Definitions, StateRecord, catalog_from_snapshot, \
+    parse_message, state_at
+from router.errors import ConfigError, SinkUnavailable
+from router.lsn import format_lsn
+
+from ..services import log
+from ..services import publication_trigger as trigger
+from ..services.catalog import build_route_specs, load_publications, route_publication_names
+from ..services.sql import SqlSession
+from .sink import TopicSpec
+
+_log = log.get("definitions")
+READ_TIMEOUT = 30.0
+#: the topic keeps every state record (they are small and rare)
+TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1"}
+
+
+def follows_publications(cfg: Config) -> bool:
+    return any(r.publication_names() for r in cfg.routes)
+
+
+async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | None:
+    """"wal", "poll", or None when no route follows a publication. Without ``install`` a
+    superuser's "auto" says "wal" without installing anything."""
+    if not follows_publications(cfg):
+        return None
+    wanted = cfg.source.publication_changes
+    if wanted == "poll":
+        return "poll"
+    if await trigger.installed(sql):
+        return "wal"
+    if wanted == "auto" and await trigger.superuser(sql):
+        if not install:
+            return "wal"
+        try:
+            await trigger.install(sql)
+        except asyncpg.PostgresError as exc:  # e.g. another router installing it right now
+            log.event(_log, "could not install the event trigger", error=str(exc),
+                      level=logging.WARNING)
+        if await trigger.installed(sql):
+            log.event(_log, "event trigger installed: publication changes apply at their "
+                      "WAL position", triggers=",".join(trigger.TRIGGERS))
+            return "wal"
+    if wanted == "wal":
+        raise ConfigError("publication changes at WAL positions need the event trigger: run "
+                          "'pgrouter setup -c FILE' as a superuser",
+                          path="source.publication_changes")
+    return "poll"
+
+
+def _kafka_settings(cfg: Config) -> dict:
+    return {k: v for k, v in cfg.kafka.settings.items()
+            if k.startswith(("security_", "sasl_", "ssl_")) or k == "client_id"}
+
+
+def read_state_values(cfg: Config, timeout: float = READ_TIMEOUT) -> list[bytes]:
+    """Every record value of the definitions topic (blocking; [] when it does not exist),
+    read with the configured client's library (importing the other one costs ~0.1 s)."""
+    if cfg.kafka.client == "librdkafka":
+        return _read_rdkafka(cfg, timeout)
+    import kafka.errors as kerr
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = cfg.kafka.definitions_topic
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers, group_id=None,
+                                 enable_auto_commit=False, auto_offset_reset="earliest",
+                                 allow_auto_create_topics=False, **_kafka_settings(cfg))
+    except kerr.KafkaError as exc:
+        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            return []
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise SinkUnavailable(f"timed out reading the definitions topic {topic}")
+            for tp, msgs in consumer.poll(timeout_ms=500).items():
+                out.extend(m.value for m in msgs if m.offset < ends[tp])
+        return out
+    except kerr.KafkaError as exc:
+        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def _read_rdkafka(cfg: Config, timeout: float) -> list[bytes]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+    from router.kafka_settings import translate
+
+    topic, servers = cfg.kafka.definitions_topic, cfg.kafka.bootstrap_servers
+    conf = translate(_kafka_settings(cfg), "librdkafka")
+    conf.update({"bootstrap.servers": servers if isinstance(servers, str) else ",".join(servers),
+                 "group.id": "pgrouter-definitions", "enable.auto.commit": False})
+    try:
+        consumer = Consumer(conf)
+    except KafkaException as exc:
+        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return []
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                for p in meta.partitions}
+        left = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while left:
+            if time.monotonic() > deadline:
+                raise SinkUnavailable(f"timed out reading the definitions topic {topic}")
+            for m in consumer.consume(500, 0.05):
+                if m.error() is not None or m.partition() not in left:
+                    continue
+                if m.offset() < ends[m.partition()]:
+                    out.append(m.value())
+                if m.offset() + 1 >= ends[m.partition()]:
+                    left.discard(m.partition())
+        return out
+    except KafkaException as exc:
+        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_lsn: int,
+                               on_change=None) -> Definitions:
+    """``Definitions`` in force at ``confirmed_lsn`` (see the module rules)."""
+    src, topic = cfg.source, cfg.kafka.definitions_topic
+    t0 = time.monotonic()
+    if cfg.kafka.create_topics:
+        await trio.to_thread.run_sync(client.ensure_topics, [TopicSpec(topic, 1, 1,
+                                                                       TOPIC_CONFIGS)])
+    values = await trio.to_thread.run_sync(read_state_values, cfg)
+    record = state_at(values, src.slot, confirmed_lsn)
+    if record is not None:
+        snapshot, origin = msgspec.json.decode(record.snapshot), "state record"
+    else:
+        content = None
+        if await trigger.changes_since(sql, src.slot):
+            now = await sql.fetchval("select pg_current_wal_lsn()::text")
+            content = await trigger.first_message(sql, src.slot, src.publications, now)
+        if content is not None:
+            msg = parse_message(_message_content(content))
+            snapshot = msg.before if msg.before is not None else msg.after
+            origin = f"first definitions message ({msg.event})"
+        else:
+            snapshot, origin = msgspec.json.decode(await trigger.snapshot_text(sql)), "catalog"
+        state = StateRecord(slot=src.slot, commit_lsn=confirmed_lsn, end_lsn=confirmed_lsn,
+                            lsn=confirmed_lsn, snapshot=msgspec.Raw(msgspec.json.encode(snapshot)))
+        await trio.to_thread.run_sync(client.produce_sync, topic, src.slot.encode(),
+                                      msgspec.json.encode(state))
+    log.event(_log, "publication definitions at the slot's position", mode="wal",
+              source=origin, confirmed_lsn=format_lsn(confirmed_lsn),
+              seconds=round(time.monotonic() - t0, 3))
+    return Definitions(catalog_from_snapshot(snapshot), lambda c: build_route_specs(cfg, c),
+                       slot=src.slot, topic=topic,
+                       route_publications=route_publication_names(cfg), on_change=on_change)
+
+
+def _message_content(data: bytes) -> bytes:
+    """The content of a pgoutput Message ('M', flags, lsn, prefix NUL, length, content)."""
+    end = data.index(b"\x00", 10)
+    length = int.from_bytes(data[end + 1:end + 5], "big")
+    return data[end + 5:end + 5 + length]
+
+
+def log_change(msg, catalog) -> None:
+    log.event(_log, "publication definitions changed", tag=msg.tag, event=msg.event,
+              publications=len(catalog.publications))
+
+
+class PublicationPoller:
+    """``poll`` mode: reads the route publications every ``interval`` seconds and calls
+    ``reload()`` when they differ from the last reading."""
+
+    def __init__(self, cfg: Config, reload, interval: float, initial: dict | None = None):
+        self.cfg, self.reload, self.interval = cfg, reload, interval
+        self._last = initial
+
+    async def read(self):
+        async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+            return await load_publications(sql, route_publication_names(self.cfg))
+
+    async def run(self) -> None:
+        if self._last is None:
+            self._last = await self.read()
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                now = await self.read()
+            except Exception as exc:  # a failed poll is retried at the next interval
+                log.event(_log, "publication poll failed", error=str(exc))
+                continue
+            if now != self._last:
+                changed = sorted(n for n in set(now) | set(self._last)
+                                 if now.get(n) != self._last.get(n))
+                log.event(_log, "publication changed: applying from the current position; "
+                          "positions are approximate (run 'pgrouter setup' for changes at "
+                          "their WAL position)", level=logging.WARNING, publications=changed)
+                self._last = now
+                await self.reload()
