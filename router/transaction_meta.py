@@ -37,9 +37,12 @@ def transaction_id(xid: int, commit_lsn: int) -> str:
 
 
 class TransactionMeta:
-    def __init__(self, topic: str, *, db: str):
+    def __init__(self, topic: str, *, db: str, ignore: frozenset[str] = frozenset()):
         self.topic = topic
         self.db = db
+        #: topics whose records are pgrouter's own bookkeeping (the definitions topic): not
+        #: counted, and a transaction with only such records gets no BEGIN/END
+        self.ignore = ignore
         self._announced = False
 
     def _record(self, status: str, tx: TxContext, counts: dict[str, int] | None) -> tuple:
@@ -64,8 +67,14 @@ class TransactionMeta:
         its last (``txn`` is the ``Transaction`` the chunks were routed from)."""
         tx = None
         counts: dict[str, int] = {}
+        ignore = self.ignore
         for chunk in chunks:
             records = chunk.records
+            if ignore and records and all(r[0] in ignore for r in records):
+                if chunk.last and tx is not None:
+                    records.append(self._record("END", tx, counts))
+                yield chunk
+                continue
             if records:
                 if tx is None:
                     tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
@@ -81,7 +90,8 @@ class TransactionMeta:
                     it = iter(records)
                 for rec in it:
                     topic = rec[0]
-                    counts[topic] = counts.get(topic, 0) + 1
+                    if topic not in ignore:
+                        counts[topic] = counts.get(topic, 0) + 1
             if chunk.last and tx is not None:
                 records.append(self._record("END", tx, counts))
             yield chunk

@@ -294,7 +294,8 @@ class Supervisor:
             return router
         router_actor = RouterActor(router=router_for(), inbox=ev_rx, out=chunk_tx,
                              router_for=router_for,
-                             meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db)
+                             meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db,
+                                                  ignore=frozenset({cfg.kafka.definitions_topic}))
                                    if cfg.kafka.transactions_topic else None),
                              metrics=self.metrics)
         specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,

@@ -138,3 +138,23 @@ def test_state_in_force_at_the_confirmed_position():
     got = state_at(values, "s", 299)
     assert json.loads(bytes(got.snapshot))["publications"]["pf"]["tables"][0][2] == "b2"
     assert state_at(values, "s", 10**6).end_lsn == 300
+
+
+def test_transaction_metadata_does_not_count_state_records():
+    from router.transaction_meta import TransactionMeta
+
+    defs = definitions("v > 10")
+    router = ChangeRouter([], db="d")
+    router.follow(defs)
+    meta = TransactionMeta("txs", db="d", ignore=frozenset({"defs"}))
+
+    def records(txn):
+        return [(r[0], json.loads(r[2])) for c in meta.wrap(txn, router.route(txn))
+                for r in c.records]
+    only_ddl = records(_Txn([message(1, snapshot("v < 10"))]))
+    assert [t for t, _ in only_ddl] == ["defs"]  # no BEGIN/END around bookkeeping alone
+    mixed = records(_Txn([ins(2, 1, 5), message(3, snapshot("v > 10")), ins(4, 2, 50)], 300))
+    assert [t for t, _ in mixed] == ["txs", "r.public.t", "defs", "r.public.t", "txs"]
+    end = mixed[-1][1]
+    assert end["event_count"] == 2
+    assert end["data_collections"] == [{"data_collection": "r.public.t", "event_count": 2}]
