@@ -14,6 +14,9 @@ slot reader's. Stages are timed cumulatively, best of ``--repeat`` (machines her
 * decode+assemble  – ``TransactionAssembler.feed_batch``, what ``actors.pipeline.decoder`` does per
   batch (row changes decoded and assembled by ``router._native.feed_rows`` when built)
 * +route/encode    – plus ``ChangeRouter.route`` (one route, records encoded for Kafka)
+* +route, following – the same with the router following publication definitions at their
+  WAL position (``router.definitions``; no DDL in the stream): what that mechanism costs on
+  the hot path, printed as a ratio
 
 It prints µs per change for each and the implied changes per CPU-second of the main thread.
 ``--compare`` runs the same again with ``PGROUTER_PURE_PYTHON=1`` (the Python twins of the C
@@ -118,8 +121,14 @@ def assemble(batches) -> int:
     return n
 
 
-def route(batches) -> int:
+def route(batches, follow: bool = False) -> int:
     router = ChangeRouter([RouteSpec("bench", all_tables=True)], db="postgres")
+    if follow:
+        from router.definitions import Definitions
+        from router.publications import Catalog
+
+        router.follow(Definitions(Catalog({}, {}), lambda c: [RouteSpec("bench", all_tables=True)],
+                                  slot="bench", topic="defs"))
     n = 0
     for txn in _assembled(batches):
         for chunk in router.route(txn):
@@ -164,6 +173,8 @@ def main() -> None:
     measure("decode alone", decode_only, batches, n, args.repeat)
     a = measure("decode+assemble", assemble, batches, n, args.repeat)
     r = measure("+route/encode", route, batches, n, args.repeat)
+    f = measure("+route, following", lambda b: route(b, follow=True), batches, n, args.repeat)
+    print(f"following definitions / not: {f / r:.3f}x", flush=True)
     print(f"shares: decode+assemble {a / r:.0%}, route/encode {(r - a) / r:.0%}", flush=True)
     if args.compare and native.NATIVE is not None:
         # the same in a process with the C hot path turned off (router.native)
