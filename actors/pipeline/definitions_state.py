@@ -52,6 +52,29 @@ def follows_publications(cfg: Config) -> bool:
     return any(r.publication_names() for r in cfg.routes)
 
 
+#: route publications whose catalog rows were written by a transaction the slot may still
+#: have to decode (newer than its ``catalog_xmin``): changed within the backlog, perhaps
+_CHANGED_IN_BACKLOG = """
+select p.pubname from pg_publication p, pg_replication_slots s
+where s.slot_name = $1 and p.pubname = any($2::text[]) and s.catalog_xmin is not null
+  and (age(p.xmin) <= age(s.catalog_xmin)
+       or exists (select from pg_publication_rel r where r.prpubid = p.oid
+                  and age(r.xmin) <= age(s.catalog_xmin)))
+order by 1
+"""
+
+
+async def warn_unplaced(sql: SqlSession, cfg: Config, why: str) -> None:
+    """Say so when a route publication may have changed inside the slot's backlog while no
+    trigger recorded where: the current definition then applies to all of the backlog."""
+    names = await sql.fetch(_CHANGED_IN_BACKLOG, cfg.source.slot, route_publication_names(cfg))
+    if names:
+        log.event(_log, f"publication(s) changed inside the slot's backlog with {why}: the "
+                  "current definitions apply to all of it, positions of those changes are "
+                  "unknown", level=logging.WARNING,
+                  publications=",".join(r["pubname"] for r in names))
+
+
 async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | None:
     """"wal", "poll", or None when no route follows a publication. Without ``install`` a
     superuser's "auto" says "wal" without installing anything."""
@@ -59,6 +82,8 @@ async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | N
         return None
     wanted = cfg.source.publication_changes
     if wanted == "poll":
+        if install:
+            await warn_unplaced(sql, cfg, "publication changes polled")
         return "poll"
     if await trigger.installed(sql):
         return "wal"
@@ -73,7 +98,10 @@ async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | N
         if await trigger.installed(sql):
             log.event(_log, "event trigger installed: publication changes apply at their "
                       "WAL position", triggers=",".join(trigger.TRIGGERS))
+            await warn_unplaced(sql, cfg, "no event trigger installed yet")
             return "wal"
+    if install:
+        await warn_unplaced(sql, cfg, "publication changes polled")
     if wanted == "wal":
         raise ConfigError("publication changes at WAL positions need the event trigger: run "
                           "'pgrouter setup -c FILE' as a superuser",

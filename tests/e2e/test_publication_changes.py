@@ -313,6 +313,11 @@ def test_without_the_trigger_changes_are_polled_with_a_warning(pg_dsn, kafka_boo
         ids = [r["value"]["after"]["id"] for r in read_topic(kafka_bootstrap,
                                                               f"r_{u}.public.{t}")]
         assert ids == [1, 3]
+        kill9(proc)
+        proc = None
+        pg.run(f"alter publication pf_{u} set table {t} where (v > 100)")  # while stopped
+        done = run_router(cfg)
+        assert "changed inside the slot's backlog" in done.stdout + done.stderr
         setup = subprocess.run([*pgrouter, "setup", "-c", str(cfg)], capture_output=True,
                                text=True, timeout=60, cwd=ROOT)
         assert setup.returncode == 2 and "needs a superuser" in setup.stderr, setup.stderr
