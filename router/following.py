@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from .definitions import PREFIX
 
+#: the "route" a new definitions topic is announced with (``RoutedChunk.new_topics``): the
+#: sink creates it with the settings the supervisor keeps under this key
+DEFINITIONS_ROUTE = ":definitions"
+
 
 class FollowsDefinitions:
     _definitions = None
@@ -48,5 +52,8 @@ class FollowsDefinitions:
         if defs is not None:
             out.append(defs.apply(m.content, lsn=change.lsn, commit_lsn=tx.commit_lsn,
                                   end_lsn=tx.end_lsn))
+            if defs.topic not in self._seen_topics:
+                self._seen_topics.add(defs.topic)
+                self._new_topics.append((defs.topic, DEFINITIONS_ROUTE))
             self._adopt_definitions()
         return True

@@ -17,7 +17,9 @@ Rules:
      extra decoding of the backlog in the server): its ``before`` (for a baseline message
      from ``pgrouter setup``: its ``after``);
   3. else the definitions now: no DDL that changed them is in the backlog.
-  After 2 or 3 a state record for C is written at once, so the next start needs no peek.
+  After 2 a state record for C is written at once, so the next start needs no peek (after 3
+  the next start finds no change in the log either, which costs one query). The topic is
+  created with the first record written (``TOPIC_CONFIGS``: nothing is ever deleted).
   Never the current catalog when the backlog holds a change of it.
 """
 
@@ -196,9 +198,6 @@ async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_l
     """``Definitions`` in force at ``confirmed_lsn`` (see the module rules)."""
     src, topic = cfg.source, cfg.kafka.definitions_topic
     t0 = time.monotonic()
-    if cfg.kafka.create_topics:
-        await trio.to_thread.run_sync(client.ensure_topics, [TopicSpec(topic, 1, 1,
-                                                                       TOPIC_CONFIGS)])
     values = await trio.to_thread.run_sync(read_state_values, cfg)
     record = state_at(values, src.slot, confirmed_lsn)
     if record is not None:
@@ -212,12 +211,17 @@ async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_l
             msg = parse_message(_message_content(content))
             snapshot = msg.before if msg.before is not None else msg.after
             origin = f"first definitions message ({msg.event})"
+            # spare the next start this peek: the state at C, written before streaming
+            state = StateRecord(slot=src.slot, commit_lsn=confirmed_lsn,
+                                end_lsn=confirmed_lsn, lsn=confirmed_lsn,
+                                snapshot=msgspec.Raw(msgspec.json.encode(snapshot)))
+            if cfg.kafka.create_topics:
+                await trio.to_thread.run_sync(client.ensure_topics, [
+                    TopicSpec(topic, 1, 1, TOPIC_CONFIGS)])
+            await trio.to_thread.run_sync(client.produce_sync, topic, src.slot.encode(),
+                                          msgspec.json.encode(state))
         else:
             snapshot, origin = msgspec.json.decode(await trigger.snapshot_text(sql)), "catalog"
-        state = StateRecord(slot=src.slot, commit_lsn=confirmed_lsn, end_lsn=confirmed_lsn,
-                            lsn=confirmed_lsn, snapshot=msgspec.Raw(msgspec.json.encode(snapshot)))
-        await trio.to_thread.run_sync(client.produce_sync, topic, src.slot.encode(),
-                                      msgspec.json.encode(state))
     log.event(_log, "publication definitions at the slot's position", mode="wal",
               source=origin, confirmed_lsn=format_lsn(confirmed_lsn),
               seconds=round(time.monotonic() - t0, 3))

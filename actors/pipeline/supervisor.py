@@ -48,6 +48,7 @@ from ..services.catalog import (build_route_specs, load_catalog, load_primary_ke
                                 needs_catalog, route_problems)
 from .decoder import DecoderActor
 from . import definitions_state
+from router.following import DEFINITIONS_ROUTE
 from .router_actor import RouterActor
 from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
@@ -303,6 +304,8 @@ class Supervisor:
                                    r.topic_settings.configs) for r in cfg.routes}
         specs[""] = TopicSpec("", 1, max((s.replication_factor for s in specs.values()),
                                          default=1))
+        specs[DEFINITIONS_ROUTE] = TopicSpec("", 1, specs[""].replication_factor,
+                                             definitions_state.TOPIC_CONFIGS)
         sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
                          schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
                          create_topics=cfg.kafka.create_topics, stats=self.stats,
