@@ -28,6 +28,7 @@ import trio
 import trio_asyncio
 
 from router.config import Config, mask_dsn, parse_listen
+from router.following import DEFINITIONS_ROUTE
 from router.errors import (ConfigError, PgRouterError, PublicationMissing,
                            SlotInUse, SlotMissing, SourceError)
 from router import native
@@ -48,7 +49,6 @@ from ..services.catalog import (build_route_specs, load_catalog, load_primary_ke
                                 needs_catalog, route_problems)
 from .decoder import DecoderActor
 from . import definitions_state
-from router.following import DEFINITIONS_ROUTE
 from .router_actor import RouterActor
 from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
