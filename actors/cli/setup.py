@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 
+import asyncpg
 import trio
 import trio_asyncio
 
 from router.config import load_config
-from router.errors import ConfigError
+from router.errors import ConfigError, SourceError
 
 from ..services import publication_trigger as trigger
 from ..services.retry import primary
@@ -29,27 +30,34 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 async def _setup(cfg, uninstall: bool) -> list[str]:
+    async with trio_asyncio.open_loop():
+        try:
+            return await _statements(cfg, uninstall)
+        except asyncpg.PostgresError as exc:
+            raise SourceError(f"setup failed in PostgreSQL: {exc}") from exc
+
+
+async def _statements(cfg, uninstall: bool) -> list[str]:
     src = cfg.source
     done = []
-    async with trio_asyncio.open_loop():
-        async with await SqlSession.connect(src.dsn) as sql:
-            if uninstall:
-                for stmt in trigger.uninstall_sql():
-                    await sql.execute(stmt)
-                return ["event trigger removed"]
-            if not await trigger.superuser(sql):
-                raise ConfigError("installing the event trigger needs a superuser (PostgreSQL "
-                                  "allows event triggers to superusers only)", path="source.dsn")
-            await trigger.install(sql)
-            done.append(f"event trigger installed ({', '.join(trigger.TRIGGERS)})")
-            exists = await sql.fetchval("select count(*) from pg_replication_slots "
-                                        "where slot_name = $1", src.slot)
-            if not exists and src.create_slot:
-                await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', "
-                                "false, $2)", src.slot, src.two_phase)
-                done.append(f"replication slot {src.slot} created")
-            lsn = await trigger.emit_baseline(sql)
-            done.append(f"baseline definitions message at {lsn}")
+    async with await SqlSession.connect(src.dsn) as sql:
+        if uninstall:
+            for stmt in trigger.uninstall_sql():
+                await sql.execute(stmt)
+            return ["event trigger removed"]
+        if not await trigger.superuser(sql):
+            raise ConfigError("installing the event trigger needs a superuser (PostgreSQL "
+                              "allows event triggers to superusers only)", path="source.dsn")
+        await trigger.install(sql)
+        done.append(f"event trigger installed ({', '.join(trigger.TRIGGERS)})")
+        exists = await sql.fetchval("select count(*) from pg_replication_slots "
+                                    "where slot_name = $1", src.slot)
+        if not exists and src.create_slot:
+            await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', "
+                            "false, $2)", src.slot, src.two_phase)
+            done.append(f"replication slot {src.slot} created")
+        lsn = await trigger.emit_baseline(sql)
+        done.append(f"baseline definitions message at {lsn}")
     return done
 
 
