@@ -106,7 +106,8 @@ def run_step(pg: Pg, kind: str, statements: list[str]) -> None:
 
 
 def oracle(pg: Pg, slot: str, pub: str) -> list[tuple]:
-    """The operations pgoutput sends for ``pub``: (table, op, old id, new row as text)."""
+    """The operations pgoutput sends for ``pub``: (table, op, old tuple's non-NULL columns —
+    the key, or the whole old row with REPLICA IDENTITY FULL —, new row), as text."""
     rows = pg.run("select lsn::text, data from pg_logical_slot_get_binary_changes(%s, null, "
                   "null, 'proto_version', '1', 'publication_names', %s)", slot, pub)
     decoder, assembler = Decoder(1), TransactionAssembler(RelationCache())
@@ -119,12 +120,12 @@ def oracle(pg: Pg, slot: str, pub: str) -> list[tuple]:
             for ch in ev.changes:
                 rel = ch.relation
                 names = [c.name for c in rel.columns]
-                old_id = None if ch.old is None else ch.old[names.index("id")]
+                old = None if ch.old is None else tuple(sorted(
+                    (n, v) for n, v in zip(names, ch.old) if v is not None))
                 new = None if ch.new is None else tuple(sorted(zip(names, ch.new)))
                 if ch.op == "delete":
-                    old_id = old_id if old_id is not None else ch.new and ch.new[names.index("id")]
                     new = None
-                out.append((rel.name, OPS[ch.op], old_id, new))
+                out.append((rel.name, OPS[ch.op], old, new))
     return out
 
 
@@ -154,10 +155,11 @@ def topic_ops(bootstrap: str, route: str, tables: list[str], topics: set[str]) -
     out = []
     for table, v in records:
         before, after = v["before"], v["after"]
-        old_id = None if before is None else pg_text(before.get("id"))
+        old = None if before is None else tuple(sorted(
+            (k, pg_text(x)) for k, x in before.items() if x is not None))
         new = None if after is None or v["op"] == "d" else tuple(sorted(
             (k, pg_text(x)) for k, x in after.items()))
-        out.append((table, v["op"], old_id, new))
+        out.append((table, v["op"], old, new))
     return out
 
 
@@ -241,7 +243,7 @@ def test_publication_changes_at_their_wal_position(mode, client, trigger_install
             assert 'source="first definitions message (change)"' in done.stdout + done.stderr
         compared, topics = 0, existing_topics(kafka_bootstrap)
         for k in PUBS:
-            want = [(tbl, op, pg_text(old), new if new is None else tuple(
+            want = [(tbl, op, old, new if new is None else tuple(
                         (c, pg_text(x)) for c, x in new)) for tbl, op, old, new in
                     oracle(pg, oracle_slots[k], n[k])]
             got = topic_ops(kafka_bootstrap, f"r{k}_{u}", [n[x] for x in ("t", "u", "w", "p",
