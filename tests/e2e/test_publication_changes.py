@@ -2,7 +2,8 @@
 
 DML interleaved with ALTER PUBLICATION — a row filter changed, a column list changed, a table
 added and dropped, the publish actions changed, ``publish_via_partition_root`` toggled, a
-replica identity changed, and an ALTER inside a transaction between two changes — on one
+replica identity changed, a table attached as a partition and detached again, and an ALTER
+inside a transaction between two changes — on one
 slot with one route per publication, the event trigger of ``pgrouter setup`` installed. Run
 three ways: (1) the router live, (2) the router started only after all of it, (3) the router
 killed with ``kill -9`` before each ALTER group and started again after it, so every start
@@ -50,11 +51,12 @@ PUBS = {
 def steps(n: dict) -> list[tuple[str, list[str]]]:
     """(kind, statements): 'dml' runs each statement in its own transaction, 'alter' too,
     'txn' runs them as one transaction."""
-    t, u, p, w = n["t"], n["u"], n["p"], n["w"]
+    t, u, p, w, x = n["t"], n["u"], n["p"], n["w"], n["x"]
     return [
         ("dml", [f"insert into {t} values (1, 5, 'a'), (2, 50, 'b'), (3, 20, 'c')",
                  f"insert into {u} values (1, 5), (2, 50)",
                  f"insert into {w} values (1, 1, 'a'), (2, 2, 'b')",
+                 f"insert into {x} values (1100, 11)",  # not a partition yet: in no publication
                  f"insert into {p} values (1, 5), (2, 50), (150, 7)",
                  f"update {t} set v = v + 1 where id = 1",
                  f"update {u} set v = 51 where id = 2"]),
@@ -62,14 +64,16 @@ def steps(n: dict) -> list[tuple[str, list[str]]]:
                    f"alter publication {n['pc']} set table {w} (id, c)",
                    f"alter publication {n['pt']} add table {u}",
                    f"alter publication {n['pa']} set (publish = 'insert, update, delete')",
-                   f"alter publication {n['pr']} set (publish_via_partition_root = true)"]),
+                   f"alter publication {n['pr']} set (publish_via_partition_root = true)",
+                   f"alter table {p} attach partition {x} for values from (1000) to (2000)"]),
         ("dml", [f"insert into {t} values (4, 5, 'd'), (5, 50, 'e')",
                  f"update {t} set v = 7, c = 'x' where id = 2",
                  f"insert into {u} values (3, 8)",
                  f"update {w} set v = 3, c = 'y' where id = 1",
                  f"insert into {w} values (3, 3, 'c')",
                  f"update {u} set v = 9 where id = 1",
-                 f"insert into {p} values (3, 5), (160, 60)",
+                 f"insert into {p} values (3, 5), (160, 60), (1200, 12)",
+                 f"update {x} set v = 13 where id = 1100",
                  f"update {p} set v = 6 where id = 1",
                  f"delete from {t} where id = 1"]),
         ("txn", [f"insert into {t} values (6, 5, 'f')",
@@ -86,6 +90,7 @@ def steps(n: dict) -> list[tuple[str, list[str]]]:
         ("alter", [f"alter publication {n['pa']} set (publish = 'insert, delete')",
                    f"alter publication {n['pr']} set (publish_via_partition_root = false)",
                    f"alter table {u} replica identity full",
+                   f"alter table {p} detach partition {x}",
                    f"alter publication {n['pf']} set table {t} where (v > 40 or c = 'x')"]),
         ("dml", [f"update {t} set v = v + 100",
                  f"delete from {t} where id = 3",
@@ -93,7 +98,8 @@ def steps(n: dict) -> list[tuple[str, list[str]]]:
                  f"delete from {u} where id = 1",
                  f"insert into {p} values (4, 4), (170, 70)",
                  f"update {p} set v = v + 1 where id in (2, 160)",
-                 f"delete from {p} where id = 3"]),
+                 f"delete from {p} where id = 3",
+                 f"insert into {x} values (1300, 13)"]),  # detached: in no publication
     ]
 
 
@@ -194,12 +200,13 @@ def test_publication_changes_at_their_wal_position(mode, client, trigger_install
                                                    kafka_bootstrap, tmp_path):
     pg = Pg(pg_dsn)
     u = unique("pw")
-    n = {x: f"{x}_{u}" for x in ("t", "u", "w", "p", "p1", "p2")}
+    n = {x: f"{x}_{u}" for x in ("t", "u", "w", "x", "p", "p1", "p2")}
     n.update({k: f"{k}_{u}" for k in PUBS})
     pg.run(f"create table {n['t']} (id int primary key, v int, c text)")
     pg.run(f"alter table {n['t']} replica identity full")  # pf filters UPDATE/DELETE on v
     pg.run(f"create table {n['u']} (id int primary key, v int)")
     pg.run(f"create table {n['w']} (id int primary key, v int, c text)")
+    pg.run(f"create table {n['x']} (id int primary key, v int)")
     pg.run(f"create table {n['p']} (id int primary key, v int) partition by range (id)")
     pg.run(f"create table {n['p1']} partition of {n['p']} for values from (0) to (100)")
     pg.run(f"create table {n['p2']} partition of {n['p']} for values from (100) to (1000)")
@@ -246,8 +253,8 @@ def test_publication_changes_at_their_wal_position(mode, client, trigger_install
             want = [(tbl, op, old, new if new is None else tuple(
                         (c, pg_text(x)) for c, x in new)) for tbl, op, old, new in
                     oracle(pg, oracle_slots[k], n[k])]
-            got = topic_ops(kafka_bootstrap, f"r{k}_{u}", [n[x] for x in ("t", "u", "w", "p",
-                                                                          "p1", "p2")], topics)
+            got = topic_ops(kafka_bootstrap, f"r{k}_{u}", [n[x] for x in ("t", "u", "w", "x",
+                                                                          "p", "p1", "p2")], topics)
             assert got == want, (mode, k, [(i, a, b) for i, (a, b) in enumerate(
                 zip(got + [None] * len(want), want + [None] * len(got))) if a != b][:6])
             compared += len(want)
@@ -261,7 +268,7 @@ def test_publication_changes_at_their_wal_position(mode, client, trigger_install
             pg.drop_slot(s)
         pg.run(" ".join(f"drop publication if exists {n[k]};" for k in PUBS)
                + f"drop publication if exists sp_{u}")
-        pg.run(f"drop table if exists {n['t']}, {n['u']}, {n['w']}, {n['p']}")
+        pg.run(f"drop table if exists {n['t']}, {n['u']}, {n['w']}, {n['x']}, {n['p']}")
         pg.close()
 
 
