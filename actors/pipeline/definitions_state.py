@@ -230,6 +230,16 @@ async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_l
                        route_publications=route_publication_names(cfg), on_change=on_change)
 
 
+async def for_pipeline(mode_: str | None, cfg: Config, client,
+                       confirmed_lsn: int) -> Definitions | None:
+    """The definitions a pipeline's routers follow in ``wal`` mode, else None."""
+    if mode_ != "wal":
+        return None
+    async with await SqlSession.connect(cfg.source.dsn) as sql:
+        return await starting_definitions(sql, cfg, client, confirmed_lsn,
+                                          on_change=log_change)
+
+
 def _message_content(data: bytes) -> bytes:
     """The content of a pgoutput Message ('M', flags, lsn, prefix NUL, length, content)."""
     end = data.index(b"\x00", 10)
@@ -243,12 +253,16 @@ def log_change(msg, catalog) -> None:
 
 
 class PublicationPoller:
-    """``poll`` mode: reads the route publications every ``interval`` seconds and calls
-    ``reload()`` when they differ from the last reading."""
+    """``poll`` mode: reads the route publications every ``publication_poll_interval``
+    seconds and calls ``reload()`` when they differ from the last reading (the first one:
+    ``catalog``, what the pipeline started with)."""
 
-    def __init__(self, cfg: Config, reload, interval: float, initial: dict | None = None):
-        self.cfg, self.reload, self.interval = cfg, reload, interval
-        self._last = initial
+    def __init__(self, cfg: Config, reload, catalog=None):
+        self.cfg, self.reload = cfg, reload
+        self.interval = cfg.source.publication_poll_interval
+        names = route_publication_names(cfg)
+        self._last = None if catalog is None else {
+            n: p for n, p in catalog.publications.items() if n in names}
 
     async def read(self):
         async with await SqlSession.connect(self.cfg.source.dsn) as sql:

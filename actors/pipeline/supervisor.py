@@ -154,8 +154,7 @@ class Supervisor:
         self.health = Health()
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
-        #: "wal", "poll" or None (no route follows a publication), and in "wal" mode the
-        #: definitions shared by the pipeline's routers (``router.definitions``)
+        #: "wal"/"poll"/None (``definitions_state.mode``); with "wal" the routers' definitions
         self.publication_mode: str | None = None
         self.definitions = None
 
@@ -230,11 +229,8 @@ class Supervisor:
             return
         client = await trio.to_thread.run_sync(self.client_factory, cfg)
         try:
-            self.definitions = None
-            if self.publication_mode == "wal":
-                async with await SqlSession.connect(src.dsn) as sql:
-                    self.definitions = await definitions_state.starting_definitions(
-                        sql, cfg, client, info.start_lsn, on_change=definitions_state.log_change)
+            self.definitions = await definitions_state.for_pipeline(
+                self.publication_mode, cfg, client, info.start_lsn)
             await self._pipeline(info, client)
         finally:
             self._streaming(False, "not streaming (starting, restarting or stopped)")
@@ -330,9 +326,7 @@ class Supervisor:
             reloader.start_soon(monitor.run)
             if self.publication_mode == "poll":
                 reloader.start_soon(definitions_state.PublicationPoller(
-                    cfg, lambda: self._reload(state, routers), src.publication_poll_interval,
-                    {n: p for n, p in self.catalog.publications.items()
-                     if n in definitions_state.route_publication_names(cfg)}).run)
+                    cfg, lambda: self._reload(state, routers), self.catalog).run)
             async with trio.open_nursery() as nursery:
                 await nursery.start(progress.run)
                 await nursery.start(sink.run)
