@@ -289,6 +289,7 @@ def test_without_the_trigger_changes_are_polled_with_a_warning(pg_dsn, kafka_boo
     pg.run(f"alter table {t} replica identity full")
     pg.run(f"create publication pf_{u} for table {t} where (v > 10)")
     pg.run(f"create publication sp_{u} for table {t}")
+    pg.run(f"grant select on {t} to {role}")  # a slot the router makes starts with a copy
     cfg, super_cfg = (write_config(
         tmp_path / f"{name}.toml", dsn=dsn, slot=f"{u}_router", publications=[f"sp_{u}"],
         bootstrap=kafka_bootstrap, source_extra="publication_poll_interval = 0.3",
@@ -351,5 +352,5 @@ def test_without_the_trigger_changes_are_polled_with_a_warning(pg_dsn, kafka_boo
         pg.drop_slot(f"{u}_router")
         pg.run(f"drop publication if exists pf_{u}, sp_{u}")
         pg.run(f"drop table if exists {t}")
-        pg.run(f"drop role if exists {role}")
+        pg.run(f"drop owned by {role}; drop role if exists {role}")
         pg.close()
