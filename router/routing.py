@@ -19,20 +19,16 @@ Rules:
 
 from __future__ import annotations
 
-import fnmatch
-from typing import Callable, Iterator
-
-import msgspec
+from typing import Iterator
 
 from .changes import Change
 from .following import FollowsDefinitions
 from .native import NATIVE
 from .envelope import TableEncoder, TxContext, encode_message
-from .errors import ConfigError
 from .keys import PrimaryKeys
-from .topics import illegal, topic_name
 from .plans import KINDS, TablePlan, apply_plan, materialize
 from .pgoutput import Relation
+from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
 from .transactions import NonTransactionalMessage, Transaction
 
@@ -42,52 +38,9 @@ DECISIONS_MAX = 4096
 #: beyond this many filtered columns per relation decisions are not remembered
 DECISION_COLUMNS_MAX = 6
 
-#: (topic, key, value, headers)
-Record = tuple
-
-
-class RoutedChunk(msgspec.Struct):
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    records: list
-    schemas: list[TableSchema]
-    last: bool  # the transaction's final chunk
-    #: topics this router had not used before, with the route that writes them
-    new_topics: list[tuple[str, str]] = []
-
-
-class RouteSpec(msgspec.Struct, frozen=True):
-    """A route as the core sees it. ``planner`` builds the plan for a relation the route
-    takes (or returns None to skip it); the default planner handles config routes."""
-
-    name: str
-    tables: frozenset[tuple[str, str]] = frozenset()
-    schemas: frozenset[str] = frozenset()
-    all_tables: bool = False
-    operations: frozenset[str] = frozenset({"insert", "update", "delete", "truncate"})
-    topic: str = "{route}.{schema}.{table}"
-    planner: Callable[[Relation], dict | None] | None = None
-
-    def takes(self, schema: str, table: str) -> bool:
-        if self.all_tables:
-            return True
-        if (schema, table) in self.tables:
-            return True
-        return any(fnmatch.fnmatchcase(schema, s) for s in self.schemas)
-
-    def topic_for(self, schema: str, table: str) -> str:
-        """The topic of a table (``router.topics``: identifiers escaped); a ``ConfigError``
-        when Kafka would refuse the name (a table created after ``check`` ran)."""
-        topic = topic_name(self.topic, self.name, schema, table)
-        problem = illegal(topic)
-        if problem:
-            raise ConfigError(f"route {self.name!r}, table {schema}.{table}: topic {problem}",
-                              path="routes.topic")
-        return topic
-
-
 _H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"
+
+
 def _record_run_py(changes: list, i: int, rel: Relation, ops: dict, kinds: dict, seq: int,
                    records: list, limit: int) -> tuple[int, int]:
     """``router._native.record_run`` in Python: from ``changes[i]`` on, while the change is
@@ -147,6 +100,9 @@ class ChangeRouter(FollowsDefinitions):
         self._new_topics: list[tuple[str, str]] = []
         self._pending_routes: list[RouteSpec] | None = None
         self._dispatch: dict[int, tuple] = {}
+        #: changes of a relation a route takes that its filter or publish actions dropped,
+        #: by route name (read and reset by ``take_dropped``; for the metrics)
+        self.dropped: dict[str, int] = {}
         #: (transaction, {id(plan): (plan, recorder)}) for the plans _route_change used in it
         self._plan_recorders: tuple = (None, {})
 
@@ -216,15 +172,18 @@ class ChangeRouter(FollowsDefinitions):
         if cols is not None and len(cols) > DECISION_COLUMNS_MAX:
             cols = None
         direct: dict[str, tuple | None] = {}
+        skipping: dict[str, tuple[str, ...]] = {}
         for op, publish, filt in (("insert", "publish_insert", "insert_filter"),
                                   ("update", "publish_update", "update_filter"),
                                   ("delete", "publish_delete", "delete_filter")):
             taking = [p for p in plans if getattr(p, publish)]
+            skipping[op] = tuple(p.route for p in plans if not getattr(p, publish))
             if any(getattr(p, filt) is not None or p.row_map is not None for p in taking):
                 direct[op] = None
             else:
                 direct[op] = tuple((p.topic, p.encoder) for p in taking)
-        entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct)
+        entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct,
+                 skipping)
         self._dispatch[relation.relation_id] = entry
         return entry
 
@@ -272,7 +231,11 @@ class ChangeRouter(FollowsDefinitions):
                     if recorders is not None:
                         # this change and the run of changes after it that is recorded the
                         # same way (same relation, bound ops)
+                        start = i
                         i, seq = record_run(batch, i, rel, ops, KINDS, seq, records, limit)
+                        skip = self._dispatch[rel.relation_id][5][op]
+                        if skip:  # routes taking the table but not this action
+                            self._count_dropped(skip, i - start)
                         if len(records) >= limit:
                             yield self._chunk(txn, records, schemas, False)
                             records, schemas = [], []
@@ -303,6 +266,15 @@ class ChangeRouter(FollowsDefinitions):
                 self._seen_schemas.add(encoder.schema.schema_id)
                 schemas.append(encoder.schema)
         return tuple(encoder.recorder(tx, topic, lsn_header, _H_SEQ) for topic, encoder in targets)
+
+    def _count_dropped(self, routes, n: int = 1) -> None:
+        dropped = self.dropped
+        for route in routes:
+            dropped[route] = dropped.get(route, 0) + n
+
+    def take_dropped(self) -> dict[str, int]:
+        dropped, self.dropped = self.dropped, {}
+        return dropped
 
     def _chunk(self, txn: Transaction, records: list, schemas: list, last: bool) -> RoutedChunk:
         new_topics = self._new_topics
@@ -352,6 +324,9 @@ class ChangeRouter(FollowsDefinitions):
         if cols is None:
             results = [(plan, *r) for plan in entry[1]
                        if (r := apply_plan(plan, change)) is not None]
+            if len(results) < len(entry[1]):
+                published = {id(r[0]) for r in results}
+                self._count_dropped(p.route for p in entry[1] if id(p) not in published)
         else:
             # every route's decision depends only on the filtered columns' values: remember
             # the decisions (which plans publish, as what) per distinct values
@@ -365,6 +340,9 @@ class ChangeRouter(FollowsDefinitions):
                 if len(entry[3]) >= DECISIONS_MAX:
                     entry[3].clear()
                 entry[3][key] = decisions
+            if len(decisions) < len(entry[1]):
+                published = {id(d[0]) for d in decisions}
+                self._count_dropped(p.route for p in entry[1] if id(p) not in published)
             if not decisions:
                 return
             same = KINDS[op]

@@ -84,6 +84,10 @@ class RouterActor:
                 if metrics is not None:
                     metrics.stage_seconds.labels("route").observe(
                         perf_counter() - started - waited)
+                    for router in (self.router, *self._subsets.values()):
+                        if router.dropped:
+                            for name, n in router.take_dropped().items():
+                                metrics.route_dropped.labels(name).inc(n)
                 if group:
                     await self.out.send(group)
 

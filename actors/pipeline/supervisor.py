@@ -53,7 +53,7 @@ from .router_actor import RouterActor
 from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
 from ..services.http import Endpoint, Health
-from ..services.metrics import Metrics
+from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
 from ..services.topic_names import refuse_bad_topics
 from .progress import ProgressActor, Stats
@@ -151,6 +151,7 @@ class Supervisor:
         self.catalog: Catalog | None = None
         #: Prometheus metrics and /readyz, with ``[metrics] listen`` set
         self.metrics = Metrics() if cfg.metrics.listen else None
+        activate(self.metrics)
         self.health = Health()
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot

@@ -121,6 +121,16 @@ class Metrics:
             "When the slot was last sampled over SQL", registry=r)
         self.streaming = Gauge(
             "pgrouter_streaming", "1 while the pipeline streams the slot", registry=r)
+        self.snapshot_rows = Counter(
+            "pgrouter_snapshot_rows", "Rows read by a snapshot or backfill and routed",
+            ["kind", "table"], registry=r)
+        self.snapshot_estimated_rows = Gauge(
+            "pgrouter_snapshot_estimated_rows",
+            "The planner's row estimate of a table being snapshotted", ["kind", "table"],
+            registry=r)
+        self.snapshot_tables_done = Counter(
+            "pgrouter_snapshot_tables_done", "Tables a snapshot or backfill finished",
+            ["kind"], registry=r)
         self.clock = CommitClock()
         self._sources: dict[str, Callable[[], float]] = {}
         self._gauge("pgrouter_lag_seconds",
@@ -183,3 +193,17 @@ class Metrics:
             self.slot_wal_status.labels(status).set(1 if status == wal_status else 0)
         self.slot_lag_warning.set(1 if warning else 0)
         self.last_sample.set(time.time())
+
+
+#: the metrics of the command running in this process (one ``pgrouter run`` per process), for
+#: the parts that are not handed one (the snapshot reporters); None without ``[metrics]``
+_active: Metrics | None = None
+
+
+def activate(metrics: Metrics | None) -> None:
+    global _active
+    _active = metrics
+
+
+def active() -> Metrics | None:
+    return _active

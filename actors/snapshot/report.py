@@ -10,7 +10,7 @@ import trio
 
 from router.snapshot import eta
 
-from ..services import log
+from ..services import log, metrics
 
 _log = log.get("snapshot")
 
@@ -32,17 +32,24 @@ class Reporter:
         self.what = what  # "initial snapshot" / "backfill"
         self.interval = interval
         self.tables: dict[str, _Table] = {}
+        self.kind = "initial" if what.startswith("initial") else "backfill"  # metric label
 
     def start(self, table: str, estimate: int) -> None:
         self.tables[table] = _Table(estimate)
+        if (m := metrics.active()) is not None:
+            m.snapshot_estimated_rows.labels(self.kind, table).set(estimate)
         log.event(_log, f"{self.what}: table started", table=table, estimated_rows=estimate)
 
     def add(self, table: str, rows: int) -> None:
         self.tables[table].rows += rows
+        if (m := metrics.active()) is not None:
+            m.snapshot_rows.labels(self.kind, table).inc(rows)
 
     def finish(self, table: str) -> None:
         t = self.tables[table]
         t.finished = time.monotonic()
+        if (m := metrics.active()) is not None:
+            m.snapshot_tables_done.labels(self.kind).inc()
         secs = max(t.finished - t.started, 1e-6)
         log.event(_log, f"{self.what}: table done", table=table, rows=t.rows,
                   seconds=round(secs, 2), rows_per_s=round(t.rows / secs, 1))

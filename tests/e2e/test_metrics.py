@@ -122,6 +122,12 @@ def test_metrics_follow_the_data_and_the_slot(metrics_setup, kafka_bootstrap, tm
         assert value(m, "pgrouter_transactions_total") >= 3
         assert value(m, "pgrouter_changes_total") >= 40 + 20 + 5
         assert value(m, "pgrouter_streaming") == 1
+        # the filtered route: 10 inserts fail its filter, 20 updates and 5 deletes are not
+        # among its actions; the plain route drops nothing
+        assert value(m, "pgrouter_route_dropped_changes_total", route=f"{name}_big") == 35
+        assert value(m, "pgrouter_route_dropped_changes_total", route=f"{name}_all") == 0
+        # the initial snapshot of the (then empty) table, with the router's start
+        assert value(m, "pgrouter_snapshot_tables_done_total", kind="initial") >= 1
         assert value(m, "pgrouter_stage_duration_seconds_count", stage="decode") > 0
         assert value(m, "pgrouter_stage_duration_seconds_count", stage="route") > 0
         assert value(m, "pgrouter_stage_duration_seconds_count", stage="produce") > 0
