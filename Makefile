@@ -44,7 +44,7 @@ venv: system $(STAMP)
 $(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,spark,librdkafka]'
+	$(BIN)/pip install -q -e '.[dev,spark,librdkafka,postgres]'
 	rm -f $(VENV)/.installed-*; touch $@
 
 stack: venv

@@ -4,6 +4,12 @@ Tests that need PostgreSQL or Kafka take the ``pg_dsn`` / ``kafka_bootstrap`` fi
 bring up the project's dev stack (``pgrouter devstack up``) once per session. ``PGROUTER_TEST_DSN``
 and ``PGROUTER_TEST_KAFKA`` point the tests at already running services instead. A service
 that cannot be started is a test failure, never a skip.
+
+The version matrix: a test marked ``pg_matrix`` runs once per PostgreSQL major version of
+``MATRIX`` (ids ``[pg15]`` … ``[pg18]``). Its ``pg_dsn`` (and ``pg_nodes``) then point at a
+server of that version: the main stack's server when it runs that version, else a server of
+that version started beside it (``devstack up --with-pg-version N``) once per session.
+``PGROUTER_TEST_VERSIONS=16,18`` narrows the matrix.
 """
 
 from __future__ import annotations
@@ -14,6 +20,18 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+MATRIX = tuple(int(v) for v in os.environ.get("PGROUTER_TEST_VERSIONS", "15,16,17,18").split(","))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "pg_matrix: runs against every PostgreSQL version of "
+                            "the matrix (tests/conftest.py)")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("pg_matrix") and "pg_version" in metafunc.fixturenames:
+        metafunc.parametrize("pg_version", MATRIX, indirect=True, scope="session",
+                             ids=[f"pg{v}" for v in MATRIX])
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +45,39 @@ def devstack():
 
 
 @pytest.fixture(scope="session")
-def pg_dsn(request) -> str:
+def pg_version(request) -> int | None:
+    """The major version a ``pg_matrix`` test runs against; None outside the matrix."""
+    return getattr(request, "param", None)
+
+
+def _server_version(dsn: str) -> int:
+    import psycopg2
+
+    with psycopg2.connect(dsn, connect_timeout=10) as conn, conn.cursor() as cur:
+        cur.execute("select current_setting('server_version_num')::int / 10000")
+        return cur.fetchone()[0]
+
+
+def version_server(request, version: int) -> str:
+    """The DSN of a server of ``version``: the main one when it runs that version, else one
+    started beside the dev stack (a server that cannot be started fails the test)."""
+    from actors.devstack import ensure_up
+
+    main = os.environ.get("PGROUTER_TEST_DSN")
+    if main and _server_version(main) == version:
+        return main
+    if not main and request.getfixturevalue("devstack").pg_version == version:
+        return request.getfixturevalue("devstack").pg_dsn
+    try:
+        return ensure_up(ROOT / ".devstack", versions=[version]).dsn_for(version)
+    except Exception as exc:  # never a skip: a version that cannot run is a failure
+        pytest.fail(f"PostgreSQL {version} could not be started: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(request, pg_version) -> str:
+    if pg_version is not None:
+        return version_server(request, pg_version)
     if os.environ.get("PGROUTER_TEST_DSN"):
         return os.environ["PGROUTER_TEST_DSN"]
     return request.getfixturevalue("devstack").pg_dsn

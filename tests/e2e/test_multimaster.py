@@ -241,6 +241,7 @@ def positions(records: list[dict]) -> list[tuple]:
 
 # -- tests ------------------------------------------------------------------------------------
 
+@pytest.mark.pg_matrix
 def test_bidirectional_origin_none_no_echo(node_db, kafka_bootstrap, tmp_path, procs):
     tag = uuid.uuid4().hex[:6]
     a = Node(node_db, "pg2", "a", tmp_path, kafka_bootstrap, tag)

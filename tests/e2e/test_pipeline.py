@@ -82,6 +82,7 @@ topic = "{{route}}"
     pg.close()
 
 
+@pytest.mark.pg_matrix
 def test_every_change_kind_arrives_in_order_and_folds_to_the_table(env, kafka_bootstrap):
     pg, name, t, cfg = env
     run_router(cfg)  # creates the slot; nothing to send yet
@@ -182,6 +183,7 @@ def test_rerun_sends_nothing_new_once_confirmed(env, kafka_bootstrap):
     assert len(read_topic(kafka_bootstrap, f"{name}.{t['pk']}")) == 1
 
 
+@pytest.mark.pg_matrix
 def test_logical_decoding_messages_go_to_the_messages_topic(pg_dsn, kafka_bootstrap, tmp_path):
     pg = Pg(pg_dsn)
     name = unique("msg")

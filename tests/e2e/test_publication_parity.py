@@ -78,6 +78,7 @@ class Subscriber:
         self.pg.run(f"drop database {self.db} with (force)")
 
 
+@pytest.mark.pg_matrix
 def test_seed_examples_and_column_lists_match_subscriptions(pg_dsn, kafka_bootstrap, tmp_path):
     pg = Pg(pg_dsn)
     u = unique("pp")

@@ -81,3 +81,24 @@ async def test_asyncpg_under_trio_asyncio(pg_dsn):
         finally:
             await trio_asyncio.aio_as_trio(conn.close)()
     assert value == "logical:42"
+
+
+@pytest.mark.pg_matrix
+def test_each_version_runs_as_asked_with_logical_decoding(pg_dsn, pg_version):
+    """The server of each version is that version, has wal_level=logical, both output
+    plugins, and runs as the postgres user (never root)."""
+    import os
+    import pwd
+
+    pg = Pg(pg_dsn)
+    try:
+        assert pg.one("select current_setting('server_version_num')::int / 10000") == pg_version
+        assert pg.one("select current_setting('wal_level')") == "logical"
+        name = f"v_{uuid.uuid4().hex[:8]}"
+        for plugin in ("pgoutput", "test_decoding"):
+            pg.run("select pg_create_logical_replication_slot(%s, %s)", name, plugin)
+            pg.drop_slot(name)
+        pid = pg.one("select pg_backend_pid()")
+        assert os.stat(f"/proc/{pid}").st_uid == pwd.getpwnam("postgres").pw_uid
+    finally:
+        pg.close()
