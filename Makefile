@@ -10,7 +10,10 @@ BIN    := $(VENV)/bin
 NATIVE := $(wildcard router/_native/*.c router/_native/*.h)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(NATIVE) | cksum | cut -d' ' -f1)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto
+# PostgreSQL major version of a new dev stack (15–18; empty: the newest, 18); an existing
+# stack keeps the version it was made with
+PG_VERSION ?=
+STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto $(if $(PG_VERSION),--pg-version $(PG_VERSION))
 PYTEST_ARGS ?=
 
 .PHONY: test demo system venv stack down bench clean materialize-bundle

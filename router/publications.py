@@ -22,6 +22,11 @@ Rules, for one table and a list of publications (``resolve``):
   every live column is no list; the publications at the winning level must agree exactly,
   otherwise it is an error, as in PostgreSQL (``cannot use different column lists``). Columns
   are published in table order, not list order.
+* Generated columns (PostgreSQL 18, ``logicalrep_should_publish_column``): a stored generated
+  column is published when a column list names it, or, without a list, when the publication
+  has ``publish_generated_columns = stored``; otherwise "all columns" means the
+  non-generated ones. The catalog lists generated columns only for servers that can publish
+  them (18+), so on older servers nothing changes.
 * TRUNCATE is never row-filtered; a partition's TRUNCATE is not published when the partition
   is published as an ancestor.
 """
@@ -58,6 +63,8 @@ class Publication(msgspec.Struct, frozen=True):
     via_root: bool = False
     schemas: frozenset[str] = frozenset()
     tables: dict[TableName, PubTable] = {}
+    #: ``publish_generated_columns = stored`` (PostgreSQL 18)
+    generated_columns: bool = False
 
     def actions(self) -> frozenset[str]:
         return frozenset(a for a in ("insert", "update", "delete", "truncate")
@@ -69,10 +76,12 @@ class CatalogColumn(msgspec.Struct, frozen=True):
     type_oid: int
     type_modifier: int = -1
     key: bool = False  # part of the replica identity (every column with REPLICA IDENTITY FULL)
+    generated: bool = False  # a stored generated column (listed by the catalog on 18+ only)
 
 
 class TableInfo(msgspec.Struct, frozen=True):
-    """A table as the catalog describes it (live, non-generated columns in attnum order)."""
+    """A table as the catalog describes it (live columns in attnum order; stored generated
+    ones only where the server can publish them)."""
 
     schema: str
     name: str
@@ -222,6 +231,9 @@ def _column_list(publish_as: TableName, info: TableInfo | None,
                 cols = frozenset(entry.columns)
                 if info is not None and len(cols) == len(info.columns):
                     cols = None
+        if cols is None and info is not None and not pub.generated_columns and any(
+                c.generated for c in info.columns):
+            cols = frozenset(c.name for c in info.columns if not c.generated)
         if first:
             result, first = cols, False
         elif cols != result:

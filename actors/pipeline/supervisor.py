@@ -38,6 +38,7 @@ from router.keys import PrimaryKeys
 from router.relations import RelationCache
 from router.origins import rules_from_config
 from router.routing import ChangeRouter, RouteSpec
+from router.server_features import ServerFeatures
 from router.transaction_meta import TransactionMeta
 from router.transactions import TransactionAssembler
 from router.publications import Catalog
@@ -83,13 +84,17 @@ def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
 
 
 def max_proto_version(server_version: int) -> int:
-    if server_version >= 160000:
-        return 4
-    if server_version >= 150000:
-        return 3
-    if server_version >= 140000:
-        return 2
-    return 1
+    return ServerFeatures(server_version).max_proto_version
+
+
+def origin_filtering(cfg: Config, server_version: int) -> str:
+    """Where origin filtering happens: ``server`` (the slot's ``origin`` option, PostgreSQL
+    16+ with the policy exactly "none" everywhere), ``client`` (the origin filter actor) or
+    ``off`` (nothing to drop)."""
+    origins = rules_from_config(cfg)
+    if origins.passes_everything:
+        return "off"
+    return "server" if origins.server_option(server_version) is not None else "client"
 
 
 async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
@@ -221,6 +226,7 @@ class Supervisor:
                 self.until_lsn = parse_lsn(await sql.fetchval("select pg_current_wal_lsn()::text"))
         log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
                   server_version=info.version, proto_version=info.proto_version,
+                  origin_filter=origin_filtering(cfg, info.version),
                   confirmed_lsn=format_lsn(info.start_lsn),
                   until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None,
                   hot_path=native.describe(), kafka_client=self.cfg.kafka.client)

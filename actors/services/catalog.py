@@ -6,13 +6,15 @@ Rules:
 * Read once at startup and again on SIGHUP (``Supervisor``); the core never queries. What is
   read is the *current* catalog, not the historic snapshot pgoutput decodes with: a changed
   publication applies from the next transaction the router sees after the reload.
-* Tables: every ordinary and partitioned table outside the system schemas, with live,
-  non-generated columns in attnum order (what a Relation message lists), the replica
+* Tables: every ordinary and partitioned table outside the system schemas, with live
+  columns in attnum order (what a Relation message can list: non-generated ones, and on
+  PostgreSQL 18+ stored generated ones, flagged, which publications may publish), the replica
   identity key (``relreplident``: primary key for DEFAULT, the ``indisreplident`` index for
   USING INDEX, every column for FULL, none for NOTHING), partition ancestors
   (``pg_inherits``, parent first) and leaf partitions.
-* Publications: ``pg_publication`` (actions, ``puballtables``, ``pubviaroot``),
-  ``pg_publication_namespace`` (TABLES IN SCHEMA) and ``pg_publication_rel`` with the row
+* Publications: ``pg_publication`` (actions, ``puballtables``, ``pubviaroot``,
+  ``pubgencols`` on 18+), ``pg_publication_namespace`` (TABLES IN SCHEMA) and
+  ``pg_publication_rel`` with the row
   filter as ``pg_get_expr(prqual, prrelid)`` prints it and the column list as names.
 """
 
@@ -42,11 +44,15 @@ from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where {_USER_TABLES}
 """
 
+#: PostgreSQL 18 publishes stored generated columns (publish_generated_columns, column lists)
+GENERATED_COLUMNS_MIN_VERSION = 180000
+
 _COLUMNS = f"""
-select a.attrelid, a.attnum, a.attname, a.atttypid::int8 as typid, a.atttypmod
+select a.attrelid, a.attnum, a.attname, a.atttypid::int8 as typid, a.atttypmod,
+       a.attgenerated = 's' as generated
 from pg_attribute a join pg_class c on c.oid = a.attrelid
 join pg_namespace n on n.oid = c.relnamespace
-where {_USER_TABLES} and a.attnum > 0 and not a.attisdropped and a.attgenerated = ''
+where {_USER_TABLES} and a.attnum > 0 and not a.attisdropped and a.attgenerated in ({{gen}})
 order by a.attrelid, a.attnum
 """
 
@@ -62,10 +68,10 @@ join pg_class p on p.oid = i.inhparent where p.relkind = 'p'
 
 _PUBLICATIONS = """
 select p.oid, p.pubname, p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete,
-       p.pubtruncate, p.pubviaroot,
+       p.pubtruncate, p.pubviaroot, {gencols} as gencols,
        coalesce((select array_agg(n.nspname::text) from pg_publication_namespace pn
                  join pg_namespace n on n.oid = pn.pnnspid where pn.pnpubid = p.oid),
-                '{}') as schemas
+                '{{}}') as schemas
 from pg_publication p where p.pubname = any($1::text[])
 """
 
@@ -104,10 +110,16 @@ async def load_primary_keys(sql: SqlSession, tables: list[tuple[str, str]] | Non
     return found
 
 
+async def _publishes_generated(sql: SqlSession) -> bool:
+    version = int(await sql.fetchval("select current_setting('server_version_num')"))
+    return version >= GENERATED_COLUMNS_MIN_VERSION
+
+
 async def load_tables(sql: SqlSession) -> dict[tuple[str, str], TableInfo]:
     rels = {r["oid"]: r for r in await sql.fetch(_TABLES)}
     columns: dict[int, list] = {}
-    for r in await sql.fetch(_COLUMNS):
+    gen = "'', 's'" if await _publishes_generated(sql) else "''"
+    for r in await sql.fetch(_COLUMNS.format(gen=gen)):
         columns.setdefault(r["attrelid"], []).append(r)
     pk: dict[int, set] = {}
     ri: dict[int, set] = {}
@@ -140,7 +152,7 @@ async def load_tables(sql: SqlSession) -> dict[tuple[str, str], TableInfo]:
         ident = r["ident"]
         keys = {"d": pk.get(oid, set()), "i": ri.get(oid, set()), "n": set()}.get(ident)
         cols = tuple(CatalogColumn(c["attname"], c["typid"], c["atttypmod"],
-                                   ident == "f" or c["attnum"] in keys)
+                                   ident == "f" or c["attnum"] in keys, c["generated"])
                      for c in columns.get(oid, ()))
         ancestors, o = [], oid
         while o in parent and parent[o] in rels:
@@ -156,7 +168,8 @@ async def load_tables(sql: SqlSession) -> dict[tuple[str, str], TableInfo]:
 async def load_publications(sql: SqlSession, names: list[str]) -> dict[str, Publication]:
     if not names:
         return {}
-    rows = await sql.fetch(_PUBLICATIONS, list(names))
+    gencols = "p.pubgencols = 's'" if await _publishes_generated(sql) else "false"
+    rows = await sql.fetch(_PUBLICATIONS.format(gencols=gencols), list(names))
     tables: dict[str, dict] = {}
     for r in await sql.fetch(_PUBLICATION_RELS, list(names)):
         cols = tuple(r["cols"] or ()) if r["has_cols"] else None
@@ -166,7 +179,7 @@ async def load_publications(sql: SqlSession, names: list[str]) -> dict[str, Publ
         name=r["pubname"], all_tables=r["puballtables"], insert=r["pubinsert"],
         update=r["pubupdate"], delete=r["pubdelete"], truncate=r["pubtruncate"],
         via_root=r["pubviaroot"], schemas=frozenset(r["schemas"]),
-        tables=tables.get(r["pubname"], {})) for r in rows}
+        tables=tables.get(r["pubname"], {}), generated_columns=r["gencols"]) for r in rows}
 
 
 def route_publication_names(cfg: Config) -> list[str]:

@@ -100,3 +100,34 @@ def test_planner_maps_partition_rows_to_root_by_name_and_compiles_once():
     assert plan["insert_filter"](mapped) is True
     assert plan["insert_filter"](("7", "100")) is False
     assert plan["insert_filter"]((None, "1")) is False  # NULL is false
+
+
+# PostgreSQL 18: stored generated columns (logicalrep_should_publish_column)
+GEN = TableInfo("public", "g", columns=(CatalogColumn("a", INT4, -1, True),
+                                        CatalogColumn("b", INT4),
+                                        CatalogColumn("twice", INT4, generated=True)))
+GEN_TABLES = {GEN.qualified: GEN}
+
+
+def test_generated_columns_only_with_publish_generated_columns_or_a_column_list():
+    entry = {("public", "g"): PubTable()}
+    plain = resolve(GEN, [pub("plain", entry)], GEN_TABLES)
+    assert plain.columns == frozenset({"a", "b"})  # "all columns" leaves generated ones out
+    stored = resolve(GEN, [pub("stored", entry, generated_columns=True)], GEN_TABLES)
+    assert stored.columns is None  # every column, the generated one included
+    listed = resolve(GEN, [pub("l", {("public", "g"): PubTable(columns=("a", "twice"))})],
+                     GEN_TABLES)
+    assert listed.columns == frozenset({"a", "twice"})  # a list publishes what it names
+    everything = resolve(GEN, [pub("all", all_tables=True)], GEN_TABLES)
+    assert everything.columns == frozenset({"a", "b"})
+
+
+def test_publications_disagreeing_on_generated_columns_cannot_be_combined():
+    entry = {("public", "g"): PubTable()}
+    with pytest.raises(ColumnListConflict):
+        resolve(GEN, [pub("plain", entry), pub("stored", entry, generated_columns=True)],
+                GEN_TABLES)
+
+
+def test_tables_without_generated_columns_are_unchanged():
+    assert resolve(T1, [pub("p", {("public", "t1"): PubTable()})], TABLES).columns is None
