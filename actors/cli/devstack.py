@@ -27,6 +27,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--with-pg-version", type=int, action="append", default=[], metavar="N",
                    choices=distributions.VERSIONS,
                    help="also run a PostgreSQL N server beside the main one (repeatable)")
+    p.add_argument("--standby", action="store_true",
+                   help="also run a streaming standby of the main PostgreSQL (hot_standby_feedback; "
+                   "on 17+ failover slots are synchronised to it)")
     p.add_argument("--spark", action="store_true", help="also fetch the Spark Kafka/Delta jars")
 
 
@@ -36,10 +39,13 @@ def run(args: argparse.Namespace) -> int:
             info = devstack.ensure_up(args.dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
                                       extra_postgres=args.extra_postgres, spark=args.spark,
                                       pg_version=args.pg_version,
-                                      versions=args.with_pg_version)
+                                      versions=args.with_pg_version, standby=args.standby)
             print(f"postgres  {info.pg_dsn}  (PostgreSQL {info.pg_version})")
             for name, dsn in info.extra_pg.items():
                 print(f"{name:<9} {dsn}  (PostgreSQL {info.pg_version})")
+            if info.standby_pg:
+                print(f"{'standby':<9} {info.standby_pg}  (PostgreSQL {info.pg_version}, "
+                      "streaming standby of postgres)")
             for version, dsn in info.version_pg.items():
                 print(f"{'v' + version:<9} {dsn}  (PostgreSQL {version})")
             print(f"kafka     {info.kafka_bootstrap}")

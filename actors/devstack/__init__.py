@@ -9,7 +9,9 @@ PostgreSQL versions: the main node (``pg``) and its extra nodes (``pg2``…) run
 version, chosen when the stack is first brought up (``pg_version``; the newest by default) and
 kept after; asking an existing stack for another fails with a message. Servers of other
 versions run beside them as ``v16``, ``v17``… (``versions=``), one per version, for the tests'
-version matrix.
+version matrix. ``standby=True`` adds a streaming standby of the main node (``standby``,
+``actors.devstack.standby``); ``kafka=False`` leaves Kafka out (a stack that is only a
+PostgreSQL pair).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import msgspec
 from . import maven
 from .kafka import Kafka
 from . import distributions
+from . import standby as standbys
 from .postgres import Postgres
 from .process import StackError, pick_port, port_free
 
-__all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service"]
+__all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service",
+           "promote_standby"]
 
 
 class StackInfo(msgspec.Struct, frozen=True):
@@ -42,6 +46,8 @@ class StackInfo(msgspec.Struct, frozen=True):
     pg_version: int = distributions.DEBIAN_VERSION
     #: servers of other major versions beside the main one: "16" -> DSN (node ``v16``)
     version_pg: dict[str, str] = {}
+    #: DSN of the main node's streaming standby (node ``standby``), "" when there is none
+    standby_pg: str = ""
 
     def dsn_for(self, version: int) -> str:
         """The DSN of a server of ``version`` in this stack (KeyError when none runs)."""
@@ -80,6 +86,9 @@ def _components(root: pathlib.Path, info: StackInfo):
     for version, dsn in info.version_pg.items():
         extras[f"v{version}"] = Postgres(root, _port(dsn), name=f"v{version}",
                                          version=int(version))
+    if info.standby_pg:
+        extras["standby"] = Postgres(root, _port(info.standby_pg), name="standby",
+                                     version=info.pg_version)
     return pg, kafka, extras
 
 
@@ -115,6 +124,8 @@ def _move_stopped_off_taken_ports(root: pathlib.Path, info: StackInfo) -> StackI
             taken.add(port)
             if name in extra:
                 extra[name] = _dsn(port)
+            elif name == "standby":
+                info = replace(info, standby_pg=_dsn(port))
             else:
                 versioned[name[1:]] = _dsn(port)
     return replace(info, extra_pg=extra, version_pg=versioned)
@@ -154,7 +165,7 @@ def version_nodes(info: StackInfo, versions) -> dict[str, str]:
 
 def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
               extra_postgres: int = 0, spark: bool = False, pg_version: int | None = None,
-              versions=()) -> StackInfo:
+              versions=(), standby: bool = False, kafka: bool = True) -> StackInfo:
     """Bring the stack up (or find it up) and return where its services listen.
 
     ``pg_version`` is the main node's major version (None: the existing stack's, or
@@ -181,20 +192,31 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
     extra = extra_nodes(info, extra_postgres)
     info = msgspec.structs.replace(info, extra_pg=extra,
                                    version_pg=version_nodes(info, versions))
+    if standby and not info.standby_pg:
+        taken = {info.pg_port, info.kafka_port, info.controller_port,
+                 *(_port(d) for d in (*info.extra_pg.values(), *info.version_pg.values()))}
+        info = msgspec.structs.replace(info, standby_pg=_dsn(pick_port(
+            "auto", info.pg_port + 30, what="PostgreSQL standby", flag="--pg-port",
+            taken=taken)))
     info = _move_stopped_off_taken_ports(root, info)
     _state_file(root).write_bytes(msgspec.json.encode(info))
 
-    pg, kafka, extras = _components(root, info)
-    for node in (pg, *extras.values()):
+    pg, kafka_node, extras = _components(root, info)
+    replica = extras.pop("standby", None)
+    for node in (pg, *extras.values(), *([replica] if replica else [])):
         bindir = distributions.bindir(node.version, root / "cache")
-        node.init(bindir)
+        if node is replica:
+            standbys.make(pg, replica, root / "cache")
+        else:
+            node.init(bindir)
         if node.pid() is None:
             node.start(bindir)
         elif not node.ready():
             raise StackError(f"PostgreSQL at {node.data} runs but does not answer on {node.port}")
-    jars = kafka.init()
-    if kafka.pid() is None:
-        kafka.start(jars)
+    if kafka:
+        jars = kafka_node.init()
+        if kafka_node.pid() is None:
+            kafka_node.start(jars)
     if spark:
         maven.fetch("spark", root / "cache")
     return info
@@ -215,15 +237,31 @@ def spark_jars(root: pathlib.Path) -> list[str]:
     return sorted(str(p) for p in folder.glob("*.jar") if _artifact(p) not in shipped)
 
 
-def stop_service(root: pathlib.Path, name: str) -> None:
-    """Stop one service of a running stack (``kafka``, ``pg``, ``pg2``…), e.g. for fault tests."""
+def stop_service(root: pathlib.Path, name: str, *, crash: bool = False) -> None:
+    """Stop one service of a running stack (``kafka``, ``pg``, ``pg2``, ``standby``…), e.g. for
+    fault tests; ``crash`` kills a PostgreSQL postmaster with SIGKILL instead."""
     root = pathlib.Path(root).resolve()
     info = _load(root)
     if info is None:
         raise StackError(f"no dev stack in {root}")
     pg, kafka, extras = _components(root, info)
     node = {"kafka": kafka, "pg": pg, **extras}[name]
-    node.stop()
+    if crash and isinstance(node, Postgres):
+        standbys.kill(node)
+    else:
+        node.stop()
+
+
+def promote_standby(root: pathlib.Path) -> str:
+    """Promote the stack's standby to a primary; returns its DSN."""
+    root = pathlib.Path(root).resolve()
+    info = _load(root)
+    if info is None or not info.standby_pg:
+        raise StackError(f"no dev stack with a standby in {root}")
+    _, _, extras = _components(root, info)
+    node = extras["standby"]
+    standbys.promote(node, distributions.bindir(node.version, root / "cache"))
+    return info.standby_pg
 
 
 def status(root: pathlib.Path) -> dict[str, object]:
@@ -240,6 +278,8 @@ def status(root: pathlib.Path) -> dict[str, object]:
     for name, node in extras.items():
         out[name] = {"dsn": node.dsn, "running": node.pid() is not None,
                      "version": node.version}
+    if "kafka" in out and not out["kafka"]["running"] and not (root / "kafka").exists():
+        del out["kafka"]  # a PostgreSQL-only stack (kafka=False)
     out["running"] = all(v["running"] for v in out.values() if isinstance(v, dict))
     return out
 
