@@ -44,6 +44,9 @@ class SourceConfig(_Base):
     messages: bool = True
     #: pgoutput's binary mode; refused (``validate``): records carry PostgreSQL's text form
     binary: bool = False
+    #: create the slot with ``failover = true`` (PostgreSQL 17+) so a standby with
+    #: ``sync_replication_slots`` keeps a copy that survives its promotion
+    failover: bool = False
     #: seconds between standby status updates
     status_interval: float = 2.0
     #: bytes of buffered streamed-transaction changes kept in memory before spilling to disk

@@ -95,6 +95,11 @@ class SlotMissing(SourceError):
     """The slot does not exist and the config does not allow creating it."""
 
 
+class SlotBehind(SourceError):
+    """The server reached after a reconnection (a promoted standby) lacks WAL the router
+    already confirmed: continuing would diverge from what Kafka holds."""
+
+
 class PublicationMissing(SourceError):
     """A publication named in the config does not exist."""
 
@@ -152,6 +157,7 @@ RETRYABLE: dict[type[BaseException], bool] = {
     SourceUnavailable: True,
     SlotInUse: False,
     SlotMissing: False,
+    SlotBehind: False,
     PublicationMissing: False,
     SlotInvalidated: False,
     SourceError: True,

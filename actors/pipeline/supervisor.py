@@ -48,6 +48,7 @@ from ..snapshot.backfill import backfill_stage
 from ..snapshot.initial import ensure_initial_snapshot
 from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
                                 needs_catalog, route_problems)
+from . import failover
 from .decoder import DecoderActor
 from . import definitions_state
 from .router_actor import RouterActor
@@ -104,6 +105,7 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
     if wal_level != "logical":
         raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
                           "wal_level=logical (and a restart)", path="source.dsn")
+    await failover.check_server(sql, src, version)
     found = {r["pubname"] for r in await sql.fetch(
         "select pubname from pg_publication where pubname = any($1::text[])", src.publications)}
     missing = [p for p in src.publications if p not in found]
@@ -118,8 +120,7 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
             if not src.create_slot:
                 raise SlotMissing(f"replication slot {src.slot!r} does not exist (set "
                                   "source.create_slot = true to create it)")
-            await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', false, $2)",
-                            src.slot, src.two_phase)
+            await failover.create_slot(sql, src)
             log.event(_log, "replication slot created", slot=src.slot)
             continue
         slot = row[0]
@@ -131,6 +132,7 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
             raise ConfigError(f"slot {src.slot!r} belongs to database {slot['database']}, the "
                               f"DSN connects to {db}", path="source.dsn")
         if not slot["active"]:
+            await failover.check_slot(sql, src, version)
             break
         if time.monotonic() > deadline:
             raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
@@ -163,6 +165,9 @@ class Supervisor:
         #: "wal"/"poll"/None (``definitions_state.mode``); with "wal" the routers' definitions
         self.publication_mode: str | None = None
         self.definitions = None
+        #: the flush position confirmed by an earlier run (None before the first)
+        self.confirmed: int | None = None
+        self._flush: Latest | None = None
 
     async def run(self) -> int:
         if self.metrics is not None:
@@ -210,6 +215,7 @@ class Supervisor:
         cfg = self.cfg
         src = cfg.source
         async with await SqlSession.connect(src.dsn) as sql:
+            await failover.check_resume(sql, src, self.confirmed)
             # before the slot is made: a topic Kafka would refuse stops the router here
             refuse_bad_topics(cfg, await load_catalog(sql, cfg, strict=False))
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
@@ -223,7 +229,7 @@ class Supervisor:
                 for path, problem in route_problems(cfg, self.catalog):
                     log.event(_log, "route problem", path=path, problem=problem)
             if self.until_caught_up and self.until_lsn is None:
-                self.until_lsn = parse_lsn(await sql.fetchval("select pg_current_wal_lsn()::text"))
+                self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
         log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
                   server_version=info.version, proto_version=info.proto_version,
                   origin_filter=origin_filtering(cfg, info.version),
@@ -241,6 +247,8 @@ class Supervisor:
             await self._pipeline(info, client)
         finally:
             self._streaming(False, "not streaming (starting, restarting or stopped)")
+            if self._flush is not None:  # what this run confirmed, checked on reconnection
+                self.confirmed = max(self.confirmed or 0, self._flush.value)
             with trio.move_on_after(15) as scope:
                 scope.shield = True
                 await trio.to_thread.run_sync(client.close, 10.0)
@@ -252,7 +260,7 @@ class Supervisor:
         ev_tx, ev_rx = trio.open_memory_channel(EVENT_BATCHES)
         chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
         prog_tx, prog_rx = trio.open_memory_channel(PROGRESS_EVENTS)
-        flush = Latest(info.start_lsn)
+        flush = self._flush = Latest(info.start_lsn)
         caught_up = trio.Event()
         relations = RelationCache()
         keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router

@@ -42,6 +42,7 @@ from router.routing import ChangeRouter
 from router.snapshot import Progress, TABLE_SHIFT, initial_position
 from router.snapshot_rows import SnapshotRows
 
+from ..pipeline import failover
 from ..pipeline.mailbox import CHUNKS, Done
 from ..pipeline.sink import SinkActor, TopicSpec
 from ..services import log
@@ -59,12 +60,13 @@ _PG_EPOCH = 946684800
 class ExportedSlot:
     """A slot created with an exported snapshot, on a replication connection kept open."""
 
-    def __init__(self, dsn: str, slot: str, two_phase: bool):
+    def __init__(self, dsn: str, slot: str, two_phase: bool, failover: bool = False):
         try:
             self.conn = psycopg2.connect(
                 dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
             cur = self.conn.cursor()
-            opts = "SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
+            opts = ("SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
+                    + (", FAILOVER" if failover else ""))  # source.failover, 17+
             cur.execute(f'CREATE_REPLICATION_SLOT "{slot.replace(chr(34), "")}" LOGICAL '
                         f"pgoutput ({opts})")
             row = cur.fetchone()
@@ -148,7 +150,10 @@ async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) 
     if missing:
         raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
                                  f"database {db}")
-    slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot, src.two_phase)
+    await failover.check_server(sql, src, int(await sql.fetchval(
+        "select current_setting('server_version_num')")))
+    slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot, src.two_phase,
+                                         src.failover)
     log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
               consistent_point=format_lsn(slot.consistent_point), snapshot=slot.snapshot)
     try:
