@@ -294,7 +294,9 @@ def down(root: pathlib.Path) -> list[str]:
     if kafka.pid() is not None:
         kafka.stop()
         stopped.append("kafka")
-    for node in (pg, *extras.values()):
+    # the standby first: a primary's smart shutdown waits for its walsenders' clients
+    replica = extras.pop("standby", None)
+    for node in ((replica,) if replica else ()) + (pg, *extras.values()):
         if node.pid() is not None:
             node.stop()
             stopped.append(node.name)

@@ -23,6 +23,7 @@ import psycopg2
 import pytest
 
 from actors import devstack
+from actors.devstack.process import pick_port
 from tests.helpers import (Pg, fold_rows, kill9, read_topic, run_router, start_router, unique,
                            write_config)
 
@@ -39,8 +40,10 @@ def pair():
     """(primary DSN, standby DSN) of a fresh PostgreSQL 18 pair; torn down afterwards."""
     _destroy()
     try:
+        # away from 5432 and up, where the other stacks on this machine come and go
+        port = pick_port("auto", 5800, what="PostgreSQL", flag="--pg-port")
         info = devstack.ensure_up(PAIR, pg_version=VERSION, standby=True, kafka=False,
-                                  pg_port="auto")
+                                  pg_port=port)
     except Exception as exc:  # a pair that cannot be started fails, never skips
         pytest.fail(f"PostgreSQL {VERSION} primary + standby could not be started: {exc}",
                     pytrace=False)
