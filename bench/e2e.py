@@ -15,7 +15,9 @@ Then, one after the other:
 * ``null`` (only when asked for with ``--runs``): ``pgrouter run`` in-process with a client
   that acknowledges every record as it is handed over — the router's own cost, no Kafka;
 * ``pg_recvlogical --start --endpos <lsn> -f /dev/null`` (proto_version=1): the walsender's
-  own speed, the reference;
+  own speed, the reference (Debian's for a 15 server, the 18 wheel's for the others; point
+  ``--dsn`` at any dev-stack version, e.g. the ``v18`` node of ``devstack up
+  --with-pg-version 18``);
 * ``pgrouter run --until-caught-up`` with ``[kafka] client = "librdkafka"`` and
   ``"kafka-python"``: decode → route → encode → produce, done when every record is
   acknowledged by Kafka (acks=all) and the slot confirmed. Process start included.
@@ -58,7 +60,6 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg2  # noqa: E402
 
-PG_RECVLOGICAL = "/usr/lib/postgresql/15/bin/pg_recvlogical"
 RECV = "pg_recvlogical"
 CLIENTS = ("librdkafka", "kafka-python")
 #: pgrouter with a client that acknowledges every record at once, without Kafka: what the
@@ -76,6 +77,18 @@ def sql(dsn: str, *statements, fetch: bool = False):
             for st in statements:
                 cur.execute(st)
             return cur.fetchall() if fetch else None
+
+
+def pg_recvlogical(dsn: str) -> str:
+    """Debian's pg_recvlogical for a 15 server; the 18 wheel's (it talks to every version)
+    for the others (the dev stack's 16/17 builds have no client programs)."""
+    major = int(sql(dsn, "select current_setting('server_version_num')::int / 10000",
+                    fetch=True)[0][0])
+    if major == 15:
+        return "/usr/lib/postgresql/15/bin/pg_recvlogical"
+    from actors.devstack import distributions
+
+    return str(distributions.client_bindir(ROOT / ".devstack" / "cache") / "pg_recvlogical")
 
 
 def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
@@ -210,7 +223,7 @@ def run_router(cfg_path: str, profile: str | None, null: bool = False) -> tuple[
 
 
 def run_recvlogical(dsn: str, slot: str, pub: str, endpos: str) -> float:
-    cmd = [PG_RECVLOGICAL, "-d", dsn, "--slot", slot, "--start", "-o", "proto_version=1",
+    cmd = [pg_recvlogical(dsn), "-d", dsn, "--slot", slot, "--start", "-o", "proto_version=1",
            "-o", f"publication_names={pub}", "--endpos", endpos, "-f", "/dev/null",
            "--no-loop"]
     start = time.perf_counter()
