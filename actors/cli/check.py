@@ -1,7 +1,8 @@
 """``pgrouter check -c FILE``: check a config against PostgreSQL and Kafka.
 
 Prints every problem found, one per line with the config key path it concerns, and exits 1
-if there is any (0 and ``ok`` otherwise): ``wal_level``, the slot (exists or may be created,
+if there is any (0 and ``ok`` otherwise): ``wal_level``, what the server's version lacks
+(``source.failover`` before 17, a standby before 16: ``actors.pipeline.failover``), the slot (exists or may be created,
 pgoutput, not active), the slot's and the routes' publications and tables, replica identities
 usable for published UPDATE/DELETE, row filters of UPDATE/DELETE on columns outside the
 replica identity, the slot's publications hiding rows, columns, actions or tables a route
@@ -22,6 +23,7 @@ import trio_asyncio
 from router.config import Config, load_config
 from router.errors import ConfigError, PgRouterError
 
+from ..pipeline import failover
 from ..pipeline.definitions_state import mode as publication_mode
 from ..services.publication_trigger import installed
 from ..services.catalog import load_catalog, route_problems
@@ -64,6 +66,12 @@ async def source_problems(cfg: Config, modes: list | None = None) -> list[tuple[
         if wal_level != "logical":
             out.append(("source.dsn", f"wal_level is {wal_level}, logical decoding needs "
                                       "wal_level=logical"))
+        version = int(await sql.fetchval("select current_setting('server_version_num')"))
+        try:  # what this server version lacks (standby decoding, failover slots)
+            await failover.check_server(sql, src, version)
+            await failover.check_slot(sql, src, version)
+        except ConfigError as exc:
+            out.append((exc.path or "source", str(exc).removeprefix(f"{exc.path}: ")))
         db = await sql.fetchval("select current_database()")
         slot = await sql.fetch("select plugin, active, active_pid, database from "
                                "pg_replication_slots where slot_name = $1", src.slot)

@@ -78,3 +78,23 @@ async def test_a_server_without_the_slot_or_behind_the_confirmed_position_is_ref
     finally:
         pg.drop_slot(slot)
         pg.close()
+
+
+def test_check_names_what_the_server_version_lacks(request, kafka_bootstrap, tmp_path):
+    """``pgrouter check`` reports source.failover on PostgreSQL 16 in one line."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, version_server
+    from tests.helpers import write_config
+
+    dsn = version_server(request, 16)
+    cfg = write_config(tmp_path / "r.toml", dsn=dsn, slot=unique("ck"), publications=["p"],
+                       bootstrap=kafka_bootstrap, source_extra="failover = true",
+                       routes='[[routes]]\nname = "r"\ntables = ["public.t"]\n')
+    proc = subprocess.run([sys.executable, "-m", "router", "check", "-c", str(cfg)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert ("source.failover: PostgreSQL 16 has no failover slots (synchronised to a standby); "
+            "it needs PostgreSQL 17 or later") in out, out
