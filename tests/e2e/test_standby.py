@@ -13,7 +13,6 @@ folder, ``.devstack/standby``, rebuilt for every test because a failover ends th
 
 from __future__ import annotations
 
-import json
 import pathlib
 import shutil
 import threading
@@ -163,7 +162,7 @@ def _two_host_dsn(primary_dsn: str, standby_dsn: str) -> str:
     return f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
 
 
-def _failover(primary: Pg, standby_dsn: str) -> float:
+def _failover(primary: Pg) -> float:
     primary.close()
     devstack.stop_service(PAIR, "pg", crash=True)
     killed = time.monotonic()
@@ -192,7 +191,7 @@ def test_the_router_survives_a_failover_to_the_standby(pair, kafka_bootstrap, tm
         _wait(lambda: _synced(standby, t), "the failover slot to be synchronised to the "
               "standby", every=1)
         _wait(lambda: len(before) > 400, "load on the primary")
-        killed = _failover(primary, standby_dsn)
+        killed = _failover(primary)
         writer.join(timeout=30)
         after: list[int] = []
         new = threading.Thread(target=_writer, args=(standby_dsn, t, 1_000_000, stop, after))
@@ -253,7 +252,7 @@ def test_a_promoted_standby_without_the_slot_is_refused(pair, kafka_bootstrap, t
         _wait(lambda: primary.one("select confirmed_flush_lsn > '0/0' from pg_replication_slots "
                                   "where slot_name = %s", t), "the slot to be confirmed")
         time.sleep(1)  # one more status update
-        _failover(primary, standby_dsn)
+        _failover(primary)
         code = router.wait(timeout=DEADLINE)
         log = (tmp_path / "router.log").read_text()
         assert code != 0
