@@ -2,7 +2,8 @@
 
 * origin filtering: with the policy "none" the slot's ``origin`` option makes PostgreSQL 16+
   drop replicated transactions itself; on 15 the router drops them. Either way the topic
-  holds only local changes (the matrix runs this on 15–18);
+  holds only local changes (the matrix runs this on 15–18), and the router speaks the
+  highest pgoutput protocol the server has (4 from 16, 3 on 15);
 * generated columns (18): a route publishes a stored generated column exactly when its
   publication does (``publish_generated_columns = stored`` or a column list naming it), as
   real subscriptions of the same publications show.
@@ -53,6 +54,9 @@ topic = "{t}"
         proc = run_router(cfg, timeout=60)
         where = "server" if pg_version >= 16 else "client"
         assert re.search(rf"origin_filter\W+{where}", proc.stderr), proc.stderr[-2000:]
+        # the highest pgoutput protocol the server speaks (4: streaming = parallel, 16+)
+        proto = 4 if pg_version >= 16 else 3
+        assert re.search(rf"proto_version\W+{proto}\b", proc.stderr), proc.stderr[-2000:]
         recs = read_topic(kafka_bootstrap, t)
         assert sorted(r["value"]["after"]["id"] for r in recs) == [1, 3]
     finally:
