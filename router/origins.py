@@ -193,6 +193,13 @@ class OriginRules:
             return NONE
         return None
 
+    def filtering_at(self, server_version: int) -> str:
+        """Where filtering happens: ``server`` (the slot's ``origin`` option), ``client``
+        (the origin filter actor) or ``off`` (nothing to drop)."""
+        if self.passes_everything:
+            return "off"
+        return "server" if self.server_option(server_version) is not None else "client"
+
     def describe(self) -> dict[str, str]:
         out = {"default": self.default.describe()}
         out.update({f"route:{n}": p.describe() for n, p in self.per_route.items()

@@ -88,16 +88,6 @@ def max_proto_version(server_version: int) -> int:
     return ServerFeatures(server_version).max_proto_version
 
 
-def origin_filtering(cfg: Config, server_version: int) -> str:
-    """Where origin filtering happens: ``server`` (the slot's ``origin`` option, PostgreSQL
-    16+ with the policy exactly "none" everywhere), ``client`` (the origin filter actor) or
-    ``off`` (nothing to drop)."""
-    origins = rules_from_config(cfg)
-    if origins.passes_everything:
-        return "off"
-    return "server" if origins.server_option(server_version) is not None else "client"
-
-
 async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
     src = cfg.source
     version = int(await sql.fetchval("select current_setting('server_version_num')"))
@@ -165,9 +155,7 @@ class Supervisor:
         #: "wal"/"poll"/None (``definitions_state.mode``); with "wal" the routers' definitions
         self.publication_mode: str | None = None
         self.definitions = None
-        #: the flush position confirmed by an earlier run (None before the first)
-        self.confirmed: int | None = None
-        self._flush: Latest | None = None
+        self._flush: Latest | None = None  # the last run's confirmed position (failover)
 
     async def run(self) -> int:
         if self.metrics is not None:
@@ -215,7 +203,7 @@ class Supervisor:
         cfg = self.cfg
         src = cfg.source
         async with await SqlSession.connect(src.dsn) as sql:
-            await failover.check_resume(sql, src, self.confirmed)
+            await failover.check_resume(sql, src, self._flush and self._flush.value)
             # before the slot is made: a topic Kafka would refuse stops the router here
             refuse_bad_topics(cfg, await load_catalog(sql, cfg, strict=False))
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
@@ -232,7 +220,7 @@ class Supervisor:
                 self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
         log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
                   server_version=info.version, proto_version=info.proto_version,
-                  origin_filter=origin_filtering(cfg, info.version),
+                  origin_filter=rules_from_config(cfg).filtering_at(info.version),
                   confirmed_lsn=format_lsn(info.start_lsn),
                   until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None,
                   hot_path=native.describe(), kafka_client=self.cfg.kafka.client)
@@ -247,8 +235,6 @@ class Supervisor:
             await self._pipeline(info, client)
         finally:
             self._streaming(False, "not streaming (starting, restarting or stopped)")
-            if self._flush is not None:  # what this run confirmed, checked on reconnection
-                self.confirmed = max(self.confirmed or 0, self._flush.value)
             with trio.move_on_after(15) as scope:
                 scope.shield = True
                 await trio.to_thread.run_sync(client.close, 10.0)

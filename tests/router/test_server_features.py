@@ -29,7 +29,10 @@ def test_a_missing_feature_is_named_with_the_version_that_has_it():
 
 def test_origin_filtering_is_pushed_to_the_server_only_for_none_on_16_and_later():
     from router.config import parse_config
-    from actors.pipeline.supervisor import origin_filtering
+    from router.origins import rules_from_config
+
+    def origin_filtering(cfg, version):
+        return rules_from_config(cfg).filtering_at(version)
 
     def cfg(origin: str):
         return parse_config(f"""{origin}
