@@ -11,17 +11,20 @@ that changed them. Their content is JSON::
     {"v": 1, "event": "change" | "baseline", "tag": "ALTER PUBLICATION",
      "before": SNAPSHOT | null, "after": SNAPSHOT}
     SNAPSHOT = {"publications": {name: {"all_tables", "insert", "update", "delete",
-                                        "truncate", "via_root", "schemas": [...],
+                                        "truncate", "via_root", "generated_columns",
+                                        "schemas": [...],
                                         "tables": [[schema, table, where|null, cols|null]]}},
                 "tables": [{"schema", "name", "relkind", "replica_identity",
                             "ancestors": [[schema, table], ...], "columns":
-                            [[name, type_oid, typmod, key], ...]}]}
+                            [[name, type_oid, typmod, key, generated], ...]}]}
 
 Rules:
 
-* A snapshot holds every publication of the database and every table of a partition tree;
-  plain tables are described by the stream's own Relation messages
-  (``publications.table_from_relation``).
+* A snapshot holds every publication of the database and every table of a partition tree,
+  and on PostgreSQL 18+ every table with a stored generated column (which a Relation message
+  does not flag); other plain tables are described by the stream's own Relation messages
+  (``publications.table_from_relation``). Snapshots written before ``generated_columns``
+  existed read as publications without it.
 * ``Definitions`` is the state shared by every router of one pipeline: ``apply`` adopts a
   message's ``after`` and bumps ``version``; each router rebuilds its plans when it sees a new
   version, also in the middle of a transaction (``routing.ChangeRouter``).
@@ -73,13 +76,16 @@ def catalog_from_snapshot(snapshot: dict) -> Catalog:
         pubs[name] = Publication(
             name=name, all_tables=p["all_tables"], insert=p["insert"], update=p["update"],
             delete=p["delete"], truncate=p["truncate"], via_root=p["via_root"],
-            schemas=frozenset(p.get("schemas", ())), tables=tables)
+            schemas=frozenset(p.get("schemas", ())), tables=tables,
+            generated_columns=p.get("generated_columns", False))
     infos = {}
     for t in snapshot.get("tables", ()):
         infos[(t["schema"], t["name"])] = dict(
             relkind=t["relkind"], replica_identity=t["replica_identity"],
             ancestors=tuple((a[0], a[1]) for a in t["ancestors"]),
-            columns=tuple(CatalogColumn(c[0], c[1], c[2], bool(c[3])) for c in t["columns"]))
+            # c[4]: a stored generated column (tables that have one are listed on 18+)
+            columns=tuple(CatalogColumn(c[0], c[1], c[2], bool(c[3]), len(c) > 4 and bool(c[4]))
+                          for c in t["columns"]))
     leaves: dict = {}
     for name, info in infos.items():
         if info["relkind"] != "p":

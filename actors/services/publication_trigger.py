@@ -45,6 +45,8 @@ select jsonb_build_object(
     select jsonb_object_agg(p.pubname, jsonb_build_object(
       'all_tables', p.puballtables, 'insert', p.pubinsert, 'update', p.pubupdate,
       'delete', p.pubdelete, 'truncate', p.pubtruncate, 'via_root', p.pubviaroot,
+      -- publish_generated_columns = stored (PostgreSQL 18; absent before, hence to_jsonb)
+      'generated_columns', coalesce((to_jsonb(p) ->> 'pubgencols') = 's', false),
       'schemas', coalesce((select jsonb_agg(n.nspname::text order by n.nspname)
                            from pg_publication_namespace pn
                            join pg_namespace n on n.oid = pn.pnnspid
@@ -81,14 +83,20 @@ select jsonb_build_object(
                      where i.indrelid = c.oid and i.indisvalid
                        and ((c.relreplident = 'd' and i.indisprimary)
                          or (c.relreplident = 'i' and i.indisreplident))
-                     limit 1), '{}')))
+                     limit 1), '{}')),
+                   a.attgenerated = 's')
                  order by a.attnum)
           from pg_attribute a
           where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped
-            and a.attgenerated = ''), '[]'))
+            and (a.attgenerated = '' or (a.attgenerated = 's' and gen.publishable))), '[]'))
       order by n.nspname, c.relname)
-    from pg_class c join pg_namespace n on n.oid = c.relnamespace
-    where (c.relkind = 'p' or (c.relkind = 'r' and c.relispartition))
+    from pg_class c join pg_namespace n on n.oid = c.relnamespace,
+         -- stored generated columns can be published from PostgreSQL 18 on
+         (select current_setting('server_version_num')::int >= 180000 as publishable) gen
+    where (c.relkind = 'p' or (c.relkind = 'r' and c.relispartition)
+           or (c.relkind = 'r' and gen.publishable and exists (
+                 select from pg_attribute g where g.attrelid = c.oid and g.attnum > 0
+                 and not g.attisdropped and g.attgenerated = 's')))
       and n.nspname not in ('pg_catalog', 'information_schema')), '[]'))
 $fn$;
 """

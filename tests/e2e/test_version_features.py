@@ -71,7 +71,9 @@ def pg18(request) -> str:
     return version_server(request, 18)
 
 
-def test_generated_columns_are_published_as_postgresql_18_does(pg18, kafka_bootstrap, tmp_path):
+@pytest.mark.parametrize("changes", ["wal", "poll"])  # where publication definitions come from
+def test_generated_columns_are_published_as_postgresql_18_does(pg18, kafka_bootstrap, tmp_path,
+                                                               changes):
     pg = Pg(pg18)
     u = unique("gen")
     t = f"t_{u}"
@@ -97,7 +99,8 @@ def test_generated_columns_are_published_as_postgresql_18_does(pg18, kafka_boots
         routes = "".join(f'\n[[routes]]\nname = "{n}_{u}"\npublications = ["{n}_{u}"]\n'
                          for n in subs)
         cfg = write_config(tmp_path / "r.toml", dsn=pg18, slot=slot, publications=[f"sp_{u}"],
-                           bootstrap=kafka_bootstrap, routes=routes)
+                           bootstrap=kafka_bootstrap, routes=routes,
+                           source_extra=f'publication_changes = "{changes}"')
         try:
             run_router(cfg, timeout=60)
         except subprocess.TimeoutExpired as exc:
