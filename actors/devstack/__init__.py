@@ -123,6 +123,7 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
     bindir = install()
     for node in (pg, *extras.values()):
         node.init(bindir)
+        node.ensure_hba(bindir)
         if node.pid() is None:
             node.start(bindir)
         elif not node.ready():
