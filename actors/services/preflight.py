@@ -82,6 +82,7 @@ async def startup_checks(sql: SqlSession, cfg: Config, *, log_warnings: bool) ->
     findings, catalog = await source_findings(sql, cfg, slot_busy=False,
                                               followed_publications=followed)
     findings += local_findings(cfg)
+    refuse(findings)  # before asking Kafka about topics that may not even have legal names
     findings += await trio.to_thread.run_sync(kafka_findings, cfg, planned_topics(cfg, catalog))
     refuse(findings)
     for f in findings if log_warnings else ():
@@ -152,13 +153,13 @@ async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
             out.append(Finding(f"source.publications[{j}]",
                                f"publication(s) {p} do not exist in database {db}",
                                PublicationMissing))
+    out.extend(Finding(path, message) for path, message in route_topic_problems(cfg, catalog))
     seen = {(f.path, f.message) for f in out}
     for path, message, warning in route_findings(
             cfg, catalog, missing_publications_warn=followed_publications):
         if (path, message) not in seen:
             seen.add((path, message))
             out.append(Finding(path, message, None if warning else ConfigError))
-    out.extend(Finding(path, message) for path, message in route_topic_problems(cfg, catalog))
     return out, catalog
 
 
@@ -200,7 +201,10 @@ def planned_topics(cfg: Config, catalog: Catalog | None) -> list[Topic]:
     for i, (route, spec, found) in enumerate(zip(cfg.routes, specs, tables)):
         ts = route.topic_settings
         for schema, table in sorted(found):
-            name = spec.topic_for(schema, table)
+            try:
+                name = spec.topic_for(schema, table)
+            except ConfigError:
+                continue  # a name Kafka refuses: reported by route_topic_problems
             topics.setdefault(name, Topic(name, f"routes[{i}].topic_settings", ts.partitions,
                                           ts.replication_factor, dict(ts.configs)))
     rf = max((r.topic_settings.replication_factor for r in cfg.routes), default=1)
