@@ -50,6 +50,7 @@ from ..services.catalog import (build_route_specs, load_catalog, load_primary_ke
 from ..kafka import client_for
 from .decoder import DecoderActor
 from . import definitions_state
+from .delivery_watch import DeliveryWatch
 from .router_actor import RouterActor, TypeNames
 from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
@@ -339,6 +340,7 @@ class Supervisor:
             if self.publication_mode == "poll":
                 reloader.start_soon(definitions_state.PublicationPoller(
                     cfg, lambda: self._reload(state, routers), self.catalog).run)
+            reloader.start_soon(DeliveryWatch(self.stats).run)
             async with trio.open_nursery() as nursery:
                 await nursery.start(progress.run)
                 await nursery.start(sink.run)
