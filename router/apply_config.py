@@ -17,12 +17,14 @@ values are checked once here. Example::
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
+from . import dsn as dsns
 from .config import LogConfig, decode_toml, read_config_text
 from .errors import ConfigError
+from .kafka_settings import parse_bootstrap_servers
 
 _ORIGIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
 
@@ -39,7 +41,7 @@ class ApplyKafka(_Base):
     #: passed to kafka-python's KafkaConsumer as they are (security_protocol, sasl_* …)
     settings: dict[str, str | int | float | bool] = {}
     #: seconds a poll waits for records
-    poll_timeout: float = 0.2
+    poll_timeout: Annotated[float, msgspec.Meta(gt=0)] = 0.2
 
 
 class ApplyTarget(_Base):
@@ -60,6 +62,11 @@ class ApplyConfig(_Base):
 
 def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
     cfg = decode_toml(text, ApplyConfig, source=source)
+    try:
+        dsns.validate(cfg.target.dsn, path="target.dsn")
+        parse_bootstrap_servers(cfg.kafka.bootstrap_servers)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), source=source) from exc
     if not cfg.kafka.transactions_topic:
         raise ConfigError("the router's transactions topic is needed to apply whole "
                           "transactions", path="kafka.transactions_topic", source=source)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 import string
 import tomllib
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
+from . import dsn as dsns
 from .errors import ConfigError
-from .kafka_settings import translate as translate_kafka_settings
+from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
 
@@ -23,6 +24,13 @@ Operation = Literal["insert", "update", "delete", "truncate"]
 ALL_OPERATIONS: tuple[Operation, ...] = ("insert", "update", "delete", "truncate")
 _TOPIC_FIELDS = {"route", "schema", "table"}
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._\-]+$")
+#: what PostgreSQL accepts as a replication slot name (ReplicationSlotValidateName)
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+#: numbers that only make sense above zero (or from zero); msgspec names the key when not
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class _Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -35,7 +43,7 @@ class SourceConfig(_Base):
     publications: list[str]
     create_slot: bool = False
     #: pgoutput protocol version; 0 = the highest the server supports (4 on PG16+, 3 on 15)
-    proto_version: int = 0
+    proto_version: Annotated[int, msgspec.Meta(ge=0, le=4)] = 0
     #: stream large in-progress transactions (proto ≥ 2); the router buffers them until commit
     streaming: bool = True
     #: decode prepared transactions at PREPARE (proto ≥ 3); records are released at COMMIT
@@ -48,9 +56,9 @@ class SourceConfig(_Base):
     #: ``sync_replication_slots`` keeps a copy that survives its promotion
     failover: bool = False
     #: seconds between standby status updates
-    status_interval: float = 2.0
+    status_interval: Positive = 2.0
     #: bytes of buffered streamed-transaction changes kept in memory before spilling to disk
-    memory_limit: int = 64 * 1024 * 1024
+    memory_limit: NonNegativeInt = 64 * 1024 * 1024
     spill_dir: str | None = None
     #: how routes that follow a publication see its changes: "wal" (the definitions messages
     #: of ``pgrouter setup``'s event trigger, at their WAL position), "poll" (pg_publication*
@@ -61,8 +69,8 @@ class SourceConfig(_Base):
 
 
 class TopicSettings(_Base):
-    partitions: int = 1
-    replication_factor: int = 1
+    partitions: PositiveInt = 1
+    replication_factor: PositiveInt = 1
     configs: dict[str, str] = {}
 
 
@@ -115,7 +123,7 @@ class LogConfig(_Base):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
     #: seconds between progress lines
-    progress_interval: float = 10.0
+    progress_interval: Positive = 10.0
 
 
 class MetricsConfig(_Base):
@@ -140,9 +148,9 @@ class SnapshotConfig(_Base):
     #: topics hold only changes made after the slot was created
     mode: Literal["initial", "never"] = "initial"
     #: tables read at the same time (one PostgreSQL session each)
-    parallel: int = 4
+    parallel: PositiveInt = 4
     #: rows per backfill chunk (read between two watermarks, held in memory until the high one)
-    chunk_rows: int = 2048
+    chunk_rows: PositiveInt = 2048
     #: compacted topic holding snapshot and backfill progress (route, table, last key done)
     progress_topic: str = "pgrouter.snapshots"
 
@@ -223,8 +231,15 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     if not cfg.source.publications:
         raise ConfigError("at least one publication is needed", path="source.publications",
                           source=source)
-    if cfg.source.proto_version not in (0, 1, 2, 3, 4):
-        raise ConfigError("must be 0 (auto) or 1–4", path="source.proto_version", source=source)
+    if not _SLOT_NAME.match(cfg.source.slot):
+        raise ConfigError(f"invalid replication slot name {cfg.source.slot!r}: PostgreSQL "
+                          "allows 1-63 lower-case letters, digits and underscores",
+                          path="source.slot", source=source)
+    try:
+        dsns.validate(cfg.source.dsn, path="source.dsn")
+        parse_bootstrap_servers(cfg.kafka.bootstrap_servers)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), source=source) from exc
     if not cfg.routes:
         raise ConfigError("at least one [[routes]] entry is needed", path="routes", source=source)
     if cfg.source.binary:
@@ -264,13 +279,6 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         if fields - _TOPIC_FIELDS:
             raise ConfigError(f"unknown placeholder(s) {sorted(fields - _TOPIC_FIELDS)}; use "
                               "{route}, {schema}, {table}", path=f"{where}.topic", source=source)
-        if route.topic_settings.partitions < 1:
-            raise ConfigError("must be ≥ 1", path=f"{where}.topic_settings.partitions",
-                              source=source)
-    if cfg.snapshot.parallel < 1:
-        raise ConfigError("must be ≥ 1", path="snapshot.parallel", source=source)
-    if cfg.snapshot.chunk_rows < 1:
-        raise ConfigError("must be ≥ 1", path="snapshot.chunk_rows", source=source)
     if not cfg.snapshot.progress_topic or not _TOPIC_CHARS.match(cfg.snapshot.progress_topic):
         raise ConfigError("a topic name (letters, digits, '.', '_' and '-')",
                           path="snapshot.progress_topic", source=source)
@@ -329,5 +337,4 @@ def qualified(name: str) -> tuple[str, str]:
 
 def mask_dsn(dsn: str) -> str:
     """Hide the password of a ``postgresql://user:secret@host/db`` URL or ``password=`` pair."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", dsn)
+    return dsns.mask(dsn)

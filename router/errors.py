@@ -5,6 +5,7 @@
   the same bytes again).
 * ``SourceError``   – talking to PostgreSQL failed.
 * ``SinkError``     – talking to Kafka failed.
+* ``GaveUp``, ``Aborted`` – the run ended by its retry budget or a second signal.
 * ``InternalError`` – a bug in pgrouter.
 
 Whether a failure is retried is decided in one place, ``RETRYABLE`` below, keyed by type,
@@ -87,6 +88,19 @@ class SourceUnavailable(SourceError):
     """Connection refused, dropped or reset; the server restarting. Transient."""
 
 
+class AuthenticationFailed(SourceError):
+    """PostgreSQL refused the login: wrong password, unknown role, no pg_hba.conf entry
+    (SQLSTATE class 28). Permanent until the DSN or the server's configuration changes."""
+
+
+class DatabaseMissing(SourceError):
+    """The database the DSN names does not exist (SQLSTATE 3D000)."""
+
+
+class PrivilegeMissing(SourceError):
+    """The role lacks a privilege pgrouter needs, e.g. REPLICATION (SQLSTATE 42501)."""
+
+
 class SlotInUse(SourceError):
     """Another process streams from the slot. Permanent until that process stops."""
 
@@ -142,6 +156,23 @@ class ApplyConflict(ApplyError):
     of a missing row) and the conflict policy is ``error``."""
 
 
+# --- the router's own run --------------------------------------------------------------
+
+
+class GaveUp(PgRouterError):
+    """Transient failures lasted longer than the command's retry budget
+    (``pgrouter run --until-caught-up --retry-timeout``)."""
+
+
+class Aborted(PgRouterError):
+    """A second SIGTERM/SIGINT cut the drain short; nothing unacknowledged was confirmed."""
+
+    def __init__(self, message: str = "aborted by a second signal while draining; records "
+                 "Kafka had not acknowledged were not confirmed to the slot and are sent "
+                 "again on the next start"):
+        super().__init__(message)
+
+
 # --- bugs ----------------------------------------------------------------------------------
 
 
@@ -155,6 +186,9 @@ RETRYABLE: dict[type[BaseException], bool] = {
     ConfigError: False,
     DecodeError: False,
     SourceUnavailable: True,
+    AuthenticationFailed: False,
+    DatabaseMissing: False,
+    PrivilegeMissing: False,
     SlotInUse: False,
     SlotMissing: False,
     SlotBehind: False,
@@ -166,6 +200,8 @@ RETRYABLE: dict[type[BaseException], bool] = {
     SinkRejected: False,
     SinkError: True,
     ApplyError: False,
+    GaveUp: False,
+    Aborted: False,
     InternalError: False,
 }
 

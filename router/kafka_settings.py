@@ -15,6 +15,7 @@ Rules:
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from .errors import ConfigError
@@ -142,4 +143,28 @@ def translate(settings: dict, client: str, *, source: str | None = None) -> dict
             out[setting.python] = value
         else:
             out[setting.rdkafka] = setting.to_rdkafka(value)
+    return out
+
+
+_BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._\-]+))"
+                     r"(?::(?P<port>[^:]*))?$")
+
+
+def parse_bootstrap_servers(value: str | list[str], *,
+                            path: str = "kafka.bootstrap_servers") -> list[tuple[str, int]]:
+    """``"h1:9092,h2:9092"`` or ``["h1:9092", …]`` → ``[(host, port), …]``: what both clients
+    accept (``host``, ``host:port``, ``[v6]:port``, an optional ``PROTOCOL://`` prefix; the
+    port defaults to 9092). Anything else is a ``ConfigError`` here rather than a client that
+    retries an address that can never work."""
+    entries = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for entry in entries:
+        text = entry.strip()
+        m = _BROKER.match(text)
+        port = m and m.group("port")
+        if not m or (port is not None and not (port.isdigit() and 0 < int(port) < 65536)):
+            raise ConfigError(f"{entry!r} is not host:port (e.g. \"kafka-1:9092\")", path=path)
+        out.append((m.group("v6") or m.group("host"), int(port) if port else 9092))
+    if not out:
+        raise ConfigError("at least one broker address is needed", path=path)
     return out

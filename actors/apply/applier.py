@@ -261,9 +261,11 @@ async def setup_origin(sql: SqlSession, origin: str) -> int:
 class Applier:
     """Wires consumer and writer, restarts both on transient failures, drains on signals."""
 
-    def __init__(self, cfg: ApplyConfig, *, until_caught_up: bool = False):
+    def __init__(self, cfg: ApplyConfig, *, until_caught_up: bool = False,
+                 retry_timeout: float | None = None):
         self.cfg = cfg
         self.until_caught_up = until_caught_up
+        self.retry_timeout = retry_timeout
         self.stats = ApplyStats()
         self.stop = trio.Event()
 
@@ -304,11 +306,12 @@ class Applier:
                   **{f"conflicts_{k}": v for k, v in s.conflicts.items()})
 
     async def _run_with_retries(self) -> None:
-        await run_with_retries(self._run_once, stop=self.stop, logger=_log)
+        await run_with_retries(self._run_once, stop=self.stop, logger=_log,
+                               give_up_after=self.retry_timeout)
 
     async def _run_once(self) -> None:
         cfg = self.cfg
-        async with await SqlSession.connect(cfg.target.dsn) as sql:
+        async with await SqlSession.connect(cfg.target.dsn, path="target.dsn") as sql:
             progress = await setup_origin(sql, cfg.target.origin)
             log.event(_log, "applying", dsn=cfg.target.dsn, origin=cfg.target.origin,
                       origin_progress=format_lsn(progress),

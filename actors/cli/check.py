@@ -1,16 +1,14 @@
 """``pgrouter check -c FILE``: check a config against PostgreSQL and Kafka.
 
-Prints every problem found, one per line with the config key path it concerns, and exits 1
-if there is any (0 and ``ok`` otherwise): ``wal_level``, what the server's version lacks
-(``source.failover`` before 17, a standby before 16: ``actors.pipeline.failover``), the slot (exists or may be created,
-pgoutput, not active), the slot's and the routes' publications and tables, replica identities
-usable for published UPDATE/DELETE, row filters of UPDATE/DELETE on columns outside the
-replica identity, the slot's publications hiding rows, columns, actions or tables a route
-needs (``actors.services.catalog.route_problems``), every topic a route can produce
-(``actors.services.topic_names``), and Kafka reachable. Before them, one ``mode`` line per
-route that follows a publication: ``wal`` (changes of the publication apply at their WAL
-position: the event trigger of ``pgrouter setup`` is installed) or ``poll`` (polled;
-positions approximate).
+Prints every finding of ``actors.services.preflight`` (the checks ``pgrouter run`` refuses
+to start on), one per line with the config key path it concerns, and exits 1 if there is an
+error (0 and ``ok`` otherwise; warnings, such as an existing topic whose partitions or
+configs differ from ``topic_settings``, are printed but do not fail the check). Topic names
+are among the findings (``actors.services.topic_names``). A service that cannot be reached,
+or refuses the login, is a finding too: ``check`` never ends in a traceback. Before them, one
+``mode`` line per route that follows a publication: ``wal`` (changes of the publication apply
+at their WAL position: the event trigger of ``pgrouter setup`` is installed) or ``poll``
+(polled; positions approximate).
 """
 
 from __future__ import annotations
@@ -23,19 +21,11 @@ import trio_asyncio
 from router.config import Config, load_config
 from router.errors import ConfigError, PgRouterError
 
-from ..pipeline import failover
 from ..pipeline.definitions_state import mode as publication_mode
+from ..services import preflight
 from ..services.publication_trigger import installed
-from ..services.catalog import load_catalog, route_problems
+from ..services.retry import primary
 from ..services.sql import SqlSession
-from ..services.topic_names import route_topic_problems
-
-KAFKA_TIMEOUT = 10.0
-
-
-def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", required=True, help="TOML config file")
-
 
 MODES = {"wal": "publication changes apply at their WAL position (event trigger installed)",
          "poll": "publication changes are polled and apply from when they are noticed: "
@@ -43,12 +33,16 @@ MODES = {"wal": "publication changes apply at their WAL position (event trigger 
                  "event trigger)"}
 
 
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", required=True, help="TOML config file")
+
+
 async def route_modes(sql: SqlSession, cfg: Config, modes: list,
                       problems: list) -> None:
     try:
         mode = await publication_mode(sql, cfg, install=False)
     except ConfigError as exc:
-        problems.append((exc.path or "source.publication_changes", str(exc)))
+        problems.append(preflight.Finding(exc.path or "source.publication_changes", str(exc)))
         return
     note = "" if mode != "wal" or await installed(sql) else (
         " (not installed yet: the router installs it at start, it runs as a superuser)")
@@ -56,86 +50,49 @@ async def route_modes(sql: SqlSession, cfg: Config, modes: list,
                  for i, r in enumerate(cfg.routes) if r.publication_names())
 
 
-async def source_problems(cfg: Config, modes: list | None = None) -> list[tuple[str, str]]:
-    src = cfg.source
-    out: list[tuple[str, str]] = []
-    async with await SqlSession.connect(src.dsn) as sql:
-        if modes is not None:
-            await route_modes(sql, cfg, modes, out)
-        wal_level = await sql.fetchval("select current_setting('wal_level')")
-        if wal_level != "logical":
-            out.append(("source.dsn", f"wal_level is {wal_level}, logical decoding needs "
-                                      "wal_level=logical"))
-        version = int(await sql.fetchval("select current_setting('server_version_num')"))
-        try:  # what this server version lacks (standby decoding, failover slots)
-            await failover.check_server(sql, src, version)
-            await failover.check_slot(sql, src, version)
-        except ConfigError as exc:
-            out.append((exc.path or "source", str(exc).removeprefix(f"{exc.path}: ")))
-        db = await sql.fetchval("select current_database()")
-        slot = await sql.fetch("select plugin, active, active_pid, database from "
-                               "pg_replication_slots where slot_name = $1", src.slot)
-        if not slot:
-            if not src.create_slot:
-                out.append(("source.slot", f"replication slot {src.slot!r} does not exist "
-                                           "(and source.create_slot is false)"))
-        else:
-            s = slot[0]
-            if s["plugin"] != "pgoutput":
-                out.append(("source.slot", f"slot {src.slot!r} uses plugin {s['plugin']}, "
-                                           "not pgoutput"))
-            if s["database"] != db:
-                out.append(("source.slot", f"slot {src.slot!r} belongs to database "
-                                           f"{s['database']}, the DSN connects to {db}"))
-            if s["active"]:
-                out.append(("source.slot", f"slot {src.slot!r} is in use by process "
-                                           f"{s['active_pid']}"))
-        catalog = await load_catalog(sql, cfg, strict=False)
-    for j, p in enumerate(src.publications):
-        if p not in catalog.publications:
-            out.append((f"source.publications[{j}]", f"publication {p!r} does not exist"))
-    seen = set(out)
-    out.extend(p for p in route_problems(cfg, catalog) if p not in seen)
-    out.extend(route_topic_problems(cfg, catalog))
-    return out
-
-
-def kafka_problems(cfg: Config) -> list[tuple[str, str]]:
+async def _source(cfg: Config, modes: list) -> tuple[list[preflight.Finding], object]:
     try:
-        from kafka import KafkaAdminClient
+        async with trio_asyncio.open_loop():
+            async with await SqlSession.connect(cfg.source.dsn) as sql:
+                problems: list[preflight.Finding] = []
+                await route_modes(sql, cfg, modes, problems)
+                findings, catalog = await preflight.source_findings(sql, cfg)
+                return problems + findings, catalog
+    except BaseException as exc:  # noqa: BLE001 — reduced to the one error that explains it
+        cause = primary(exc)
+        if not isinstance(cause, PgRouterError):
+            raise cause from exc  # a bug: its own traceback, not a group's
+        message = str(cause)
+        path, sep, rest = message.partition(": ")
+        if not sep or " " in path:
+            path, rest = "source.dsn", message
+        return [preflight.Finding(path, rest)], None
 
-        settings = {k: v for k, v in cfg.kafka.settings.items()
-                    if k.startswith(("security_", "sasl_", "ssl_", "client_id"))}
-        admin = KafkaAdminClient(bootstrap_servers=cfg.kafka.bootstrap_servers,
-                                 request_timeout_ms=int(KAFKA_TIMEOUT * 1000), **settings)
-        try:
-            admin.list_topics()
-        finally:
-            admin.close()
-    except Exception as exc:  # any failure to talk to Kafka is the problem to report
-        return [("kafka.bootstrap_servers", f"Kafka not reachable: {exc}")]
-    return []
+
+def _kafka(cfg: Config, catalog) -> list[preflight.Finding]:
+    try:
+        return preflight.kafka_findings(cfg, preflight.planned_topics(cfg, catalog))
+    except PgRouterError as exc:
+        message = str(exc).removeprefix("kafka.bootstrap_servers: ")
+        return [preflight.Finding("kafka.bootstrap_servers", message)]
 
 
-async def _check(cfg: Config, modes: list | None = None) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    async with trio_asyncio.open_loop():
-        try:
-            problems += await source_problems(cfg, modes)
-        except PgRouterError as exc:
-            problems.append(("source.dsn", str(exc)))
-    problems += await trio.to_thread.run_sync(kafka_problems, cfg)
-    return problems
+async def _check(cfg: Config, modes: list) -> list[preflight.Finding]:
+    findings, catalog = await _source(cfg, modes)
+    findings += preflight.local_findings(cfg)
+    findings += await trio.to_thread.run_sync(_kafka, cfg, catalog)
+    return findings
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     modes: list[str] = []
-    problems = trio.run(_check, cfg, modes)
+    findings = trio.run(_check, cfg, modes)
     for line in modes:
         print(line)
-    for path, message in problems:
-        print(f"{path}: {message}")
-    if not problems:
+    for finding in findings:
+        print(finding.line())
+    errors = [f for f in findings if not f.warning]
+    if not errors:
         print("ok")
-    return 1 if problems else 0
+    return 1 if errors else 0

@@ -7,9 +7,13 @@ import argparse
 import trio
 
 from router.config import load_config
+from router.errors import ConfigError
 
 from ..services import log
 from ..pipeline.supervisor import Supervisor
+
+#: seconds of transient failures after which ``--until-caught-up`` gives up by default
+UNTIL_CAUGHT_UP_RETRY_TIMEOUT = 120.0
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -17,9 +21,25 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until-caught-up", action="store_true",
                    help="exit 0 once every change committed before start is in Kafka and "
                         "confirmed to the slot")
+    p.add_argument("--retry-timeout", type=float, metavar="SECONDS", default=None,
+                   help="give up (exit 1) when transient failures (PostgreSQL or Kafka "
+                        f"unreachable) last this long; default {UNTIL_CAUGHT_UP_RETRY_TIMEOUT:g} "
+                        "with --until-caught-up, otherwise retry until stopped")
+
+
+def retry_timeout(args: argparse.Namespace) -> float | None:
+    """``--retry-timeout``, defaulting to ``UNTIL_CAUGHT_UP_RETRY_TIMEOUT`` with
+    ``--until-caught-up`` (a batch job must end) and to none otherwise (a service retries)."""
+    value = args.retry_timeout
+    if value is None and args.until_caught_up:
+        value = UNTIL_CAUGHT_UP_RETRY_TIMEOUT
+    if value is not None and value <= 0:
+        raise ConfigError("must be > 0 seconds", path="--retry-timeout")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     log.setup(cfg.log.level, cfg.log.format)
-    return trio.run(Supervisor(cfg, until_caught_up=args.until_caught_up).run)
+    return trio.run(Supervisor(cfg, until_caught_up=args.until_caught_up,
+                               retry_timeout=retry_timeout(args)).run)

@@ -115,7 +115,9 @@ async def _gather(cfg: Config) -> tuple[dict, list[str]]:
         try:
             report["slot"] = await slot_status(cfg)
         except PgRouterError as exc:
-            problems.append(f"source.dsn: {exc}")
+            # connection failures name their key already (actors.services.sql)
+            problems.append(str(exc) if str(exc).startswith("source.dsn: ")
+                            else f"source.dsn: {exc}")
     if report["slot"].get("exists") is False:
         problems.append(f"source.slot: replication slot {cfg.source.slot!r} does not exist")
     if report["slot"].get("wal_status") == "lost":

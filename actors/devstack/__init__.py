@@ -209,6 +209,7 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
             standbys.make(pg, replica, root / "cache")
         else:
             node.init(bindir)
+            node.ensure_hba(bindir)
         if node.pid() is None:
             node.start(bindir)
         elif not node.ready():

@@ -33,6 +33,17 @@ SETTINGS = {
 }
 
 
+#: the group role whose members log in with a password (scram-sha-256) over TCP, so tests
+#: meet a real wrong-password failure (``Postgres.ensure_hba``); everyone else is trusted
+PASSWORD_ROLE = "pgrouter_password_auth"
+HBA_MARKER = "# pgrouter dev stack"
+HBA_LINES = "".join(f"{line}\n" for line in (
+    f"{HBA_MARKER}: password logins",
+    *(f"host {db} +{PASSWORD_ROLE} {net} scram-sha-256"
+      for db in ("all", "replication") for net in ("127.0.0.1/32", "::1/128")),
+))
+
+
 def install(version: int = distributions.DEBIAN_VERSION,
             cache: pathlib.Path | None = None) -> pathlib.Path:
     """The bin directory of PostgreSQL ``version``, installed from its registry when missing
@@ -109,6 +120,22 @@ class Postgres:
         conf = "".join(f"{k} = {v}\n" for k, v in SETTINGS.items())
         with open(self.data / "postgresql.conf", "a") as fh:
             fh.write("\n# pgrouter dev stack\n" + conf)
+
+    def ensure_hba(self, bindir: pathlib.Path) -> None:
+        """Members of ``PASSWORD_ROLE`` log in with a password (scram-sha-256) over TCP, so
+        tests meet a real wrong-password failure; everyone else stays ``trust``. Lines
+        are put first (pg_hba.conf is read top down) once, and a running server reloads."""
+        hba = self.data / "pg_hba.conf"
+        text = hba.read_text()
+        if text.startswith(HBA_LINES):
+            return
+        ours = (HBA_MARKER, f"+{PASSWORD_ROLE} ")
+        kept = "".join(line for line in text.splitlines(keepends=True)
+                       if not any(mark in line for mark in ours))
+        hba.write_text(HBA_LINES + kept)
+        if self.pid() is not None:
+            subprocess.run(_as_owner([str(bindir / "pg_ctl"), "-D", str(self.data), "reload"]),
+                           capture_output=True, text=True)
 
     def start(self, bindir: pathlib.Path) -> None:
         self._chown()

@@ -118,7 +118,7 @@ _CODECS = {"gzip": ("has_gzip", "(built in)"), "snappy": ("has_snappy", "python-
            "lz4": ("has_lz4", "lz4"), "zstd": ("has_zstd", "zstandard")}
 
 
-def _check_codec(compression: str | None) -> None:
+def check_codec(compression: str | None) -> None:
     """kafka-python compresses in Python: the codec's package must be installed."""
     if compression not in _CODECS:
         return
@@ -141,7 +141,7 @@ class KafkaPythonClient:
         self._admin_config = {k: v for k, v in config.items()
                               if k.startswith(("security_", "ssl_", "sasl_")) or k == "client_id"}
         self.bootstrap_servers = bootstrap_servers
-        _check_codec(config.get("compression_type"))
+        check_codec(config.get("compression_type"))
         try:
             self.producer = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all",
                                           enable_idempotence=True, **config)

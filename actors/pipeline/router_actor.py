@@ -96,3 +96,13 @@ class RouterActor:
         if sub is None:
             sub = self._subsets[routes] = self.router_for(routes)
         return sub
+
+
+class TypeNames:
+    """``dict.get``-like view of the relation cache's type names (for schema records)."""
+
+    def __init__(self, relations):
+        self._relations = relations
+
+    def get(self, oid: int, default=None):
+        return self._relations.type_name(oid) or default

@@ -2,9 +2,10 @@
 
 Rules:
 
-* Before streaming, a preflight over SQL checks the server (``wal_level``, version), the slot
-  (exists or is created when ``create_slot``; uses pgoutput; not in use — a slot still held
-  by the walsender of a killed predecessor is waited for briefly) and the publications.
+* Before streaming, what ``pgrouter check`` finds wrong stops the router before a slot or a
+  topic is made (``actors.services.preflight``); then the slot is found or created (pgoutput,
+  not in use — a killed predecessor's walsender is waited for briefly) and dropped again if
+  the run fails before streaming from it (``slot_owner.guarded``).
 * Actors: slot reader → decoder → router → Kafka sink → progress → (flush LSN) → slot reader,
   joined by small bounded channels, so backpressure reaches the replication socket.
 * A failure is retried when ``router.errors.is_retryable`` says so, with capped exponential
@@ -14,12 +15,11 @@ Rules:
 * Before a restart the old producer is closed (bounded, shielded wait) so records it still
   holds cannot land after the new pipeline's records of the same key.
 * SIGTERM/SIGINT drain: stop reading, let every channel empty, flush Kafka, send the final
-  flush LSN, exit 0. A second signal aborts.
+  flush LSN, exit 0. A second signal aborts (``Aborted``: one line, exit 1).
 """
 
 from __future__ import annotations
 
-import math
 import signal
 from logging import WARNING
 import time
@@ -43,25 +43,27 @@ from router.transaction_meta import TransactionMeta
 from router.transactions import TransactionAssembler
 from router.publications import Catalog
 
-from ..services import log
+from ..services import log, preflight as checks
 from ..snapshot.backfill import backfill_stage
 from ..snapshot.initial import ensure_initial_snapshot
 from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
                                 needs_catalog, route_problems)
 from . import failover
+from ..kafka import client_for
 from .decoder import DecoderActor
 from . import definitions_state
-from .router_actor import RouterActor
+from .delivery_watch import DeliveryWatch
+from .router_actor import RouterActor, TypeNames
 from .origin_filter import OriginFilterActor
 from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
 from ..services.http import Endpoint, Health
 from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
-from ..services.topic_names import refuse_bad_topics
 from .progress import ProgressActor, Stats
-from ..services.retry import primary, run_with_retries
+from ..services.retry import only_cancelled, primary, run_with_retries
 from .sink import SinkActor, TopicSpec
 from .slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
+from .slot_owner import SlotOwner, guarded
 from .slot_reader import SlotReader, pgoutput_options
 
 _log = log.get("supervisor")
@@ -70,12 +72,14 @@ SLOT_BUSY_WAIT = 30.0
 
 class ServerInfo:
     def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
-                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None):
+                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
+                 created_slot: bool = False):
         self.version = version
         self.db = db
         self.start_lsn = start_lsn
         self.proto_version = proto_version
         self.primary_keys = primary_keys or {}
+        self.created_slot = created_slot
 
 
 def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
@@ -103,6 +107,7 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
         raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
                                  f"database {await sql.fetchval('select current_database()')}")
     deadline = time.monotonic() + SLOT_BUSY_WAIT
+    created = False
     while True:
         row = await sql.fetch("select plugin, active, active_pid, confirmed_flush_lsn::text as lsn,"
                               " database from pg_replication_slots where slot_name = $1", src.slot)
@@ -112,6 +117,7 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
                                   "source.create_slot = true to create it)")
             await failover.create_slot(sql, src)
             log.event(_log, "replication slot created", slot=src.slot)
+            created = True
             continue
         slot = row[0]
         if slot["plugin"] != "pgoutput":
@@ -133,14 +139,20 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
         raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
                           f"{max_proto_version(version)} at most", path="source.proto_version")
     pks = await load_primary_keys(sql)
-    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks)
+    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,
+                      created)
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, *, until_caught_up: bool = False, client_factory=None):
+    def __init__(self, cfg: Config, *, until_caught_up: bool = False, client_factory=None,
+                 retry_timeout: float | None = None):
         self.cfg = cfg
         self.until_caught_up = until_caught_up
-        self.client_factory = client_factory or _default_client
+        self.retry_timeout = retry_timeout
+        self.slot_owner = SlotOwner(cfg.source.dsn, cfg.source.slot)
+        self.aborted = False
+        self._warned = False  # the preflight's warnings are logged once
+        self.client_factory = client_factory or client_for
         self.drain = trio.Event()
         self.stats = Stats()
         self.until_lsn: int | None = None
@@ -172,13 +184,11 @@ class Supervisor:
     async def _run(self) -> int:
         try:
             async with trio_asyncio.open_loop():
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._signals, nursery.cancel_scope)
-                    try:
-                        await self._run_with_retries()
-                    finally:
-                        nursery.cancel_scope.cancel()
+                await guarded(self._run_with_retries, self._signals, self.slot_owner,
+                              lambda: self.aborted)
         except BaseExceptionGroup as group:
+            if only_cancelled(group):
+                raise
             raise primary(group) from None
         return 0
 
@@ -190,6 +200,7 @@ class Supervisor:
                     self.drain.set()
                 else:
                     log.event(_log, "aborting", signal=signal.Signals(signum).name)
+                    self.aborted = True
                     scope.cancel()
                     return
 
@@ -197,25 +208,26 @@ class Supervisor:
         on_restart = (None if self.metrics is None
                       else lambda kind: self.metrics.restarts.labels(kind).inc())
         self.restarts = await run_with_retries(self._run_once, stop=self.drain, logger=_log,
-                                               on_restart=on_restart)
+                                               on_restart=on_restart,
+                                               give_up_after=self.retry_timeout)
 
     async def _run_once(self) -> None:
         cfg = self.cfg
         src = cfg.source
         async with await SqlSession.connect(src.dsn) as sql:
             await failover.check_resume(sql, src, self._flush and self._flush.value)
-            # before the slot is made: a topic Kafka would refuse stops the router here
-            refuse_bad_topics(cfg, await load_catalog(sql, cfg, strict=False))
+            # before the slot is made: what `pgrouter check` finds wrong stops the router here
+            await checks.startup_checks(sql, cfg, log_warnings=not self._warned)
+            self._warned = True
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
             self.snapshot_pending = await ensure_initial_snapshot(cfg, self.client_factory)
             info = await preflight(sql, cfg)
+            self.slot_owner.created |= info.created_slot
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
             self.publication_mode = await definitions_state.mode(sql, cfg)
             if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
                 self.catalog = await load_catalog(sql, cfg,
                                                   strict=self.publication_mode != "wal")
-                for path, problem in route_problems(cfg, self.catalog):
-                    log.event(_log, "route problem", path=path, problem=problem)
             if self.until_caught_up and self.until_lsn is None:
                 self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
         log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
@@ -283,7 +295,7 @@ class Supervisor:
         def router_for(names=None):
             router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
                                   db=info.db, messages_topic=cfg.kafka.messages_topic,
-                                  type_names=_TypeNames(relations),
+                                  type_names=TypeNames(relations),
                                   primary_keys=keys,
                                   position_headers=cfg.kafka.position_headers)
             if self.definitions is not None:
@@ -328,6 +340,7 @@ class Supervisor:
             if self.publication_mode == "poll":
                 reloader.start_soon(definitions_state.PublicationPoller(
                     cfg, lambda: self._reload(state, routers), self.catalog).run)
+            reloader.start_soon(DeliveryWatch(self.stats).run)
             async with trio.open_nursery() as nursery:
                 await nursery.start(progress.run)
                 await nursery.start(sink.run)
@@ -338,6 +351,7 @@ class Supervisor:
                     await nursery.start(backfill.run)
                 await nursery.start(decoder.run)
                 await nursery.start(slot.run)
+                self.slot_owner.streamed = True
                 nursery.start_soon(self._drain_when, slot, done)
                 self._streaming(True, "streaming")
             reloader.cancel_scope.cancel()
@@ -398,22 +412,3 @@ class Supervisor:
             nursery.start_soon(wait, caught_up)
         slot.stop_reading()
 
-
-class _TypeNames:
-    """``dict.get``-like view of the relation cache's type names (for schema records)."""
-
-    def __init__(self, relations: RelationCache):
-        self._relations = relations
-
-    def get(self, oid: int, default=None):
-        return self._relations.type_name(oid) or default
-
-
-def _default_client(cfg: Config):
-    if cfg.kafka.client == "librdkafka":
-        from ..kafka.librdkafka import RdKafkaClient
-
-        return RdKafkaClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))
-    from ..kafka.kafka_python import KafkaPythonClient
-
-    return KafkaPythonClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))

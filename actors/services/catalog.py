@@ -252,11 +252,23 @@ def _route_path(route, i: int) -> str:
 
 
 def route_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]:
+    """``route_findings`` as (config key path, message)."""
+    return [(path, message) for path, message, _ in route_findings(cfg, catalog)]
+
+
+def route_findings(cfg: Config, catalog: Catalog, *,
+                   missing_publications_warn: bool = False) -> list[tuple[str, str, bool]]:
     """What keeps routes from replicating exactly what their publications define, as
-    (config key path, message): filters or column lists that do not fit the table, UPDATE/
-    DELETE without a usable replica identity or filtered on columns outside it, and the
-    slot's own publications hiding rows, columns, actions or tables a route needs."""
-    problems: list[tuple[str, str]] = []
+    (config key path, message, warning): filters or column lists that do not fit the table,
+    UPDATE/DELETE without a usable replica identity or filtered on columns outside it, and
+    the slot's own publications hiding rows, columns, actions or tables a route needs.
+
+    Warnings are the replica-identity findings: PostgreSQL accepts such publications and
+    refuses the UPDATE/DELETE statements themselves, so no change reaches the slot that the
+    route would get wrong. Everything else would make a route miss or misroute changes, but
+    a route publication missing now with ``missing_publications_warn`` (the router follows
+    publications at their WAL position, so the backlog may still use it)."""
+    problems: list[tuple[str, str, bool]] = []
     tables = catalog.tables
     slot_pubs = [catalog.publications[p] for p in cfg.source.publications
                  if p in catalog.publications]
@@ -265,27 +277,51 @@ def route_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]:
         path = _route_path(route, i)
         missing = [p for p in route.publication_names() if p not in catalog.publications]
         if missing:
-            problems.append((path, f"publication(s) {', '.join(missing)} do not exist"))
+            problems.append((path, f"publication(s) {', '.join(missing)} do not exist",
+                             missing_publications_warn))
             continue
         for j, t in enumerate(route.tables):
             if qualified(t) not in tables:
-                problems.append((f"routes[{i}].tables[{j}]", f"table {t} does not exist"))
+                problems.append((f"routes[{i}].tables[{j}]", f"table {t} does not exist",
+                                 False))
         resolver = _route_resolver(route, catalog)
         ops = frozenset(route.operations)
         for table in leaves:
             try:
                 res = resolver(table.qualified, None)
             except ConfigError as exc:
-                problems.append((path, str(exc)))
+                problems.append((path, str(exc), False))
                 continue
             if res is None:
                 continue
             name = f"{table.schema}.{table.name}"
-            problems.extend((path, f"table {name}: {m}")
-                            for m in _table_problems(table, res, ops, tables))
-            problems.extend(("source.publications", f"route {route.name!r}, table {name}: {m}")
+            problems.extend((path, f"table {name}: {m}", warning)
+                            for m, warning in _table_problems(table, res, ops, tables))
+            problems.extend(("source.publications", f"route {route.name!r}, table {name}: {m}",
+                             False)
                             for m in _slot_problems(table, res, ops, slot_pubs, tables))
     return problems
+
+
+def routed_tables(cfg: Config, catalog: Catalog) -> list[set[tuple[str, str]]]:
+    """Per route, the tables (by the name they are published as) it routes today: what its
+    topics are made from."""
+    out: list[set[tuple[str, str]]] = []
+    for route in cfg.routes:
+        found: set[tuple[str, str]] = set()
+        if all(p in catalog.publications for p in route.publication_names()):
+            resolver = _route_resolver(route, catalog)
+            for table in catalog.tables.values():
+                if table.relkind != "r":
+                    continue
+                try:
+                    res = resolver(table.qualified, None)
+                except ConfigError:
+                    continue  # reported by route_problems
+                if res is not None:
+                    found.add(res.publish_as)
+        out.append(found)
+    return out
 
 
 def _compiled(res: Resolved, info: TableInfo, action: str):
@@ -294,33 +330,37 @@ def _compiled(res: Resolved, info: TableInfo, action: str):
     return [compile_filter(s, ctypes) for s in sqls]
 
 
-def _table_problems(table: TableInfo, res: Resolved, ops, tables) -> list[str]:
+def _table_problems(table: TableInfo, res: Resolved, ops, tables) -> list[tuple[str, bool]]:
+    """(message, warning) pairs."""
     out = []
     info = tables.get(res.publish_as, table)
     names = {c.name for c in info.columns}
     if res.columns is not None and res.columns - names:
-        out.append(f"column list names unknown column(s) {sorted(res.columns - names)}")
+        out.append((f"column list names unknown column(s) {sorted(res.columns - names)}",
+                    False))
     keys = {c.name for c in info.columns if c.key}
     for action in ("update", "delete"):
         if not (getattr(res, action) and action in ops):
             continue
         if not keys and info.replica_identity != "f":
-            out.append(f"publishes {action.upper()} but has no usable replica identity "
-                       f"(REPLICA IDENTITY {'NOTHING' if info.replica_identity == 'n' else 'DEFAULT without a primary key'})")
+            out.append((f"publishes {action.upper()} but has no usable replica identity "
+                        f"(REPLICA IDENTITY {'NOTHING' if info.replica_identity == 'n' else 'DEFAULT without a primary key'})",
+                        True))
     for action in ("insert", "update", "delete"):
         if not (getattr(res, action) and action in ops):
             continue
         try:
             compiled = _compiled(res, info, action)
         except ConfigError as exc:
-            out.append(f"row filter for {action.upper()}: {exc}")
+            out.append((f"row filter for {action.upper()}: {exc}", False))
             continue
         if action != "insert" and info.replica_identity != "f":
             outside = set().union(*(f.columns_used for f in compiled)) - keys if compiled else set()
             if outside:
-                out.append(f"publishes {action.upper()} with a row filter on column(s) "
-                           f"{sorted(outside)} outside the replica identity (PostgreSQL "
-                           "refuses such UPDATE/DELETE; the old row only has key columns)")
+                out.append((f"publishes {action.upper()} with a row filter on column(s) "
+                            f"{sorted(outside)} outside the replica identity (PostgreSQL "
+                            "refuses such UPDATE/DELETE; the old row only has key columns)",
+                            True))
     return list(dict.fromkeys(out))
 
 

@@ -242,3 +242,46 @@ def test_service_restarted_mid_load(setup, service):
         finish_and_check(info, pg, name, cfg, load)
     finally:
         pg.close()
+
+
+def test_kafka_down_mid_stream_is_said_within_seconds(setup):
+    """The broker stops while records wait for acknowledgements: a line says so within
+    seconds (the client retries until its delivery timeout), another when it is back, and
+    nothing is lost."""
+    root, info, pg, name, cfg, tmp = setup
+    load = Load(info.pg_dsn, name, RESTART_ROWS)
+    log_path = tmp / "router.log"
+    proc = start_router(cfg, log_path)
+    try:
+        pg.run(f"insert into {name} values (-1, 0, 'topic and schema exist')")
+        deadline = time.monotonic() + 60
+        while "records_acked=1 " not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        devstack.stop_service(root, "kafka")
+        load.start()  # changes arrive while no broker acknowledges them
+        stopped = time.monotonic()
+        while "kafka has not acknowledged records" not in log_path.read_text():
+            assert time.monotonic() - stopped < 15, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        devstack.ensure_up(root)
+        load.join(timeout=600)
+        time.sleep(2)
+        assert proc.poll() is None, "the router must ride out a broker outage"
+    finally:
+        proc.terminate()  # SIGTERM: drain
+        proc.wait(timeout=120)
+    log = log_path.read_text()
+    assert proc.returncode == 0, log[-3000:]
+    assert "Traceback" not in log
+    assert "kafka acknowledges records again" in log
+    assert load.error is None, f"load failed: {load.error!r}"
+    run_router(cfg, timeout=300)
+    ids, records = kafka_ids(info.kafka_bootstrap, name)
+    pg = Pg(info.pg_dsn)
+    try:
+        table_ids = {r[0] for r in pg.run(f"select id from {name}")}
+    finally:
+        pg.close()
+    assert table_ids - ids == set(), f"{len(table_ids - ids)} committed rows missing in Kafka"
+    assert_identical_duplicates(records)
