@@ -132,8 +132,11 @@ def _check_codec(compression: str | None) -> None:
 
 
 class KafkaPythonClient:
-    def __init__(self, bootstrap_servers, settings: dict | None = None):
+    def __init__(self, bootstrap_servers, settings: dict | None = None, *,
+                 transactional_id: str | None = None):
         config = dict(DEFAULTS)
+        if transactional_id:  # actors.kafka.transactional drives the transactions
+            config["transactional_id"] = transactional_id
         config.update(translate(dict(settings or {}), KAFKA_PYTHON))
         buffer_memory = config.pop("buffer_memory", BUFFER_MEMORY)
         # the first contact waits as long as any request (librdkafka has no separate limit)

@@ -184,6 +184,10 @@ class SinkActor:
                 await self._produce(batch)
                 await self._flush_progress()
                 await self._flush_completions()
+                await self._group_done()
+
+    async def _group_done(self) -> None:
+        """After each group: where the exactly-once sink commits (transactional_sink)."""
 
     async def _produce(self, batch: list) -> None:
         await self._flush_progress()

@@ -58,7 +58,8 @@ from ..services.sql import SqlSession
 from ..services.topic_names import refuse_bad_topics
 from .progress import ProgressActor, Stats
 from ..services.retry import primary, run_with_retries
-from .sink import SinkActor, TopicSpec
+from .sink import TopicSpec
+from .transactional_sink import client_for, sink_class
 from .slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from .slot_reader import SlotReader, pgoutput_options
 
@@ -143,7 +144,7 @@ class Supervisor:
     def __init__(self, cfg: Config, *, until_caught_up: bool = False, client_factory=None):
         self.cfg = cfg
         self.until_caught_up = until_caught_up
-        self.client_factory = client_factory or _default_client
+        self.client_factory = client_factory or client_for
         self.drain = trio.Event()
         self.stats = Stats()
         self.until_lsn: int | None = None
@@ -303,7 +304,7 @@ class Supervisor:
                                          default=1))
         specs[DEFINITIONS_ROUTE] = TopicSpec("", 1, specs[""].replication_factor,
                                              definitions_state.TOPIC_CONFIGS)
-        sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
+        sink = sink_class(cfg)(client=client, inbox=chunk_rx, progress=prog_tx,
                          schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
                          create_topics=cfg.kafka.create_topics, stats=self.stats,
                          metrics=self.metrics)
@@ -408,12 +409,3 @@ class _TypeNames:
     def get(self, oid: int, default=None):
         return self._relations.type_name(oid) or default
 
-
-def _default_client(cfg: Config):
-    if cfg.kafka.client == "librdkafka":
-        from ..kafka.librdkafka import RdKafkaClient
-
-        return RdKafkaClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))
-    from ..kafka.kafka_python import KafkaPythonClient
-
-    return KafkaPythonClient(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))
