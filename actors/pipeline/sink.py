@@ -65,6 +65,9 @@ class _Txn:
 
 
 class SinkActor:
+    #: ``chunk -> records`` in another record format (``[kafka] format``), or None
+    reshape = None
+
     def __init__(self, *, client, inbox: trio.MemoryReceiveChannel,
                  progress: trio.MemorySendChannel, schema_topic: str,
                  topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None,
@@ -238,7 +241,7 @@ class SinkActor:
             await self._produce(batch)
             await self._send_schemas(chunk.schemas)
         if chunk.records:
-            records = chunk.records
+            records = chunk.records if self.reshape is None else self.reshape(chunk)
             with self._lock:
                 self._txns[ticket].sent += len(records)
             batch.append((records, ticket))

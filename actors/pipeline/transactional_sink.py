@@ -20,6 +20,7 @@ import functools
 import msgspec
 import trio
 
+from router.connect_format import ConnectFormat
 from router.errors import SinkUnavailable
 from router.exactly_once import already_in_kafka, transactional_id
 from router.lsn import format_lsn
@@ -47,6 +48,8 @@ class TransactionalSinkActor(SinkActor):
                               up_to_lsn=format_lsn(self.client.committed_lsn))
                 self.skipped += 1
             chunk = msgspec.structs.replace(chunk, records=[])
+            if self.reshape is not None:  # its schemas are still learned
+                self.reshape(chunk)
         if self._began is None and chunk.records:
             self._began = trio.current_time()
         await super()._chunk(chunk, batch)
@@ -79,11 +82,30 @@ class TransactionalSinkActor(SinkActor):
 
 
 def sink_class(cfg):
-    """The sink actor for ``cfg``: at-least-once unless ``[kafka] exactly_once``."""
-    if not cfg.kafka.exactly_once:
-        return SinkActor
-    return functools.partial(TransactionalSinkActor,
-                             interval=cfg.kafka.transaction_interval_ms / 1000)
+    """The sink actor for ``cfg``: at-least-once unless ``[kafka] exactly_once``; records
+    reshaped to Kafka Connect's JSON with ``[kafka] format = "connect"``."""
+    if cfg.kafka.exactly_once:
+        cls = functools.partial(TransactionalSinkActor,
+                                interval=cfg.kafka.transaction_interval_ms / 1000)
+    else:
+        cls = SinkActor
+    if cfg.kafka.format != "connect":
+        return cls
+
+    def build(**kwargs):
+        sink = cls(**kwargs)
+        sink.reshape = connect_records(ConnectFormat())
+        return sink
+    return build
+
+
+def connect_records(fmt: ConnectFormat):
+    """``chunk -> records`` in Connect's JSON (the chunk's new schemas learned first)."""
+    def reshape(chunk):
+        for schema in chunk.schemas:
+            fmt.learn(schema)
+        return fmt.convert_all(chunk.records)
+    return reshape
 
 
 def client_for(cfg):
