@@ -7,8 +7,8 @@ Rules (on top of ``SinkActor``'s):
   (``client.committed_lsn``) is registered and reported done without sending its records:
   an earlier run committed them.
 * The Kafka transaction is committed only between source transactions (none half sent),
-  once ``interval`` seconds passed since its first record or when nothing more waits in the
-  inbox; a stream of small transactions shares one Kafka transaction, a large one has its own.
+  once ``interval`` seconds passed since its first record (what arrives before joins it): a
+  stream of small transactions shares one Kafka transaction, a large one has its own.
 * Records are reported durable (``Done``, then the slot is confirmed) only by the commit.
 * On drain the open Kafka transaction is committed.
 """
@@ -30,6 +30,8 @@ from ..services import log
 from .sink import SinkActor
 
 _log = log.get("sink")
+#: seconds between looks at the inbox while a Kafka transaction waits for more
+IDLE_POLL = 0.005
 
 
 class TransactionalSinkActor(SinkActor):
@@ -59,9 +61,14 @@ class TransactionalSinkActor(SinkActor):
     async def _group_done(self) -> None:
         if self._current is not None or self._sealed_end is None:
             return
-        if (self._began is not None and trio.current_time() - self._began < self.interval
-                and self.inbox.statistics().current_buffer_used):
-            return  # more is waiting: it joins this Kafka transaction
+        inbox = self.inbox.statistics
+        if self._began is not None:
+            # until the interval is over, what arrives joins this Kafka transaction (one
+            # commit for many small source transactions, even when they trickle in)
+            while trio.current_time() - self._began < self.interval:
+                if inbox().current_buffer_used or inbox().open_send_channels == 0:
+                    return
+                await trio.sleep(IDLE_POLL)
         await self._commit()
 
     async def _commit(self) -> None:
