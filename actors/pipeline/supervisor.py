@@ -59,7 +59,7 @@ from ..services.topic_names import refuse_bad_topics
 from .progress import ProgressActor, Stats
 from ..services.retry import primary, run_with_retries
 from .sink import TopicSpec
-from .transactional_sink import client_for, sink_class
+from .transactional_sink import client_for, plain_client, sink_class
 from .slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from .slot_reader import SlotReader, pgoutput_options
 
@@ -209,7 +209,8 @@ class Supervisor:
             # before the slot is made: a topic Kafka would refuse stops the router here
             refuse_bad_topics(cfg, await load_catalog(sql, cfg, strict=False))
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
-            self.snapshot_pending = await ensure_initial_snapshot(cfg, self.client_factory)
+            self.snapshot_pending = await ensure_initial_snapshot(cfg, plain_client if (
+                self.client_factory is client_for) else self.client_factory)
             info = await preflight(sql, cfg)
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
             self.publication_mode = await definitions_state.mode(sql, cfg)

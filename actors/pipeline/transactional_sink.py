@@ -43,7 +43,9 @@ class TransactionalSinkActor(SinkActor):
         self.skipped = 0  # source transactions Kafka already held
 
     async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
-        if chunk.records and already_in_kafka(chunk.end_lsn, self.client.committed_lsn):
+        # end LSN 0: a non-transactional logical message, which confirms nothing
+        if (chunk.records and chunk.end_lsn
+                and already_in_kafka(chunk.end_lsn, self.client.committed_lsn)):
             if chunk.last:
                 if not self.skipped:
                     log.event(_log, "skipping source transactions Kafka already holds",
@@ -119,6 +121,12 @@ def client_for(cfg):
     """The Kafka client ``[kafka]`` asks for (transactional with ``exactly_once``)."""
     if cfg.kafka.exactly_once:
         return transactional_client(cfg)
+    return plain_client(cfg)
+
+
+def plain_client(cfg):
+    """The configured client without transactions (the initial snapshot's: its rows are
+    delivered at-least-once, duplicates identical at the same positions)."""
     if cfg.kafka.client == "librdkafka":
         from ..kafka.librdkafka import RdKafkaClient
 

@@ -244,3 +244,21 @@ def test_second_router_with_the_same_transactional_id_fences_the_first(table, tm
     fenced = [line for line in text.splitlines() if "fenced" in line]
     assert len(fenced) == 1 and f"{name}-tid" in fenced[0], text[-3000:]
     assert "Traceback" not in text
+
+
+def test_non_transactional_message_after_a_commit_is_not_skipped(table, kafka_bootstrap,
+                                                                  tmp_path):
+    """A non-transactional logical message has no end LSN: it is never taken for something
+    an earlier run committed."""
+    pg, name, config = table
+    cfg = config("librdkafka")
+    cfg.write_text(cfg.read_text().replace("exactly_once = true",
+                                           f'exactly_once = true\nmessages_topic = "{name}.m"'))
+    run_router(cfg)
+    pg.run(f"update {name} set n = n + 1 where id = 0")
+    run_router(cfg)  # Kafka's progress is now past zero
+    pg.run("select pg_logical_emit_message(false, 'eo-test', 'hello')")
+    pg.run(f"update {name} set n = n + 1 where id = 0")
+    run_router(cfg)
+    messages = changes(kafka_bootstrap, f"{name}.m")
+    assert [m["op"] for m in messages] == ["m"], messages
