@@ -262,3 +262,70 @@ def test_non_transactional_message_after_a_commit_is_not_skipped(table, kafka_bo
     run_router(cfg)
     messages = changes(kafka_bootstrap, f"{name}.m")
     assert [m["op"] for m in messages] == ["m"], messages
+
+
+@pytest.fixture(scope="module")
+def own_stack():
+    """A dev stack of its own: its broker is restarted under load."""
+    from actors import devstack
+
+    root = ROOT / ".devstack" / "exactly-once"
+    try:
+        info = devstack.ensure_up(root)
+    except Exception as exc:
+        pytest.fail(f"exactly-once fault stack could not be started: {exc}", pytrace=False)
+    yield root, info
+    devstack.down(root)
+
+
+def test_broker_restart_leaves_each_change_once(own_stack, tmp_path):
+    from actors import devstack
+
+    root, info = own_stack
+    pg = Pg(info.pg_dsn)
+    name = unique("eob")
+    pg.run(f"create table {name} (id bigint primary key, n int, payload text)")
+    pg.run(f"insert into {name} select g, 0, 'hot' from generate_series(0, {HOT - 1}) g")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=info.pg_dsn, slot=name, publications=[name],
+                       bootstrap=info.kafka_bootstrap,
+                       kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
+                                   f'progress_topic = "{name}.progress"\n',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\ntopic_settings = {{ partitions = 3 }}\n')
+    rows = 10_000
+    try:
+        run_router(cfg)
+        proc = start_router(cfg, tmp_path / "router.log")
+        load = Load(info.pg_dsn, name, rows)
+        try:
+            wait_for_line(tmp_path / "router.log", "streaming started", proc, timeout=120)
+            load.start()
+            wait_for_line(tmp_path / "router.log", "schema published", proc)
+            time.sleep(1)  # the broker goes away while transactions are being written
+            devstack.stop_service(root, "kafka")
+            time.sleep(3)
+            devstack.ensure_up(root)
+            load.join(timeout=300)
+            assert load.error is None, load.error
+            time.sleep(2)
+            assert proc.poll() is None, (tmp_path / "router.log").read_text()[-3000:]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+        assert proc.returncode == 0, (tmp_path / "router.log").read_text()[-3000:]
+        run_router(cfg, timeout=300)
+        records = changes(info.kafka_bootstrap, name)
+        positions = [(r["source"]["commit_lsn"], r["source"]["seq"]) for r in records]
+        assert len(positions) == len(set(positions)), "a change reached read_committed twice"
+        inserted = sorted(r["after"]["id"] for r in records if r["op"] == "c")
+        assert inserted == list(range(HOT, HOT + rows))
+        for key in range(HOT):
+            counts = [r["after"]["n"] for r in records
+                      if r["op"] == "u" and r["after"]["id"] == key]
+            assert counts == list(range(1, rows // BATCH + 1)), f"key {key}: {counts[:20]}…"
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
