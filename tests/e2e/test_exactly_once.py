@@ -13,14 +13,13 @@ import json
 import os
 import random
 import re
-import subprocess
 import threading
 import time
 
 import psycopg2
 import pytest
 
-from tests.helpers import (ROOT, Pg, kill9, router_cmd, run_router, start_router, unique,
+from tests.helpers import (ROOT, Pg, kill9, run_router, start_router, unique,
                            write_config)
 
 pytestmark = pytest.mark.services
