@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/e2e.py [--changes 500000] [--txn-rows 50000] [--partitions 1]
                                   [--runs pg_recvlogical,librdkafka,kafka-python] [--repeat N]
-                                  (also: --runs …,librdkafka+metrics: the metrics' cost)
+                                  (also: --runs …,librdkafka+metrics: the metrics' cost;
+                                   librdkafka+eo, kafka-python+eo: [kafka] exactly_once)
                                   [--profile DIR]
     .venv/bin/python bench/e2e.py --quick        # 60k changes, for a smoke run
 
@@ -67,6 +68,8 @@ CLIENTS = ("librdkafka", "kafka-python")
 NULL = "null"
 #: librdkafka with the Prometheus endpoint on ([metrics] listen): what the metrics cost
 METRICS = "librdkafka+metrics"
+#: each client with [kafka] exactly_once = true: what Kafka transactions cost
+EXACTLY_ONCE = tuple(f"{c}+eo" for c in CLIENTS)
 _ACKED = re.compile(r"records_acked=(\d+)")
 
 
@@ -111,8 +114,10 @@ def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
 
 def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
            route: str, schema_topic: str, partitions: int, metrics: bool = False,
-           follow: str = "") -> str:
+           follow: str = "", exactly_once: bool = False) -> str:
     selector = f'publication = "{pub}"' if follow else f'tables = ["public.{table}"]'
+    eo = (f'exactly_once = true\nprogress_topic = "{route}.progress"\n'
+          f'transactional_id = "{route}"\n') if exactly_once else ""
     return (METRICS_SECTION if metrics else "") + f"""
 [source]
 dsn = "{dsn}"
@@ -124,6 +129,7 @@ bootstrap_servers = "{bootstrap}"
 client = "{client}"
 schema_topic = "{schema_topic}"
 definitions_topic = "{schema_topic.removesuffix('schemas')}definitions"
+{eo}
 [[routes]]
 name = "{route}"
 {selector}
@@ -265,7 +271,8 @@ def main() -> None:
         args.changes = min(args.changes, 60_000)
         args.txn_rows = min(args.txn_rows, 20_000)
     runs = args.runs.split(",")
-    unknown = {r for r in runs if r.partition("/")[0] not in {RECV, NULL, METRICS, *CLIENTS}
+    unknown = {r for r in runs if r.partition("/")[0] not in {RECV, NULL, METRICS, *CLIENTS,
+                                                             *EXACTLY_ONCE}
                or r.partition("/")[2] not in ("", "wal", "poll")}
     if unknown:
         raise SystemExit(f"unknown run(s): {sorted(unknown)}")
@@ -278,6 +285,8 @@ def main() -> None:
     routes = {(r, run): f"bench-{run.replace('/', '-').replace('+', '-')}-{tag}-{r}"
               for r in rounds for run in runs if run != RECV}
     topics = [schema_topic] + [f"{route}.public.{table}" for route in routes.values()]
+    topics += [f"{route}.progress" for (r, run), route in routes.items()
+               if run.partition("/")[0] in EXACTLY_ONCE]
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     results: dict[tuple, float] = {}
@@ -329,10 +338,11 @@ def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, rout
     else:
         cfg = os.path.join(tmp, f"{run.replace('/', '-')}-{rnd}.toml")
         client, _, follow = run.partition("/")
-        client = "librdkafka" if client in (NULL, METRICS) else client
+        exactly_once = client in EXACTLY_ONCE
+        client = "librdkafka" if client in (NULL, METRICS) else client.split("+")[0]
         text = config(args.dsn, args.bootstrap, slot, pub, table, client, routes[(rnd, run)],
                       schema_topic, args.partitions, metrics=run.startswith(METRICS),
-                      follow=follow)
+                      follow=follow, exactly_once=exactly_once)
         with open(cfg, "w") as fh:
             fh.write(text)
         prof = os.path.join(args.profile, f"{run.replace('/', '-')}.prof") if args.profile else None
@@ -353,7 +363,15 @@ def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, rout
 
 
 def report(runs: list[str], rounds, results: dict) -> None:
-    """Each run's time over pg_recvlogical's of the same round; the median over rounds."""
+    """Each run's time over pg_recvlogical's of the same round; the median over rounds.
+    Exactly-once runs also over the same client's at-least-once run."""
+    for eo in EXACTLY_ONCE:
+        base = eo.split("+")[0]
+        ratios = sorted(results[(r, eo)] / results[(r, base)] for r in rounds
+                        if (r, eo) in results and (r, base) in results)
+        if ratios:
+            print(f"exactly-once / at-least-once, {base}: {statistics.median(ratios):.2f}"
+                  f" (goal <= 1.3; rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
     if RECV not in runs:
         return
     print("ratio to pg_recvlogical (time / its time in the same round; goal for librdkafka "

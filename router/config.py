@@ -16,6 +16,7 @@ import msgspec
 
 from . import dsn as dsns
 from .errors import ConfigError
+from .exactly_once import validate_exactly_once
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
@@ -95,6 +96,18 @@ class KafkaConfig(_Base):
     #: security_protocol, sasl_*, ssl_* …, see router.kafka_settings); unknown keys are
     #: refused; acks and idempotence are pgrouter's and cannot be overridden
     settings: dict[str, str | int | float | bool] = {}
+    #: Kafka transactions: each change exactly once for read_committed consumers
+    #: (router.exactly_once); the progress topic holds the last committed end LSN
+    exactly_once: bool = False
+    #: the producer's transactional id ("" = "pgrouter-<slot>"); one router per id
+    transactional_id: str = ""
+    progress_topic: str = "pgrouter.progress"
+    #: a Kafka transaction is committed at a source transaction's end once this much time
+    #: has passed since it began, or when nothing more is waiting
+    transaction_interval_ms: int = 100
+    #: record format: "json" (Debezium-shaped JSON) or "connect" (Kafka Connect JSON with
+    #: schema + payload, as Debezium's JsonConverter writes it; router.connect_format)
+    format: Literal["json", "connect"] = "json"
 
 
 class RouteConfig(_Base):
@@ -245,9 +258,9 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     if cfg.source.binary:
         raise ConfigError(BINARY_REFUSED, path="source.binary", source=source)
     parse_policy(cfg.origin, path="origin", source=source)
-    for key in ("schema_topic", "messages_topic", "transactions_topic"):
+    for key in ("schema_topic", "messages_topic", "transactions_topic", "progress_topic"):
         topic = getattr(cfg.kafka, key)
-        problem = (topic or key == "schema_topic") and illegal(topic)
+        problem = (topic or key in ("schema_topic", "progress_topic")) and illegal(topic)
         if problem:
             raise ConfigError(f"topic {problem}", path=f"kafka.{key}", source=source)
     names = set()
@@ -285,6 +298,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     # the common settings vocabulary, checked for the chosen client (router.kafka_settings)
     translate_kafka_settings(dict(cfg.kafka.settings), cfg.kafka.client, source=source)
     _validate_metrics(cfg.metrics, source)
+    validate_exactly_once(cfg.kafka, source=source)
 
 
 def parse_listen(listen: str, *, path: str = "metrics.listen",

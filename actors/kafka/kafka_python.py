@@ -132,8 +132,11 @@ def check_codec(compression: str | None) -> None:
 
 
 class KafkaPythonClient:
-    def __init__(self, bootstrap_servers, settings: dict | None = None):
+    def __init__(self, bootstrap_servers, settings: dict | None = None, *,
+                 transactional_id: str | None = None):
         config = dict(DEFAULTS)
+        if transactional_id:  # actors.kafka.transactional drives the transactions
+            config["transactional_id"] = transactional_id
         config.update(translate(dict(settings or {}), KAFKA_PYTHON))
         buffer_memory = config.pop("buffer_memory", BUFFER_MEMORY)
         # the first contact waits as long as any request (librdkafka has no separate limit)
@@ -159,8 +162,11 @@ class KafkaPythonClient:
         sender = getattr(self.producer, "_sender", None)
         txn = getattr(self.producer, "_transaction_manager", None)
         self._fast = (accumulator is not None and sender is not None
-                      and hasattr(accumulator, "_incomplete")
-                      and (txn is None or not txn.is_transactional()))
+                      and hasattr(accumulator, "_incomplete"))
+        #: a transactional producer registers each partition with the transaction (as
+        #: ``send`` does), once per ``produce`` call: a Kafka transaction spans whole calls
+        self._txn_add = (txn.maybe_add_partition_to_transaction
+                         if txn is not None and txn.is_transactional() else None)
         self._accumulator = accumulator
         self._sender = sender
         self._tps: dict[str, list[TopicPartition]] = {}
@@ -201,6 +207,8 @@ class KafkaPythonClient:
             tps: list = []
             n = 1
             null_tp = None
+            txn_add = self._txn_add
+            added: set = set()
             for topic, key, value, headers in records:
                 if topic is not last_topic:
                     tps = self._partitions(topic)
@@ -216,6 +224,9 @@ class KafkaPythonClient:
                     tp = tps[(murmur2(key) & 0x7FFFFFFF) % n]
                 if len(value) + (len(key) if key is not None else 0) > limit:
                     self._check_size(topic, key, value, headers)
+                if txn_add is not None and tp not in added:
+                    txn_add(tp)
+                    added.add(tp)
                 future, full, new_batch, _ = append(tp, None, key, value,
                                                     [] if headers is None else headers)
                 future._add_cb_eb(ack, fail)

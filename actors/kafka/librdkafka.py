@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -134,13 +135,16 @@ class _Failure:
 
 
 class RdKafkaClient:
-    def __init__(self, bootstrap_servers, settings: dict | None = None):
+    def __init__(self, bootstrap_servers, settings: dict | None = None, *,
+                 transactional_id: str | None = None):
         servers = (bootstrap_servers if isinstance(bootstrap_servers, str)
                    else ",".join(bootstrap_servers))
         conf = dict(DEFAULTS)
         conf.update(translate(dict(settings or {}), LIBRDKAFKA))
         conf.update({"bootstrap.servers": servers, "acks": "all",
                      "enable.idempotence": True, "partitioner": "murmur2_random"})
+        if transactional_id:  # actors.kafka.transactional drives the transactions
+            conf["transactional.id"] = transactional_id
         self._timeout = conf["request.timeout.ms"] / 1000
         self._max_message = int(conf.get("message.max.bytes", 1_000_000))
         self._admin_conf = {k: v for k, v in conf.items()
@@ -172,7 +176,12 @@ class RdKafkaClient:
         poll = self.producer.poll
         stop = self._stop
         while not stop.is_set():
-            poll(POLL_INTERVAL)
+            try:
+                poll(POLL_INTERVAL)
+            except KafkaException as exc:  # a fatal error (a fenced transactional producer)
+                if self._fatal is None:
+                    self._fatal = exc.args[0]
+                stop.wait(POLL_INTERVAL)
 
     def _on_error(self, err: KafkaError) -> None:
         # transient client-level errors (broker down…) surface per record as delivery
@@ -218,8 +227,12 @@ class RdKafkaClient:
             raise map_error(exc) from exc
         except BufferError as exc:
             raise map_error(exc) from exc
-        if not done.wait(timeout):
-            raise SinkUnavailable(f"record to {topic} not acknowledged within {timeout} s")
+        deadline = time.monotonic() + timeout
+        while not done.wait(POLL_INTERVAL):
+            if self._fatal is not None:
+                raise map_error(KafkaException(self._fatal))
+            if time.monotonic() > deadline:
+                raise SinkUnavailable(f"record to {topic} not acknowledged within {timeout} s")
         if outcome[0] is not None:
             exc = KafkaException(outcome[0])
             if outcome[0].code() in _TOO_LARGE:

@@ -65,6 +65,9 @@ class _Txn:
 
 
 class SinkActor:
+    #: ``chunk -> records`` in another record format (``[kafka] format``), or None
+    reshape = None
+
     def __init__(self, *, client, inbox: trio.MemoryReceiveChannel,
                  progress: trio.MemorySendChannel, schema_topic: str,
                  topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None,
@@ -184,6 +187,10 @@ class SinkActor:
                 await self._produce(batch)
                 await self._flush_progress()
                 await self._flush_completions()
+                await self._group_done()
+
+    async def _group_done(self) -> None:
+        """After each group: where the exactly-once sink commits (transactional_sink)."""
 
     async def _produce(self, batch: list) -> None:
         await self._flush_progress()
@@ -234,7 +241,7 @@ class SinkActor:
             await self._produce(batch)
             await self._send_schemas(chunk.schemas)
         if chunk.records:
-            records = chunk.records
+            records = chunk.records if self.reshape is None else self.reshape(chunk)
             with self._lock:
                 self._txns[ticket].sent += len(records)
             batch.append((records, ticket))

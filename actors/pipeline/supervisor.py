@@ -49,7 +49,6 @@ from ..snapshot.initial import ensure_initial_snapshot
 from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
                                 needs_catalog, route_problems)
 from . import failover
-from ..kafka import client_for
 from .decoder import DecoderActor
 from . import definitions_state
 from .delivery_watch import DeliveryWatch
@@ -61,7 +60,8 @@ from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
 from .progress import ProgressActor, Stats
 from ..services.retry import only_cancelled, primary, run_with_retries
-from .sink import SinkActor, TopicSpec
+from .sink import TopicSpec
+from .transactional_sink import client_for, plain_client, sink_class
 from .slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from .slot_owner import SlotOwner, guarded
 from .slot_reader import SlotReader, pgoutput_options
@@ -220,7 +220,8 @@ class Supervisor:
             await checks.startup_checks(sql, cfg, log_warnings=not self._warned)
             self._warned = True
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
-            self.snapshot_pending = await ensure_initial_snapshot(cfg, self.client_factory)
+            self.snapshot_pending = await ensure_initial_snapshot(cfg, plain_client if (
+                self.client_factory is client_for) else self.client_factory)
             info = await preflight(sql, cfg)
             self.slot_owner.created |= info.created_slot
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
@@ -315,7 +316,7 @@ class Supervisor:
                                          default=1))
         specs[DEFINITIONS_ROUTE] = TopicSpec("", 1, specs[""].replication_factor,
                                              definitions_state.TOPIC_CONFIGS)
-        sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
+        sink = sink_class(cfg)(client=client, inbox=chunk_rx, progress=prog_tx,
                          schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
                          create_topics=cfg.kafka.create_topics, stats=self.stats,
                          metrics=self.metrics)

@@ -1,0 +1,164 @@
+"""Kafka Connect standalone with Debezium's JDBC sink connector, for the end-to-end check that
+a sink pgrouter did not write consumes its Connect-format topics (README "Kafka Connect
+records"). Jars come from Maven Central like the broker's (``maven``).
+
+Rules:
+
+* The worker is Kafka's own ``ConnectStandalone`` (``connect-runtime`` of the broker's
+  version) with ``JsonConverter`` (``schemas.enable=true``) for keys and values, reading
+  ``read_committed``.
+* The connector is ``io.debezium:debezium-connector-jdbc`` in a plugin folder of its own.
+  Maven Central here lacks the ``hibernate-agroal`` build it names, so the nearest one that
+  is served is used; Jackson comes from the worker (two copies break its service loading),
+  and only the PostgreSQL driver is kept.
+* Debezium's POM names other repositories: Maven is pointed at Maven Central only.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+
+from .maven import KAFKA_VERSION
+from .process import StackError
+
+JDBC_SINK_VERSION = "3.6.0.Final"
+HIBERNATE_AGROAL_VERSION = "7.2.0.Final"
+CENTRAL = "https://repo.maven.apache.org/maven2"
+
+_WORKER_DEPS = [("org.apache.kafka", "connect-runtime", KAFKA_VERSION),
+                ("org.apache.kafka", "connect-json", KAFKA_VERSION),
+                ("org.slf4j", "slf4j-simple", "1.7.36")]
+_DROP = ("jackson-", "mariadb-", "mssql-", "mysql-", "ojdbc")
+
+
+def _dep(g: str, a: str, v: str, exclusions: str = "") -> str:
+    return (f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+            f"<version>{v}</version>{exclusions}</dependency>")
+
+
+def _excl(*pairs: tuple[str, str]) -> str:
+    return ("<exclusions>" + "".join(f"<exclusion><groupId>{g}</groupId><artifactId>{a}"
+                                      "</artifactId></exclusion>" for g, a in pairs)
+            + "</exclusions>")
+
+
+def _pom(name: str, deps: str) -> str:
+    return ('<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0'
+            f"</modelVersion><groupId>pgrouter.devstack</groupId><artifactId>{name}"
+            f"</artifactId><version>1</version><packaging>pom</packaging><dependencies>{deps}"
+            "</dependencies></project>")
+
+
+POMS = {
+    "connect": _pom("connect", "".join(_dep(*d) for d in _WORKER_DEPS)),
+    "jdbc-sink": _pom("jdbc-sink", _dep(
+        "io.debezium", "debezium-connector-jdbc", JDBC_SINK_VERSION,
+        _excl(("org.hibernate", "hibernate-agroal"), ("org.hibernate.orm", "hibernate-agroal"),
+              ("io.agroal", "*"))) + _dep(
+        "org.hibernate.orm", "hibernate-agroal", HIBERNATE_AGROAL_VERSION,
+        _excl(("org.hibernate.orm", "hibernate-core")))),
+}
+_SETTINGS = (f"<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>"
+             f"<url>{CENTRAL}</url></mirror></mirrors></settings>")
+
+
+def _fetch(name: str, target: pathlib.Path, work: pathlib.Path) -> pathlib.Path:
+    stamp = target / ".complete"
+    if stamp.exists() and stamp.read_text() == POMS[name]:
+        return target
+    if shutil.which("mvn") is None or shutil.which("java") is None:
+        raise StackError("Kafka Connect needs Maven and Java (apt-get install maven "
+                         "openjdk-17-jre-headless)")
+    if target.exists():
+        shutil.rmtree(target)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(POMS[name])
+    (work / "settings.xml").write_text(_SETTINGS)
+    args = ["mvn", "-q", "-B", "-s", str(work / "settings.xml"), "-f", str(work / "pom.xml"),
+            "dependency:copy-dependencies", f"-DoutputDirectory={target}",
+            "-DincludeScope=runtime"]
+    if name == "jdbc-sink":
+        args.append("-DexcludeGroupIds=org.apache.kafka")  # the worker's own
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        raise StackError(f"mvn could not fetch the {name} jars:\n  " + "\n  ".join(tail))
+    for jar in target.glob("*.jar"):
+        if name == "jdbc-sink" and jar.name.startswith(_DROP):
+            jar.unlink()
+    stamp.write_text(POMS[name])
+    return target
+
+
+def fetch(cache: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """(the worker's jars, the plugin path holding the JDBC sink), fetched on first use."""
+    cache = cache.resolve()
+    lib = _fetch("connect", cache / "jars" / "connect", cache / "poms" / "connect")
+    plugins = cache / "jars" / "connect-plugins"
+    _fetch("jdbc-sink", plugins / "debezium-jdbc", cache / "poms" / "jdbc-sink")
+    return lib, plugins
+
+
+def _props(values: dict[str, str]) -> str:
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+class ConnectStandalone:
+    """One standalone worker running one JDBC sink connector; ``start``/``stop``."""
+
+    def __init__(self, cache: pathlib.Path, workdir: pathlib.Path, *, bootstrap: str,
+                 topics: list[str], jdbc_url: str, user: str = "postgres",
+                 password: str = ""):
+        self.cache, self.workdir = cache, workdir
+        self.bootstrap, self.topics = bootstrap, topics
+        self.jdbc_url, self.user, self.password = jdbc_url, user, password
+        self.proc: subprocess.Popen | None = None
+        self.log = workdir / "connect.log"
+
+    def worker_properties(self, plugins: pathlib.Path) -> dict[str, str]:
+        converter = "org.apache.kafka.connect.json.JsonConverter"
+        return {"bootstrap.servers": self.bootstrap, "key.converter": converter,
+                "value.converter": converter, "key.converter.schemas.enable": "true",
+                "value.converter.schemas.enable": "true",
+                "offset.storage.file.filename": str(self.workdir / "offsets"),
+                "offset.flush.interval.ms": "1000", "plugin.path": str(plugins),
+                "listeners": "http://127.0.0.1:0",
+                "consumer.isolation.level": "read_committed",
+                "consumer.auto.offset.reset": "earliest"}
+
+    def connector_properties(self) -> dict[str, str]:
+        return {"name": "pgrouter-jdbc-sink",
+                "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
+                "tasks.max": "1", "topics": ",".join(self.topics),
+                "connection.url": self.jdbc_url, "connection.username": self.user,
+                "connection.password": self.password, "insert.mode": "upsert",
+                "delete.enabled": "true", "truncate.enabled": "true",
+                "primary.key.mode": "record_key", "schema.evolution": "basic",
+                "collection.name.format": "${topic}"}
+
+    def start(self) -> None:
+        lib, plugins = fetch(self.cache)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        worker = self.workdir / "worker.properties"
+        connector = self.workdir / "jdbc-sink.properties"
+        worker.write_text(_props(self.worker_properties(plugins)))
+        connector.write_text(_props(self.connector_properties()))
+        self.proc = subprocess.Popen(
+            ["java", "-Xmx384m", "-cp", f"{lib}/*",
+             "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), str(connector)],
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -1,0 +1,232 @@
+"""Either Kafka client, made transactional (``[kafka] exactly_once``; ``router.exactly_once``).
+
+Wraps a client with a ``transactional_id`` behind the same contract (``produce``,
+``produce_sync``, ``ensure_topics``, ``flush``, ``close``, ``map_error``) and adds
+``start()`` and ``commit(end_lsn)``.
+
+Rules:
+
+* ``start`` makes the compacted progress topic, registers the transactional id (Kafka aborts
+  a predecessor's open transaction and fences that producer), then reads the committed
+  progress with ``read_committed``: ``committed_lsn``.
+* A Kafka transaction begins with the first record handed over after a commit. Acknowledged
+  records are *not* reported to the sink: their reports are held until ``commit`` wrote the
+  progress record and Kafka committed the transaction; a failure is reported at once.
+* ``commit`` is called by the sink only between source transactions, so a Kafka transaction
+  holds whole source transactions. The progress it writes never moves backwards.
+* A fenced producer raises ``ProducerFenced`` with one line; it is not retried.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+from router.errors import SinkError, SinkUnavailable
+from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, ProducerFenced, fenced_line,
+                                 progress_record, read_progress)
+
+#: seconds Kafka's transaction calls may take (init waits for a predecessor's abort)
+TXN_TIMEOUT = 60.0
+
+
+def _fenced_code(err) -> bool:
+    """A librdkafka ``KafkaError`` saying another producer took over."""
+    if not (hasattr(err, "code") and callable(err.code)):
+        return False
+    from confluent_kafka import KafkaError
+
+    return err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                          KafkaError.INVALID_PRODUCER_EPOCH)
+
+
+def _fenced(exc: BaseException | None) -> bool:
+    """Is ``exc`` (or what it was raised from) Kafka saying another producer took over?"""
+    while exc is not None:
+        if type(exc).__name__ in ("ProducerFencedError", "InvalidProducerEpochError"):
+            return True
+        if _fenced_code(exc.args[0] if exc.args else None):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+class TransactionalClient:
+    def __init__(self, inner, *, transactional_id: str, progress_topic: str, slot: str,
+                 read_committed):
+        """``inner``: a client built with ``transactional_id``; ``read_committed(topic, key)``
+        returns the newest committed value of ``key`` in ``topic`` (None when absent)."""
+        self.inner = inner
+        self.producer = inner.producer
+        self.transactional_id = transactional_id
+        self.progress_topic = progress_topic
+        self.slot = slot
+        self._read_committed = read_committed
+        self._rdkafka = type(inner).__name__ == "RdKafkaClient"
+        self._cond = threading.Condition()
+        self._open = False
+        self._handed = 0  # records handed over in the open Kafka transaction
+        self._acked = 0
+        self._held: list = []  # (on_done, ticket, count) waiting for the commit
+        self.committed_lsn = 0
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def map_error(self, exc: BaseException) -> SinkError:
+        if (_fenced(exc) or _fenced(getattr(exc, "__cause__", None))
+                or _fenced_code(getattr(self.inner, "_fatal", None))):
+            return ProducerFenced(fenced_line(self.transactional_id))
+        return self.inner.map_error(exc)
+
+    def _explain(self, exc: SinkError) -> SinkError:
+        """``ProducerFenced`` for a failure that is the producer being fenced."""
+        if _fenced(exc.__cause__) or _fenced_code(getattr(self.inner, "_fatal", None)):
+            return ProducerFenced(fenced_line(self.transactional_id))
+        return exc
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except ProducerFenced:
+            raise
+        except BaseException as exc:
+            mapped = self.map_error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    # -- start --------------------------------------------------------------------------------
+
+    def start(self, replication_factor: int = 1) -> int:
+        from actors.pipeline.sink import TopicSpec
+
+        self.inner.ensure_topics([TopicSpec(self.progress_topic, 1, replication_factor,
+                                            dict(PROGRESS_TOPIC_CONFIGS))])
+        if self._rdkafka:
+            self._call(self.producer.init_transactions, TXN_TIMEOUT)
+        else:
+            self._call(self.producer.init_transactions)
+        value = self._call(self._read_committed, self.progress_topic,
+                           self.transactional_id.encode())
+        self.committed_lsn = read_progress(value)
+        return self.committed_lsn
+
+    # -- the contract ----------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if not self._open:
+            self._call(self.producer.begin_transaction)
+            self._open = True
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._open
+
+    def produce(self, records, ticket, on_done) -> None:
+        self._begin()
+        cond, held = self._cond, self._held
+
+        def hold(t, error, count, *rest):
+            if error is not None:
+                on_done(t, error, count, *rest)
+                return
+            with cond:
+                held.append((on_done, t, count))
+                self._acked += count
+                cond.notify_all()
+
+        with cond:
+            self._handed += len(records)
+        try:
+            self.inner.produce(records, ticket, hold)
+        except SinkError as exc:
+            fenced = self._explain(exc)
+            if fenced is exc:
+                raise
+            raise fenced from exc
+
+    def produce_sync(self, topic, key, value, timeout: float = 60.0) -> None:
+        self._begin()
+        try:
+            self.inner.produce_sync(topic, key, value, timeout)
+        except SinkError as exc:
+            fenced = self._explain(exc)
+            if fenced is exc:
+                raise
+            raise fenced from exc
+
+    def commit(self, end_lsn: int) -> None:
+        """Write the progress record and commit the open Kafka transaction; then report its
+        records acknowledged."""
+        if not self._open:
+            return
+        end_lsn = max(end_lsn, self.committed_lsn)
+        key, value = progress_record(self.transactional_id, end_lsn, self.slot)
+        self.produce_sync(self.progress_topic, key, value)
+        if self._rdkafka:
+            self._call(self.producer.commit_transaction, TXN_TIMEOUT)
+        else:
+            self._call(self.producer.commit_transaction)
+        self._open = False
+        self.committed_lsn = end_lsn
+        deadline = time.monotonic() + TXN_TIMEOUT
+        with self._cond:
+            # the commit flushed every record; their reports may still be on the way
+            while self._acked < self._handed:
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    raise SinkUnavailable("records of a committed Kafka transaction were not "
+                                          f"reported within {TXN_TIMEOUT} s")
+            held, self._held = self._held, []
+            self._handed = self._acked = 0
+        for on_done, ticket, count in held:
+            on_done(ticket, None, count)
+
+    def ensure_topics(self, specs) -> None:
+        self.inner.ensure_topics(specs)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.inner.flush(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """An open transaction is left to the next producer with this id, which aborts it."""
+        with warnings.catch_warnings():  # confluent-kafka warns when its abort fails
+            warnings.simplefilter("ignore")
+            self.inner.close(timeout)
+
+
+def committed_reader(bootstrap_servers, settings: dict):
+    """``read_committed(topic, key)`` over kafka-python's consumer (either producer client):
+    the newest value of ``key`` in partition 0 of ``topic`` that a ``read_committed`` consumer
+    sees, reading up to the last stable offset."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    from router.kafka_settings import KAFKA_PYTHON, translate
+
+    conf = {k: v for k, v in translate(dict(settings), KAFKA_PYTHON).items()
+            if k.startswith(("security_", "ssl_", "sasl_")) or k == "client_id"}
+
+    def read(topic: str, key: bytes):
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
+                                 enable_auto_commit=False, isolation_level="read_committed",
+                                 **conf)
+        try:
+            tp = TopicPartition(topic, 0)
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            end = consumer.end_offsets([tp])[tp]
+            found = None
+            deadline = time.monotonic() + TXN_TIMEOUT
+            while consumer.position(tp) < end:
+                if time.monotonic() > deadline:
+                    raise SinkUnavailable(f"could not read {topic} up to offset {end} within "
+                                          f"{TXN_TIMEOUT} s")
+                for record in consumer.poll(timeout_ms=500).get(tp, ()):
+                    if record.key == key:
+                        found = record.value
+            return found
+        finally:
+            consumer.close()
+
+    return read

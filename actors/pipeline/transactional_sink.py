@@ -1,0 +1,159 @@
+"""The sink in exactly-once mode: whole source transactions per Kafka transaction, with
+the router's progress (``router.exactly_once``, ``actors.kafka.transactional``).
+
+Rules (on top of ``SinkActor``'s):
+
+* A source transaction whose end LSN is not past the progress Kafka committed
+  (``client.committed_lsn``) is registered and reported done without sending its records:
+  an earlier run committed them.
+* The Kafka transaction is committed only between source transactions (none half sent),
+  once ``interval`` seconds passed since its first record (what arrives before joins it): a
+  stream of small transactions shares one Kafka transaction, a large one has its own.
+* Records are reported durable (``Done``, then the slot is confirmed) only by the commit.
+* On drain the open Kafka transaction is committed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+import trio
+
+from router.connect_format import ConnectFormat
+from router.errors import SinkUnavailable
+from router.exactly_once import already_in_kafka, transactional_id
+from router.lsn import format_lsn
+from router.routing import RoutedChunk
+
+from ..services import log
+from .sink import SinkActor
+
+_log = log.get("sink")
+#: seconds between looks at the inbox while a Kafka transaction waits for more
+IDLE_POLL = 0.005
+
+
+class TransactionalSinkActor(SinkActor):
+    def __init__(self, *, interval: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.interval = interval
+        self._sealed_end: int | None = None  # end LSN of the last whole source transaction
+        self._began: float | None = None
+        self.skipped = 0  # source transactions Kafka already held
+
+    async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
+        # end LSN 0: a non-transactional logical message, which confirms nothing
+        if (chunk.records and chunk.end_lsn
+                and already_in_kafka(chunk.end_lsn, self.client.committed_lsn)):
+            if chunk.last:
+                if not self.skipped:
+                    log.event(_log, "skipping source transactions Kafka already holds",
+                              up_to_lsn=format_lsn(self.client.committed_lsn))
+                self.skipped += 1
+            chunk = msgspec.structs.replace(chunk, records=[])
+            if self.reshape is not None:  # its schemas are still learned
+                self.reshape(chunk)
+        if self._began is None and chunk.records:
+            self._began = trio.current_time()
+        await super()._chunk(chunk, batch)
+        if chunk.last:
+            self._sealed_end = chunk.end_lsn
+
+    async def _group_done(self) -> None:
+        if self._current is not None or self._sealed_end is None:
+            return
+        inbox = self.inbox.statistics
+        if self._began is not None:
+            # until the interval is over, what arrives joins this Kafka transaction (one
+            # commit for many small source transactions, even when they trickle in)
+            while trio.current_time() - self._began < self.interval:
+                if inbox().current_buffer_used or inbox().open_send_channels == 0:
+                    return
+                await trio.sleep(IDLE_POLL)
+        await self._commit()
+
+    async def _commit(self) -> None:
+        end, self._sealed_end, self._began = self._sealed_end, None, None
+        if self.client.in_transaction:
+            await trio.to_thread.run_sync(self.client.commit, end)
+
+    async def _consume(self) -> None:
+        await super()._consume()
+        if self._current is None:
+            if self._sealed_end is not None:
+                await self._commit()
+        else:  # cannot happen with whole transactions upstream; never commit half of one
+            self._fail(SinkUnavailable("input ended inside a source transaction; its Kafka "
+                                       "transaction is left to be aborted"))
+        if self.skipped:
+            log.event(_log, "skipped transactions Kafka already held", count=self.skipped)
+
+
+def sink_class(cfg):
+    """The sink actor for ``cfg``: at-least-once unless ``[kafka] exactly_once``; records
+    reshaped to Kafka Connect's JSON with ``[kafka] format = "connect"``."""
+    if cfg.kafka.exactly_once:
+        cls = functools.partial(TransactionalSinkActor,
+                                interval=cfg.kafka.transaction_interval_ms / 1000)
+    else:
+        cls = SinkActor
+    if cfg.kafka.format != "connect":
+        return cls
+
+    def build(**kwargs):
+        sink = cls(**kwargs)
+        sink.reshape = connect_records(ConnectFormat())
+        return sink
+    return build
+
+
+def connect_records(fmt: ConnectFormat):
+    """``chunk -> records`` in Connect's JSON (the chunk's new schemas learned first)."""
+    def reshape(chunk):
+        for schema in chunk.schemas:
+            fmt.learn(schema)
+        return fmt.convert_all(chunk.records)
+    return reshape
+
+
+def client_for(cfg):
+    """The Kafka client ``[kafka]`` asks for (transactional with ``exactly_once``)."""
+    if cfg.kafka.exactly_once:
+        return transactional_client(cfg)
+    return plain_client(cfg)
+
+
+def plain_client(cfg):
+    """The configured client without transactions (the initial snapshot's: its rows are
+    delivered at-least-once, duplicates identical at the same positions)."""
+    from ..kafka import client_for as configured
+
+    return configured(cfg)
+
+
+def transactional_client(cfg):
+    """The configured client with a transactional id, started: the progress Kafka holds
+    is read after the id fenced any predecessor (blocking; run in a worker thread)."""
+    from ..kafka.transactional import TransactionalClient, committed_reader
+
+    k = cfg.kafka
+    tid = transactional_id(k.transactional_id, cfg.source.slot)
+    if k.client == "librdkafka":
+        from ..kafka.librdkafka import RdKafkaClient as Client
+    else:
+        from ..kafka.kafka_python import KafkaPythonClient as Client
+    inner = Client(k.bootstrap_servers, dict(k.settings), transactional_id=tid)
+    client = TransactionalClient(inner, transactional_id=tid, progress_topic=k.progress_topic,
+                                 slot=cfg.source.slot,
+                                 read_committed=committed_reader(k.bootstrap_servers,
+                                                                 dict(k.settings)))
+    try:
+        rf = max((r.topic_settings.replication_factor for r in cfg.routes), default=1)
+        committed = client.start(rf)
+    except BaseException:
+        inner.close(1.0)
+        raise
+    log.event(_log, "exactly-once: Kafka transactions", transactional_id=tid,
+              progress_topic=k.progress_topic, kafka_committed_lsn=format_lsn(committed))
+    return client

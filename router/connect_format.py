@@ -1,0 +1,398 @@
+"""Kafka Connect records (``[kafka] format = "connect"``): the Debezium envelope with a
+Kafka Connect JSON schema, as Debezium's ``JsonConverter`` (``schemas.enable=true``) writes
+it, so Kafka Connect sink connectors consume pgrouter's topics as they are.
+
+Rules:
+
+* key and value are ``{"schema": …, "payload": …}``. The key schema is a struct of the key
+  columns (``<topic-prefix>.<schema>.<table>.Key``); the value schema is Debezium's envelope
+  (``….Envelope``: ``before``/``after`` of the row struct ``….Value``, ``source``, ``op``,
+  ``ts_ms``), plus ``unchanged_toast`` (optional array of strings).
+* Column types map as Debezium's PostgreSQL connector maps them with
+  ``decimal.handling.mode=precise``, ``time.precision.mode=adaptive`` (the defaults) and
+  ``binary.handling.mode=bytes``; the README has the table (``MAPPING`` below is it).
+* An unchanged TOAST value is Debezium's placeholder ``__debezium_unavailable_value`` in
+  string-like columns (bytes: the placeholder's UTF-8 bytes, base64), null otherwise, and
+  the column is named in ``unchanged_toast``.
+* A value Connect's type cannot hold (a date or timestamp ``infinity``, a BC date) is null.
+* An update that changes the key is written as Debezium writes it: a delete of the old key
+  and a create of the new one, both at the update's position (delete first).
+* Records without a table schema (logical decoding messages, transaction metadata) are left
+  as they are.
+* The conversion works on the JSON record pgrouter already encoded and the ``TableSchema``
+  the router published for it (``source.schema_id``): types come from the relation, never
+  from a catalog query.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from decimal import Decimal, InvalidOperation
+
+import msgspec
+
+from .errors import InternalError
+from .schema import ColumnSchema, TableSchema
+
+PLACEHOLDER = "__debezium_unavailable_value"
+_EPOCH = dt.date(1970, 1, 1)
+_EPOCH_DT = dt.datetime(1970, 1, 1)
+_decode = msgspec.json.decode
+_encode = msgspec.json.Encoder(decimal_format="number").encode
+
+
+# -- value conversions (PostgreSQL text form or JSON value → Connect payload) ---------------
+
+def _unscaled(value: str, scale: int) -> str | None:
+    try:
+        d = Decimal(value)
+    except InvalidOperation:
+        return None
+    if not d.is_finite():
+        return None  # Connect's Decimal has no NaN/Infinity
+    n = int(d.scaleb(scale).to_integral_value())
+    raw = n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)
+    return base64.b64encode(raw).decode()
+
+
+def _decimal(scale: int):
+    return lambda v: _unscaled(v, scale)
+
+
+def _variable_decimal(v: str):
+    try:
+        d = Decimal(v)
+    except InvalidOperation:
+        return None
+    if not d.is_finite():
+        return None
+    scale = max(0, -d.as_tuple().exponent)
+    return {"scale": scale, "value": _unscaled(v, scale)}
+
+
+def _bytes(v: str):
+    # text form of bytea is \x + hex (bytea_output = hex, the default)
+    return base64.b64encode(bytes.fromhex(v[2:]) if v.startswith("\\x") else v.encode()).decode()
+
+
+def _date(v: str):
+    try:
+        return (dt.date.fromisoformat(v) - _EPOCH).days
+    except ValueError:
+        return None
+
+
+def _parse_ts(v: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(v)
+    except ValueError:
+        return None
+
+
+def _micros(d: dt.datetime) -> int:
+    delta = d.replace(tzinfo=None) - _EPOCH_DT
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _micro_timestamp(v: str):
+    d = _parse_ts(v)
+    return None if d is None else _micros(d)
+
+
+def _milli_timestamp(v: str):
+    d = _parse_ts(v)
+    return None if d is None else _micros(d) // 1000
+
+
+def _zoned_timestamp(v: str):
+    # "2024-01-02 03:04:05.123+00" → "2024-01-02T03:04:05.123Z" (Debezium: ISO-8601, UTC)
+    if len(v) > 3 and v[-3] in "+-" and v[-3:].lstrip("+-").isdigit():
+        v += ":00"
+    d = _parse_ts(v)
+    if d is None:
+        return None
+    return d.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _micro_time(v: str):
+    if v.startswith("24:"):
+        return 86_400_000_000
+    try:
+        t = dt.time.fromisoformat(v)
+    except ValueError:
+        return None
+    return ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond
+
+
+def _milli_time(v: str):
+    micros = _micro_time(v)
+    return None if micros is None else micros // 1000
+
+
+def _number(v):
+    return v if not isinstance(v, str) else None  # "NaN"/"Infinity": not a JSON number
+
+
+def _same(v):
+    return v
+
+
+def _float_text(v: str):
+    return None if v in ("NaN", "Infinity", "-Infinity") else float(v)
+
+
+_FROM_TEXT = {"int16": int, "int32": int, "int64": int, "float": _float_text,
+              "double": _float_text, "boolean": lambda v: v == "t"}
+
+
+def parse_array(text: str) -> list[str | None]:
+    """The elements of a one-dimensional PostgreSQL array literal (``{1,"a b",NULL}``);
+    nested arrays are returned as their literal text."""
+    if not text.startswith("{") and "=" in text:  # "[1:2]={…}": explicit bounds
+        text = text[text.index("=") + 1:]
+    body = text[1:-1]
+    out: list[str | None] = []
+    i, n = 0, len(body)
+    while i < n:
+        if body[i] == '"':
+            i += 1
+            buf = []
+            while body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                buf.append(body[i])
+                i += 1
+            i += 1
+            out.append("".join(buf))
+        elif body[i] == "{":
+            depth, start = 0, i
+            while True:
+                depth += {"{": 1, "}": -1}.get(body[i], 0)
+                i += 1
+                if depth == 0:
+                    break
+            out.append(body[start:i])
+        else:
+            j = body.find(",", i)
+            j = n if j < 0 else j
+            item = body[i:j]
+            out.append(None if item == "NULL" else item)
+            i = j
+        i += 1  # the comma
+    return out
+
+
+_INT = {"int2": "int16", "int4": "int32", "int8": "int64", "oid": "int64"}
+_STRINGS = {"text", "varchar", "bpchar", "char", "name", "xml", "inet", "cidr", "macaddr",
+            "bit", "varbit", "tsvector", "money", "interval", "pg_lsn", "xid", "xid8",
+            "int4range", "int8range", "numrange", "tsrange", "tstzrange", "daterange"}
+_NAMED = {"uuid": "io.debezium.data.Uuid", "json": "io.debezium.data.Json",
+          "jsonb": "io.debezium.data.Json", "timetz": "io.debezium.time.ZonedTime"}
+
+#: PostgreSQL type → (Connect type, logical name, notes) for the README's table
+MAPPING = [
+    ("bool", "boolean", ""),
+    ("int2 / int4 / int8, oid", "int16 / int32 / int64", ""),
+    ("float4 / float8", "float / double", "NaN, ±Infinity → null"),
+    ("numeric(p,s)", "bytes", "org.apache.kafka.connect.data.Decimal (scale, precision)"),
+    ("numeric", "struct {scale, value}", "io.debezium.data.VariableScaleDecimal"),
+    ("text, varchar, bpchar, char, name, enums, interval, ranges, inet …", "string", ""),
+    ("bytea", "bytes", "base64 in JSON"),
+    ("date", "int32", "io.debezium.time.Date (days since 1970-01-01)"),
+    ("timestamp(0–3)", "int64", "io.debezium.time.Timestamp (ms)"),
+    ("timestamp(4–6), timestamp", "int64", "io.debezium.time.MicroTimestamp (µs)"),
+    ("timestamptz", "string", "io.debezium.time.ZonedTimestamp (ISO-8601, UTC)"),
+    ("time(0–3)", "int32", "io.debezium.time.Time (ms)"),
+    ("time(4–6), time", "int64", "io.debezium.time.MicroTime (µs)"),
+    ("timetz", "string", "io.debezium.time.ZonedTime"),
+    ("uuid", "string", "io.debezium.data.Uuid"),
+    ("json / jsonb", "string", "io.debezium.data.Json"),
+    ("T[] (one dimension)", "array of T's mapping", "multi-dimensional: inner arrays as text"),
+]
+
+
+def _column_type(type_name: str, precision: int | None, scale: int | None):
+    """(schema without field/optional, converter) of one PostgreSQL type."""
+    if type_name == "bool":
+        return {"type": "boolean"}, _same
+    if type_name in _INT:
+        return {"type": _INT[type_name]}, _same
+    if type_name in ("float4", "float8"):
+        return {"type": "float" if type_name == "float4" else "double"}, _number
+    if type_name == "numeric":
+        if scale is not None:
+            params = {"scale": str(scale)}
+            if precision:
+                params["connect.decimal.precision"] = str(precision)
+            return ({"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+                     "version": 1, "parameters": params}, _decimal(scale))
+        return ({"type": "struct", "name": "io.debezium.data.VariableScaleDecimal",
+                 "version": 1, "fields": [{"type": "int32", "optional": False, "field": "scale"},
+                                          {"type": "bytes", "optional": False,
+                                           "field": "value"}]}, _variable_decimal)
+    if type_name == "bytea":
+        return {"type": "bytes"}, _bytes
+    if type_name == "date":
+        return {"type": "int32", "name": "io.debezium.time.Date", "version": 1}, _date
+    if type_name == "timestamp":
+        if precision is not None and precision <= 3:
+            return ({"type": "int64", "name": "io.debezium.time.Timestamp", "version": 1},
+                    _milli_timestamp)
+        return ({"type": "int64", "name": "io.debezium.time.MicroTimestamp", "version": 1},
+                _micro_timestamp)
+    if type_name == "timestamptz":
+        return ({"type": "string", "name": "io.debezium.time.ZonedTimestamp", "version": 1},
+                _zoned_timestamp)
+    if type_name == "time":
+        if precision is not None and precision <= 3:
+            return {"type": "int32", "name": "io.debezium.time.Time", "version": 1}, _milli_time
+        return ({"type": "int64", "name": "io.debezium.time.MicroTime", "version": 1},
+                _micro_time)
+    if type_name in _NAMED:
+        return {"type": "string", "name": _NAMED[type_name], "version": 1}, _same
+    return {"type": "string"}, _same  # text-like, enums, domains, everything else
+
+
+def column(col: ColumnSchema):
+    """(field schema, converter) of a column; arrays map their elements."""
+    if col.element is not None:
+        item, conv = _column_type(col.element, None, None)
+        item = dict(item, optional=True)
+        conv = _FROM_TEXT.get(item["type"], conv)  # elements arrive as text
+
+        def array(v):
+            return None if v is None else [None if e is None else conv(e)
+                                           for e in parse_array(v)]
+        return {"type": "array", "items": item, "optional": True, "field": col.name}, array
+    schema, conv = _column_type(col.type, col.precision, col.scale)
+    return dict(schema, optional=True, field=col.name), conv
+
+
+_SOURCE_FIELDS = [("db", "string", False), ("schema", "string", False),
+                  ("table", "string", False), ("lsn", "int64", True),
+                  ("commit_lsn", "int64", True), ("seq", "int64", True), ("xid", "int64", True),
+                  ("commit_time", "string", True), ("origin", "string", True),
+                  ("origin_lsn", "int64", True), ("route", "string", True),
+                  ("schema_id", "string", True)]
+_SOURCE_SCHEMA = {"type": "struct", "name": "io.pgrouter.Source", "optional": False,
+                  "field": "source",
+                  "fields": [{"type": t, "optional": o, "field": f} for f, t, o in _SOURCE_FIELDS]}
+_STRING_LIKE = frozenset({"string"})
+
+
+class _Table:
+    """Schemas and converters of one table layout (one ``schema_id``)."""
+
+    def __init__(self, schema: TableSchema, topic: str):
+        name = f"{topic}"
+        fields, self.convs = [], {}
+        self.placeholders = {}
+        for col in schema.columns:
+            field, conv = column(col)
+            fields.append(field)
+            self.convs[col.name] = conv
+            kind = field["type"]
+            self.placeholders[col.name] = (PLACEHOLDER if kind in _STRING_LIKE else
+                                           base64.b64encode(PLACEHOLDER.encode()).decode()
+                                           if kind == "bytes" and "name" not in field else None)
+        row = {"type": "struct", "name": f"{name}.Value", "optional": True, "fields": fields}
+        self.value_schema = {
+            "type": "struct", "name": f"{name}.Envelope", "optional": False, "version": 1,
+            "fields": [dict(row, field="before"), dict(row, field="after"), _SOURCE_SCHEMA,
+                       {"type": "string", "optional": False, "field": "op"},
+                       {"type": "int64", "optional": True, "field": "ts_ms"},
+                       {"type": "array", "items": {"type": "string", "optional": False},
+                        "optional": True, "field": "unchanged_toast"}]}
+        by_name = {f["field"]: f for f in fields}
+        self.key_names = schema.key_columns
+        self.key_schema = {"type": "struct", "name": f"{name}.Key", "optional": False,
+                           "fields": [dict(by_name[k], optional=False)
+                                      for k in schema.key_columns]}
+
+    def row(self, row: dict | None, toast: list | None = None) -> dict | None:
+        if row is None:
+            return None
+        convs = self.convs
+        out = {}
+        for name, conv in convs.items():
+            v = row.get(name)
+            out[name] = None if v is None else conv(v)
+        for name in toast or ():
+            out[name] = self.placeholders.get(name)
+        return out
+
+    def key(self, key: dict | None) -> dict | None:
+        if key is None or not self.key_names:
+            return None
+        return {n: (None if key.get(n) is None else self.convs[n](key[n]))
+                for n in self.key_names}
+
+
+class ConnectFormat:
+    """Turns pgrouter's JSON records into Connect JSON records. ``learn`` each published
+    ``TableSchema`` before a record naming it is converted (the sink sees schemas first)."""
+
+    def __init__(self):
+        self._schemas: dict[str, TableSchema] = {}
+        self._tables: dict[tuple[str, str], _Table] = {}
+
+    def learn(self, schema: TableSchema) -> None:
+        self._schemas[schema.schema_id] = schema
+
+    def _table(self, schema_id: str, topic: str) -> _Table | None:
+        table = self._tables.get((schema_id, topic))
+        if table is None:
+            schema = self._schemas.get(schema_id)
+            if schema is None:
+                return None
+            table = self._tables[(schema_id, topic)] = _Table(schema, topic)
+        return table
+
+    def convert(self, record: tuple) -> tuple:
+        topic, key, value, headers = record
+        env = _decode(value)
+        source = env.get("source") if isinstance(env, dict) else None
+        schema_id = source.get("schema_id") if isinstance(source, dict) else None
+        if not schema_id:
+            return record
+        table = self._table(schema_id, topic)
+        if table is None:
+            raise InternalError(f"record for {topic} names schema {schema_id}, which was not "
+                                "published before it")
+        toast = env.get("unchanged_toast")
+        before, after = env.get("before"), env.get("after")
+        op = env["op"]
+        key_payload = table.key(_decode(key)) if key is not None else None
+        if op == "u" and before is not None and table.key_names and any(
+                before.get(k) != after.get(k) for k in table.key_names):
+            # a key change is a delete of the old key and a create of the new one, as
+            # Debezium writes it (a sink upserting by key would keep the old row otherwise)
+            old_key = table.key(before)
+            return [self._record(table, topic, old_key, table.row(before), None, source, "d",
+                                 env, None, headers),
+                    self._record(table, topic, key_payload, None, table.row(after, toast),
+                                 source, "c", env, toast, headers)]
+        return self._record(table, topic, key_payload, table.row(before),
+                            table.row(after, toast), source, op, env, toast, headers)
+
+    @staticmethod
+    def _record(table, topic, key_payload, before, after, source, op, env, toast, headers):
+        payload = {"before": before, "after": after, "source": source, "op": op,
+                   "ts_ms": env.get("ts_ms"), "unchanged_toast": toast}
+        new_value = _encode({"schema": table.value_schema, "payload": payload})
+        new_key = (None if key_payload is None else
+                   _encode({"schema": table.key_schema, "payload": key_payload}))
+        return (topic, new_key, new_value, headers)
+
+    def convert_all(self, records: list) -> list:
+        """Every record converted; a key change becomes two records (delete, create)."""
+        out = []
+        convert = self.convert
+        for record in records:
+            converted = convert(record)
+            if type(converted) is list:
+                out.extend(converted)
+            else:
+                out.append(converted)
+        return out

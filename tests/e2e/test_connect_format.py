@@ -1,0 +1,105 @@
+"""``[kafka] format = "connect"``: Kafka Connect JSON (schema + payload) as Debezium writes
+it, checked against what PostgreSQL itself says the values are."""
+
+from __future__ import annotations
+
+import base64
+import json
+from decimal import Decimal
+
+import pytest
+
+from tests.helpers import Pg, run_router, unique, write_config
+from tests.e2e.test_exactly_once import read_committed
+
+pytestmark = pytest.mark.services
+
+COLUMNS = """id int primary key, amount numeric(10,2), ratio numeric, at timestamp,
+             at3 timestamp(3), atz timestamptz, day date, tod time, flag bool, f float8,
+             raw bytea, ints int[], tags text[], uid uuid, doc jsonb, big text"""
+
+
+def unscaled(b64: str) -> int:
+    return int.from_bytes(base64.b64decode(b64), "big", signed=True)
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_connect_records_carry_debezium_types(pg_dsn, kafka_bootstrap, tmp_path, exactly_once):
+    pg = Pg(pg_dsn)
+    name = unique("cx")
+    pg.run(f"create table {name} ({COLUMNS})")
+    pg.run(f"alter table {name} alter column big set storage external")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       kafka_extra='client = "librdkafka"\nformat = "connect"\n'
+                                   + (f'exactly_once = true\nprogress_topic = "{name}.p"\n'
+                                      if exactly_once else ""),
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\ntopic_settings = {{ partitions = 1 }}\n')
+    try:
+        run_router(cfg)
+        pg.run(f"""insert into {name} values (1, -12.34, 1.500, '2024-01-02 03:04:05.123456',
+                   '2024-01-02 03:04:05.123', '2024-01-02 03:04:05.5+02', '2024-01-02',
+                   '13:14:15.25', true, 2.5, '\\x00ff10', '{{1,NULL,3}}', '{{"a b",c}}',
+                   'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{{"k": [1]}}',
+                   repeat('x', 10000))""")
+        pg.run(f"update {name} set id = 2, flag = false where id = 1")  # key change, toast kept
+        pg.run(f"delete from {name}")
+        run_router(cfg)
+        records = read_committed(kafka_bootstrap, name)
+        assert len(records) == 4, records
+        (_, k1, v1), (_, k0, v0), (_, k2, v2), (_, k3, v3) = records
+        key, value = json.loads(k1), json.loads(v1)
+        assert key["schema"]["type"] == "struct"
+        assert key["schema"]["fields"] == [{"type": "int32", "optional": False, "field": "id"}]
+        assert key["payload"] == {"id": 1}
+        schema, payload = value["schema"], value["payload"]
+        assert schema["name"] == f"{name}.Envelope"
+        assert [f["field"] for f in schema["fields"]][:5] == ["before", "after", "source", "op",
+                                                              "ts_ms"]
+        fields = {f["field"]: f for f in schema["fields"][1]["fields"]}
+        after = payload["after"]
+        assert payload["op"] == "c" and payload["before"] is None
+        assert fields["amount"]["name"] == "org.apache.kafka.connect.data.Decimal"
+        assert fields["amount"]["parameters"]["scale"] == "2"
+        assert Decimal(unscaled(after["amount"])).scaleb(-2) == Decimal("-12.34")
+        assert fields["ratio"]["name"] == "io.debezium.data.VariableScaleDecimal"
+        assert (Decimal(unscaled(after["ratio"]["value"])).scaleb(-after["ratio"]["scale"])
+                == Decimal("1.500"))
+        epoch_us = pg.one("select (extract(epoch from timestamp '2024-01-02 03:04:05.123456')"
+                          " * 1000000)::bigint")
+        assert (fields["at"]["name"], after["at"]) == ("io.debezium.time.MicroTimestamp",
+                                                       epoch_us)
+        assert (fields["at3"]["name"], after["at3"]) == ("io.debezium.time.Timestamp",
+                                                         (epoch_us - 456) // 1000)
+        assert fields["atz"]["name"] == "io.debezium.time.ZonedTimestamp"
+        assert after["atz"] == "2024-01-02T01:04:05.500000Z"
+        assert (fields["day"]["name"], after["day"]) == ("io.debezium.time.Date", 19724)
+        assert (fields["tod"]["name"], after["tod"]) == ("io.debezium.time.MicroTime",
+                                                         (13 * 3600 + 14 * 60 + 15.25) * 1e6)
+        assert (after["flag"], after["f"]) == (True, 2.5)
+        assert base64.b64decode(after["raw"]) == b"\x00\xff\x10"
+        assert fields["ints"]["items"]["type"] == "int32" and after["ints"] == [1, None, 3]
+        assert after["tags"] == ["a b", "c"]
+        assert fields["uid"]["name"] == "io.debezium.data.Uuid"
+        assert json.loads(after["doc"]) == {"k": [1]}
+        assert after["big"] == "x" * 10000
+        # the key change: an update with the new key; the unchanged TOAST value as Debezium
+        # writes it
+        gone = json.loads(v0)["payload"]
+        assert json.loads(k0)["payload"] == {"id": 1}
+        assert gone["op"] == "d" and gone["before"]["id"] == 1 and gone["after"] is None
+        update = json.loads(v2)["payload"]
+        assert json.loads(k2)["payload"] == {"id": 2}
+        assert update["op"] == "c" and update["after"]["flag"] is False
+        assert update["after"]["big"] == "__debezium_unavailable_value"
+        assert update["unchanged_toast"] == ["big"]
+        delete = json.loads(v3)["payload"]
+        assert delete["op"] == "d" and delete["after"] is None
+        assert json.loads(k3)["payload"] == {"id": 2}
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()

@@ -1,0 +1,330 @@
+"""Exactly-once into Kafka (``[kafka] exactly_once = true``) on the real stack.
+
+* Every change reaches a ``read_committed`` consumer once, in order per key, across repeated
+  ``kill -9`` of the router; right after each kill, every source transaction committed below
+  the slot's ``confirmed_flush_lsn`` is already visible to ``read_committed`` consumers (the
+  slot never confirms past what Kafka committed). The oracle is a ``test_decoding`` slot.
+* A second router with the same transactional id fences the first, which stops with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import threading
+import time
+
+import psycopg2
+import pytest
+
+from tests.helpers import (ROOT, Pg, kill9, run_router, start_router, unique,
+                           write_config)
+
+pytestmark = pytest.mark.services
+
+ROWS = int(os.environ.get("PGROUTER_EO_ROWS", "20000"))
+BATCH = 100
+PACE = 0.05  # seconds between batches: the load spans the kills
+HOT = 10  # keys updated by every batch: their counters must arrive in order, once each
+CLIENTS = ["kafka-python", "librdkafka"]
+
+
+def read_committed(bootstrap: str, topic: str, *, timeout: float = 120) -> list:
+    """Every record a read_committed consumer sees in ``topic``, up to the last stable
+    offsets at call time: (partition, key, value) in partition order."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             isolation_level="read_committed")
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        deadline = time.monotonic() + timeout
+        settle = time.monotonic() + 5
+        while not parts and time.monotonic() < settle:
+            time.sleep(0.2)
+            consumer.topics()
+            parts = consumer.partitions_for_topic(topic) or set()
+        if not parts:  # not created yet: nothing committed
+            return []
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out = []
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"timed out reading {topic}"
+            for tp, msgs in consumer.poll(timeout_ms=500).items():
+                out.extend((m.partition, m.key, m.value) for m in msgs if m.offset < ends[tp])
+        return out
+    finally:
+        consumer.close()
+
+
+def changes(bootstrap: str, topic: str) -> list[dict]:
+    return [json.loads(v) for _, _, v in read_committed(bootstrap, topic)]
+
+
+def parse_lsn(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+class Load(threading.Thread):
+    """Batches of BATCH inserts, each also bumping the counter of every hot key."""
+
+    def __init__(self, dsn: str, table: str, rows: int):
+        super().__init__(daemon=True)
+        self.dsn, self.table, self.rows = dsn, table, rows
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            conn = psycopg2.connect(self.dsn)
+            with conn.cursor() as cur:
+                for batch in range(self.rows // BATCH):
+                    lo = HOT + batch * BATCH
+                    cur.execute(f"insert into {self.table} (id, n, payload) select g, 0, "
+                                f"md5(g::text) from generate_series(%s, %s) g",
+                                (lo, lo + BATCH - 1))
+                    cur.execute(f"update {self.table} set n = n + 1 where id < %s", (HOT,))
+                    conn.commit()
+                    time.sleep(PACE)
+            conn.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def oracle(pg: Pg, slot: str) -> list[tuple[int, set[int]]]:
+    """(commit LSN, ids inserted) of every committed transaction, from test_decoding."""
+    txns, ids = [], set()
+    for lsn, data in pg.run("select lsn::text, data from "
+                            "pg_logical_slot_peek_changes(%s, null, null)", slot):
+        if data.startswith("BEGIN"):
+            ids = set()
+        elif data.startswith("table ") and "INSERT" in data:
+            ids.add(int(re.search(r"id\[bigint\]:(\d+)", data).group(1)))
+        elif data.startswith("COMMIT"):
+            txns.append((parse_lsn(lsn), ids))
+    return txns
+
+
+@pytest.fixture
+def table(pg_dsn, kafka_bootstrap, tmp_path, request):
+    pg = Pg(pg_dsn)
+    name = unique("eo")
+    pg.run(f"create table {name} (id bigint primary key, n int, payload text)")
+    pg.run(f"insert into {name} select g, 0, 'hot' from generate_series(0, {HOT - 1}) g")
+    pg.run(f"create publication {name} for table {name}")
+    made = [name]
+
+    def config(client: str, *, slot: str | None = None, tid: str = "") -> "os.PathLike":
+        slot = slot or name
+        made.append(slot)
+        path = write_config(
+            tmp_path / f"{slot}-{client}.toml", dsn=pg_dsn, slot=slot, publications=[name],
+            bootstrap=kafka_bootstrap,
+            kafka_extra=(f'client = "{client}"\nexactly_once = true\n'
+                         f'progress_topic = "{name}.progress"\n'
+                         + (f'transactional_id = "{tid}"\n' if tid else "")),
+            routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                   f'topic = "{name}"\ntopic_settings = {{ partitions = 3 }}\n')
+        # the slot is confirmed seconds after the Kafka commit: kills land in between, and
+        # the restarted router must skip what Kafka already holds
+        path.write_text(path.read_text().replace("status_interval = 0.5",
+                                                 "status_interval = 3"))
+        return path
+
+    yield pg, name, config
+    for slot in set(made[1:]) | {f"{name}_oracle"}:
+        pg.drop_slot(slot)
+    pg.run(f"drop publication {name}")
+    pg.run(f"drop table {name}")
+    pg.close()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_kill9_leaves_each_change_once_for_read_committed(table, kafka_bootstrap, tmp_path,
+                                                          client):
+    pg, name, config = table
+    cfg = config(client)
+    run_router(cfg)  # the slot exists before the load
+    pg.run("select pg_create_logical_replication_slot(%s, 'test_decoding')", f"{name}_oracle")
+    load = Load(pg.dsn, name, ROWS)
+    load.start()
+    rng = random.Random(18)
+    samples = []
+    for i in range(4):
+        proc = start_router(cfg, tmp_path / f"router-{i}.log")
+        time.sleep(rng.uniform(1.5, 4.0))
+        assert proc.poll() is None, (tmp_path / f"router-{i}.log").read_text()[-3000:]
+        kill9(proc)
+        deadline = time.monotonic() + 30
+        while pg.one("select active from pg_replication_slots where slot_name = %s", name):
+            assert time.monotonic() < deadline, "slot stayed active after the kill"
+            time.sleep(0.2)
+        confirmed = parse_lsn(pg.one("select confirmed_flush_lsn::text from "
+                                     "pg_replication_slots where slot_name = %s", name))
+        in_kafka = {c["after"]["id"] for c in changes(kafka_bootstrap, name) if c["op"] == "c"}
+        samples.append((confirmed, in_kafka))
+    load.join(timeout=300)
+    assert not load.is_alive() and load.error is None, f"load failed: {load.error!r}"
+    run_router(cfg, timeout=300)
+
+    records = changes(kafka_bootstrap, name)
+    positions = [(r["source"]["commit_lsn"], r["source"]["seq"]) for r in records]
+    assert len(positions) == len(set(positions)), "a change reached read_committed twice"
+    inserted = [r["after"]["id"] for r in records if r["op"] == "c"]
+    assert sorted(inserted) == list(range(HOT, HOT + ROWS // BATCH * BATCH))
+    for key in range(HOT):  # per key: the counter goes 1, 2, 3 … with no repeat or gap
+        counts = [r["after"]["n"] for r in records if r["op"] == "u" and r["after"]["id"] == key]
+        assert counts == list(range(1, ROWS // BATCH + 1)), f"key {key}: {counts[:20]}…"
+    txns = oracle(pg, f"{name}_oracle")
+    for confirmed, in_kafka in samples:
+        unsafe = [lsn for lsn, ids in txns if lsn < confirmed and not ids <= in_kafka]
+        assert not unsafe, (f"confirmed_flush_lsn {confirmed:X} passed {len(unsafe)} "
+                            "transactions not committed in Kafka")
+    assert any(s[1] for s in samples), "no kill happened while data was flowing"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_restart_behind_kafka_skips_what_kafka_already_holds(table, kafka_bootstrap, client):
+    """The slot confirmed less than Kafka committed (a crash between the Kafka commit and
+    the standby status): PostgreSQL resends those transactions, the router skips them."""
+    pg, name, config = table
+    tid = f"{name}-tid"
+    cfg = config(client, tid=tid)
+    run_router(cfg)
+    # a second slot at the same position, with the same transactional id and progress
+    pg.run("select pg_copy_logical_replication_slot(%s, %s)", name, f"{name}_behind")
+    behind = config(client, slot=f"{name}_behind", tid=tid)
+    for i in range(3):
+        pg.run(f"update {name} set n = n + 1 where id < 3")
+    run_router(cfg)
+    proc = run_router(behind)  # the same three transactions again, from the copied slot
+    pg.run(f"update {name} set n = n + 10 where id = 0")
+    run_router(behind)
+    updates = [(r["after"]["id"], r["after"]["n"]) for r in changes(kafka_bootstrap, name)
+               if r["op"] == "u"]
+    assert sorted(updates) == sorted([(k, n) for k in range(3) for n in (1, 2, 3)] + [(0, 13)])
+    assert "skipping source transactions Kafka already holds" in proc.stderr
+
+
+def wait_for_line(log, text: str, proc, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def test_second_router_with_the_same_transactional_id_fences_the_first(table, tmp_path):
+    pg, name, config = table
+    first = config("librdkafka", tid=f"{name}-tid")
+    second = config("kafka-python", slot=f"{name}_b", tid=f"{name}-tid")
+    run_router(first)
+    run_router(second)
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    procs = [start_router(first, logs[0])]
+    try:
+        wait_for_line(logs[0], "streaming started", procs[0])
+        pg.run(f"update {name} set n = n + 1 where id = 0")
+        procs.append(start_router(second, logs[1]))  # registers the same transactional id
+        wait_for_line(logs[1], "streaming started", procs[1])
+        pg.run(f"update {name} set n = n + 1 where id = 1")
+        procs[0].wait(timeout=60)
+        assert procs[1].poll() is None, logs[1].read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill9(proc)
+    text = logs[0].read_text()
+    assert procs[0].returncode != 0
+    fenced = [line for line in text.splitlines() if "fenced" in line]
+    assert len(fenced) == 1 and f"{name}-tid" in fenced[0], text[-3000:]
+    assert "Traceback" not in text
+
+
+def test_non_transactional_message_after_a_commit_is_not_skipped(table, kafka_bootstrap,
+                                                                  tmp_path):
+    """A non-transactional logical message has no end LSN: it is never taken for something
+    an earlier run committed."""
+    pg, name, config = table
+    cfg = config("librdkafka")
+    cfg.write_text(cfg.read_text().replace("exactly_once = true",
+                                           f'exactly_once = true\nmessages_topic = "{name}.m"'))
+    run_router(cfg)
+    pg.run(f"update {name} set n = n + 1 where id = 0")
+    run_router(cfg)  # Kafka's progress is now past zero
+    pg.run("select pg_logical_emit_message(false, 'eo-test', 'hello')")
+    pg.run(f"update {name} set n = n + 1 where id = 0")
+    run_router(cfg)
+    messages = changes(kafka_bootstrap, f"{name}.m")
+    assert [m["op"] for m in messages] == ["m"], messages
+
+
+@pytest.fixture(scope="module")
+def own_stack():
+    """A dev stack of its own: its broker is restarted under load."""
+    from actors import devstack
+
+    root = ROOT / ".devstack" / "exactly-once"
+    try:
+        info = devstack.ensure_up(root)
+    except Exception as exc:
+        pytest.fail(f"exactly-once fault stack could not be started: {exc}", pytrace=False)
+    yield root, info
+    devstack.down(root)
+
+
+def test_broker_restart_leaves_each_change_once(own_stack, tmp_path):
+    from actors import devstack
+
+    root, info = own_stack
+    pg = Pg(info.pg_dsn)
+    name = unique("eob")
+    pg.run(f"create table {name} (id bigint primary key, n int, payload text)")
+    pg.run(f"insert into {name} select g, 0, 'hot' from generate_series(0, {HOT - 1}) g")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=info.pg_dsn, slot=name, publications=[name],
+                       bootstrap=info.kafka_bootstrap,
+                       kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
+                                   f'progress_topic = "{name}.progress"\n',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\ntopic_settings = {{ partitions = 3 }}\n')
+    rows = 10_000
+    try:
+        run_router(cfg)
+        proc = start_router(cfg, tmp_path / "router.log")
+        load = Load(info.pg_dsn, name, rows)
+        try:
+            wait_for_line(tmp_path / "router.log", "streaming started", proc, timeout=120)
+            load.start()
+            wait_for_line(tmp_path / "router.log", "schema published", proc)
+            time.sleep(1)  # the broker goes away while transactions are being written
+            devstack.stop_service(root, "kafka")
+            time.sleep(3)
+            devstack.ensure_up(root)
+            load.join(timeout=300)
+            assert load.error is None, load.error
+            time.sleep(2)
+            assert proc.poll() is None, (tmp_path / "router.log").read_text()[-3000:]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+        assert proc.returncode == 0, (tmp_path / "router.log").read_text()[-3000:]
+        run_router(cfg, timeout=300)
+        records = changes(info.kafka_bootstrap, name)
+        positions = [(r["source"]["commit_lsn"], r["source"]["seq"]) for r in records]
+        assert len(positions) == len(set(positions)), "a change reached read_committed twice"
+        inserted = sorted(r["after"]["id"] for r in records if r["op"] == "c")
+        assert inserted == list(range(HOT, HOT + rows))
+        for key in range(HOT):
+            counts = [r["after"]["n"] for r in records
+                      if r["op"] == "u" and r["after"]["id"] == key]
+            assert counts == list(range(1, rows // BATCH + 1)), f"key {key}: {counts[:20]}…"
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
