@@ -8,7 +8,7 @@ import sys
 
 from actors import devstack
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def main() -> int:

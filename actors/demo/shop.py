@@ -12,7 +12,7 @@ import time
 
 import psycopg2
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCHEMA = """
 drop schema if exists shop cascade;
 drop publication if exists shop_all, big_orders, eu_customers;
