@@ -17,7 +17,7 @@ import msgspec
 from . import maven
 from .kafka import Kafka
 from .postgres import Postgres, install
-from .process import StackError, pick_port, port_free
+from .process import StackError, locked, pick_port, port_free, wait_until, write_atomic
 
 __all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service"]
 
@@ -103,9 +103,15 @@ def extra_nodes(info: StackInfo, count: int) -> dict[str, str]:
 
 def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
               extra_postgres: int = 0, spark: bool = False) -> StackInfo:
-    """Bring the stack up (or find it up) and return where its services listen."""
+    """Bring the stack up (or find it up) and return where its services listen. Concurrent
+    calls on one folder take turns (a file lock): the second finds the first's services."""
     root = pathlib.Path(root).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    with locked(root):
+        return _ensure_up(root, pg_port=pg_port, kafka_port=kafka_port,
+                          extra_postgres=extra_postgres, spark=spark)
+
+
+def _ensure_up(root: pathlib.Path, *, pg_port, kafka_port, extra_postgres, spark) -> StackInfo:
     info = _load(root)
     if info is None:
         pg_p = pick_port(pg_port, 5432, what="PostgreSQL", flag="--pg-port")
@@ -117,7 +123,7 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
                          controller_port=c_p, state_dir=str(root))
     extra = extra_nodes(info, extra_postgres)
     info = _move_stopped_off_taken_ports(root, msgspec.structs.replace(info, extra_pg=extra))
-    _state_file(root).write_bytes(msgspec.json.encode(info))
+    write_atomic(_state_file(root), msgspec.json.encode(info))
 
     pg, kafka, extras = _components(root, info)
     bindir = install()
@@ -130,6 +136,9 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
     jars = kafka.init()
     if kafka.pid() is None:
         kafka.start(jars)
+    else:  # ours runs (maybe still starting): it must be the one that answers
+        wait_until(kafka.ready, timeout=120, what=f"Kafka on port {kafka.port}", log=kafka.log,
+                   alive=lambda: kafka.pid() is not None)
     if spark:
         maven.fetch("spark", root / "cache")
     return info
@@ -179,6 +188,13 @@ def status(root: pathlib.Path) -> dict[str, object]:
 
 def down(root: pathlib.Path) -> list[str]:
     root = pathlib.Path(root).resolve()
+    if not root.exists():
+        return []
+    with locked(root):
+        return _down(root)
+
+
+def _down(root: pathlib.Path) -> list[str]:
     info = _load(root)
     if info is None:
         return []

@@ -51,19 +51,20 @@ def wait_for(check, *, timeout: float, what: str, interval: float = 0.1):
 
 
 class Load(threading.Thread):
-    """Inserts ``rows`` rows in transactions of ``BATCH``, at most ``rate`` transactions a
+    """Inserts ``rows`` rows in transactions of ``batch`` rows, at most ``rate`` transactions a
     second (0: as fast as it can); survives server restarts (a batch whose commit outcome is
     unknown is checked and retried)."""
 
-    def __init__(self, dsn: str, table: str, rows: int, rate: float = 0):
+    def __init__(self, dsn: str, table: str, rows: int, rate: float = 0, batch: int = BATCH):
         super().__init__(daemon=True)
         self.dsn, self.table, self.rows, self.rate = dsn, table, rows, rate
+        self.batch = batch
         self.error: BaseException | None = None
         self.done_batches = 0
 
     @property
     def running(self) -> bool:
-        return self.is_alive() and self.done_batches * BATCH < self.rows
+        return self.is_alive() and self.done_batches * self.batch < self.rows
 
     def _connect(self):
         deadline = time.monotonic() + 120
@@ -81,7 +82,8 @@ class Load(threading.Thread):
         try:
             conn = self._connect()
             batch = 0
-            while batch * BATCH < self.rows:
+            size = self.batch
+            while batch * size < self.rows:
                 started = time.monotonic()
                 try:
                     with conn.cursor() as cur:
@@ -90,7 +92,7 @@ class Load(threading.Thread):
                             cur.execute(
                                 f"insert into {self.table} (id, batch, payload) select g, %s, "
                                 f"repeat(md5(g::text), 8) from generate_series(%s, %s) g",
-                                (batch, batch * BATCH, batch * BATCH + BATCH - 1))
+                                (batch, batch * size, batch * size + size - 1))
                     conn.commit()
                     batch += 1
                     self.done_batches = batch
