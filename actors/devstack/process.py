@@ -81,9 +81,9 @@ def spawn(argv: list[str], *, log: pathlib.Path, cwd: pathlib.Path,
     return proc.pid
 
 
-def stop_pid(pid: int, *, timeout: float = 30.0) -> None:
+def stop_pid(pid: int, *, timeout: float = 30.0, sig: int = signal.SIGTERM) -> None:
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout

@@ -158,10 +158,11 @@ def test_service_restarted_mid_load(setup, service):
     bootstrap = info.kafka_bootstrap
     sampler = ConfirmSampler(info.pg_dsn, name)
     sampler.start()
-    load = Load(info.pg_dsn, name, RESTART_ROWS)
-    load.start()
     log = tmp / "router.log"
     proc = start_router(cfg, log)
+    # a steady load (40 transactions a second) that spans the fault
+    load = Load(info.pg_dsn, name, RESTART_ROWS, rate=40, batch=50)
+    load.start()
     try:
         wait_for(lambda: topic_size(bootstrap, name) > 500, timeout=120,
                  what="records in Kafka before the fault")
