@@ -47,6 +47,13 @@ def primary(exc: BaseException) -> BaseException:
     return (causes or leaves or [exc])[0]
 
 
+def _cancelled(exc: BaseException) -> bool:
+    """Nothing but trio cancellations (possibly grouped by nurseries)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
 async def run_with_retries(run_once: Callable[[], Awaitable[None]], *, stop: trio.Event,
                            logger: logging.Logger,
                            on_restart: Callable[[str], None] | None = None) -> int:
@@ -61,8 +68,8 @@ async def run_with_retries(run_once: Callable[[], Awaitable[None]], *, stop: tri
             return restarts
         except BaseException as exc:  # noqa: BLE001 — classified right below
             cause = primary(exc)
-            if isinstance(cause, (KeyboardInterrupt, SystemExit)):
-                raise
+            if isinstance(cause, (KeyboardInterrupt, SystemExit)) or _cancelled(exc):
+                raise  # an abort (second signal) cancels the run: not a failure
             if not isinstance(cause, PgRouterError):
                 logger.error("unexpected failure", exc_info=exc)
                 raise InternalError(f"unexpected failure (a bug in pgrouter; the traceback "
