@@ -263,3 +263,16 @@ def verify(pg: Pg, bootstrap: str, table: str, oracle_slot: str, samples, *,
     dups = duplicates(records)
     return {"records": len(records), "duplicates": dups, "checked": checked,
             "samples": len(samples), "all": records}
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Drop test topics (those that exist)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    try:
+        present = set(admin.list_topics())
+        if any(t in present for t in topics):
+            admin.delete_topics([t for t in topics if t in present])
+    finally:
+        admin.close()

@@ -24,8 +24,8 @@ import time
 import pytest
 
 from actors import devstack
-from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, max_stall,
-                                 topic_size, verify, wait_for)
+from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, delete_topics,
+                                 max_stall, topic_size, verify, wait_for)
 from tests.helpers import ROOT, Pg, kill9, run_router, start_router, unique, write_config
 
 pytestmark = pytest.mark.services
@@ -87,18 +87,6 @@ def setup(stack, tmp_path, request):
     pg.run(f"drop table {name}")
     pg.close()
     delete_topics(info.kafka_bootstrap, [name])
-
-
-def delete_topics(bootstrap: str, topics: list[str]) -> None:
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
-    try:
-        admin.delete_topics(topics)
-    except Exception:  # already gone
-        pass
-    finally:
-        admin.close()
 
 
 def finish(load: Load) -> None:
