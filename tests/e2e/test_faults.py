@@ -115,13 +115,16 @@ def test_router_killed_with_sigkill_loses_nothing(setup):
         log = tmp / f"router-{i}.log"
         before = topic_size(bootstrap, name)
         proc = start_router(cfg, log)
-        # mid-stream: this run has put records into Kafka, and the load still runs
-        wait_for(lambda: proc.poll() is not None or topic_size(bootstrap, name) > before + 300,
-                 timeout=120, what=f"run {i} to write records")
-        time.sleep(rng.uniform(0.0, 1.0))
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert load.running, "the load finished before the kill: raise PGROUTER_FAULT_ROWS"
-        kill9(proc)
+        try:
+            # mid-stream: this run has put records into Kafka, and the load still runs
+            wait_for(lambda: proc.poll() is not None
+                     or topic_size(bootstrap, name) > before + 300,
+                     timeout=120, what=f"run {i} to write records")
+            time.sleep(rng.uniform(0.0, 1.0))  # a random point in the stream, not a sync
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert load.running, "the load finished before the kill: raise PGROUTER_FAULT_ROWS"
+        finally:
+            kill9(proc)
         kills.append((before, topic_size(bootstrap, name)))
         # the walsender notices the dead client; then the slot's position is final
         wait_for(lambda: not pg.one("select active from pg_replication_slots "
