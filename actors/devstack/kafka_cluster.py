@@ -19,7 +19,7 @@ import signal
 import msgspec
 
 from .kafka import Kafka, cluster_id
-from .process import StackError, pick_port, wait_until, write_atomic
+from .process import StackError, locked, pick_port, port_free, wait_until, write_atomic
 
 
 class ClusterState(msgspec.Struct):
@@ -102,6 +102,16 @@ class Node(Kafka):
                 and cluster.get("cluster_id") == self.state.cluster_id)
 
 
+def existing_clusters(root: pathlib.Path) -> list[int]:
+    """The node count of the cluster under ``root`` (none when there is no cluster)."""
+    try:
+        state = msgspec.json.decode((pathlib.Path(root).resolve() / "kafka-cluster" /
+                                     "cluster.json").read_bytes(), type=ClusterState)
+    except (OSError, msgspec.DecodeError):
+        return []
+    return [len(state.ports)]
+
+
 class KafkaCluster:
     def __init__(self, root: pathlib.Path, brokers: int = 3):
         self.root = pathlib.Path(root).resolve()
@@ -137,7 +147,16 @@ class KafkaCluster:
 
     def up(self, timeout: float = 180) -> str:
         """Start the nodes that do not run and wait until every node is registered."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        with locked(self.folder):
+            return self._up(timeout)
+
+    def _up(self, timeout: float) -> str:
+        if all(node.pid() is None for node in self.nodes) and not all(
+                port_free(p) for pair in self.state.ports for p in pair):
+            # stopped, and another process took a remembered port: new ports, new storage
+            self.state = self._new_state()
+            self.nodes = [Node(self.root, i, self.state, self.cache)
+                          for i in range(self.brokers)]
         write_atomic(self.statefile, msgspec.json.encode(self.state))
         jars = None
         for node in self.nodes:
