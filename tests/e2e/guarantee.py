@@ -62,6 +62,14 @@ class Load(threading.Thread):
         self.error: BaseException | None = None
         self.done_batches = 0
 
+    def stop(self) -> int:
+        """End the load after its current transaction; returns the rows it inserted."""
+        self.rows = 0
+        self.join(timeout=120)
+        assert not self.is_alive(), "the load did not stop"
+        assert self.error is None, f"load failed: {self.error!r}"
+        return self.done_batches * self.batch
+
     @property
     def running(self) -> bool:
         return self.is_alive() and self.done_batches * self.batch < self.rows
@@ -192,19 +200,25 @@ def check_confirmation(samples, txns, records) -> int:
             latest = max(latest, first.get(i, float("inf")))
         ends.append(end)
         ready.append(latest)
-    checked = 0
+    checked, bad = 0, []
     for when, confirmed in samples:
         idx = bisect.bisect_right(ends, confirmed) - 1
         if idx < 0:
             continue
         checked += 1
         if ready[idx] > when * 1000:
-            missing = [i for i in txns[idx][1] if first.get(i, float("inf")) > when * 1000]
-            raise AssertionError(
-                f"confirmed_flush_lsn {confirmed:X} read at {when:.3f} confirmed transactions "
-                f"up to {ends[idx]:X} whose rows were not yet in Kafka (e.g. ids "
-                f"{sorted(missing)[:5]}, first appended at "
-                f"{min((first.get(i, float('inf')) for i in missing), default=float('inf'))})")
+            bad.append((when, confirmed, idx))
+    if bad:
+        lines = []
+        for when, confirmed, idx in (bad[0], bad[-1]):
+            late = [t for t in range(idx + 1) if any(first.get(i, float("inf")) > when * 1000
+                                                     for i in txns[t][1])]
+            ids = sorted(txns[late[-1]][1])[:3]
+            lines.append(f"confirmed_flush_lsn {confirmed:X} read at {when:.3f} confirmed "
+                         f"{len(late)} transactions whose rows were not yet in Kafka (e.g. "
+                         f"ids {ids}, first appended at {first.get(ids[0], 'never')})")
+        raise AssertionError(f"{len(bad)} of {checked} readings confirmed past Kafka; first "
+                             f"and last:\n" + "\n".join(lines))
     return checked
 
 
