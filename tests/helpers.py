@@ -106,7 +106,8 @@ def kill9(proc: subprocess.Popen) -> None:
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 60) -> list[dict]:
     """Every record of ``topic`` (all partitions) up to its end offsets at call time, as
-    dicts with key, value (decoded JSON), headers, partition, offset."""
+    dicts with key, value (decoded JSON), headers, partition, offset, timestamp (ms) and
+    timestamp_type (1: the broker's append time)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
@@ -137,6 +138,8 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 60) -> list[dict]
                         out.append({"key": json.loads(m.key) if m.key else None,
                                     "value": json.loads(m.value), "headers": dict(m.headers),
                                     "partition": m.partition, "offset": m.offset,
+                                    "timestamp": m.timestamp,
+                                    "timestamp_type": m.timestamp_type,
                                     "raw": (m.key, m.value)})
         return out
     finally:

@@ -8,6 +8,7 @@ import sys
 
 from actors import devstack
 from actors.devstack import distributions
+from actors.devstack.kafka_cluster import KafkaCluster, existing_clusters
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -31,6 +32,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="also run a streaming standby of the main PostgreSQL (hot_standby_feedback; "
                    "on 17+ failover slots are synchronised to it)")
     p.add_argument("--spark", action="store_true", help="also fetch the Spark Kafka/Delta jars")
+    p.add_argument("--kafka-brokers", type=int, default=1, metavar="N",
+                   help="also run a Kafka cluster of N KRaft nodes (replication factor "
+                        "min(N, 3), min.insync.replicas one less) under DIR/kafka-cluster")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,9 +53,14 @@ def run(args: argparse.Namespace) -> int:
             for version, dsn in info.version_pg.items():
                 print(f"{'v' + version:<9} {dsn}  (PostgreSQL {version})")
             print(f"kafka     {info.kafka_bootstrap}")
+            if args.kafka_brokers > 1:
+                cluster = KafkaCluster(args.dir, brokers=args.kafka_brokers)
+                print(f"kafka-cluster {cluster.up()}")
             return 0
         if args.action == "down":
             stopped = devstack.down(args.dir)
+            for brokers in existing_clusters(args.dir):
+                stopped += KafkaCluster(args.dir, brokers=brokers).down()
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
             return 0
         st = devstack.status(args.dir)

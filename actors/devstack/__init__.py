@@ -27,7 +27,7 @@ from .kafka import Kafka
 from . import distributions
 from . import standby as standbys
 from .postgres import Postgres
-from .process import StackError, pick_port, port_free
+from .process import StackError, locked, pick_port, port_free, wait_until, write_atomic
 
 __all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service",
            "promote_standby"]
@@ -166,13 +166,21 @@ def version_nodes(info: StackInfo, versions) -> dict[str, str]:
 def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
               extra_postgres: int = 0, spark: bool = False, pg_version: int | None = None,
               versions=(), standby: bool = False, kafka: bool = True) -> StackInfo:
-    """Bring the stack up (or find it up) and return where its services listen.
+    """Bring the stack up (or find it up) and return where its services listen. Concurrent
+    calls on one folder take turns (a file lock): the second finds the first's services.
 
     ``pg_version`` is the main node's major version (None: the existing stack's, or
     ``distributions.DEFAULT_VERSION`` for a new one); ``versions`` adds a server of each of
     those versions beside it."""
     root = pathlib.Path(root).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    with locked(root):
+        return _ensure_up(root, pg_port=pg_port, kafka_port=kafka_port,
+                          extra_postgres=extra_postgres, spark=spark, pg_version=pg_version,
+                          versions=versions, standby=standby, kafka=kafka)
+
+
+def _ensure_up(root: pathlib.Path, *, pg_port, kafka_port, extra_postgres, spark, pg_version,
+               versions, standby, kafka) -> StackInfo:
     info = _load(root)
     if pg_version is not None:
         distributions.check_version(pg_version)
@@ -199,7 +207,7 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
             "auto", info.pg_port + 30, what="PostgreSQL standby", flag="--pg-port",
             taken=taken)))
     info = _move_stopped_off_taken_ports(root, info)
-    _state_file(root).write_bytes(msgspec.json.encode(info))
+    write_atomic(_state_file(root), msgspec.json.encode(info))
 
     pg, kafka_node, extras = _components(root, info)
     replica = extras.pop("standby", None)
@@ -218,6 +226,9 @@ def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: st
         jars = kafka_node.init()
         if kafka_node.pid() is None:
             kafka_node.start(jars)
+        else:  # ours runs (maybe still starting): it must be the one that answers
+            wait_until(kafka_node.ready, timeout=120, what=f"Kafka on port {kafka_node.port}",
+                       log=kafka_node.log, alive=lambda: kafka_node.pid() is not None)
     if spark:
         maven.fetch("spark", root / "cache")
     return info
@@ -287,6 +298,13 @@ def status(root: pathlib.Path) -> dict[str, object]:
 
 def down(root: pathlib.Path) -> list[str]:
     root = pathlib.Path(root).resolve()
+    if not root.exists():
+        return []
+    with locked(root):
+        return _down(root)
+
+
+def _down(root: pathlib.Path) -> list[str]:
     info = _load(root)
     if info is None:
         return []

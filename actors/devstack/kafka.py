@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import pathlib
+import re
 import subprocess
 import uuid
 
@@ -35,6 +36,20 @@ class Kafka:
         self.config = self.root / "server.properties"
         self.log = self.root / "kafka.log"
         self.pidfile = self.root / "kafka.pid"
+        #: the KRaft cluster id to format with (a fresh one when None)
+        self.cluster: str | None = None
+
+    def format_args(self) -> list[str]:
+        return ["--standalone"]
+
+    def formatted_cluster_id(self) -> str | None:
+        """The cluster id this node's storage was formatted with."""
+        try:
+            text = (self.root / "data" / "meta.properties").read_text()
+        except OSError:
+            return None
+        m = re.search(r"^cluster\.id=(\S+)", text, re.M)
+        return m.group(1) if m else None
 
     @property
     def bootstrap(self) -> str:
@@ -93,8 +108,8 @@ class Kafka:
             shutil.rmtree(self.root / "data")
         self.config.write_text(props)
         proc = subprocess.run(
-            self._java(jars, "kafka.tools.StorageTool", "format", "--standalone",
-                       f"--cluster-id={cluster_id()}", "-c", str(self.config)),
+            self._java(jars, "kafka.tools.StorageTool", "format", *self.format_args(),
+                       f"--cluster-id={self.cluster or cluster_id()}", "-c", str(self.config)),
             capture_output=True, text=True)
         if proc.returncode != 0:
             raise StackError(f"formatting Kafka storage failed:\n{proc.stdout[-1500:]}"
@@ -117,9 +132,12 @@ class Kafka:
                                  client_id="pgrouter-devstack")
         try:
             admin.list_topics()
-            return bool(admin.describe_cluster().get("brokers"))
+            cluster = admin.describe_cluster()
         finally:
             admin.close()
+        # the broker that answers must be ours, not another stack's that took the port
+        return (bool(cluster.get("brokers")) and self.pid() is not None
+                and cluster.get("cluster_id") == self.formatted_cluster_id())
 
     def stop(self) -> None:
         pid = self.pid()

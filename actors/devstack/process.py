@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pathlib
 import signal
@@ -79,9 +81,9 @@ def spawn(argv: list[str], *, log: pathlib.Path, cwd: pathlib.Path,
     return proc.pid
 
 
-def stop_pid(pid: int, *, timeout: float = 30.0) -> None:
+def stop_pid(pid: int, *, timeout: float = 30.0, sig: int = signal.SIGTERM) -> None:
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
@@ -114,3 +116,23 @@ def wait_until(check, *, timeout: float, what: str, log: pathlib.Path | None = N
         tail = f"\n  last lines of {log}:\n  {tail}"
     reason = "exited" if alive is not None and not alive() else f"not ready after {timeout:.0f}s"
     raise StackError(f"{what} {reason}" + (f" ({last})" if last else "") + tail)
+
+
+def write_atomic(path: pathlib.Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a reader sees the old or the new file, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def locked(root: pathlib.Path):
+    """Hold the stack folder's lock: one ``up``/``down`` at a time per folder, so concurrent
+    callers see each other's services instead of racing for the same ports."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -5,10 +5,16 @@ plus the periodic progress log line and the ``--until-caught-up`` finish line.
 prepared transaction (two-phase) caps confirmation below it and everything else up to
 ``until_lsn`` is durable in Kafka: waiting for COMMIT PREPARED could take forever, so the
 run finishes and ``held`` names the transaction (its gid and prepare LSN); a later run
-delivers it once it is committed."""
+delivers it once it is committed.
+
+``PGROUTER_TEST_CONFIRM_BEFORE_ACK=1`` is a test-only switch that breaks the guarantee on
+purpose: a transaction counts as durable as soon as the sink registers it, before Kafka
+acknowledged anything. The fault tests must fail with it set (tests/e2e/test_faults.py);
+never set it anywhere else."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import trio
@@ -20,6 +26,9 @@ from ..services import log
 from .mailbox import Begin, Done, Hold, Keepalive, Latest
 
 _log = log.get("progress")
+
+#: test-only: confirm before acknowledgement (see the module docstring)
+CONFIRM_BEFORE_ACK = os.environ.get("PGROUTER_TEST_CONFIRM_BEFORE_ACK") == "1"
 
 
 class Stats:
@@ -62,8 +71,11 @@ class ProgressActor:
                             kind = type(ev)
                             if kind is Begin:
                                 tracker.begin(ev.ticket, ev.end_lsn)
+                                if CONFIRM_BEFORE_ACK:
+                                    tracker.done(ev.ticket)
                             elif kind is Done:
-                                tracker.done(ev.ticket)
+                                if not CONFIRM_BEFORE_ACK:
+                                    tracker.done(ev.ticket)
                             elif kind is Keepalive:
                                 tracker.keepalive(ev.lsn)
                             elif kind is Hold:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from tests.e2e.guarantee import delete_topics, wait_for
 from tests.helpers import (ROOT, Pg, read_topic, run_router, start_router, unique,
                            write_config)
 
@@ -23,7 +23,7 @@ def pgrouter(*args, timeout=120):
 
 
 @pytest.fixture
-def table(pg_dsn):
+def table(pg_dsn, kafka_bootstrap):
     pg = Pg(pg_dsn)
     name = unique("ops")
     pg.run(f"create table {name} (id int primary key, grp int, v text)")
@@ -33,6 +33,7 @@ def table(pg_dsn):
     pg.run(f"drop publication if exists {name}, {name}_f")
     pg.run(f"drop table {name}")
     pg.close()
+    delete_topics(kafka_bootstrap, [name])
 
 
 def test_check_passes_a_good_config(table, kafka_bootstrap, tmp_path):
@@ -108,11 +109,8 @@ def test_slot_in_use_by_another_process_is_reported(table, kafka_bootstrap, tmp_
                        routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
     first = start_router(cfg, tmp_path / "first.log")
     try:
-        deadline = time.monotonic() + 30
-        while not pg.run("select 1 from pg_replication_slots where slot_name = %s and active",
-                         name):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_for(lambda: pg.run("select 1 from pg_replication_slots where slot_name = %s "
+                                "and active", name), timeout=30, what="the first router")
         env_cfg = cfg
         proc = subprocess.run([sys.executable, "-c",
                                "import actors.pipeline.supervisor as s, sys; s.SLOT_BUSY_WAIT = 1; "
@@ -131,7 +129,8 @@ def test_unreachable_postgres_is_retried_then_drained_cleanly(kafka_bootstrap, t
                        slot="s", publications=["p"], bootstrap=kafka_bootstrap,
                        routes='[[routes]]\nname = "r"\ntables = ["public.t"]\n')
     proc = start_router(cfg, tmp_path / "r.log")
-    time.sleep(3)
+    wait_for(lambda: "cannot connect" in (tmp_path / "r.log").read_text(), timeout=60,
+             what="the router to retry the unreachable server")
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     log = (tmp_path / "r.log").read_text()
@@ -150,18 +149,20 @@ def test_sighup_rereads_publications(table, kafka_bootstrap, tmp_path):
                        source_extra='publication_changes = "poll"')  # what SIGHUP is for
     run_router(cfg)
     proc = start_router(cfg, tmp_path / "r.log")
+    def topic_ids():
+        return [r["key"]["id"] for r in read_topic(kafka_bootstrap, name, timeout=30)]
+
     try:
-        time.sleep(3)
+        wait_for(lambda: pg.one("select active from pg_replication_slots where slot_name = %s",
+                                name), timeout=60, what="the router to stream")
         pg.run(f"insert into {name} values (1, 1, 'a'), (2, 2, 'b')")
-        time.sleep(2)
+        wait_for(lambda: topic_ids() == [1], timeout=60, what="row 1 in the topic")
         pg.run(f"alter publication {name}_f set table {name} where (grp = 2)")
         proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while "publications reloaded" not in (tmp_path / "r.log").read_text():
-            assert time.monotonic() < deadline, (tmp_path / "r.log").read_text()[-2000:]
-            time.sleep(0.2)
+        wait_for(lambda: "publications reloaded" in (tmp_path / "r.log").read_text(),
+                 timeout=30, what="the reload")
         pg.run(f"insert into {name} values (3, 1, 'c'), (4, 2, 'd')")
-        time.sleep(3)
+        wait_for(lambda: 4 in topic_ids(), timeout=60, what="row 4 in the topic")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

@@ -17,6 +17,8 @@ import psycopg2
 import pytest
 from psycopg2.extensions import parse_dsn
 
+from tests.e2e.guarantee import delete_topics
+from tests.e2e.pgoutput_oracle import server_ops, topic_ops
 from tests.helpers import (Pg, fold_rows, pg_text, read_topic, run_router, unique,
                            write_config)
 
@@ -115,6 +117,10 @@ def test_seed_examples_and_column_lists_match_subscriptions(pg_dsn, kafka_bootst
                 Subscriber(pg, f"{u}_c", [f"p4r_{u}"], tables_ddl),
                 Subscriber(pg, f"{u}_d", [f"p4l_{u}"], tables_ddl)]
         pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", slot)
+        route_pubs = {"a": ["p1", "p5", "p6"], "b": ["p2", "p3"], "c": ["p4r"], "d": ["p4l"]}
+        for route in route_pubs:  # PostgreSQL's own sequence per route, read after the run
+            pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')",
+                   f"{slot}_{route}_oracle")
 
         # seed 004, 31.3.7, in the documented order
         for a, b, c in [(2, 102, "NSW"), (3, 103, "QLD"), (4, 104, "VIC"), (5, 105, "ACT"),
@@ -193,6 +199,16 @@ publications = [{', '.join(f'"{p}_{u}"' for p in pubs)}]
             existing = set(admin.list_topics())
         finally:
             admin.close()
+        # every topic any route could write (each route × each published table) holds the
+        # operations PostgreSQL sends that route's subscriber, key by key, in order; the
+        # topics of tables a route does not publish stay empty
+        keys = {t1: ["a", "c"], t2: ["d"], t3: ["g"], t4: ["id"], parent: ["a"], child: ["a"]}
+        for route, pubs in route_pubs.items():
+            expected = server_ops(pg, f"{slot}_{route}_oracle", [f"{p}_{u}" for p in pubs])
+            for table, key in keys.items():
+                name = topic(route, table)
+                records = read_topic(kafka_bootstrap, name) if name in existing else []
+                assert topic_ops(records, key) == expected.get(table, []), (route, table)
         assert topic("c", parent) in existing and topic("c", child) not in existing
         assert topic("d", child) in existing and topic("d", parent) not in existing
         assert topic("b", t4) not in existing
@@ -200,6 +216,10 @@ publications = [{', '.join(f'"{p}_{u}"' for p in pubs)}]
         for s in subs:
             s.drop()
         pg.drop_slot(slot)
+        for route in ("a", "b", "c", "d"):
+            pg.drop_slot(f"{slot}_{route}_oracle")
+        delete_topics(kafka_bootstrap, [f"{r}_{u}.public.{t}" for r in "abcd"
+                                        for t in (t1, t2, t3, t4, parent, child)])
         pg.run(" ".join(f"drop publication if exists {p}_{u};"
                         for p in ("p1", "p2", "p3", "p4r", "p4l", "p5", "p6", "sp")))
         pg.run(f"drop table if exists {t1}, {t2}, {t3}, {t4}, {parent}")

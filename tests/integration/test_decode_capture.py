@@ -29,7 +29,12 @@ def load_capture():
 def test_live_capture_decodes_and_assembles(pg_dsn, tmp_path, monkeypatch):
     capture = load_capture()
     monkeypatch.setattr(capture, "GOLDEN", tmp_path)  # never overwrite the committed bytes
-    capture.main(pg_dsn)
+    try:
+        capture.main(pg_dsn)
+    finally:  # the FOR ALL TABLES publication and the schema would change later tests' view
+        with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
+            cur.execute("drop publication if exists golden_pub")
+            cur.execute("drop schema if exists golden cascade")
     for name, version in (("v1_text.tsv", 1), ("v1_binary.tsv", 1), ("v2_stream.tsv", 2),
                           ("v3_twophase.tsv", 3)):
         decoder = Decoder(version)

@@ -102,3 +102,22 @@ def test_each_version_runs_as_asked_with_logical_decoding(pg_dsn, pg_version):
         assert os.stat(f"/proc/{pid}").st_uid == pwd.getpwnam("postgres").pw_uid
     finally:
         pg.close()
+
+
+def test_kafka_ready_only_when_our_own_broker_answers(devstack, tmp_path):
+    """A stack whose broker failed to bind while another stack's broker holds the port is
+    not ready: the broker that answers must carry the cluster id our storage was formatted
+    with (and our process must be alive)."""
+    import os
+    import pathlib
+
+    from actors.devstack.kafka import Kafka
+
+    ours = Kafka(pathlib.Path(devstack.state_dir), devstack.kafka_port,
+                 devstack.controller_port, tmp_path)
+    assert ours.ready()
+    other = Kafka(tmp_path, devstack.kafka_port, devstack.controller_port, tmp_path)
+    (other.root / "data").mkdir(parents=True)
+    (other.root / "data" / "meta.properties").write_text("cluster.id=AAAAAAAAAAAAAAAAAAAAAA\n")
+    other.pidfile.write_text(str(os.getpid()))  # a live process, but not that broker
+    assert not other.ready()

@@ -1,0 +1,210 @@
+"""A Kafka cluster of several KRaft nodes on this machine (``devstack up --kafka-brokers 3``).
+
+Rules: every node is broker and controller (a static quorum of all nodes, so one node may
+die and the rest keep a majority); all nodes are formatted with one cluster id; topics get
+replication factor = the number of nodes (at most 3) and ``min.insync.replicas`` = that
+minus one, the internal topics too, so a produce with acks=all succeeds with one node down
+and never with only one copy. Failure detection is tightened (a dead node is fenced after
+3 s) so a leader change under load takes seconds. State (ports, cluster id) is
+``kafka-cluster/cluster.json`` under the stack's folder, written atomically; a node is
+ready when it answers with this cluster's id and all nodes are registered.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+
+import msgspec
+
+from .kafka import Kafka, cluster_id
+from .process import StackError, locked, pick_port, port_free, wait_until, write_atomic
+
+
+class ClusterState(msgspec.Struct):
+    cluster_id: str
+    ports: list[tuple[int, int]]  # (broker port, controller port) per node
+
+
+class Node(Kafka):
+    def __init__(self, root: pathlib.Path, index: int, state: ClusterState, cache: pathlib.Path):
+        port, ctl = state.ports[index]
+        super().__init__(root, port, ctl, cache)
+        self.root = root / "kafka-cluster" / f"node{index + 1}"
+        self.config = self.root / "server.properties"
+        self.log = self.root / "kafka.log"
+        self.pidfile = self.root / "kafka.pid"
+        self.node_id = index + 1
+        self.state = state
+        self.cluster = state.cluster_id
+
+    def format_args(self) -> list[str]:
+        return []  # the quorum is the static controller.quorum.voters
+
+    def properties(self) -> str:
+        n = len(self.state.ports)
+        rf, isr = min(n, 3), max(1, min(n, 3) - 1)
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(self.state.ports))
+        return "\n".join([
+            "process.roles=broker,controller",
+            f"node.id={self.node_id}",
+            f"controller.quorum.voters={voters}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.root / 'data'}",
+            "num.partitions=1",
+            f"default.replication.factor={rf}",
+            f"min.insync.replicas={isr}",
+            f"offsets.topic.replication.factor={rf}",
+            "offsets.topic.num.partitions=4",
+            f"transaction.state.log.replication.factor={rf}",
+            f"transaction.state.log.min.isr={isr}",
+            "transaction.state.log.num.partitions=4",
+            f"share.coordinator.state.topic.replication.factor={rf}",
+            f"share.coordinator.state.topic.min.isr={isr}",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "message.max.bytes=10485760",
+            "broker.session.timeout.ms=3000",
+            "broker.heartbeat.interval.ms=500",
+            "controller.quorum.election.timeout.ms=1000",
+            "controller.quorum.fetch.timeout.ms=2000",
+            "replica.lag.time.max.ms=5000",
+            "unclean.leader.election.enable=false",
+            "log.retention.hours=168",
+            "",
+        ])
+
+    def start(self, jars: pathlib.Path) -> None:
+        """Start without waiting: a node alone has no quorum; the cluster waits for all."""
+        from .process import spawn
+
+        pid = spawn(self._java(jars, "kafka.Kafka", str(self.config), heap="384m"),
+                    log=self.log, cwd=self.root)
+        self.pidfile.write_text(str(pid))
+
+    def ready(self) -> bool:
+        from kafka import KafkaAdminClient
+
+        if self.pid() is None:
+            return False
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000,
+                                 client_id="pgrouter-devstack")
+        try:
+            cluster = admin.describe_cluster()
+        finally:
+            admin.close()
+        return (len(cluster.get("brokers") or ()) == len(self.state.ports)
+                and cluster.get("cluster_id") == self.state.cluster_id)
+
+
+def existing_clusters(root: pathlib.Path) -> list[int]:
+    """The node count of the cluster under ``root`` (none when there is no cluster)."""
+    try:
+        state = msgspec.json.decode((pathlib.Path(root).resolve() / "kafka-cluster" /
+                                     "cluster.json").read_bytes(), type=ClusterState)
+    except (OSError, msgspec.DecodeError):
+        return []
+    return [len(state.ports)]
+
+
+class KafkaCluster:
+    def __init__(self, root: pathlib.Path, brokers: int = 3):
+        self.root = pathlib.Path(root).resolve()
+        self.folder = self.root / "kafka-cluster"
+        self.statefile = self.folder / "cluster.json"
+        self.brokers = brokers
+        self.cache = self.root / "cache"
+        self.state = self._load() or self._new_state()
+        self.nodes = [Node(self.root, i, self.state, self.cache) for i in range(brokers)]
+
+    def _load(self) -> ClusterState | None:
+        try:
+            state = msgspec.json.decode(self.statefile.read_bytes(), type=ClusterState)
+        except (OSError, msgspec.DecodeError):
+            return None
+        return state if len(state.ports) == self.brokers else None
+
+    def _new_state(self) -> ClusterState:
+        taken: set[int] = set()
+        ports = []
+        for _ in range(self.brokers):
+            port = pick_port("auto", 19092, what="Kafka broker", flag="--kafka-port", taken=taken)
+            taken.add(port)
+            ctl = pick_port("auto", port + 1, what="Kafka controller", flag="--kafka-port",
+                            taken=taken)
+            taken.add(ctl)
+            ports.append((port, ctl))
+        return ClusterState(cluster_id=cluster_id(), ports=ports)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def up(self, timeout: float = 180) -> str:
+        """Start the nodes that do not run and wait until every node is registered."""
+        with locked(self.folder):
+            return self._up(timeout)
+
+    def _up(self, timeout: float) -> str:
+        if all(node.pid() is None for node in self.nodes) and not all(
+                port_free(p) for pair in self.state.ports for p in pair):
+            # stopped, and another process took a remembered port: new ports, new storage
+            self.state = self._new_state()
+            self.nodes = [Node(self.root, i, self.state, self.cache)
+                          for i in range(self.brokers)]
+        write_atomic(self.statefile, msgspec.json.encode(self.state))
+        jars = None
+        for node in self.nodes:
+            jars = node.init()
+        for node in self.nodes:
+            if node.pid() is None:
+                node.start(jars)
+        for node in self.nodes:
+            wait_until(node.ready, timeout=timeout, what=f"Kafka node {node.node_id} on port "
+                       f"{node.port}", log=node.log, alive=lambda n=node: n.pid() is not None)
+        return self.bootstrap
+
+    def start(self, node_id: int, timeout: float = 120) -> None:
+        node = self.nodes[node_id - 1]
+        if node.pid() is None:
+            node.start(node.init())
+        wait_until(node.ready, timeout=timeout, what=f"Kafka node {node_id}", log=node.log,
+                   alive=lambda: node.pid() is not None)
+
+    def kill9(self, node_id: int) -> None:
+        """``kill -9`` one node (a crash: nothing flushed, no controlled shutdown)."""
+        node = self.nodes[node_id - 1]
+        pid = node.pid()
+        if pid is None:
+            raise StackError(f"Kafka node {node_id} does not run")
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: node.pid() is None, timeout=30, what=f"Kafka node {node_id} to die")
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """The node id leading ``topic``'s partition (-1 while there is none)."""
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000)
+        try:
+            for t in admin.describe_topics([topic]):
+                for p in t["partitions"]:
+                    # kafka-python names them partition/leader or partition_index/leader_id
+                    if p.get("partition", p.get("partition_index")) == partition:
+                        return p.get("leader", p.get("leader_id", -1))
+        finally:
+            admin.close()
+        return -1
+
+    def down(self) -> list[str]:
+        """Stop all nodes at once (one by one, the last would wait for a quorum)."""
+        running = [(node, node.pid()) for node in self.nodes if node.pid() is not None]
+        for _, pid in running:
+            os.kill(pid, signal.SIGTERM)
+        for node, _ in running:
+            node.stop()
+        return [f"kafka{node.node_id}" for node, _ in running]
