@@ -12,6 +12,7 @@ values are checked once here. Example::
     dsn = "postgresql://postgres@node-b/app"
     origin = "node_a"          # replication origin the applied transactions are tagged with
     conflict = "error"         # error | skip | upsert (last writer wins)
+    memory_limit = 67108864    # bytes of records waiting for their END before spilling
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ class _Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class ApplyKafka(_Base):
     bootstrap_servers: str | list[str]
     transactions_topic: str
+    #: consumer client: librdkafka (confluent-kafka) when installed, else kafka-python
+    client: Literal["auto", "librdkafka", "kafka-python"] = "auto"
     #: glob patterns of the data topics to apply; records on other topics are ignored
     topics: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    #: passed to kafka-python's KafkaConsumer as they are (security_protocol, sasl_* …)
+    #: passed to the client as they are: librdkafka properties ("security.protocol") or
+    #: kafka-python KafkaConsumer arguments ("security_protocol"); pin ``client`` with them
     settings: dict[str, str | int | float | bool] = {}
     #: seconds a poll waits for records
     poll_timeout: Annotated[float, msgspec.Meta(gt=0)] = 0.2
@@ -52,6 +56,17 @@ class ApplyTarget(_Base):
     conflict: Literal["error", "skip", "upsert"] = "error"
     #: source "schema.table" -> target "schema.table" (default: the same name)
     tables: dict[str, str] = {}
+    #: where the Kafka offsets of what was applied are stored, in the same transactions
+    #: (created when missing; one row per origin)
+    progress_table: str = "public.pgrouter_apply_progress"
+    #: the applier session's synchronous_commit; "off" like PostgreSQL's own apply worker:
+    #: a transaction lost in a crash of the target is lost with its origin progress and its
+    #: stored offsets, so it is applied again
+    synchronous_commit: Literal["on", "off", "local", "remote_write", "remote_apply"] = "off"
+    #: bytes of records waiting for their transaction's END kept in memory; past it the
+    #: largest transactions spill to temporary files in ``spill_dir``
+    memory_limit: int = 64 * 1024 * 1024
+    spill_dir: str | None = None
 
 
 class ApplyConfig(_Base):
@@ -75,6 +90,13 @@ def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
     if not _ORIGIN_NAME.match(cfg.target.origin) or cfg.target.origin.startswith("pg_"):
         raise ConfigError("origin names use 1-63 letters, digits, '_', '.', '-' and must not "
                           "start with pg_", path="target.origin", source=source)
+    if cfg.target.memory_limit < 1024 * 1024:
+        raise ConfigError("at least 1 MiB (1048576)", path="target.memory_limit", source=source)
+    schema, _, table = cfg.target.progress_table.partition(".")
+    if not schema or not table:
+        raise ConfigError("table must be written schema.table, got "
+                          f"{cfg.target.progress_table!r}", path="target.progress_table",
+                          source=source)
     for src_name, dst_name in cfg.target.tables.items():
         for name in (src_name, dst_name):
             schema, _, table = name.partition(".")

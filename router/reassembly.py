@@ -6,24 +6,38 @@ Rules:
 * The transaction topic has one partition, so its END records arrive in source commit
   order; they fix the order transactions are released in. An END whose ``commit_lsn`` is
   not above the last one queued is a duplicate (the router re-sends after a restart) and is
-  ignored, as is everything at or below ``applied_lsn`` (already applied on the target).
+  ignored; an END at or below ``applied_lsn`` (the target's replication origin progress at
+  start) is counted in ``skipped``: a restart skipped it.
 * A transaction is complete when, for every wanted topic its END names, as many distinct
-  records have arrived as END counts. Records are told apart by position
-  ``(topic, route, seq, schema, table)`` within the transaction, so byte-identical
-  duplicates count once. Topics the applier does not want are not waited for.
+  records have arrived as END counts. The router writes a transaction's records of one
+  partition in change order (``seq``), and a re-sent transaction repeats them in the same
+  order, so within one (partition, route) a record whose ``seq`` is not above the last one
+  kept is a duplicate. Topics the applier does not want are not waited for.
 * Only the head of the queue is released: a later transaction never overtakes an earlier
-  one, even when its records arrived first.
-* Records whose transaction has no END yet are buffered by ``commit_lsn``.
+  one, even when its records arrived first. Released records are merged across partitions
+  by ``seq``, the source's change order.
+* Memory: records waiting for their END are counted in bytes (their encoded size); past
+  ``memory_limit`` the largest transactions' records move to temporary files (in
+  ``spill_dir``), one per partition, and are read back one at a time while applied.
+* Restart positions: the last transaction of every ``ready()`` round carries ``resume``,
+  the offset per ``topic/partition`` from which a reader that has applied everything up to
+  and including it finds every record of every later transaction (the earliest record still
+  buffered, else the next offset to read). Stored with the applied transaction on the target,
+  it lets a restart seek there instead of re-reading the topics.
 """
 
 from __future__ import annotations
 
+import heapq
+import tempfile
 from collections import deque
 from typing import Callable, Iterator
 
 import msgspec
 
 from .errors import DecodeError
+
+DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 
 
 class RecordSource(msgspec.Struct):
@@ -70,6 +84,86 @@ class TransactionRecord(msgspec.Struct):
 
 _decode_data = msgspec.json.Decoder(DataRecord).decode
 _decode_meta = msgspec.json.Decoder(TransactionRecord).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class _Part:
+    """One partition's records of one transaction, in arrival order: in memory, or in a
+    temporary file of length-prefixed JSON records once spilled."""
+
+    __slots__ = ("topic", "records", "file", "count", "ordered", "last_seq", "tables")
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.tables: set[tuple[str | None, str | None]] = set()
+        self.records: list[tuple[int, DataRecord]] = []
+        self.file = None
+        self.count = 0
+        self.ordered = True
+        self.last_seq = -1
+
+    def spill(self, spill_dir: str | None) -> None:
+        self.file = tempfile.TemporaryFile(prefix="pgrouter-apply-", dir=spill_dir)
+        for _, rec in self.records:
+            self.append(_encode(rec))
+        self.records = []
+
+    def append(self, value: bytes) -> None:
+        self.file.write(len(value).to_bytes(4, "little"))
+        self.file.write(value)
+
+    def __iter__(self) -> Iterator[tuple[int, str, DataRecord]]:
+        topic = self.topic
+        if self.file is None:
+            recs = self.records if self.ordered else sorted(self.records, key=lambda r: r[0])
+            for seq, rec in recs:
+                yield seq, topic, rec
+            return
+        f = self.file
+        f.flush()
+        f.seek(0)
+        # records of an unordered spilled partition are sorted in memory (never seen: the
+        # router writes a partition's records in change order)
+        it = self._read(f)
+        if not self.ordered:
+            it = iter(sorted(it, key=lambda r: r[0]))
+        for seq, rec in it:
+            yield seq, topic, rec
+
+    @staticmethod
+    def _read(f) -> Iterator[tuple[int, DataRecord]]:
+        while True:
+            head = f.read(4)
+            if not head:
+                return
+            rec = _decode_data(f.read(int.from_bytes(head, "little")))
+            yield rec.source.seq, rec
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class Records:
+    """A released transaction's records in change order; iterable more than once (one
+    iteration at a time), reading spilled partitions back from disk."""
+
+    def __init__(self, parts: list[_Part]):
+        self._parts = parts
+        self.spilled = any(p.file is not None for p in parts)
+
+    def __iter__(self) -> Iterator[tuple[str, DataRecord]]:
+        if len(self._parts) == 1:
+            for _, topic, rec in self._parts[0]:
+                yield topic, rec
+            return
+        for _, topic, rec in heapq.merge(*self._parts, key=lambda r: r[0]):
+            yield topic, rec
+
+    def close(self) -> None:
+        for p in self._parts:
+            p.close()
 
 
 class SourceTransaction(msgspec.Struct):
@@ -79,7 +173,23 @@ class SourceTransaction(msgspec.Struct):
     commit_time: str
     origin: str | None
     #: (topic, record) in the transaction's change order (seq)
-    records: list[tuple[str, DataRecord]]
+    records: Records
+    #: number of records
+    count: int = 0
+    #: "topic/partition" -> offset to restart reading from once this one is applied
+    resume: dict[str, int] | None = None
+    #: source (schema, table) of the records
+    tables: frozenset = frozenset()
+
+
+class _Buffer:
+    __slots__ = ("parts", "counts", "memory", "first_offsets")
+
+    def __init__(self):
+        self.parts: dict[tuple[str, int], _Part] = {}
+        self.counts: dict[str, int] = {}
+        self.memory = 0
+        self.first_offsets: dict[tuple[str, int], int] = {}
 
 
 class _Pending:
@@ -92,19 +202,33 @@ class _Pending:
 
 
 class Reassembler:
-    def __init__(self, wants: Callable[[str], bool], applied_lsn: int = 0):
+    def __init__(self, wants: Callable[[str], bool], applied_lsn: int = 0, *,
+                 transactions_topic: str = "", memory_limit: int = DEFAULT_MEMORY_LIMIT,
+                 spill_dir: str | None = None):
         self.wants = wants
         self.applied_lsn = applied_lsn
+        self.transactions_topic = transactions_topic
+        self.memory_limit = memory_limit
+        self.spill_dir = spill_dir
+        self._start_lsn = applied_lsn
         self._queue: deque[_Pending] = deque()
         self._last_queued = applied_lsn
-        self._buffers: dict[int, dict[tuple, tuple[str, DataRecord]]] = {}
-        self._counts: dict[int, dict[str, int]] = {}
+        self._buffers: dict[int, _Buffer] = {}
         self._topics: set[str] = set()
+        self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition
+        self._memory = 0
         self.duplicates = 0
+        self.skipped = 0  # transactions at or below the target's progress at start
+        self._skipped_lsn = 0
+        self.spills = 0
 
     @property
     def pending(self) -> int:
         return len(self._queue)
+
+    @property
+    def memory(self) -> int:
+        return self._memory
 
     def oldest_pending_offset(self) -> int | None:
         """Transaction-topic offset of the earliest END not yet released."""
@@ -113,6 +237,7 @@ class Reassembler:
     def add_transaction_record(self, value: bytes, offset: int = 0) -> list[str]:
         """Feed one transaction-topic record; returns wanted topics it names for the first
         time (the caller starts reading them)."""
+        self._next[(self.transactions_topic, 0)] = offset + 1
         try:
             meta = _decode_meta(value)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -121,7 +246,11 @@ class Reassembler:
             return []
         lsn = meta.source.commit_lsn
         if lsn <= self._last_queued:
-            self.duplicates += 1
+            if self._skipped_lsn < lsn <= self._start_lsn:
+                self.skipped += 1
+                self._skipped_lsn = lsn
+            else:
+                self.duplicates += 1
             return []
         self._last_queued = lsn
         expected = {dc.data_collection: dc.event_count for dc in meta.data_collections or ()
@@ -131,7 +260,10 @@ class Reassembler:
         self._topics.update(new)
         return new
 
-    def add_record(self, topic: str, value: bytes) -> None:
+    def add_record(self, topic: str, value: bytes | None, partition: int = 0,
+                   offset: int = 0) -> None:
+        tp = (topic, partition)
+        self._next[tp] = offset + 1
         if value is None:  # a tombstone: pgrouter writes none, nothing to apply
             return
         try:
@@ -142,40 +274,114 @@ class Reassembler:
         lsn = src.commit_lsn
         if lsn is None or lsn <= self.applied_lsn:
             return  # non-transactional message, or applied already
-        pos = (topic, src.route, src.seq, src.schema, src.table)
         buf = self._buffers.get(lsn)
         if buf is None:
-            buf = self._buffers[lsn] = {}
-            self._counts[lsn] = {}
-        if pos in buf:
-            self.duplicates += 1
+            buf = self._buffers[lsn] = _Buffer()
+        part = buf.parts.get(tp)
+        if part is None:
+            part = buf.parts[tp] = _Part(topic)
+            buf.first_offsets[tp] = offset
+        seq = src.seq
+        if seq <= part.last_seq:
+            if src.route == "" or self._seen(part, rec):
+                self.duplicates += 1
+                return
+            part.ordered = False  # two routes writing one topic: seqs interleave
+        part.last_seq = seq if seq > part.last_seq else part.last_seq
+        part.count += 1
+        if rec.op != "m":
+            part.tables.add((src.schema, src.table))
+        buf.counts[topic] = buf.counts.get(topic, 0) + 1
+        if part.file is not None:
+            part.append(value)
             return
-        buf[pos] = (topic, rec)
-        counts = self._counts[lsn]
-        counts[topic] = counts.get(topic, 0) + 1
+        part.records.append((seq, rec))
+        size = len(value)
+        buf.memory += size
+        self._memory += size
+        if self._memory > self.memory_limit:
+            self._spill()
+
+    @staticmethod
+    def _seen(part: _Part, rec: DataRecord) -> bool:
+        """Whether an out-of-order record repeats one kept (same route and seq)."""
+        src = rec.source
+        if part.file is not None:
+            part.file.flush()
+            part.file.seek(0)
+            try:
+                return any(r.source.seq == src.seq and r.source.route == src.route
+                           for _, r in _Part._read(part.file))
+            finally:
+                part.file.seek(0, 2)
+        return any(s == src.seq and r.source.route == src.route for s, r in part.records)
+
+    def _spill(self) -> None:
+        for buf in sorted(self._buffers.values(), key=lambda b: b.memory, reverse=True):
+            if self._memory <= self.memory_limit // 2 or not buf.memory:
+                break
+            for part in buf.parts.values():
+                if part.file is None:
+                    part.spill(self.spill_dir)
+            self._memory -= buf.memory
+            buf.memory = 0
+            self.spills += 1
 
     def _complete(self, p: _Pending) -> bool:
-        counts = self._counts.get(p.meta.source.commit_lsn, {})
+        buf = self._buffers.get(p.meta.source.commit_lsn)
+        counts = buf.counts if buf is not None else {}
         return all(counts.get(t, 0) >= n for t, n in p.expected.items())
+
+    def resume_offsets(self) -> dict[str, int]:
+        """Per partition, where a restart that has applied every released transaction
+        starts reading: the earliest record still buffered, or the next one to read."""
+        out = dict(self._next)
+        for buf in self._buffers.values():
+            for tp, off in buf.first_offsets.items():
+                if off < out.get(tp, off + 1):
+                    out[tp] = off
+        if self._queue:
+            out[(self.transactions_topic, 0)] = self._queue[0].offset
+        return {f"{t}/{p}": o for (t, p), o in out.items()}
 
     def ready(self) -> Iterator[SourceTransaction]:
         """Complete transactions at the head of the queue, in commit order. A released
         transaction counts as applied (when applying fails, the applier starts over with a
-        new reassembler from the target's origin progress)."""
+        new reassembler from the target's progress). The last one released carries
+        ``resume``."""
         q = self._queue
+        held: SourceTransaction | None = None
         while q and self._complete(q[0]):
             p = q.popleft()
             meta = p.meta
             lsn = meta.source.commit_lsn
-            buf = self._buffers.pop(lsn, {})
-            self._counts.pop(lsn, None)
+            buf = self._buffers.pop(lsn, None) or _Buffer()
+            self._memory -= buf.memory
             self.applied_lsn = lsn
-            wanted = [v for v in buf.values() if v[0] in p.expected]
-            wanted.sort(key=lambda tr: tr[1].source.seq)
-            yield SourceTransaction(id=meta.id, xid=meta.source.xid, commit_lsn=lsn,
+            parts = [part for (topic, _), part in buf.parts.items() if topic in p.expected]
+            for (topic, _), part in buf.parts.items():
+                if topic not in p.expected:
+                    part.close()
+            txn = SourceTransaction(id=meta.id, xid=meta.source.xid, commit_lsn=lsn,
                                     commit_time=meta.source.commit_time,
-                                    origin=meta.source.origin, records=wanted)
+                                    origin=meta.source.origin, records=Records(parts),
+                                    count=sum(part.count for part in parts),
+                                    tables=frozenset().union(*(part.tables for part in parts)))
             # buffers of transactions that were superseded cannot complete any more
             for stale in [k for k in self._buffers if k <= lsn]:
-                del self._buffers[stale]
-                self._counts.pop(stale, None)
+                old = self._buffers.pop(stale)
+                self._memory -= old.memory
+                for part in old.parts.values():
+                    part.close()
+            if held is not None:
+                yield held
+            held = txn
+        if held is not None:
+            held.resume = self.resume_offsets()
+            yield held
+
+    def close(self) -> None:
+        for buf in self._buffers.values():
+            for part in buf.parts.values():
+                part.close()
+        self._buffers.clear()

@@ -1,0 +1,127 @@
+"""The applier's session on the target: its replication origin, its progress table and the
+catalog of the tables it writes.
+
+Rules:
+
+* The session is bound to the origin with ``pg_replication_origin_session_setup`` (the
+  origin is created when missing); each applied transaction starts with
+  ``pg_replication_origin_xact_setup(source commit_lsn, commit time)``, so the origin's
+  progress commits atomically with it and the target's router sees the Origin message.
+* The progress table (``target.progress_table``, one row per origin) holds the Kafka
+  offsets a restart reads from, written in the same transaction as the changes it covers.
+  It is a seek hint, the origin is the truth: a row ahead of the origin's progress (the
+  origin was dropped and made again) is ignored and the topics are read from the beginning.
+* ``synchronous_commit`` is the configured one ("off" by default, like PostgreSQL's apply
+  worker): what a crash of the target loses, it loses with its origin progress and its
+  offsets, so it is applied again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import asyncpg
+import trio
+
+from router.apply_config import ApplyTarget
+from router.batches import literal
+from router.errors import ApplyError
+from router.lsn import format_lsn, parse_lsn
+from router.statements import TargetTable, quote_ident
+
+from ..services import log
+from ..services.sql import SqlSession
+
+_log = log.get("applier")
+ORIGIN_BUSY_WAIT = 30.0
+
+
+def progress_table_sql(cfg: ApplyTarget) -> str:
+    schema, _, name = cfg.progress_table.partition(".")
+    return f"{quote_ident(schema)}.{quote_ident(name)}"
+
+
+def progress_statement(cfg: ApplyTarget, commit_lsn: int, resume: dict[str, int]) -> str:
+    """Upsert of this origin's row: the offsets to restart from after ``commit_lsn``."""
+    return (f"insert into {progress_table_sql(cfg)} (origin, commit_lsn, offsets) values "
+            f"({literal(cfg.origin)}, {literal(format_lsn(commit_lsn))}, "
+            f"{literal(json.dumps(resume, sort_keys=True))}) on conflict (origin) do update "
+            "set commit_lsn = excluded.commit_lsn, offsets = excluded.offsets, "
+            "updated_at = now()")
+
+
+async def setup_session(sql: SqlSession, cfg: ApplyTarget) -> tuple[int, dict[str, int] | None]:
+    """Bind the session to the origin; return its durable progress (the source commit LSN
+    of the last transaction applied) and the stored restart offsets (None: read from the
+    beginning)."""
+    origin = cfg.origin
+    await sql.execute(f"set synchronous_commit = {cfg.synchronous_commit}; "
+                      "set standard_conforming_strings = on")
+    if await sql.fetchval("select pg_replication_origin_oid($1)", origin) is None:
+        try:
+            await sql.fetchval("select pg_replication_origin_create($1)", origin)
+            log.event(_log, "replication origin created", origin=origin)
+        except asyncpg.UniqueViolationError:
+            pass  # created concurrently
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise ApplyError(f"the target user may not use replication origins: {exc}") from exc
+    deadline = time.monotonic() + ORIGIN_BUSY_WAIT
+    while True:
+        try:
+            await sql.fetchval("select pg_replication_origin_session_setup($1)", origin)
+            break
+        except asyncpg.ObjectInUseError as exc:
+            # the backend of a killed predecessor may still hold it for a moment
+            if time.monotonic() > deadline:
+                raise ApplyError(f"replication origin {origin!r} is in use by another "
+                                 f"session: {exc}") from exc
+            await trio.sleep(0.5)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise ApplyError(f"the target user may not use replication origins: {exc}") from exc
+    progress = await sql.fetchval("select pg_replication_origin_progress($1, true)::text", origin)
+    applied = parse_lsn(progress) if progress else 0
+    table = progress_table_sql(cfg)
+    try:
+        await sql.execute(f"create table if not exists {table} (origin text primary key, "
+                          "commit_lsn pg_lsn not null, offsets jsonb not null, "
+                          "updated_at timestamptz not null default now())")
+    except asyncpg.UniqueViolationError:
+        pass  # created concurrently by another applier
+    except asyncpg.PostgresError as exc:
+        raise ApplyError(f"cannot create the progress table {cfg.progress_table}: {exc}") from exc
+    row = await sql.fetch(f"select commit_lsn::text, offsets::text from {table} "
+                          "where origin = $1", origin)
+    if not row:
+        return applied, None
+    stored = parse_lsn(row[0][0])
+    if stored > applied:
+        log.event(_log, "progress table ahead of the replication origin: reading the topics "
+                  "from the beginning", stored=format_lsn(stored), origin_progress=progress)
+        return applied, None
+    return applied, json.loads(row[0][1])
+
+
+async def session_progress(sql: SqlSession) -> int:
+    """The source commit LSN of the last transaction this session committed."""
+    value = await sql.fetchval("select pg_replication_origin_session_progress(false)::text")
+    return parse_lsn(value) if value else 0
+
+
+async def load_table(sql: SqlSession, t_schema: str, t_name: str) -> TargetTable:
+    qname = quote_ident(t_schema) + "." + quote_ident(t_name)
+    try:
+        rows = await sql.fetch(
+            "select a.attname, format_type(a.atttypid, a.atttypmod) as type "
+            "from pg_attribute a where a.attrelid = $1::text::regclass and a.attnum > 0 "
+            "and not a.attisdropped order by a.attnum", qname)
+        keys = await sql.fetch(
+            "select i.indisprimary, array(select a.attname from unnest(i.indkey) with "
+            "ordinality k(n, o) join pg_attribute a on a.attrelid = i.indrelid and "
+            "a.attnum = k.n order by k.o) as cols from pg_index i where i.indrelid = "
+            "$1::text::regclass and (i.indisprimary or i.indisreplident) "
+            "order by i.indisprimary desc", qname)
+    except asyncpg.UndefinedTableError as exc:
+        raise ApplyError(f"target table {t_schema}.{t_name} does not exist") from exc
+    key = tuple(keys[0]["cols"]) if keys else ()
+    return TargetTable(t_schema, t_name, {r["attname"]: r["type"] for r in rows}, key)

@@ -1,0 +1,273 @@
+"""The applier's writer: released source transactions in, one target transaction each.
+
+Rules:
+
+* Fast path (``router.batches``): the transactions waiting in the inbox, up to
+  ``BATCH_ROWS`` rows, go to the target as one simple-query script, each its own
+  ``begin; origin xact setup; set-based statements; commit``: many small transactions cost
+  one round trip. A transaction of ``STREAM_ROWS`` rows or more (or spilled to disk) is
+  streamed into one open target transaction, ``STREAM_ROWS`` rows an execute.
+* The last transaction of a batch that carries restart offsets also writes them to the
+  progress table, so they commit with it.
+* Any SQL error of the fast path (a conflict, a missing column…) rolls back the transaction
+  it hit; the transactions before it are committed (the session's origin progress says
+  which). That one is applied again change by change under ``target.conflict``
+  (``error`` stops with ``ApplyConflict``, ``skip`` counts and goes on, ``upsert`` writes the
+  incoming row, last writer wins), then the fast path goes on with the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+import trio
+
+from router.apply_config import ApplyConfig
+from router.batches import literal, statements
+from router.errors import ApplyConflict, ApplyError, SourceUnavailable
+from router.lsn import format_lsn
+from router.reassembly import SourceTransaction
+from router.statements import TargetTable, affected, key_of
+
+from ..services import log
+from ..services.sql import SqlSession
+from .target import load_table, progress_statement, session_progress
+
+_log = log.get("applier")
+BATCH_ROWS = 5000  # rows of small transactions sent in one script
+BATCH_TRANSACTIONS = 1000
+STREAM_ROWS = 5000  # a transaction this large is streamed, this many rows an execute
+
+
+class ApplyStats:
+    def __init__(self):
+        self.transactions = 0
+        self.changes = 0
+        self.skipped = 0  # transactions at or below the target's progress (a restart)
+        self.fetched = 0  # records read from Kafka
+        self.scripts = 0  # round trips of the fast path
+        self.slow = 0  # transactions applied change by change after a fast-path error
+        self.conflicts: dict[str, int] = {}
+
+
+class _CaughtUp:
+    pass
+
+
+CAUGHT_UP = _CaughtUp()
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    return isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.AdminShutdownError,
+                            asyncpg.CannotConnectNowError, asyncpg.InterfaceError,
+                            ConnectionError))
+
+
+class WriterActor:
+    def __init__(self, *, sql: SqlSession, cfg: ApplyConfig, inbox: trio.MemoryReceiveChannel,
+                 stats: ApplyStats, progress_lsn: int):
+        self.sql = sql
+        self.cfg = cfg
+        self.conflict = cfg.target.conflict
+        self.table_map = cfg.target.tables
+        self.inbox = inbox
+        self.stats = stats
+        self.progress_lsn = progress_lsn
+        self._tables: dict[tuple[str, str], TargetTable] = {}
+        self.caught_up = False
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        held = None
+        async with self.inbox:
+            while True:
+                if held is None:
+                    try:
+                        held = await self.inbox.receive()
+                    except trio.EndOfChannel:
+                        return
+                if held is CAUGHT_UP:
+                    self.caught_up = True
+                    return
+                batch, rows, held = [held], held.count, None
+                if not self._streamed(batch[0]):
+                    while rows < BATCH_ROWS and len(batch) < BATCH_TRANSACTIONS:
+                        try:
+                            nxt = self.inbox.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                        if nxt is CAUGHT_UP or self._streamed(nxt):
+                            held = nxt
+                            break
+                        batch.append(nxt)
+                        rows += nxt.count
+                batch = [t for t in batch if not self._skip(t)]
+                if batch:
+                    await self.apply(batch)
+
+    def _skip(self, txn: SourceTransaction) -> bool:
+        if txn.commit_lsn <= self.progress_lsn:
+            self.stats.skipped += 1
+            txn.records.close()
+            return True
+        return False
+
+    @staticmethod
+    def _streamed(txn) -> bool:
+        return txn is not CAUGHT_UP and (txn.count >= STREAM_ROWS or txn.records.spilled)
+
+    async def _ensure_tables(self, batch: list[SourceTransaction]) -> None:
+        for txn in batch:
+            for schema, name in txn.tables:
+                if (schema, name) not in self._tables:
+                    mapped = self.table_map.get(f"{schema}.{name}")
+                    t_schema, t_name = mapped.split(".", 1) if mapped else (schema, name)
+                    self._tables[(schema, name)] = await load_table(self.sql, t_schema, t_name)
+
+    def _begin(self, txn: SourceTransaction) -> str:
+        return (f"begin;select pg_replication_origin_xact_setup("
+                f"{literal(format_lsn(txn.commit_lsn))}, {literal(txn.commit_time)});")
+
+    def _end(self, txn: SourceTransaction, with_progress: bool) -> str:
+        tail = ""
+        if with_progress and txn.resume is not None:
+            tail = progress_statement(self.cfg.target, txn.commit_lsn, txn.resume) + ";"
+        return tail + "commit;"
+
+    async def apply(self, batch: list[SourceTransaction]) -> None:
+        await self._ensure_tables(batch)
+        while batch:
+            try:
+                if self._streamed(batch[0]):
+                    await self._stream(batch[0])
+                    done = 1
+                else:
+                    await self._script(batch)
+                    done = len(batch)
+            except asyncpg.PostgresError as exc:
+                if _connection_lost(exc):
+                    raise SourceUnavailable(f"target connection lost: {exc}") from exc
+                await self._rollback()
+                applied = await session_progress(self.sql)
+                done = sum(1 for t in batch if t.commit_lsn <= applied)
+                self._applied(batch[:done])
+                failed = batch[done]
+                log.event(_log, "applying change by change", transaction=failed.id,
+                          reason=str(exc).splitlines()[0], level=logging.DEBUG)
+                await self.apply_slowly(failed)
+                self.stats.slow += 1
+                self._applied([failed])
+                batch = batch[done + 1:]
+                continue
+            except BaseException:
+                await self._rollback()
+                raise
+            self._applied(batch[:done])
+            batch = batch[done:]
+
+    def _applied(self, txns: list[SourceTransaction]) -> None:
+        for txn in txns:
+            self.stats.transactions += 1
+            self.stats.changes += txn.count
+            self.progress_lsn = txn.commit_lsn
+            txn.records.close()
+
+    async def _script(self, batch: list[SourceTransaction]) -> None:
+        parts = []
+        last = max((i for i, t in enumerate(batch) if t.resume is not None), default=-1)
+        for i, txn in enumerate(batch):
+            parts.append(self._begin(txn))
+            for stmt in statements(txn.records, self._tables):
+                parts.append(stmt)
+                parts.append(";")
+            parts.append(self._end(txn, i == last))
+        self.stats.scripts += 1
+        await self.sql.execute("".join(parts))
+
+    async def _stream(self, txn: SourceTransaction) -> None:
+        await self.sql.execute(self._begin(txn))
+        chunk: list[str] = []
+        rows = 0
+        for stmt in statements(txn.records, self._tables):
+            chunk.append(stmt)
+            rows += stmt.count("),") + 1  # about the rows of a VALUES list
+            if rows >= STREAM_ROWS:
+                await self.sql.execute(";".join(chunk))
+                self.stats.scripts += 1
+                chunk, rows = [], 0
+        chunk.append(self._end(txn, True))
+        await self.sql.execute(";".join(chunk))
+        self.stats.scripts += 1
+
+    async def _rollback(self) -> None:
+        with trio.move_on_after(5) as scope:
+            scope.shield = True
+            try:
+                await self.sql.execute("rollback")
+            except Exception:  # the connection is gone: the server rolled back
+                pass
+
+    # -- change by change, under the conflict policy ------------------------------------
+
+    async def apply_slowly(self, txn: SourceTransaction) -> None:
+        sql = self.sql
+        await sql.execute(self._begin(txn))
+        try:
+            for topic, rec in txn.records:
+                await self._change(txn, rec)
+            await sql.execute(self._end(txn, True))
+        except BaseException:
+            await self._rollback()
+            raise
+
+    def _conflict(self, kind: str, txn: SourceTransaction, table: TargetTable, key: dict):
+        if self.conflict == "error":
+            raise ApplyConflict(f"{kind} on {table.schema}.{table.name} key {key} "
+                                f"(transaction {txn.id}); set target.conflict = skip or upsert "
+                                "to go on")
+        self.stats.conflicts[kind] = self.stats.conflicts.get(kind, 0) + 1
+        log.event(_log, "conflict", level=logging.WARNING, kind=kind, policy=self.conflict,
+                  table=f"{table.schema}.{table.name}", key=key, transaction=txn.id)
+
+    async def _change(self, txn: SourceTransaction, rec) -> None:
+        op = rec.op
+        if op == "m":
+            return
+        src = rec.source
+        table = self._tables[(src.schema, src.table)]
+        sql = self.sql
+        try:
+            if op in ("c", "r"):
+                query, args = table.insert(rec.after, self.conflict)
+                if self.conflict == "error":
+                    await sql.execute(query, *args)
+                else:
+                    rows = await sql.fetch(query, *args)
+                    if not rows or rows[0][0] is False:
+                        self._conflict("insert_exists", txn, table,
+                                       key_of(table, None, rec.after))
+            elif op == "u":
+                query, args = table.update(rec.before, rec.after)
+                if affected(await sql.execute(query, *args)) == 0:
+                    self._conflict("update_missing", txn, table,
+                                   key_of(table, rec.before, rec.after))
+                    if self.conflict == "upsert":
+                        # the old row is gone; the new key may exist (last writer wins)
+                        query, args = table.insert(rec.after, "upsert")
+                        await sql.fetch(query, *args)
+            elif op == "d":
+                query, args = table.delete(rec.before)
+                if affected(await sql.execute(query, *args)) == 0:
+                    self._conflict("delete_missing", txn, table, key_of(table, rec.before, None))
+            elif op == "t":
+                await sql.execute(table.truncate(rec.truncate))
+        except asyncpg.UniqueViolationError as exc:
+            raise ApplyConflict(f"insert_exists on {table.schema}.{table.name} key "
+                                f"{key_of(table, rec.before, rec.after)} (transaction {txn.id}):"
+                                f" {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            if _connection_lost(exc):
+                raise SourceUnavailable(f"target connection lost: {exc}") from exc
+            raise ApplyError(f"applying {op} to {table.schema}.{table.name} (transaction "
+                             f"{txn.id}) failed: {exc}") from exc
