@@ -18,6 +18,9 @@ Rules:
   (PostgreSQL text never holds NUL). Literals, unlike parameters, let many statements and
   whole transactions travel in one simple-query message: one round trip for many small
   transactions.
+* A run of one row (the common small transaction) executes a prepared statement of its
+  shape (``Prepared``: the caller PREPAREs what ``new`` lists before sending the script), so
+  the server neither parses nor plans it again: ``execute pgr_3('7', 'x')``.
 * Tables without a key on the target, truncates and records the run shape cannot express go
   one by one with the same strictness.
 """
@@ -52,6 +55,27 @@ def literal(value) -> str:
     return literal(str(value))
 
 
+class Prepared:
+    """Names of the session's prepared statements, by shape. ``new`` collects the PREPARE
+    statements the caller must run before a script using them (then clears it)."""
+
+    def __init__(self):
+        self._names: dict[tuple, str] = {}
+        self.new: list[str] = []
+
+    def name(self, key: tuple, params: int, body) -> str:
+        found = self._names.get(key)
+        if found is None:
+            found = self._names[key] = f"pgr_{len(self._names)}"
+            types = ", ".join(["text"] * params)
+            self.new.append(f"prepare {found}({types}) as {body()}")
+        return found
+
+    def execute(self, key: tuple, values: list, body) -> str:
+        name = self.name(key, len(values), body)
+        return f"execute {name}({', '.join(map(literal, values))})"
+
+
 def _check(table: TargetTable, cols: Iterable[str]) -> None:
     for c in cols:
         if c not in table.columns:
@@ -83,9 +107,11 @@ def _key(table: TargetTable, row: dict | None) -> tuple | None:
         return None
 
 
-def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable]) -> Iterator[str]:
+def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
+               prepared: Prepared | None = None) -> Iterator[str]:
     """One strict statement per run of ``(topic, DataRecord)``. ``tables`` maps a record's
     source (schema, table) to its target table; a missing one raises ``KeyError`` with it."""
+    prepared = prepared if prepared is not None else Prepared()
     run: _Run | None = None
     for _, rec in records:
         op = rec.op
@@ -97,7 +123,7 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable]) ->
             op = "c"
         if op == "t" or not table.key:
             if run is not None:
-                yield _statement(run)
+                yield _statement(run, prepared)
                 run = None
             yield _single(table, rec, op)
             continue
@@ -123,7 +149,7 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable]) ->
         if run is not None and (run.op != op or run.table is not table or run.shape != shape
                                 or len(run.rows) >= MAX_RUN
                                 or (op == "u" and (k_old in run.keys or k_new in run.keys))):
-            yield _statement(run)
+            yield _statement(run, prepared)
             run = None
         if run is None:
             run = _Run(op, table, shape)
@@ -136,11 +162,13 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable]) ->
             run.keys.add(k_old)
             run.keys.add(k_new)
     if run is not None:
-        yield _statement(run)
+        yield _statement(run, prepared)
 
 
-def _statement(run: _Run) -> str:
+def _statement(run: _Run, prepared: Prepared) -> str:
     t = run.table
+    if len(run.rows) == 1:
+        return _one(run, prepared)
     if run.op == "c":
         cols = ", ".join(quote_ident(c) for c in run.shape)
         values = ", ".join("(" + ", ".join(map(literal, r.after.values())) + ")"
@@ -166,6 +194,36 @@ def _statement(run: _Run) -> str:
     cond = " and ".join(f"_t.{quote_ident(k)} = _d._k{i}" for i, k in enumerate(t.key))
     return _expect(f"update {t.sql_name} as _t set {sets} from (values {', '.join(rows)}) "
                    f"as _d({', '.join(names)}) where {cond}", len(rows))
+
+
+def _one(run: _Run, prepared: Prepared) -> str:
+    """A one-row run as the execution of a prepared statement of its shape."""
+    t, rec = run.table, run.rows[0]
+    key = (run.op, t.sql_name, run.shape)
+    if run.op == "c":
+        def body():
+            return (f"insert into {t.sql_name} ({', '.join(map(quote_ident, run.shape))}) "
+                    f"values ({', '.join(f'${i}::{t.columns[c]}' for i, c in enumerate(run.shape, 1))})")
+        return prepared.execute(key, list(rec.after.values()), body)
+    n_key = len(t.key)
+
+    def cond(first: int) -> str:
+        return " and ".join(f"{quote_ident(k)} = ${i}::{t.columns[k]}"
+                            for i, k in enumerate(t.key, first))
+    if run.op == "d":
+        return prepared.execute(key, [rec.before[k] for k in t.key], lambda: _expect(
+            f"delete from {t.sql_name} where {cond(1)}", 1))
+    cols, with_before = run.shape
+    src = rec.before if with_before else rec.after
+
+    def update() -> str:
+        sets = ", ".join(f"{quote_ident(c)} = ${i}::{t.columns[c]}"
+                         for i, c in enumerate(cols, n_key + 1))
+        if not sets:
+            first = quote_ident(t.key[0])
+            sets = f"{first} = {first}"
+        return _expect(f"update {t.sql_name} set {sets} where {cond(1)}", 1)
+    return prepared.execute(key, [src[k] for k in t.key] + list(rec.after.values()), update)
 
 
 def _in(t: TargetTable, keys: list[tuple]) -> str:

@@ -214,6 +214,7 @@ class Reassembler:
         self._queue: deque[_Pending] = deque()
         self._last_queued = applied_lsn
         self._buffers: dict[int, _Buffer] = {}
+        self._lsns: list[int] = []  # heap of the buffers' commit LSNs
         self._topics: set[str] = set()
         self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition
         self._memory = 0
@@ -238,6 +239,8 @@ class Reassembler:
         """Feed one transaction-topic record; returns wanted topics it names for the first
         time (the caller starts reading them)."""
         self._next[(self.transactions_topic, 0)] = offset + 1
+        if value.startswith(b'{"status":"BEGIN"'):  # how the router writes them: nothing to do
+            return []
         try:
             meta = _decode_meta(value)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -277,6 +280,7 @@ class Reassembler:
         buf = self._buffers.get(lsn)
         if buf is None:
             buf = self._buffers[lsn] = _Buffer()
+            heapq.heappush(self._lsns, lsn)
         part = buf.parts.get(tp)
         if part is None:
             part = buf.parts[tp] = _Part(topic)
@@ -368,11 +372,13 @@ class Reassembler:
                                     count=sum(part.count for part in parts),
                                     tables=frozenset().union(*(part.tables for part in parts)))
             # buffers of transactions that were superseded cannot complete any more
-            for stale in [k for k in self._buffers if k <= lsn]:
-                old = self._buffers.pop(stale)
-                self._memory -= old.memory
-                for part in old.parts.values():
-                    part.close()
+            heap = self._lsns
+            while heap and heap[0] <= lsn:
+                old = self._buffers.pop(heapq.heappop(heap), None)
+                if old is not None:
+                    self._memory -= old.memory
+                    for part in old.parts.values():
+                        part.close()
             if held is not None:
                 yield held
             held = txn

@@ -24,7 +24,7 @@ import asyncpg
 import trio
 
 from router.apply_config import ApplyConfig
-from router.batches import literal, statements
+from router.batches import Prepared, literal, statements
 from router.errors import ApplyConflict, ApplyError, SourceUnavailable
 from router.lsn import format_lsn
 from router.reassembly import SourceTransaction
@@ -75,6 +75,7 @@ class WriterActor:
         self.stats = stats
         self.progress_lsn = progress_lsn
         self._tables: dict[tuple[str, str], TargetTable] = {}
+        self.prepared = Prepared()
         self.caught_up = False
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -126,8 +127,15 @@ class WriterActor:
                     self._tables[(schema, name)] = await load_table(self.sql, t_schema, t_name)
 
     def _begin(self, txn: SourceTransaction) -> str:
-        return (f"begin;select pg_replication_origin_xact_setup("
-                f"{literal(format_lsn(txn.commit_lsn))}, {literal(txn.commit_time)});")
+        return "begin;" + self.prepared.execute(
+            ("origin",), [format_lsn(txn.commit_lsn), txn.commit_time],
+            lambda: "select pg_replication_origin_xact_setup($1::pg_lsn, $2::timestamptz)") + ";"
+
+    async def _prepare(self) -> None:
+        new = self.prepared.new
+        if new:
+            self.prepared.new = []
+            await self.sql.execute(";".join(new))
 
     def _end(self, txn: SourceTransaction, with_progress: bool) -> str:
         tail = ""
@@ -149,6 +157,8 @@ class WriterActor:
                 if _connection_lost(exc):
                     raise SourceUnavailable(f"target connection lost: {exc}") from exc
                 await self._rollback()
+                await self.sql.execute("deallocate all")
+                self.prepared = Prepared()
                 applied = await session_progress(self.sql)
                 done = sum(1 for t in batch if t.commit_lsn <= applied)
                 self._applied(batch[:done])
@@ -178,25 +188,30 @@ class WriterActor:
         last = max((i for i, t in enumerate(batch) if t.resume is not None), default=-1)
         for i, txn in enumerate(batch):
             parts.append(self._begin(txn))
-            for stmt in statements(txn.records, self._tables):
+            for stmt in statements(txn.records, self._tables, self.prepared):
                 parts.append(stmt)
                 parts.append(";")
             parts.append(self._end(txn, i == last))
         self.stats.scripts += 1
+        await self._prepare()
         await self.sql.execute("".join(parts))
 
     async def _stream(self, txn: SourceTransaction) -> None:
-        await self.sql.execute(self._begin(txn))
+        begin = self._begin(txn)
+        await self._prepare()
+        await self.sql.execute(begin)
         chunk: list[str] = []
         rows = 0
-        for stmt in statements(txn.records, self._tables):
+        for stmt in statements(txn.records, self._tables, self.prepared):
             chunk.append(stmt)
             rows += stmt.count("),") + 1  # about the rows of a VALUES list
             if rows >= STREAM_ROWS:
+                await self._prepare()
                 await self.sql.execute(";".join(chunk))
                 self.stats.scripts += 1
                 chunk, rows = [], 0
         chunk.append(self._end(txn, True))
+        await self._prepare()
         await self.sql.execute(";".join(chunk))
         self.stats.scripts += 1
 
@@ -212,7 +227,9 @@ class WriterActor:
 
     async def apply_slowly(self, txn: SourceTransaction) -> None:
         sql = self.sql
-        await sql.execute(self._begin(txn))
+        begin = self._begin(txn)
+        await self._prepare()
+        await sql.execute(begin)
         try:
             for topic, rec in txn.records:
                 await self._change(txn, rec)
