@@ -118,3 +118,69 @@ def test_apply_config():
         with pytest.raises(ConfigError) as info:
             parse_apply_config(text)
         assert info.value.path == path, str(info.value)
+
+
+def test_resume_offsets_cover_every_unreleased_record():
+    ra = Reassembler(lambda t: True, transactions_topic="tx")
+    ra.add_record("x", rec(100, 0), partition=0, offset=10)
+    ra.add_record("x", rec(200, 1), partition=1, offset=4)  # a later transaction, read early
+    ra.add_record("x", rec(100, 1), partition=1, offset=5)
+    ra.add_transaction_record(end(100, {"x": 2}), 7)
+    ra.add_transaction_record(end(200, {"x": 2}), 8)
+    (txn,) = list(ra.ready())
+    assert txn.commit_lsn == 100 and txn.count == 2
+    # partition 1 restarts at 200's record (4), the transaction topic at 200's END (8)
+    assert txn.resume == {"tx/0": 8, "x/0": 11, "x/1": 4}
+
+
+def test_skipped_counts_what_the_target_already_has():
+    ra = Reassembler(lambda t: True, applied_lsn=200)
+    for lsn in (100, 100, 200, 300):
+        ra.add_transaction_record(end(lsn, {"x": 1}))
+    assert ra.skipped == 2 and ra.duplicates == 1 and ra.pending == 1
+
+
+def test_spills_past_the_memory_limit_and_reads_back_in_order(tmp_path):
+    ra = Reassembler(lambda t: True, memory_limit=20_000, spill_dir=str(tmp_path))
+    n = 600
+    for seq in range(n):  # two partitions, each in change order
+        ra.add_record("x", rec(100, seq), partition=seq % 2, offset=seq)
+    ra.add_record("x", rec(100, 5), partition=1, offset=n)  # a re-sent duplicate
+    assert ra.spills >= 1 and ra.memory <= 20_000 and ra.duplicates == 1
+    ra.add_transaction_record(end(100, {"x": n}))
+    (txn,) = list(ra.ready())
+    assert txn.records.spilled and txn.count == n
+    for _ in range(2):  # read back twice: a failed fast path applies it again
+        assert [r.source.seq for _, r in txn.records] == list(range(n))
+    txn.records.close()
+
+
+def test_set_based_statements():
+    from router.batches import Prepared, statements
+    from router.reassembly import _decode_data
+
+    def r(op, before, after):
+        return ("x", _decode_data(json.dumps({"op": op, "before": before, "after": after,
+                                              "source": {"schema": "public", "table": "t"}})))
+    tables = {("public", "t"): TABLE}
+    recs = [r("c", None, {"id": 1, "v": "it's"}), r("c", None, {"id": 2, "v": None}),
+            r("u", None, {"id": 1, "v": "a"}), r("u", None, {"id": 2, "v": "b"}),
+            r("u", None, {"id": 1, "v": "c"}),  # key 1 again: a new run
+            r("u", {"id": 2}, {"id": 3, "v": "d"}),  # a key change: another shape
+            r("d", {"id": 1}, None), r("d", {"id": 3}, None)]
+    prepared = Prepared()
+    out = list(statements(recs, tables, prepared))
+    assert out[0] == ('insert into "public"."t" ("id", "v") values (\'1\', \'it\'\'s\'), '
+                      "('2', NULL)")
+    assert out[1].startswith('with _w as (update "public"."t" as _t set "id" = _d._c0')
+    assert "('1'::integer, '1'::integer, 'a'::text), ('2', '2', 'b')" in out[1]
+    assert out[1].endswith("select 1 / (count(*) = 2)::int from _w")
+    assert out[2] == "execute pgr_0('1', '1', 'c')" and out[3] == "execute pgr_1('2', '3', 'd')"
+    assert out[4] == ('with _w as (delete from "public"."t" where "id" = any '
+                      "(array['1', '3']::integer[]) returning 1) select 1 / (count(*) = 2)::int "
+                      "from _w")
+    assert len(out) == 5 and len(prepared.new) == 2
+    assert prepared.new[1] == ('prepare pgr_1(text, text, text) as with _w as (update '
+                               '"public"."t" set "id" = $2::integer, "v" = $3::text where '
+                               '"id" = $1::integer returning 1) select 1 / (count(*) = 1)::int '
+                               'from _w')
