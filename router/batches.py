@@ -12,7 +12,10 @@ Rules:
   (``1 / (count = n)::int``: plain SQL has no RAISE). Either error tells the applier to roll
   back and apply that transaction change by change under its conflict policy
   (``router.statements``), so conflict semantics live in one place.
-* Values are SQL literals of PostgreSQL's text form, cast to the target column's type
+* Inserts of tables without json/jsonb columns pass the records' JSON rows as they are to
+  ``json_populate_recordset(null::table, …)``: no value is decoded or re-encoded here
+  (JSON numbers and booleans reach the column's input function as their text).
+* Other values are SQL literals of PostgreSQL's text form, cast to the target column's type
   (``'…'::type``, the first row of a VALUES list only: the others take its types); the
   session keeps ``standard_conforming_strings`` on, so doubling ``'`` is the only escaping
   (PostgreSQL text never holds NUL). Literals, unlike parameters, let many statements and
@@ -88,12 +91,13 @@ def _expect(dml: str, n: int) -> str:
 
 
 class _Run:
-    __slots__ = ("op", "table", "shape", "rows", "keys")
+    __slots__ = ("op", "table", "shape", "rows", "keys", "cols")
 
     def __init__(self, op: str, table: TargetTable, shape):
         self.op = op
         self.table = table
         self.shape = shape
+        self.cols: tuple[str, ...] = ()
         self.rows: list = []
         self.keys: set = set()
 
@@ -128,14 +132,16 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
             yield _single(table, rec, op)
             continue
         if op == "c":
-            shape = tuple(rec.after)
+            # every insert of one layout names the same columns: no need to decode them
+            shape = src.schema_id or tuple(rec.after)
             k_new = k_old = None
         elif op == "u":
-            before = rec.before if rec.before and all(k in rec.before for k in table.key) \
-                else None
-            shape = (tuple(rec.after), before is not None)
-            k_old = _key(table, before or rec.after)
-            k_new = _key(table, rec.after)
+            before, after = rec.before, rec.after
+            if before and not all(k in before for k in table.key):
+                before = None
+            shape = (tuple(after), bool(before))
+            k_old = _key(table, before or after)
+            k_new = _key(table, after)
             if k_old is None or k_new is None:
                 raise ApplyError(f"a change of {table.schema}.{table.name} lacks key columns "
                                  f"{list(table.key)}")
@@ -154,7 +160,8 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
         if run is None:
             run = _Run(op, table, shape)
             if op == "c":
-                _check(table, shape)
+                run.cols = tuple(rec.after)
+                _check(table, run.cols)
             elif op == "u":
                 _check(table, shape[0])
         run.rows.append(rec)
@@ -170,7 +177,13 @@ def _statement(run: _Run, prepared: Prepared) -> str:
     if len(run.rows) == 1:
         return _one(run, prepared)
     if run.op == "c":
-        cols = ", ".join(quote_ident(c) for c in run.shape)
+        cols = ", ".join(quote_ident(c) for c in run.cols)
+        if t.json_columns.isdisjoint(run.cols):
+            # the records' JSON rows as they are; the server turns them into the table's row
+            # type with each column's input function, as it would the literals
+            rows = b"[" + b",".join(r.after_json for r in run.rows) + b"]"
+            return (f"insert into {t.sql_name} ({cols}) select {cols} from "
+                    f"json_populate_recordset(null::{t.sql_name}, {literal(rows.decode())})")
         values = ", ".join("(" + ", ".join(map(literal, r.after.values())) + ")"
                            for r in run.rows)
         return f"insert into {t.sql_name} ({cols}) values {values}"
@@ -202,8 +215,8 @@ def _one(run: _Run, prepared: Prepared) -> str:
     key = (run.op, t.sql_name, run.shape)
     if run.op == "c":
         def body():
-            return (f"insert into {t.sql_name} ({', '.join(map(quote_ident, run.shape))}) "
-                    f"values ({', '.join(f'${i}::{t.columns[c]}' for i, c in enumerate(run.shape, 1))})")
+            return (f"insert into {t.sql_name} ({', '.join(map(quote_ident, run.cols))}) "
+                    f"values ({', '.join(f'${i}::{t.columns[c]}' for i, c in enumerate(run.cols, 1))})")
         return prepared.execute(key, list(rec.after.values()), body)
     n_key = len(t.key)
 

@@ -48,17 +48,32 @@ class RecordSource(msgspec.Struct):
     route: str = ""
     xid: int | None = None
     commit_time: str | None = None
+    schema_id: str | None = None
+
+
+_NULL = msgspec.Raw(b"null")
+_decode_row = msgspec.json.Decoder(dict | None).decode
 
 
 class DataRecord(msgspec.Struct):
-    """The fields of a pgrouter envelope (``router.envelope``) the applier needs."""
+    """The fields of a pgrouter envelope (``router.envelope``) the applier needs. The rows
+    stay JSON text until asked for (``before`` / ``after`` decode them): an insert can go
+    to the target as that text (``router.batches``)."""
 
     op: str
     source: RecordSource
-    before: dict | None = None
-    after: dict | None = None
+    before_json: msgspec.Raw = msgspec.field(name="before", default=_NULL)
+    after_json: msgspec.Raw = msgspec.field(name="after", default=_NULL)
     unchanged_toast: list[str] = []
     truncate: dict | None = None
+
+    @property
+    def before(self) -> dict | None:
+        return _decode_row(self.before_json)
+
+    @property
+    def after(self) -> dict | None:
+        return _decode_row(self.after_json)
 
 
 class DataCollection(msgspec.Struct):

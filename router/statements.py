@@ -43,11 +43,15 @@ def to_text(value) -> str | None:
 class TargetTable:
     """A target table's columns (name -> SQL type) and key, read from its catalog."""
 
-    def __init__(self, schema: str, name: str, columns: dict[str, str], key: tuple[str, ...]):
+    def __init__(self, schema: str, name: str, columns: dict[str, str], key: tuple[str, ...],
+                 json_columns: frozenset[str] = frozenset()):
         self.schema = schema
         self.name = name
         self.columns = columns
         self.key = key
+        #: columns of type json or jsonb (or a domain over them): records hold their text,
+        #: which ``json_populate_recordset`` would store as a JSON string
+        self.json_columns = json_columns
         self.sql_name = f"{quote_ident(schema)}.{quote_ident(name)}"
 
     def _param(self, column: str, index: int) -> str:

@@ -112,8 +112,10 @@ async def load_table(sql: SqlSession, t_schema: str, t_name: str) -> TargetTable
     qname = quote_ident(t_schema) + "." + quote_ident(t_name)
     try:
         rows = await sql.fetch(
-            "select a.attname, format_type(a.atttypid, a.atttypmod) as type "
-            "from pg_attribute a where a.attrelid = $1::text::regclass and a.attnum > 0 "
+            "select a.attname, format_type(a.atttypid, a.atttypmod) as type, "
+            "coalesce(nullif(t.typbasetype, 0), a.atttypid) in ('json'::regtype, "
+            "'jsonb'::regtype) as is_json from pg_attribute a join pg_type t on "
+            "t.oid = a.atttypid where a.attrelid = $1::text::regclass and a.attnum > 0 "
             "and not a.attisdropped order by a.attnum", qname)
         keys = await sql.fetch(
             "select i.indisprimary, array(select a.attname from unnest(i.indkey) with "
@@ -124,4 +126,5 @@ async def load_table(sql: SqlSession, t_schema: str, t_name: str) -> TargetTable
     except asyncpg.UndefinedTableError as exc:
         raise ApplyError(f"target table {t_schema}.{t_name} does not exist") from exc
     key = tuple(keys[0]["cols"]) if keys else ()
-    return TargetTable(t_schema, t_name, {r["attname"]: r["type"] for r in rows}, key)
+    return TargetTable(t_schema, t_name, {r["attname"]: r["type"] for r in rows}, key,
+                       frozenset(r["attname"] for r in rows if r["is_json"]))

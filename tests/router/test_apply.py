@@ -161,7 +161,8 @@ def test_set_based_statements():
 
     def r(op, before, after):
         return ("x", _decode_data(json.dumps({"op": op, "before": before, "after": after,
-                                              "source": {"schema": "public", "table": "t"}})))
+                                              "source": {"schema": "public", "table": "t"}},
+                                             separators=(",", ":"))))
     tables = {("public", "t"): TABLE}
     recs = [r("c", None, {"id": 1, "v": "it's"}), r("c", None, {"id": 2, "v": None}),
             r("u", None, {"id": 1, "v": "a"}), r("u", None, {"id": 2, "v": "b"}),
@@ -170,8 +171,13 @@ def test_set_based_statements():
             r("d", {"id": 1}, None), r("d", {"id": 3}, None)]
     prepared = Prepared()
     out = list(statements(recs, tables, prepared))
-    assert out[0] == ('insert into "public"."t" ("id", "v") values (\'1\', \'it\'\'s\'), '
-                      "('2', NULL)")
+    assert out[0] == ('insert into "public"."t" ("id", "v") select "id", "v" from '
+                      'json_populate_recordset(null::"public"."t", \'[{"id":1,"v":"it\'\'s"},'
+                      '{"id":2,"v":null}]\')')
+    # a json column would get its text as a JSON string from json_populate_recordset
+    with_json = TargetTable("public", "t", TABLE.columns, ("id",), frozenset({"v"}))
+    assert list(statements(recs[:2], {("public", "t"): with_json}))[0] == (
+        'insert into "public"."t" ("id", "v") values (\'1\', \'it\'\'s\'), (\'2\', NULL)')
     assert out[1].startswith('with _w as (update "public"."t" as _t set "id" = _d._c0')
     assert "('1'::integer, '1'::integer, 'a'::text), ('2', '2', 'b')" in out[1]
     assert out[1].endswith("select 1 / (count(*) = 2)::int from _w")
