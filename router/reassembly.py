@@ -40,7 +40,7 @@ from .errors import DecodeError
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 
 
-class RecordSource(msgspec.Struct):
+class RecordSource(msgspec.Struct, gc=False):
     commit_lsn: int | None = None
     seq: int = 0
     schema: str | None = None
@@ -55,7 +55,7 @@ _NULL = msgspec.Raw(b"null")
 _decode_row = msgspec.json.Decoder(dict | None).decode
 
 
-class DataRecord(msgspec.Struct):
+class DataRecord(msgspec.Struct, gc=False):
     """The fields of a pgrouter envelope (``router.envelope``) the applier needs. The rows
     stay JSON text until asked for (``before`` / ``after`` decode them): an insert can go
     to the target as that text (``router.batches``)."""
@@ -198,11 +198,10 @@ class SourceTransaction(msgspec.Struct):
 
 
 class _Buffer:
-    __slots__ = ("parts", "counts", "memory", "first_offsets")
+    __slots__ = ("parts", "memory", "first_offsets")
 
     def __init__(self):
         self.parts: dict[tuple[str, int], _Part] = {}
-        self.counts: dict[str, int] = {}
         self.memory = 0
         self.first_offsets: dict[tuple[str, int], int] = {}
 
@@ -250,11 +249,11 @@ class Reassembler:
         """Transaction-topic offset of the earliest END not yet released."""
         return self._queue[0].offset if self._queue else None
 
-    def add_transaction_record(self, value: bytes, offset: int = 0) -> list[str]:
+    def add_transaction_record(self, value: bytes | None, offset: int = 0) -> list[str]:
         """Feed one transaction-topic record; returns wanted topics it names for the first
         time (the caller starts reading them)."""
         self._next[(self.transactions_topic, 0)] = offset + 1
-        if value.startswith(b'{"status":"BEGIN"'):  # how the router writes them: nothing to do
+        if value is None or value.startswith(b'{"status":"BEGIN"'):  # how the router writes them: nothing to do
             return []
         try:
             meta = _decode_meta(value)
@@ -280,42 +279,62 @@ class Reassembler:
 
     def add_record(self, topic: str, value: bytes | None, partition: int = 0,
                    offset: int = 0) -> None:
+        self.add_records(topic, partition, [(offset, value)])
+
+    def add_records(self, topic: str, partition: int,
+                    records: list[tuple[int, bytes | None]]) -> None:
+        """Feed consecutive records ``(offset, value)`` of one data partition."""
+        if not records:
+            return
         tp = (topic, partition)
-        self._next[tp] = offset + 1
-        if value is None:  # a tombstone: pgrouter writes none, nothing to apply
-            return
-        try:
-            rec = _decode_data(value)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise DecodeError(f"not a pgrouter record on {topic}: {exc}") from exc
-        src = rec.source
-        lsn = src.commit_lsn
-        if lsn is None or lsn <= self.applied_lsn:
-            return  # non-transactional message, or applied already
-        buf = self._buffers.get(lsn)
-        if buf is None:
-            buf = self._buffers[lsn] = _Buffer()
-            heapq.heappush(self._lsns, lsn)
-        part = buf.parts.get(tp)
-        if part is None:
-            part = buf.parts[tp] = _Part(topic)
-            buf.first_offsets[tp] = offset
-        seq = src.seq
-        if seq <= part.last_seq:
-            if src.route == "" or self._seen(part, rec):
-                self.duplicates += 1
-                return
-            part.ordered = False  # two routes writing one topic: seqs interleave
-        part.last_seq = seq if seq > part.last_seq else part.last_seq
-        part.count += 1
-        if rec.op != "m":
-            part.tables.add((src.schema, src.table))
-        buf.counts[topic] = buf.counts.get(topic, 0) + 1
-        if part.file is not None:
-            part.append(value)
-            return
-        part.records.append((seq, rec))
-        size = len(value)
+        self._next[tp] = records[-1][0] + 1
+        applied = self.applied_lsn
+        last_lsn = part = buf = None
+        added = 0
+        for offset, value in records:
+            if value is None:  # a tombstone: pgrouter writes none, nothing to apply
+                continue
+            try:
+                rec = _decode_data(value)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise DecodeError(f"not a pgrouter record on {topic}: {exc}") from exc
+            src = rec.source
+            lsn = src.commit_lsn
+            if lsn is None or lsn <= applied:
+                continue  # non-transactional message, or applied already
+            if lsn != last_lsn:
+                if added and buf is not None:
+                    self._account(buf, added)
+                    added = 0
+                last_lsn = lsn
+                buf = self._buffers.get(lsn)
+                if buf is None:
+                    buf = self._buffers[lsn] = _Buffer()
+                    heapq.heappush(self._lsns, lsn)
+                part = buf.parts.get(tp)
+                if part is None:
+                    part = buf.parts[tp] = _Part(topic)
+                    buf.first_offsets[tp] = offset
+            seq = src.seq
+            if seq <= part.last_seq:
+                if src.route == "" or self._seen(part, rec):
+                    self.duplicates += 1
+                    continue
+                part.ordered = False  # two routes writing one topic: seqs interleave
+            else:
+                part.last_seq = seq
+            part.count += 1
+            if rec.op != "m":
+                part.tables.add((src.schema, src.table))
+            if part.file is not None:
+                part.append(value)
+                continue
+            part.records.append((seq, rec))
+            added += len(value)
+        if added and buf is not None:
+            self._account(buf, added)
+
+    def _account(self, buf: _Buffer, size: int) -> None:
         buf.memory += size
         self._memory += size
         if self._memory > self.memory_limit:
@@ -348,7 +367,10 @@ class Reassembler:
 
     def _complete(self, p: _Pending) -> bool:
         buf = self._buffers.get(p.meta.source.commit_lsn)
-        counts = buf.counts if buf is not None else {}
+        counts: dict[str, int] = {}
+        if buf is not None:
+            for (topic, _), part in buf.parts.items():
+                counts[topic] = counts.get(topic, 0) + part.count
         return all(counts.get(t, 0) >= n for t, n in p.expected.items())
 
     def resume_offsets(self) -> dict[str, int]:

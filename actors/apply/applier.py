@@ -39,7 +39,9 @@ from .topic_reader import TopicReader, client_name, open_reader
 from .writer import CAUGHT_UP, ApplyStats, WriterActor
 
 _log = log.get("applier")
-TRANSACTIONS = 64  # channel size, in transactions
+#: channel size, in lists of transactions (one list per poll: at most ``POLL_RECORDS``
+#: records each), so the writer finds many small transactions to send at once
+RELEASES = 4
 
 
 class ConsumerActor:
@@ -65,31 +67,33 @@ class ConsumerActor:
                 end_at_start = await trio.to_thread.run_sync(reader.transactions_end_offset)
                 if end_at_start is None:
                     log.event(_log, "no transaction topic yet: nothing to apply")
-                    await self.out.send(CAUGHT_UP)
+                    await self.out.send([CAUGHT_UP])
                     return
             else:
                 while not await trio.to_thread.run_sync(reader.wait_for_transactions_topic):
                     if self.stop.is_set():
                         return
-            add_tx, add_record = ra.add_transaction_record, ra.add_record
+            add_tx, add_records = ra.add_transaction_record, ra.add_records
             while not self.stop.is_set():
                 batch = await trio.to_thread.run_sync(reader.poll)
                 new_topics: list[str] = []
-                for topic, partition, offset, value in batch:
+                for topic, partition, records in batch:
                     if topic == tx_topic:
-                        new_topics += add_tx(value, offset)
-                        tx_position = offset + 1
+                        for offset, value in records:
+                            new_topics += add_tx(value, offset)
+                        tx_position = records[-1][0] + 1
                     else:
-                        add_record(topic, value, partition, offset)
+                        add_records(topic, partition, records)
                 if new_topics:
                     await trio.to_thread.run_sync(reader.add_topics, new_topics)
-                for txn in ra.ready():
-                    await self.out.send(txn)
+                released = list(ra.ready())
+                if released:
+                    await self.out.send(released)
                 if end_at_start is not None:
                     oldest = ra.oldest_pending_offset()
                     if tx_position >= end_at_start and (oldest is None or
                                                         oldest >= end_at_start):
-                        await self.out.send(CAUGHT_UP)
+                        await self.out.send([CAUGHT_UP])
                         return
 
 
@@ -167,7 +171,7 @@ class Applier:
                 reader.wants, progress, transactions_topic=cfg.kafka.transactions_topic,
                 memory_limit=cfg.target.memory_limit, spill_dir=cfg.target.spill_dir)
             try:
-                tx, rx = trio.open_memory_channel(TRANSACTIONS)
+                tx, rx = trio.open_memory_channel(RELEASES)
                 consumer = ConsumerActor(reader=reader, reassembler=ra, out=tx,
                                          until_caught_up=self.until_caught_up,
                                          stop=self.stop, resume=resume)

@@ -105,8 +105,9 @@ class TopicReader:
     def _assign_new(self, tps: dict[tuple[str, int], int | None]) -> None:
         raise NotImplementedError
 
-    def poll(self) -> list[tuple[str, int, int, bytes]]:
-        """(topic, partition, offset, value) of the records read, in partition order."""
+    def poll(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
+        """The records read as runs of one partition: ``(topic, partition, [(offset,
+        value), …])``, in partition order."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -124,7 +125,9 @@ class RdkafkaReader(TopicReader):
                 "group.id": "pgrouter-apply", "enable.auto.commit": False,
                 "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
                 "allow.auto.create.topics": False, "enable.partition.eof": False,
-                "fetch.wait.max.ms": 50, "queued.max.messages.kbytes": 64 * 1024}
+                "fetch.wait.max.ms": 50,
+                # prefetch enough to never wait, little enough to keep memory small
+                "queued.max.messages.kbytes": 16 * 1024, "queued.min.messages": 20_000}
         conf.update(cfg.settings)
         try:
             self.consumer = Consumer(conf)
@@ -160,17 +163,24 @@ class RdkafkaReader(TopicReader):
             TopicPartition(t, p, OFFSET_BEGINNING if o is None else o)
             for (t, p), o in tps.items()])
 
-    def poll(self) -> list[tuple[str, int, int, bytes]]:
+    def poll(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
         msgs = self.consumer.consume(POLL_RECORDS, self._timeout)
-        out = []
+        out: list = []
+        run: list = []
+        last = None
         for m in msgs:
             err = m.error()
             if err is not None:
                 if err.fatal() or not err.retriable():
                     raise SinkUnavailable(f"Kafka consumer failed: {err.str()}")
                 continue
-            out.append((m.topic(), m.partition(), m.offset(), m.value()))
-        self.fetched += len(out)
+            tp = (m.topic(), m.partition())
+            if tp != last:
+                run = []
+                out.append((tp[0], tp[1], run))
+                last = tp
+            run.append((m.offset(), m.value()))
+        self.fetched += len(msgs)
         return out
 
     def close(self) -> None:
@@ -222,7 +232,7 @@ class KafkaPythonReader(TopicReader):
             if offset is not None:
                 self.consumer.seek(TopicPartition(t, p), offset)
 
-    def poll(self) -> list[tuple[str, int, int, bytes]]:
+    def poll(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
         try:
             batches = self.consumer.poll(timeout_ms=int(self.cfg.poll_timeout * 1000),
                                          max_records=POLL_RECORDS)
@@ -230,8 +240,8 @@ class KafkaPythonReader(TopicReader):
             raise SinkUnavailable(f"Kafka consumer failed: {exc}") from exc
         out = []
         for tp, records in batches.items():
-            out.extend((tp.topic, tp.partition, r.offset, r.value) for r in records)
-        self.fetched += len(out)
+            out.append((tp.topic, tp.partition, [(r.offset, r.value) for r in records]))
+            self.fetched += len(records)
         return out
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import asyncpg
 import trio
@@ -79,28 +80,32 @@ class WriterActor:
         self.caught_up = False
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Receives lists of released transactions (or ``CAUGHT_UP``), applies them in
+        batches."""
         task_status.started()
-        held = None
+        queue: deque = deque()
         async with self.inbox:
             while True:
-                if held is None:
+                if not queue:
                     try:
-                        held = await self.inbox.receive()
+                        queue.extend(await self.inbox.receive())
                     except trio.EndOfChannel:
                         return
-                if held is CAUGHT_UP:
+                while True:  # everything already waiting joins the batch
+                    try:
+                        queue.extend(self.inbox.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                first = queue.popleft()
+                if first is CAUGHT_UP:
                     self.caught_up = True
                     return
-                batch, rows, held = [held], held.count, None
-                if not self._streamed(batch[0]):
-                    while rows < BATCH_ROWS and len(batch) < BATCH_TRANSACTIONS:
-                        try:
-                            nxt = self.inbox.receive_nowait()
-                        except (trio.WouldBlock, trio.EndOfChannel):
+                batch, rows = [first], first.count
+                if not self._streamed(first):
+                    while queue and rows < BATCH_ROWS and len(batch) < BATCH_TRANSACTIONS:
+                        if queue[0] is CAUGHT_UP or self._streamed(queue[0]):
                             break
-                        if nxt is CAUGHT_UP or self._streamed(nxt):
-                            held = nxt
-                            break
+                        nxt = queue.popleft()
                         batch.append(nxt)
                         rows += nxt.count
                 batch = [t for t in batch if not self._skip(t)]
