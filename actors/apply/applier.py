@@ -22,6 +22,7 @@ Rules:
 from __future__ import annotations
 
 import signal
+import time
 
 import trio
 import trio_asyncio
@@ -54,6 +55,8 @@ class ConsumerActor:
         self.until_caught_up = until_caught_up
         self.stop = stop if stop is not None else trio.Event()
         self.resume = resume
+        self.poll_s = 0.0  # seconds waiting for Kafka
+        self.send_s = 0.0  # seconds waiting for the writer
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         reader, ra = self.reader, self.reassembler
@@ -74,8 +77,11 @@ class ConsumerActor:
                     if self.stop.is_set():
                         return
             add_tx, add_records = ra.add_transaction_record, ra.add_records
+            clock = time.perf_counter
             while not self.stop.is_set():
+                t0 = clock()
                 batch = await trio.to_thread.run_sync(reader.poll)
+                self.poll_s += clock() - t0
                 new_topics: list[str] = []
                 for topic, partition, records in batch:
                     if topic == tx_topic:
@@ -88,7 +94,9 @@ class ConsumerActor:
                     await trio.to_thread.run_sync(reader.add_topics, new_topics)
                 released = list(ra.ready())
                 if released:
+                    t0 = clock()
                     await self.out.send(released)
+                    self.send_s += clock() - t0
                 if end_at_start is not None:
                     oldest = ra.oldest_pending_offset()
                     if tx_position >= end_at_start and (oldest is None or
@@ -149,6 +157,7 @@ class Applier:
         log.event(_log, msg, transactions=s.transactions, changes=s.changes,
                   skipped=s.skipped, fetched=s.fetched, scripts=s.scripts, slow=s.slow,
                   spills=self._reassembler.spills if self._reassembler else 0,
+                  buffered_peak=self._reassembler.peak_memory if self._reassembler else 0,
                   conflicts=sum(s.conflicts.values()),
                   **{f"conflicts_{k}": v for k, v in s.conflicts.items()})
 
@@ -183,6 +192,11 @@ class Applier:
                     # returns at CAUGHT_UP, or when the consumer stops (drain)
                     await writer.run()
                     nursery.cancel_scope.cancel()
+                # where the time went: waiting for Kafka, for the writer, for the target,
+                # for released transactions
+                log.event(_log, "waited", poll_s=round(consumer.poll_s, 3),
+                          send_s=round(consumer.send_s, 3), sql_s=round(writer.sql_s, 3),
+                          receive_s=round(writer.receive_s, 3))
             finally:
                 ra.close()
                 with trio.move_on_after(10) as scope:

@@ -127,7 +127,7 @@ class RdkafkaReader(TopicReader):
                 "allow.auto.create.topics": False, "enable.partition.eof": False,
                 "fetch.wait.max.ms": 50,
                 # prefetch enough to never wait, little enough to keep memory small
-                "queued.max.messages.kbytes": 16 * 1024, "queued.min.messages": 20_000}
+                "queued.max.messages.kbytes": 64 * 1024}
         conf.update(cfg.settings)
         try:
             self.consumer = Consumer(conf)

@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 
 import asyncpg
@@ -78,6 +79,8 @@ class WriterActor:
         self._tables: dict[tuple[str, str], TargetTable] = {}
         self.prepared = Prepared()
         self.caught_up = False
+        self.receive_s = 0.0  # seconds waiting for transactions
+        self.sql_s = 0.0  # seconds waiting for the target
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Receives lists of released transactions (or ``CAUGHT_UP``), applies them in
@@ -87,10 +90,13 @@ class WriterActor:
         async with self.inbox:
             while True:
                 if not queue:
+                    t0 = time.perf_counter()
                     try:
                         queue.extend(await self.inbox.receive())
                     except trio.EndOfChannel:
                         return
+                    finally:
+                        self.receive_s += time.perf_counter() - t0
                 while True:  # everything already waiting joins the batch
                     try:
                         queue.extend(self.inbox.receive_nowait())
@@ -136,11 +142,18 @@ class WriterActor:
             ("origin",), [format_lsn(txn.commit_lsn), txn.commit_time],
             lambda: "select pg_replication_origin_xact_setup($1::pg_lsn, $2::timestamptz)") + ";"
 
+    async def _execute(self, script: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            await self.sql.execute(script)
+        finally:
+            self.sql_s += time.perf_counter() - t0
+
     async def _prepare(self) -> None:
         new = self.prepared.new
         if new:
             self.prepared.new = []
-            await self.sql.execute(";".join(new))
+            await self._execute(";".join(new))
 
     def _end(self, txn: SourceTransaction, with_progress: bool) -> str:
         tail = ""
@@ -189,7 +202,7 @@ class WriterActor:
             txn.records.close()
 
     async def _script(self, batch: list[SourceTransaction]) -> None:
-        parts = []
+        parts: list[str] = []
         last = max((i for i, t in enumerate(batch) if t.resume is not None), default=-1)
         for i, txn in enumerate(batch):
             parts.append(self._begin(txn))
@@ -197,27 +210,24 @@ class WriterActor:
                 parts.append(stmt)
                 parts.append(";")
             parts.append(self._end(txn, i == last))
-        self.stats.scripts += 1
-        await self._prepare()
-        await self.sql.execute("".join(parts))
+        await self._send(parts)
 
     async def _stream(self, txn: SourceTransaction) -> None:
-        begin = self._begin(txn)
-        await self._prepare()
-        await self.sql.execute(begin)
-        chunk: list[str] = []
+        parts: list[str] = [self._begin(txn)]
         rows = 0
         for stmt in statements(txn.records, self._tables, self.prepared):
-            chunk.append(stmt)
-            rows += stmt.count("),") + 1  # about the rows of a VALUES list
+            parts.append(stmt)
+            parts.append(";")
+            rows += stmt.count("},{") + stmt.count("),") + 1  # about the rows of a statement
             if rows >= STREAM_ROWS:
-                await self._prepare()
-                await self.sql.execute(";".join(chunk))
-                self.stats.scripts += 1
-                chunk, rows = [], 0
-        chunk.append(self._end(txn, True))
+                await self._send(parts)
+                parts, rows = [], 0
+        parts.append(self._end(txn, True))
+        await self._send(parts)
+
+    async def _send(self, parts: list[str]) -> None:
         await self._prepare()
-        await self.sql.execute(";".join(chunk))
+        await self._execute("".join(parts))
         self.stats.scripts += 1
 
     async def _rollback(self) -> None:
