@@ -126,7 +126,7 @@ class RdkafkaReader(TopicReader):
                 "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
                 "allow.auto.create.topics": False, "enable.partition.eof": False,
                 "fetch.wait.max.ms": 50,
-                # prefetch enough to never wait, little enough to keep memory small
+                # librdkafka's default prefetch: with 16 MiB polls waited for the broker
                 "queued.max.messages.kbytes": 64 * 1024}
         conf.update(cfg.settings)
         try:
