@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 import msgspec
 
 from .errors import DecodeError
+from .records import DataRecord, TransactionRecord, _decode_data, _decode_meta
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 #: bytes a decoded record holds besides its encoded value (its structs and strings; the
@@ -44,65 +45,6 @@ DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 RECORD_OVERHEAD = 800
 
 
-class RecordSource(msgspec.Struct, gc=False):
-    commit_lsn: int | None = None
-    seq: int = 0
-    schema: str | None = None
-    table: str | None = None
-    route: str = ""
-    xid: int | None = None
-    commit_time: str | None = None
-    schema_id: str | None = None
-
-
-_NULL = msgspec.Raw(b"null")
-_decode_row = msgspec.json.Decoder(dict | None).decode
-
-
-class DataRecord(msgspec.Struct, gc=False):
-    """The fields of a pgrouter envelope (``router.envelope``) the applier needs. The rows
-    stay JSON text until asked for (``before`` / ``after`` decode them): an insert can go
-    to the target as that text (``router.batches``)."""
-
-    op: str
-    source: RecordSource
-    before_json: msgspec.Raw = msgspec.field(name="before", default=_NULL)
-    after_json: msgspec.Raw = msgspec.field(name="after", default=_NULL)
-    unchanged_toast: list[str] = []
-    truncate: dict | None = None
-
-    @property
-    def before(self) -> dict | None:
-        return _decode_row(self.before_json)
-
-    @property
-    def after(self) -> dict | None:
-        return _decode_row(self.after_json)
-
-
-class DataCollection(msgspec.Struct):
-    data_collection: str
-    event_count: int
-
-
-class MetaSource(msgspec.Struct):
-    commit_lsn: int
-    xid: int
-    commit_time: str
-    end_lsn: int = 0
-    origin: str | None = None
-
-
-class TransactionRecord(msgspec.Struct):
-    status: str
-    id: str
-    source: MetaSource
-    event_count: int | None = None
-    data_collections: list[DataCollection] | None = None
-
-
-_decode_data = msgspec.json.Decoder(DataRecord).decode
-_decode_meta = msgspec.json.Decoder(TransactionRecord).decode
 _encode = msgspec.json.Encoder().encode
 
 
