@@ -164,7 +164,9 @@ class _Pending:
 class Reassembler:
     def __init__(self, wants: Callable[[str], bool], applied_lsn: int = 0, *,
                  transactions_topic: str = "", memory_limit: int = DEFAULT_MEMORY_LIMIT,
-                 spill_dir: str | None = None):
+                 spill_dir: str | None = None, positions: dict[str, int] | None = None):
+        """``positions``: the restart offsets reading starts from (``resume`` of the last
+        transaction applied), kept for partitions this reassembler has no record of."""
         self.wants = wants
         self.applied_lsn = applied_lsn
         self.transactions_topic = transactions_topic
@@ -177,6 +179,9 @@ class Reassembler:
         self._lsns: list[int] = []  # heap of the buffers' commit LSNs
         self._topics: set[str] = set()
         self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition
+        for key, offset in (positions or {}).items():
+            topic, _, part = key.rpartition("/")
+            self._next[(topic, int(part))] = offset
         self._memory = 0
         self.peak_memory = 0
         self.duplicates = 0

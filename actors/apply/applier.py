@@ -178,7 +178,8 @@ class Applier:
             reader = self._reader = await trio.to_thread.run_sync(open_reader, cfg.kafka)
             ra = self._reassembler = Reassembler(
                 reader.wants, progress, transactions_topic=cfg.kafka.transactions_topic,
-                memory_limit=cfg.target.memory_limit, spill_dir=cfg.target.spill_dir)
+                memory_limit=cfg.target.memory_limit, spill_dir=cfg.target.spill_dir,
+                positions=resume)
             try:
                 tx, rx = trio.open_memory_channel(RELEASES)
                 consumer = ConsumerActor(reader=reader, reassembler=ra, out=tx,

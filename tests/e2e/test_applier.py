@@ -27,11 +27,13 @@ def one_row_transactions(dsn: str, base: int, n: int) -> None:
         insert into t values (i, 'v' || i, 0, 'd'); commit; end loop; end $$""")
 
 
-def test_restart_reads_only_what_is_new(node_db, kafka_bootstrap, tmp_path):
+@pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
+def test_restart_reads_only_what_is_new(node_db, kafka_bootstrap, tmp_path, client):
     tag = uuid.uuid4().hex[:6]
     a = Node(node_db, "pg2", "a", tmp_path, kafka_bootstrap, tag)
     b = Node(node_db, "pg3", "b", tmp_path, kafka_bootstrap, tag)
     ra, ab = a.router_config('origin = "none"'), b.apply_config(a)
+    ab.write_text(ab.read_text().replace("[kafka]", f'[kafka]\nclient = "{client}"'))
     one_row_transactions(a.dsn, 1, 3000)
     until_caught_up("run", ra)
     first = stopped_line(until_caught_up("apply", ab))

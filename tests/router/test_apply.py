@@ -131,6 +131,12 @@ def test_resume_offsets_cover_every_unreleased_record():
     assert txn.commit_lsn == 100 and txn.count == 2
     # partition 1 restarts at 200's record (4), the transaction topic at 200's END (8)
     assert txn.resume == {"tx/0": 8, "x/0": 11, "x/1": 4}
+    # a partition not read since the start keeps the position reading started from
+    ra = Reassembler(lambda t: True, transactions_topic="tx", positions={"x/2": 9, "tx/0": 7})
+    ra.add_transaction_record(end(300, {"x": 1}), 7)
+    ra.add_record("x", rec(300, 0), partition=0, offset=12)
+    (txn,) = list(ra.ready())
+    assert txn.resume == {"tx/0": 8, "x/0": 13, "x/2": 9}
 
 
 def test_skipped_counts_what_the_target_already_has():
