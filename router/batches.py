@@ -61,25 +61,50 @@ def literal(value) -> str:
     return literal(str(value))
 
 
+class Execute(str):
+    """``execute name(values)``, knowing what it executes (``Prepared.with_origin``)."""
+
+    key: tuple
+    name: str
+    values: list
+
+
 class Prepared:
     """Names of the session's prepared statements, by shape. ``new`` collects the PREPARE
     statements the caller must run before a script using them (then clears it)."""
 
     def __init__(self):
         self._names: dict[tuple, str] = {}
+        self._bodies: dict[str, str] = {}
         self.new: list[str] = []
 
     def name(self, key: tuple, params: int, body) -> str:
         found = self._names.get(key)
         if found is None:
             found = self._names[key] = f"pgr_{len(self._names)}"
-            types = ", ".join(["text"] * params)
-            self.new.append(f"prepare {found}({types}) as {body()}")
+            self._bodies[found] = text = body()
+            self.new.append(f"prepare {found}({', '.join(['text'] * params)}) as {text}")
         return found
 
-    def execute(self, key: tuple, values: list, body) -> str:
+    def execute(self, key: tuple, values: list, body) -> Execute:
         name = self.name(key, len(values), body)
-        return f"execute {name}({', '.join(map(literal, values))})"
+        out = Execute(f"execute {name}({', '.join(map(literal, values))})")
+        out.key, out.name, out.values = key, name, values
+        return out
+
+    def with_origin(self, stmt: Execute, lsn: str, commit_time: str) -> Execute:
+        """``stmt`` and the transaction's replication origin setup as one statement: a
+        one-row transaction is then ``begin; execute …; commit``."""
+        n = len(stmt.values)
+
+        def body() -> str:
+            inner = self._bodies[stmt.name]
+            if inner.startswith("with _w as ("):
+                inner = inner[len("with _w as ("):inner.rindex(" returning 1)")]
+            return (f"with _o as (select pg_replication_origin_xact_setup(${n + 1}::pg_lsn, "
+                    f"${n + 2}::timestamptz)), _w as ({inner} returning 1) "
+                    "select 1 / (count(*) = 1)::int from _w, _o")
+        return self.execute(stmt.key + ("origin",), stmt.values + [lsn, commit_time], body)
 
 
 def _check(table: TargetTable, cols: Iterable[str]) -> None:

@@ -26,7 +26,7 @@ import asyncpg
 import trio
 
 from router.apply_config import ApplyConfig
-from router.batches import Prepared, literal, statements
+from router.batches import Execute, Prepared, statements
 from router.errors import ApplyConflict, ApplyError, SourceUnavailable
 from router.lsn import format_lsn
 from router.reassembly import SourceTransaction
@@ -205,10 +205,17 @@ class WriterActor:
         parts: list[str] = []
         last = max((i for i, t in enumerate(batch) if t.resume is not None), default=-1)
         for i, txn in enumerate(batch):
-            parts.append(self._begin(txn))
-            for stmt in statements(txn.records, self._tables, self.prepared):
-                parts.append(stmt)
+            stmts = list(statements(txn.records, self._tables, self.prepared))
+            if len(stmts) == 1 and type(stmts[0]) is Execute:
+                parts.append("begin;")
+                parts.append(self.prepared.with_origin(stmts[0], format_lsn(txn.commit_lsn),
+                                                       txn.commit_time))
                 parts.append(";")
+            else:
+                parts.append(self._begin(txn))
+                for stmt in stmts:
+                    parts.append(stmt)
+                    parts.append(";")
             parts.append(self._end(txn, i == last))
         await self._send(parts)
 

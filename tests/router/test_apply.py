@@ -196,3 +196,17 @@ def test_set_based_statements():
                                '"public"."t" set "id" = $2::integer, "v" = $3::text where '
                                '"id" = $1::integer returning 1) select 1 / (count(*) = 1)::int '
                                'from _w')
+
+
+def test_one_row_transaction_with_its_origin_setup():
+    from router.batches import Prepared
+
+    prepared = Prepared()
+    stmt = prepared.execute(("d",), [7], lambda: 'with _w as (delete from "t" where "id" = '
+                            "$1::integer returning 1) select 1 / (count(*) = 1)::int from _w")
+    merged = prepared.with_origin(stmt, "0/16B3748", "2026-01-01T00:00:00Z")
+    assert merged == "execute pgr_1('7', '0/16B3748', '2026-01-01T00:00:00Z')"
+    assert prepared.new[1] == (
+        "prepare pgr_1(text, text, text) as with _o as (select "
+        "pg_replication_origin_xact_setup($2::pg_lsn, $3::timestamptz)), _w as (delete from "
+        '"t" where "id" = $1::integer returning 1) select 1 / (count(*) = 1)::int from _w, _o')
