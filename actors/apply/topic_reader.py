@@ -42,14 +42,17 @@ class TopicReader:
         self.cfg = cfg
         self.transactions_topic = cfg.transactions_topic
         self._patterns = tuple(cfg.topics)
+        self._wanted: dict[str, bool] = {}
         self._assigned: set[tuple[str, int]] = set()
         self._resume: dict[tuple[str, int], int] = {}
         self.fetched = 0
 
     def wants(self, topic: str) -> bool:
-        if topic == self.transactions_topic:
-            return False
-        return any(fnmatch.fnmatchcase(topic, p) for p in self._patterns)
+        found = self._wanted.get(topic)
+        if found is None:  # asked for every END record: the globs are matched once a topic
+            found = self._wanted[topic] = topic != self.transactions_topic and any(
+                fnmatch.fnmatchcase(topic, p) for p in self._patterns)
+        return found
 
     def start(self, resume: dict[str, int] | None) -> None:
         """Remember the restart positions; data topics in them are assigned right away."""
