@@ -67,6 +67,7 @@ class Execute(str):
     key: tuple
     name: str
     values: list
+    args: str
 
 
 class Prepared:
@@ -86,10 +87,12 @@ class Prepared:
             self.new.append(f"prepare {found}({', '.join(['text'] * params)}) as {text}")
         return found
 
-    def execute(self, key: tuple, values: list, body) -> Execute:
+    def execute(self, key: tuple, values: list, body, args: str | None = None) -> Execute:
         name = self.name(key, len(values), body)
-        out = Execute(f"execute {name}({', '.join(map(literal, values))})")
-        out.key, out.name, out.values = key, name, values
+        if args is None:
+            args = ", ".join(map(literal, values))
+        out = Execute(f"execute {name}({args})")
+        out.key, out.name, out.values, out.args = key, name, values, args
         return out
 
     def with_origin(self, stmt: Execute, lsn: str, commit_time: str) -> Execute:
@@ -104,7 +107,8 @@ class Prepared:
             return (f"with _o as (select pg_replication_origin_xact_setup(${n + 1}::pg_lsn, "
                     f"${n + 2}::timestamptz)), _w as ({inner} returning 1) "
                     "select 1 / (count(*) = 1)::int from _w, _o")
-        return self.execute(stmt.key + ("origin",), stmt.values + [lsn, commit_time], body)
+        return self.execute(stmt.key + ("origin",), stmt.values + [lsn, commit_time], body,
+                            f"{stmt.args}, {literal(lsn)}, {literal(commit_time)}")
 
 
 def _check(table: TargetTable, cols: Iterable[str]) -> None:

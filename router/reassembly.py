@@ -127,7 +127,7 @@ class Records:
             p.close()
 
 
-class SourceTransaction(msgspec.Struct):
+class SourceTransaction(msgspec.Struct, gc=False):
     id: str
     xid: int
     commit_lsn: int

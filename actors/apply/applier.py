@@ -21,6 +21,7 @@ Rules:
 
 from __future__ import annotations
 
+import gc
 import signal
 import time
 
@@ -119,6 +120,8 @@ class Applier:
         self._reassembler: Reassembler | None = None
 
     async def run(self) -> int:
+        # what is loaded by now lives as long as the process: keep the collector off it
+        gc.freeze()
         error: PgRouterError | None = None
         async with trio_asyncio.open_loop():
             async with trio.open_nursery() as nursery:
