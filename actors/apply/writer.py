@@ -180,6 +180,8 @@ class WriterActor:
                 applied = await session_progress(self.sql)
                 done = sum(1 for t in batch if t.commit_lsn <= applied)
                 self._applied(batch[:done])
+                if done == len(batch):  # failed after the last commit: nothing to redo
+                    return
                 failed = batch[done]
                 log.event(_log, "applying change by change", transaction=failed.id,
                           reason=str(exc).splitlines()[0], level=logging.DEBUG)
