@@ -96,3 +96,19 @@ def test_upsert_update_moving_to_an_existing_key(node_db, kafka_bootstrap, tmp_p
     stats = stopped_line(until_caught_up("apply", ab))
     assert rows(a.dsn) == rows(b.dsn) == [(2, "moved", 0, rows(a.dsn)[0][3])]
     assert stats["conflicts"] == 1 and stats["conflicts_update_missing"] == 1
+
+
+def test_conflict_inside_a_batch_of_small_transactions(node_db, kafka_bootstrap, tmp_path):
+    """The transaction that conflicts is applied change by change under the policy; those
+    before it in the same round trip stay applied once, those after it go on."""
+    tag = uuid.uuid4().hex[:6]
+    a = Node(node_db, "pg2", "a", tmp_path, kafka_bootstrap, tag)
+    b = Node(node_db, "pg3", "b", tmp_path, kafka_bootstrap, tag)
+    sql(b.dsn, "insert into t values (50, 'mine', 7, 'd')")
+    one_row_transactions(a.dsn, 1, 100)
+    until_caught_up("run", a.router_config('origin = "none"'))
+    stats = stopped_line(until_caught_up("apply", b.apply_config(a, "skip")))
+    assert stats["transactions"] == 100 and stats["scripts"] < 50  # many a round trip
+    assert stats["slow"] == 1 and stats["conflicts_insert_exists"] == 1
+    expected = [r if r[0] != 50 else (50, "mine", 7, r[3]) for r in rows(a.dsn)]
+    assert rows(b.dsn) == expected
