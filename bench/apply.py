@@ -17,7 +17,9 @@ are timed the same way: the target's replication origin progress is polled; a ph
 from the first commit seen (inserts) or the end of the previous phase (updates) to its last
 transaction's commit. Both targets are checked equal to the source. Printed: rows/s and
 transactions/s per phase and contender, the ratio pgrouter/native (best round each), the
-applier's CPU per row (user+sys of its process, per phase) and its peak RSS. Everything
+applier's CPU per row (user+sys of its process, per phase) and its peak RSS, and the target
+server's CPU per row for each (the apply worker's process, the applier's backend): a
+figure a busy machine disturbs less than the wall-clock ratio. Everything
 created is removed.
 """
 
@@ -139,10 +141,16 @@ def run_native(src_dsn: str, server: str, slot: str, a_end: int, b_end: int, tag
         t0 = time.monotonic()
         sql(dsn, f"alter subscription {sub} enable")
         first = prog.wait(1, 120)
+        worker = sql(dsn, "select pid from pg_stat_subscription where subname = %s and "
+                          "relid is null", sub, fetch=True)[0][0]
+        s0 = cpu_of(worker)
         t_a = prog.wait(a_end, 600)
+        s_a = cpu_of(worker)
         t_b = prog.wait(b_end, 600)
+        s_b = cpu_of(worker)
         prog.close()
-        return {"start": t0, "first": first, "a": t_a, "b": t_b, "fp": fingerprint(dsn)}
+        return {"start": t0, "first": first, "a": t_a, "b": t_b, "fp": fingerprint(dsn),
+                "server_a": s_a - s0, "server_b": s_b - s_a}
     finally:
         sql(dsn, f"alter subscription {sub} disable")
         sql(dsn, f"alter subscription {sub} set (slot_name = none)")
@@ -188,10 +196,15 @@ progress_interval = 600
             alive()
             time.sleep(0.005)
         first = time.monotonic()
+        backend = sql(dsn, "select pid from pg_stat_activity where datname = %s and "
+                           "application_name = 'pgrouter'", db, fetch=True)[0][0]
+        s0 = cpu_of(backend)
         t_a = prog.wait(a_end, 600, alive)
         cpu_a = cpu_of(proc.pid)
+        s_a = cpu_of(backend)
         t_b = prog.wait(b_end, 600, alive)
         cpu_b = cpu_of(proc.pid)
+        s_b = cpu_of(backend)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err = proc.stderr.read()
@@ -201,7 +214,8 @@ progress_interval = 600
         print("  " + "\n  ".join(ln for ln in err.splitlines() if " waited " in ln
                                  or "applier stopped" in ln), file=sys.stderr)
         return {"start": t0, "first": first, "a": t_a, "b": t_b, "fp": fingerprint(dsn),
-                "cpu_a": cpu_a, "cpu_b": cpu_b - cpu_a,
+                "cpu_a": cpu_a, "cpu_b": cpu_b - cpu_a, "server_a": s_a - s0,
+                "server_b": s_b - s_a,
                 "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
     finally:
         os.unlink(cfg.name)
@@ -322,6 +336,11 @@ def report(args, results: dict) -> None:
     print(f"\npgrouter apply CPU (its process, user+sys, process start included in inserts): "
           f"{cpu_a:.1f} µs per inserted row, {cpu_b:.1f} µs per one-row transaction; "
           f"peak RSS {max(r['rss_mb'] for r in pr):.0f} MB")
+    srv = {who: (min(r["server_a"] for r in rs) / rows_a * 1e6,
+                 min(r["server_b"] for r in rs) / txns_b * 1e6) for who, rs in results.items()}
+    print("target server CPU (the apply worker / the applier's backend, after its first "
+          "commit): " + ", ".join(f"{who} {a:.1f} µs per inserted row, {b:.1f} µs per one-row "
+                                  "transaction" for who, (a, b) in srv.items()))
     print("process start to first commit: " + ", ".join(
         f"{who} {min(r['first'] - r['start'] for r in rs):.2f}s" for who, rs in results.items()))
 
