@@ -149,12 +149,15 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
     source (schema, table) to its target table; a missing one raises ``KeyError`` with it."""
     prepared = prepared if prepared is not None else Prepared()
     run: _Run | None = None
+    last_schema = last_name = table = None
     for _, rec in records:
         op = rec.op
         if op == "m":
             continue
         src = rec.source
-        table = tables[(src.schema, src.table)]
+        if src.table != last_name or src.schema != last_schema:
+            last_schema, last_name = src.schema, src.table
+            table = tables[(last_schema, last_name)]
         if op == "r":
             op = "c"
         if op == "t" or not table.key:

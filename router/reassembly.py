@@ -48,6 +48,14 @@ RECORD_OVERHEAD = 800
 _encode = msgspec.json.Encoder().encode
 
 
+def _seq(rec: DataRecord) -> int:
+    return rec.source.seq
+
+
+def _topic_seq(topic_rec: tuple[str, DataRecord]) -> int:
+    return topic_rec[1].source.seq
+
+
 class _Part:
     """One partition's records of one transaction, in arrival order: in memory, or in a
     temporary file of length-prefixed JSON records once spilled."""
@@ -57,7 +65,7 @@ class _Part:
     def __init__(self, topic: str):
         self.topic = topic
         self.tables: set[tuple[str | None, str | None]] = set()
-        self.records: list[tuple[int, DataRecord]] = []
+        self.records: list[DataRecord] = []
         self.file = None
         self.count = 0
         self.ordered = True
@@ -65,7 +73,7 @@ class _Part:
 
     def spill(self, spill_dir: str | None) -> None:
         self.file = tempfile.TemporaryFile(prefix="pgrouter-apply-", dir=spill_dir)
-        for _, rec in self.records:
+        for rec in self.records:
             self.append(_encode(rec))
         self.records = []
 
@@ -73,32 +81,28 @@ class _Part:
         self.file.write(len(value).to_bytes(4, "little"))
         self.file.write(value)
 
-    def __iter__(self) -> Iterator[tuple[int, str, DataRecord]]:
+    def __iter__(self) -> Iterator[tuple[str, DataRecord]]:
+        """``(topic, record)`` in change order."""
         topic = self.topic
         if self.file is None:
-            recs = self.records if self.ordered else sorted(self.records, key=lambda r: r[0])
-            for seq, rec in recs:
-                yield seq, topic, rec
-            return
-        f = self.file
-        f.flush()
-        f.seek(0)
-        # records of an unordered spilled partition are sorted in memory (never seen: the
-        # router writes a partition's records in change order)
-        it = self._read(f)
-        if not self.ordered:
-            it = iter(sorted(it, key=lambda r: r[0]))
-        for seq, rec in it:
-            yield seq, topic, rec
+            recs = self.records if self.ordered else sorted(self.records, key=_seq)
+        else:
+            f = self.file
+            f.flush()
+            f.seek(0)
+            recs = self._read(f)
+            if not self.ordered:  # never seen: the router writes a partition in change order
+                recs = sorted(recs, key=_seq)
+        for rec in recs:
+            yield topic, rec
 
     @staticmethod
-    def _read(f) -> Iterator[tuple[int, DataRecord]]:
+    def _read(f) -> Iterator[DataRecord]:
         while True:
             head = f.read(4)
             if not head:
                 return
-            rec = _decode_data(f.read(int.from_bytes(head, "little")))
-            yield rec.source.seq, rec
+            yield _decode_data(f.read(int.from_bytes(head, "little")))
 
     def close(self) -> None:
         if self.file is not None:
@@ -116,11 +120,8 @@ class Records:
 
     def __iter__(self) -> Iterator[tuple[str, DataRecord]]:
         if len(self._parts) == 1:
-            for _, topic, rec in self._parts[0]:
-                yield topic, rec
-            return
-        for _, topic, rec in heapq.merge(*self._parts, key=lambda r: r[0]):
-            yield topic, rec
+            return iter(self._parts[0])
+        return heapq.merge(*self._parts, key=_topic_seq)
 
     def close(self) -> None:
         for p in self._parts:
@@ -241,7 +242,7 @@ class Reassembler:
         tp = (topic, partition)
         self._next[tp] = records[-1][0] + 1
         applied = self.applied_lsn
-        last_lsn = part = buf = None
+        last_lsn = part = buf = last_table = last_schema = None
         added = 0
         for offset, value in records:
             if value is None:  # a tombstone: pgrouter writes none, nothing to apply
@@ -255,6 +256,7 @@ class Reassembler:
             if lsn is None or lsn <= applied:
                 continue  # non-transactional message, or applied already
             if lsn != last_lsn:
+                last_table = last_schema = None
                 if added and buf is not None:
                     self._account(buf, added)
                     added = 0
@@ -276,12 +278,14 @@ class Reassembler:
             else:
                 part.last_seq = seq
             part.count += 1
-            if rec.op != "m":
-                part.tables.add((src.schema, src.table))
+            if src.table != last_table or src.schema != last_schema:
+                last_table, last_schema = src.table, src.schema
+                if rec.op != "m":
+                    part.tables.add((last_schema, last_table))
             if part.file is not None:
                 part.append(value)
                 continue
-            part.records.append((seq, rec))
+            part.records.append(rec)
             added += len(value) + RECORD_OVERHEAD
         if added and buf is not None:
             self._account(buf, added)
@@ -303,10 +307,11 @@ class Reassembler:
             part.file.seek(0)
             try:
                 return any(r.source.seq == src.seq and r.source.route == src.route
-                           for _, r in _Part._read(part.file))
+                           for r in _Part._read(part.file))
             finally:
                 part.file.seek(0, 2)
-        return any(s == src.seq and r.source.route == src.route for s, r in part.records)
+        return any(r.source.seq == src.seq and r.source.route == src.route
+                   for r in part.records)
 
     def _spill(self) -> None:
         for buf in sorted(self._buffers.values(), key=lambda b: b.memory, reverse=True):

@@ -17,8 +17,6 @@ class RecordSource(msgspec.Struct, gc=False):
     schema: str | None = None
     table: str | None = None
     route: str = ""
-    xid: int | None = None
-    commit_time: str | None = None
     schema_id: str | None = None
 
 
