@@ -3,8 +3,8 @@
 Rules:
 
 * A transaction's records are cut into runs of consecutive changes of one table, one
-  operation and one column shape; each run is one statement: a multi-row ``INSERT … VALUES``,
-  an ``UPDATE … FROM (VALUES …)`` joined on the key, a ``DELETE … WHERE key IN (…)``.
+  operation and one column shape; each run is one statement: a multi-row ``INSERT``, an
+  ``UPDATE … FROM (VALUES …)`` joined on the key, a ``DELETE … WHERE key = ANY (…)``.
   Changes are never reordered across runs. An update run ends before a key (old or new)
   repeats, so one statement never touches a row twice. At most ``MAX_RUN`` rows a run.
 * The statements are strict: an INSERT of an existing key fails with a unique violation, an
@@ -26,7 +26,9 @@ Rules:
   transactions.
 * A run of one row (the common small transaction) executes a prepared statement of its
   shape (``Prepared``: the caller PREPAREs what ``new`` lists before sending the script), so
-  the server neither parses nor plans it again: ``execute pgr_3('7', 'x')``.
+  the server neither parses nor plans it again: ``execute pgr_3('7', 'x')``; when it is the
+  whole transaction, one prepared statement also does the origin setup
+  (``Prepared.with_origin``).
 * Tables without a key on the target, truncates and records the run shape cannot express go
   one by one with the same strictness.
 """
