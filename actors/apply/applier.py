@@ -146,21 +146,24 @@ class Applier:
         return 0
 
     def _collect(self) -> None:
-        """Fold the counters of the current reader and reassembler into the stats."""
+        """Fold the counters of the finished run's reader and reassembler into the stats
+        (read, never reset, while they count: the reader counts in a worker thread)."""
         if self._reader is not None:
             self.stats.fetched += self._reader.fetched
-            self._reader.fetched = 0
-        if self._reassembler is not None:
-            self.stats.skipped += self._reassembler.skipped
-            self._reassembler.skipped = 0
+        ra = self._reassembler
+        if ra is not None:
+            self.stats.skipped += ra.skipped
+            self.stats.spills += ra.spills
+            self.stats.buffered_peak = max(self.stats.buffered_peak, ra.peak_memory)
+        self._reader = self._reassembler = None
 
     def _report(self, msg: str) -> None:
-        self._collect()
-        s = self.stats
+        s, reader, ra = self.stats, self._reader, self._reassembler
         log.event(_log, msg, transactions=s.transactions, changes=s.changes,
-                  skipped=s.skipped, fetched=s.fetched, scripts=s.scripts, slow=s.slow,
-                  spills=self._reassembler.spills if self._reassembler else 0,
-                  buffered_peak=self._reassembler.peak_memory if self._reassembler else 0,
+                  skipped=s.skipped + (ra.skipped if ra else 0),
+                  fetched=s.fetched + (reader.fetched if reader else 0),
+                  scripts=s.scripts, slow=s.slow, spills=s.spills + (ra.spills if ra else 0),
+                  buffered_peak=max(s.buffered_peak, ra.peak_memory if ra else 0),
                   conflicts=sum(s.conflicts.values()),
                   **{f"conflicts_{k}": v for k, v in s.conflicts.items()})
 
@@ -177,7 +180,6 @@ class Applier:
                       transactions_topic=cfg.kafka.transactions_topic,
                       conflict=cfg.target.conflict, client=client_name(cfg.kafka),
                       resume="stored offsets" if resume else "beginning")
-            self._collect()
             reader = self._reader = await trio.to_thread.run_sync(open_reader, cfg.kafka)
             ra = self._reassembler = Reassembler(
                 reader.wants, progress, transactions_topic=cfg.kafka.transactions_topic,
@@ -203,6 +205,7 @@ class Applier:
                           receive_s=round(writer.receive_s, 3))
             finally:
                 ra.close()
+                self._collect()
                 with trio.move_on_after(10) as scope:
                     scope.shield = True
                     await trio.to_thread.run_sync(reader.close)

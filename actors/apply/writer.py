@@ -50,6 +50,8 @@ class ApplyStats:
         self.fetched = 0  # records read from Kafka
         self.scripts = 0  # round trips of the fast path
         self.slow = 0  # transactions applied change by change after a fast-path error
+        self.spills = 0  # transactions moved to disk while waiting for their END
+        self.buffered_peak = 0  # bytes of records waiting for their END, at most
         self.conflicts: dict[str, int] = {}
 
 
