@@ -112,9 +112,14 @@ origin = "node_a"
 def test_apply_config():
     cfg = parse_apply_config(APPLY)
     assert cfg.kafka.topics == ["*"] and cfg.target.conflict == "error"
+    assert cfg.kafka.client == "auto" and cfg.target.synchronous_commit == "off"
+    assert cfg.target.progress_table == "public.pgrouter_apply_progress"
     for text, path in [(APPLY.replace('"node_a"', '"pg_x"'), "target.origin"),
                        (APPLY.replace('"a.tx"', '""'), "kafka.transactions_topic"),
-                       (APPLY + 'conflict = "sometimes"\n', "target.conflict")]:
+                       (APPLY + 'conflict = "sometimes"\n', "target.conflict"),
+                       (APPLY + "memory_limit = 1000\n", "target.memory_limit"),
+                       (APPLY + 'progress_table = "nodot"\n', "target.progress_table"),
+                       (APPLY.replace("[target]", 'client = "x"\n[target]'), "kafka.client")]:
         with pytest.raises(ConfigError) as info:
             parse_apply_config(text)
         assert info.value.path == path, str(info.value)
