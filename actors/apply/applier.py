@@ -3,8 +3,10 @@ PostgreSQL, each tagged with a replication origin (``pgrouter apply``).
 
 Rules:
 
-* Two actors joined by a small channel: the consumer (blocking client calls in a worker
-  thread, ``actors.apply.topic_reader``) reads the transaction topic and the data topics its
+* Two actors joined by a small channel: the consumer (``actors.apply.topic_reader``; what
+  librdkafka has already fetched is taken without blocking, waiting happens in a worker
+  thread: measured, hopping to the thread for every poll cost a third of the throughput)
+  reads the transaction topic and the data topics its
   END records name, and releases complete transactions in source commit order
   (``router.reassembly``); the writer (``actors.apply.writer``) applies each one in one
   target transaction while the consumer already reads the next records.
@@ -80,9 +82,13 @@ class ConsumerActor:
             add_tx, add_records = ra.add_transaction_record, ra.add_records
             clock = time.perf_counter
             while not self.stop.is_set():
-                t0 = clock()
-                batch = await trio.to_thread.run_sync(reader.poll)
-                self.poll_s += clock() - t0
+                batch = reader.poll_ready()
+                if batch:
+                    await trio.lowlevel.checkpoint()  # let the writer run between batches
+                else:
+                    t0 = clock()
+                    batch = await trio.to_thread.run_sync(reader.poll)
+                    self.poll_s += clock() - t0
                 new_topics: list[str] = []
                 for topic, partition, records in batch:
                     if topic == tx_topic:

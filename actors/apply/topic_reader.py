@@ -110,8 +110,13 @@ class TopicReader:
 
     def poll(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
         """The records read as runs of one partition: ``(topic, partition, [(offset,
-        value), …])``, in partition order."""
+        value), …])``, in partition order; waits up to ``poll_timeout`` for some."""
         raise NotImplementedError
+
+    def poll_ready(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]] | None:
+        """Records already fetched, without blocking; None: this client cannot tell (call
+        ``poll`` in a worker thread)."""
+        return None
 
     def close(self) -> None:
         raise NotImplementedError
@@ -166,8 +171,14 @@ class RdkafkaReader(TopicReader):
             TopicPartition(t, p, OFFSET_BEGINNING if o is None else o)
             for (t, p), o in tps.items()])
 
-    def poll(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
-        msgs = self.consumer.consume(POLL_RECORDS, self._timeout)
+    def poll_ready(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]] | None:
+        """What librdkafka has already fetched, without waiting: cheap enough for the
+        caller's own thread (no hop to a worker thread and back)."""
+        return self.poll(0)
+
+    def poll(self, timeout: float | None = None
+             ) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
+        msgs = self.consumer.consume(POLL_RECORDS, self._timeout if timeout is None else timeout)
         out: list = []
         run: list = []
         last = None
