@@ -99,7 +99,11 @@ class WriterActor:
                         return
                     finally:
                         self.receive_s += time.perf_counter() - t0
-                while True:  # everything already waiting joins the batch
+                # what is already waiting joins the batch; taken only while the queue is
+                # short of a batch, so a slow target holds the consumer back (the channel
+                # fills) instead of this queue growing
+                while len(queue) < BATCH_TRANSACTIONS and sum(
+                        t.count for t in queue if t is not CAUGHT_UP) < BATCH_ROWS:
                     try:
                         queue.extend(self.inbox.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
