@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from . import dsn as dsns
-from .config import LogConfig, decode_toml, read_config_text
+from .config import LogConfig, decode_toml, parse_listen, read_config_text
 from .errors import ConfigError
 from .kafka_settings import parse_bootstrap_servers
 
@@ -69,10 +69,16 @@ class ApplyTarget(_Base):
     spill_dir: str | None = None
 
 
+class ApplyMetrics(_Base):
+    #: ``host:port`` of the applier's /metrics, /healthz and /readyz (``""``: none)
+    listen: str = ""
+
+
 class ApplyConfig(_Base):
     kafka: ApplyKafka
     target: ApplyTarget
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    metrics: ApplyMetrics = msgspec.field(default_factory=ApplyMetrics)
 
 
 def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
@@ -92,6 +98,8 @@ def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
                           "start with pg_", path="target.origin", source=source)
     if cfg.target.memory_limit < 1024 * 1024:
         raise ConfigError("at least 1 MiB (1048576)", path="target.memory_limit", source=source)
+    if cfg.metrics.listen:
+        parse_listen(cfg.metrics.listen, source=source)
     schema, _, table = cfg.target.progress_table.partition(".")
     if not schema or not table:
         raise ConfigError("table must be written schema.table, got "

@@ -31,13 +31,16 @@ import trio
 import trio_asyncio
 
 from router.apply_config import ApplyConfig
+from router.config import parse_listen
 from router.errors import PgRouterError
 from router.lsn import format_lsn
 from router.reassembly import Reassembler
 
 from ..services import log
+from ..services.http import Endpoint, Health
 from ..services.retry import run_with_retries
 from ..services.sql import SqlSession
+from .metrics import registry_for
 from .target import setup_session
 from .topic_reader import TopicReader, client_name, open_reader
 from .writer import CAUGHT_UP, ApplyStats, WriterActor
@@ -124,8 +127,22 @@ class Applier:
         self.stop = trio.Event()
         self._reader: TopicReader | None = None
         self._reassembler: Reassembler | None = None
+        self.health = Health()
 
     async def run(self) -> int:
+        endpoint = None
+        if self.cfg.metrics.listen:
+            host, port = parse_listen(self.cfg.metrics.listen)
+            endpoint = Endpoint(host, port, registry_for(self), self.health)
+            log.event(_log, "metrics endpoint listening",
+                      url=f"http://{host}:{endpoint.port}/metrics")
+        try:
+            return await self._run()
+        finally:
+            if endpoint is not None:
+                endpoint.close()
+
+    async def _run(self) -> int:
         # what is loaded by now lives as long as the process: keep the collector off it
         gc.freeze()
         error: PgRouterError | None = None
@@ -201,8 +218,13 @@ class Applier:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._progress_lines)
                     await nursery.start(consumer.run)
-                    # returns at CAUGHT_UP, or when the consumer stops (drain)
-                    await writer.run()
+                    self.health.set(True, "applying")
+                    try:
+                        # returns at CAUGHT_UP, or when the consumer stops (drain)
+                        await writer.run()
+                    finally:
+                        self.health.set(False, "not applying (starting, restarting or "
+                                               "stopped)")
                     nursery.cancel_scope.cancel()
                 # where the time went: waiting for Kafka, for the writer, for the target,
                 # for released transactions

@@ -53,6 +53,8 @@ class ApplyStats:
         self.spills = 0  # transactions moved to disk while waiting for their END
         self.buffered_peak = 0  # bytes of records waiting for their END, at most
         self.conflicts: dict[str, int] = {}
+        self.last_commit_time: str | None = None  # of the last applied source transaction
+        self.progress_lsn = 0
 
 
 class _CaughtUp:
@@ -207,6 +209,9 @@ class WriterActor:
             self.stats.transactions += 1
             self.stats.changes += txn.count
             self.progress_lsn = txn.commit_lsn
+        if txns:  # for the metrics
+            self.stats.last_commit_time = txns[-1].commit_time
+            self.stats.progress_lsn = self.progress_lsn
             txn.records.close()
 
     async def _script(self, batch: list[SourceTransaction]) -> None:

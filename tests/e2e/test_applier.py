@@ -112,3 +112,38 @@ def test_conflict_inside_a_batch_of_small_transactions(node_db, kafka_bootstrap,
     assert stats["slow"] == 1 and stats["conflicts_insert_exists"] == 1
     expected = [r if r[0] != 50 else (50, "mine", 7, r[3]) for r in rows(a.dsn)]
     assert rows(b.dsn) == expected
+
+
+def test_apply_metrics_count_what_was_applied(node_db, kafka_bootstrap, tmp_path):
+    """``[metrics] listen`` on the applier: /readyz while applying, and the applied
+    transactions, changes and last commit time as Prometheus reads them."""
+    import signal
+    import time
+
+    from tests.e2e.test_metrics import free_port, scrape, status_of, value, wait_for
+
+    tag = uuid.uuid4().hex[:6]
+    a = Node(node_db, "pg2", "a", tmp_path, kafka_bootstrap, tag)
+    b = Node(node_db, "pg3", "b", tmp_path, kafka_bootstrap, tag)
+    ra, ab = a.router_config('origin = "none"'), b.apply_config(a)
+    port = free_port()
+    ab.write_text(ab.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    one_row_transactions(a.dsn, 1, 40)
+    until_caught_up("run", ra)
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "router", "apply", "-c", str(ab)], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: status_of(port, "/readyz") == 200, "the applier applying", 90)
+        m = wait_for(lambda: (lambda m: m if value(m, "pgrouter_apply_transactions_total") == 40
+                              else None)(scrape(port)), "40 applied transactions", 90)
+        assert value(m, "pgrouter_apply_changes_total") == 40
+        assert value(m, "pgrouter_apply_streaming") == 1
+        last = value(m, "pgrouter_apply_last_commit_timestamp_seconds")
+        assert started - 600 < last <= time.time() + 5
+        assert value(m, "pgrouter_apply_origin_progress_lsn") > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert rows(a.dsn) == rows(b.dsn)
