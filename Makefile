@@ -16,7 +16,7 @@ PG_VERSION ?=
 STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto $(if $(PG_VERSION),--pg-version $(PG_VERSION))
 PYTEST_ARGS ?=
 
-.PHONY: test demo system venv stack down bench clean materialize-bundle
+.PHONY: test demo system venv stack spark-cluster down bench clean materialize-bundle
 
 test: venv stack
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -52,6 +52,11 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 
 stack: venv
 	$(STACK) --spark
+
+# a Spark standalone cluster (master + 2 workers) from pyspark's own distribution; prints its
+# spark:// URL for [spark] master or spark-submit --master (README "Running on a Spark cluster")
+spark-cluster: venv
+	$(STACK) --spark --spark-cluster
 
 down:
 	-$(BIN)/pgrouter devstack down

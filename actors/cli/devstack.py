@@ -35,13 +35,17 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka-brokers", type=int, default=1, metavar="N",
                    help="also run a Kafka cluster of N KRaft nodes (replication factor "
                         "min(N, 3), min.insync.replicas one less) under DIR/kafka-cluster")
+    p.add_argument("--spark-cluster", action="store_true",
+                   help="also start a Spark standalone cluster (master + 2 workers) from "
+                   "pyspark's distribution and print its spark:// URL")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             info = devstack.ensure_up(args.dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                                      extra_postgres=args.extra_postgres, spark=args.spark,
+                                      extra_postgres=args.extra_postgres,
+                                      spark=args.spark or args.spark_cluster,
                                       pg_version=args.pg_version,
                                       versions=args.with_pg_version, standby=args.standby)
             print(f"postgres  {info.pg_dsn}  (PostgreSQL {info.pg_version})")
@@ -56,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
             if args.kafka_brokers > 1:
                 cluster = KafkaCluster(args.dir, brokers=args.kafka_brokers)
                 print(f"kafka-cluster {cluster.up()}")
+            if args.spark_cluster:
+                print(f"spark     {devstack.SparkCluster(args.dir).up()}")
             return 0
         if args.action == "down":
             stopped = devstack.down(args.dir)
@@ -69,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             return 3
         for name, s in st.items():
             if isinstance(s, dict):
-                where = s.get("dsn") or s.get("bootstrap")
+                where = s.get("dsn") or s.get("bootstrap") or s.get("master")
                 version = f"  PostgreSQL {s['version']}" if "version" in s else ""
                 print(f"{name:<9} {where}  {'running' if s['running'] else 'stopped'}{version}")
         return 0 if st["running"] else 3

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import tempfile
 
 from router.errors import ConfigError, PgRouterError
 
@@ -34,14 +35,20 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.load(str(args.config))
     try:
         from actors.materialize import job
+        from actors.materialize.bundle import write_bundle
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"pyspark/delta-spark are not installed ({exc.name}); "
                           "pip install 'pgrouter[spark]'") from exc
     if not cfg.jars and "spark.jars" not in cfg.spark_conf:
         from actors.devstack import spark_jars
         cfg.jars = spark_jars(args.devstack_dir)
-    try:
-        job.run(cfg, available_now=args.available_now)
-    except job.MaterializeError as exc:
-        raise MaterializeFailed(str(exc)) from exc
+    with tempfile.TemporaryDirectory(prefix="pgrouter-materialize-") as tmp:
+        # on a cluster the executors import the job's modules (the array parser) from the
+        # bundle spark-submit would ship with --py-files; local masters share this process's
+        py_files = () if cfg.master.startswith("local") else (
+            str(write_bundle(pathlib.Path(tmp) / "pgrouter-materialize.zip")),)
+        try:
+            job.run(cfg, available_now=args.available_now, py_files=py_files)
+        except job.MaterializeError as exc:
+            raise MaterializeFailed(str(exc)) from exc
     return 0

@@ -28,9 +28,10 @@ from . import distributions
 from . import standby as standbys
 from .postgres import Postgres
 from .process import StackError, locked, pick_port, port_free, wait_until, write_atomic
+from .spark import SparkCluster
 
-__all__ = ["StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars", "stop_service",
-           "promote_standby"]
+__all__ = ["SparkCluster", "StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars",
+           "stop_service", "promote_standby"]
 
 
 class StackInfo(msgspec.Struct, frozen=True):
@@ -292,6 +293,9 @@ def status(root: pathlib.Path) -> dict[str, object]:
                      "version": node.version}
     if "kafka" in out and not out["kafka"]["running"] and not (root / "kafka").exists():
         del out["kafka"]  # a PostgreSQL-only stack (kafka=False)
+    cluster = SparkCluster(root)
+    if cluster.running():
+        out["spark"] = {"master": cluster.master_url, "running": True}
     out["running"] = all(v["running"] for v in out.values() if isinstance(v, dict))
     return out
 
@@ -309,7 +313,7 @@ def _down(root: pathlib.Path) -> list[str]:
     if info is None:
         return []
     pg, kafka, extras = _components(root, info)
-    stopped = []
+    stopped = SparkCluster(root).down()
     if kafka.pid() is not None:
         kafka.stop()
         stopped.append("kafka")

@@ -41,6 +41,36 @@ def _scalar_type(t: str, precision: int | None, scale: int | None) -> str:
     return "string"
 
 
+_INTEGERS = ("tinyint", "smallint", "int", "bigint")
+
+
+def widens(old: str, new: str) -> bool:
+    """Whether Delta's type widening turns a column of Spark type ``old`` into ``new`` without
+    losing a value: a longer integer, float -> double, a decimal with at least as many digits
+    before and after the point, an integer into a decimal that holds it, date -> timestamp_ntz.
+    Everything else (e.g. int -> string, a narrower type) is not a widening."""
+    if old == new:
+        return True
+    if old in _INTEGERS and new in _INTEGERS:
+        return _INTEGERS.index(old) < _INTEGERS.index(new)
+    if (old, new) in (("float", "double"), ("date", "timestamp_ntz")):
+        return True
+    dec = _decimal(new)
+    if dec is None:
+        return False
+    if old in _INTEGERS:
+        return dec[0] - dec[1] >= (3, 5, 10, 20)[_INTEGERS.index(old)]
+    was = _decimal(old)
+    return was is not None and dec[0] - dec[1] >= was[0] - was[1] and dec[1] >= was[1]
+
+
+def _decimal(t: str) -> tuple[int, int] | None:
+    if not t.startswith("decimal("):
+        return None
+    p, s = t[len("decimal("):-1].split(",")
+    return int(p), int(s)
+
+
 def parse_pg_array(text: str | None) -> list[str | None] | None:
     """PostgreSQL's text form of a one-dimensional array -> element texts (NULL -> None)."""
     if text is None:
@@ -118,13 +148,25 @@ def table_path(warehouse: str, route: str, schema: str, table: str) -> str:
 # --- the streaming job -------------------------------------------------------------------------
 
 
-def envelope_schema():
+def envelope_schema(names, *, changelog: bool = False):
+    """The record envelope parsed in one pass: ``before``/``after`` as structs of raw JSON texts
+    over ``names`` (every column name of the known schemas), so no image is re-serialised and
+    parsed again. Changelog mode keeps ``before`` as its JSON text (stored in ``_pgr_before``)
+    and the fields only the changelog stores."""
     from pyspark.sql.types import (ArrayType, LongType, StringType, StructField, StructType)
-    source = StructType([StructField(n, t) for n, t in (
-        ("schema", StringType()), ("table", StringType()), ("lsn", LongType()),
-        ("commit_lsn", LongType()), ("seq", LongType()), ("xid", LongType()),
-        ("commit_time", StringType()), ("route", StringType()), ("schema_id", StringType()))])
-    return StructType([StructField("op", StringType()), StructField("before", StringType()),
-                       StructField("after", StringType()), StructField("source", source),
-                       StructField("ts_ms", LongType()),
+    fields = [("schema", StringType()), ("table", StringType()), ("commit_lsn", LongType()),
+              ("seq", LongType()), ("route", StringType()), ("schema_id", StringType()),
+              ("commit_time", StringType())]
+    if changelog:
+        fields += [("lsn", LongType()), ("xid", LongType())]
+    source = StructType([StructField(n, t) for n, t in fields])
+    image = image_schema(names)
+    return StructType([StructField("op", StringType()),
+                       StructField("before", StringType() if changelog else image),
+                       StructField("after", image), StructField("source", source),
                        StructField("unchanged_toast", ArrayType(StringType()))])
+
+
+def image_schema(names):
+    from pyspark.sql.types import StringType, StructField, StructType
+    return StructType([StructField(n, StringType()) for n in names])

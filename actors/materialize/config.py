@@ -43,6 +43,10 @@ class DeltaSection(msgspec.Struct, **_opts):
     mode: Literal["state", "changelog"] = "state"
     trigger_interval: str | None = None
     max_offsets_per_trigger: int | None = None
+    maintenance_interval: str = "1 hour"
+    tombstone_retention: str | None = None
+    optimize: bool = False
+    vacuum_retention: str | None = None
 
 
 class MaterializeConfig(msgspec.Struct, **_opts):
@@ -89,7 +93,10 @@ def parse(text: str | bytes, *, source: str | None = None) -> JobConfig:
                   max_offsets_per_trigger=given[0][1] if given else None,
                   kafka_options=dict(k.options), mode=d.mode, warehouse=d.warehouse,
                   checkpoint=d.checkpoint, trigger_interval=d.trigger_interval, master=s.master,
-                  app_name=s.app_name, spark_conf=_conf_strings(s.conf), jars=list(s.jars))
+                  app_name=s.app_name, spark_conf=_conf_strings(s.conf), jars=list(s.jars),
+                  maintenance_interval=d.maintenance_interval,
+                  tombstone_retention=d.tombstone_retention, optimize=d.optimize,
+                  vacuum_retention=d.vacuum_retention)
     try:
         return validate(values)
     except MaterializeError as exc:

@@ -79,8 +79,13 @@ def build_session(cfg: JobConfig):
     return spark
 
 
-def run(cfg: JobConfig, *, available_now: bool = False, spark=None) -> None:
+def run(cfg: JobConfig, *, available_now: bool = False, spark=None,
+        py_files: tuple[str, ...] = ()) -> None:
+    """Run the job; ``py_files`` (the ``--py-files`` bundle) are shipped to the executors of
+    a session started here, as ``spark-submit --py-files`` does."""
     spark = spark or build_session(cfg)
+    for f in py_files:
+        spark.sparkContext.addPyFile(f)
     Materializer(spark, cfg).run(available_now=available_now)
 
 

@@ -9,8 +9,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from .columns import convert, envelope_schema, quote, spark_type_name, table_path
+from .columns import (convert, envelope_schema, image_schema, quote, spark_type_name,
+                      table_path, widens)
+from .maintenance import Maintenance
 from .settings import CHANGELOG, STATE, JobConfig, MaterializeError
+from .toast import fill_toast, moved_toast
 
 OPS = ("c", "u", "d", "t", "r")
 POS = ("_pgr_commit_lsn", "_pgr_seq")
@@ -36,6 +39,7 @@ class Materializer:
         self.tables: dict[str, TableState] = {}
         self.app_id = "pgrouter-" + hashlib.sha256(cfg.checkpoint.encode()).hexdigest()[:16]
         self.failure: BaseException | None = None
+        self.maintenance = Maintenance(spark, cfg)
 
     # schema topic ---------------------------------------------------------------------------
 
@@ -98,22 +102,45 @@ class Materializer:
             self.failure = exc
             raise
 
-    def _process(self, df, batch_id: int) -> None:
+    def _image_names(self) -> tuple[str, ...]:
+        return tuple(sorted({c["name"] for s in self.schemas.values() for c in s["columns"]}))
+
+    def _parse(self, df, names):
+        """The batch's records parsed once (only the fields the job uses) and persisted: every
+        later action of the batch reads this, not Kafka."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        env = (df.filter(F.col("topic") != self.cfg.schema_topic)
-               .select(F.from_json(F.col("value").cast("string"), envelope_schema()).alias("e"))
-               .select("e.*").filter(F.col("op").isin(*OPS)).persist(StorageLevel.MEMORY_AND_DISK))
+        schema = envelope_schema(names, changelog=self.cfg.mode == CHANGELOG)
+        return (df.filter(F.col("topic") != self.cfg.schema_topic)
+                .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
+                .select("e.*").filter(F.col("op").isin(*OPS))
+                .persist(StorageLevel.MEMORY_AND_DISK))
+
+    def _process(self, df, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        if not self.schemas:
+            self.load_schemas()
+        names = self._image_names()
+        env = self._parse(df, names)
         try:
             meta = (env.select("source.route", "source.schema", "source.table", "source.schema_id",
                                "op", "source.commit_lsn", "source.seq",
+                               F.col("before").isNotNull().alias("has_before"),
                                F.explode_outer("unchanged_toast").alias("toast"))
                     .groupBy("route", "schema", "table", "schema_id")
                     .agg(F.collect_set("toast").alias("toast"),
                          F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
-                         .alias("truncate"), F.min("commit_lsn").alias("lo"))
+                         .alias("truncate"), F.min("commit_lsn").alias("lo"),
+                         F.max((F.col("op") == "u") & F.col("has_before")).alias("before"))
                     .collect())
+            if any(m.schema_id not in self.schemas for m in meta):
+                self.load_schemas()  # a schema newer than the ones known: its columns too
+                if self._image_names() != names:
+                    env.unpersist()
+                    names = self._image_names()
+                    env = self._parse(df, names)
             groups: dict[tuple, list] = {}
             for m in meta:
                 groups.setdefault((m.route, m.schema, m.table), []).append(m)
@@ -124,6 +151,8 @@ class Materializer:
                 self._table(batch_id, route, schema, table, ms, sub)
         finally:
             env.unpersist()
+        if self.maintenance.due():
+            self.maintenance.run(self.tables)
 
     # one table --------------------------------------------------------------------------------
 
@@ -146,10 +175,13 @@ class Materializer:
         wanted: dict[str, str] = {}
         for s in schemas:
             for c in s["columns"]:
-                t = spark_type_name(c)
-                if wanted.setdefault(c["name"], t) != t:
+                t, had = spark_type_name(c), wanted.get(c["name"])
+                if had is None or widens(had, t):
+                    wanted[c["name"]] = t
+                elif not widens(t, had):
                     raise MaterializeError(f"{name}.{c['name']}: incompatible type change "
-                                           f"{wanted[c['name']]} -> {t}")
+                                           f"{had} -> {t} (only widening changes apply: "
+                                           f"README \"Schema changes\")")
         state = self._ensure_table(route, schema, table, wanted, keys)
         truncs = [tuple(m.truncate) for m in metas if m.truncate is not None]
         toast = sorted({t for m in metas for t in m.toast})
@@ -172,28 +204,28 @@ class Materializer:
         rows = rows.filter((F.col("_pgr_op") != "t") & (
             (F.col("_pgr_commit_lsn") > cut[0])
             | ((F.col("_pgr_commit_lsn") == cut[0]) & (F.col("_pgr_seq") > cut[1]))))
-        self._merge(batch_id, state, rows, keys, toast)
+        self._merge(batch_id, state, rows, keys, toast, moves=any(m.before for m in metas))
 
     def _changes(self, sub, s: dict, state: TableState):
         """Typed change rows of one schema: every table column (NULL where this schema has
         none), the position, op and unchanged-TOAST names; key-changing updates add a delete
         of the old key at the same position."""
         from pyspark.sql import functions as F
-        from pyspark.sql.types import StringType, StructField, StructType
 
         cols = {c["name"]: c for c in s["columns"]}
-        raw = StructType([StructField(n, StringType()) for n in cols])
-        p = sub.select("op", "source", "ts_ms", "before",
+        before = (F.from_json("before", image_schema(cols)) if self.cfg.mode == CHANGELOG
+                  else F.col("before"))
+        p = sub.select("op", "source", "before",
                        F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("t"),
-                       F.from_json("after", raw).alias("_a"), F.from_json("before", raw).alias("_b"))
+                       F.col("after").alias("_a"), before.alias("_b"))
         keys = s["key_columns"]
         if keys and self.cfg.mode == STATE:
             moved = F.lit(False)
             for k in keys:
                 moved = moved | ~F.col("_b").getField(k).eqNullSafe(F.col("_a").getField(k))
-            old = (p.filter((F.col("op") == "u") & F.col("_b").isNotNull() & moved)
-                   .withColumn("op", F.lit("d")))
-            p = p.unionByName(old)
+            moves = (F.col("op") == "u") & F.col("_b").isNotNull() & moved
+            old = p.filter(moves).withColumn("op", F.lit("d")).withColumn("_m", F.lit("from"))
+            p = p.withColumn("_m", F.when(moves, F.lit("to"))).unionByName(old)
         out = []
         for n, dtype in state.types.items():
             if n.startswith("_pgr_"):
@@ -205,10 +237,12 @@ class Materializer:
             else:
                 out.append(F.lit(None).cast(dtype).alias(n))
         meta = [F.col("op").alias("_pgr_op"), F.col("source.commit_lsn").alias("_pgr_commit_lsn"),
-                F.col("source.seq").alias("_pgr_seq"), F.col("t").alias("_pgr_toast")]
+                F.col("source.seq").alias("_pgr_seq"), F.col("t").alias("_pgr_toast"),
+                F.col("source.commit_time").try_cast("timestamp").alias("_pgr_commit_time")]
+        if keys and self.cfg.mode == STATE:
+            meta.append(F.col("_m").alias("_pgr_move"))
         if self.cfg.mode == CHANGELOG:
             meta += [F.col("source.lsn").alias("_pgr_lsn"), F.col("source.xid").alias("_pgr_xid"),
-                     F.col("source.commit_time").try_cast("timestamp").alias("_pgr_commit_time"),
                      F.col("source.schema_id").alias("_pgr_schema_id"),
                      F.col("before").alias("_pgr_before")]
         return p.select(*out, *meta)
@@ -231,7 +265,8 @@ class Materializer:
             else:
                 cols = dict(wanted)
                 if self.cfg.mode == STATE:
-                    cols.update(_pgr_commit_lsn="bigint", _pgr_seq="bigint", _pgr_deleted="boolean")
+                    cols.update(_pgr_commit_lsn="bigint", _pgr_seq="bigint", _pgr_deleted="boolean",
+                                _pgr_deleted_at="timestamp")
                 else:
                     cols.update(_pgr_op="string", _pgr_commit_lsn="bigint", _pgr_seq="bigint",
                                 _pgr_lsn="bigint", _pgr_xid="bigint", _pgr_commit_time="timestamp",
@@ -245,16 +280,29 @@ class Materializer:
         if state.key is not None and self.cfg.mode == STATE and tuple(keys) != state.key:
             raise MaterializeError(f"{schema}.{table}: key columns changed from "
                                    f"{list(state.key)} to {list(keys)}")
+        if self.cfg.mode == STATE and "_pgr_deleted_at" not in state.types:
+            wanted = {**wanted, "_pgr_deleted_at": "timestamp"}  # tables made before it existed
         for n, t in wanted.items():
             have = state.types.get(n)
             if have is None:
                 self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({quote(n)} {t})")
                 state.types[n] = t
-            elif have != t:
+            elif have != t and widens(have, t):
+                self._widen(path, n, t)
+                state.types[n] = t
+            elif not widens(t, have):  # a narrower type (an older schema's) fits the column
                 raise MaterializeError(f"{schema}.{table}.{n}: incompatible type change: the "
-                                       f"Delta table has {have}, the new schema needs {t}; "
-                                       f"materialize into a new warehouse or migrate the table")
+                                       f"Delta table has {have}, the new schema needs {t}, which "
+                                       f"is not a widening of it; materialize into a new "
+                                       f"warehouse or migrate the table")
         return state
+
+    def _widen(self, path: str, column: str, dtype: str) -> None:
+        """Delta type widening (table feature ``typeWidening``): existing files keep the old
+        type and are read as the new one."""
+        t = f"delta.{quote(path)}"
+        self.spark.sql(f"ALTER TABLE {t} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+        self.spark.sql(f"ALTER TABLE {t} ALTER COLUMN {quote(column)} TYPE {dtype}")
 
     def _txn(self, batch_id: int):
         conf = self.spark.conf
@@ -265,7 +313,7 @@ class Materializer:
         self.spark.conf.unset("spark.databricks.delta.write.txnAppId")
         self.spark.conf.unset("spark.databricks.delta.write.txnVersion")
 
-    def _merge(self, batch_id, state: TableState, rows, keys, toast) -> None:
+    def _merge(self, batch_id, state: TableState, rows, keys, toast, *, moves: bool) -> None:
         from delta.tables import DeltaTable
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -273,21 +321,18 @@ class Materializer:
         order = (F.col("_pgr_commit_lsn"), F.col("_pgr_seq"), F.col("_pgr_op") != "d")
         toast = [c for c in toast if c in state.types]
         if toast:
-            # an unchanged-TOAST value is the key's previous value: the last one in this batch
-            # if there is one (carried forward), else the stored one (see the MERGE below)
-            w = (Window.partitionBy(*keys).orderBy(*order)
-                 .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-            filled = {}
-            for c in toast:
-                given = F.when(~F.array_contains("_pgr_toast", c), F.struct(F.col(c).alias("v")))
-                filled[c] = F.last(given, ignorenulls=True).over(w)
-            rows = rows.select(*[filled[c].getField("v").alias(c) if c in filled else F.col(c)
-                                 for c in rows.columns if c != "_pgr_toast"],
-                               F.array_compact(F.array(*[F.when(filled[c].isNull(), F.lit(c))
-                                                         for c in filled])).alias("_pgr_toast"))
+            filled = fill_toast(rows, keys, toast, order)
+            if moves:  # key changes: unchanged-TOAST values come from the old key
+                stored = self.spark.read.format("delta").load(state.path)
+                rows = fill_toast(moved_toast(stored, rows, filled, keys, toast), keys, toast,
+                                  order)
+            else:
+                rows = filled
         latest = Window.partitionBy(*keys).orderBy(*[o.desc() for o in order])
         src = (rows.withColumn("_pgr_n", F.row_number().over(latest)).filter("_pgr_n = 1")
-               .withColumn("_pgr_deleted", F.col("_pgr_op") == "d"))
+               .withColumn("_pgr_deleted", F.col("_pgr_op") == "d")
+               .withColumn("_pgr_deleted_at",
+                           F.when(F.col("_pgr_deleted"), F.col("_pgr_commit_time"))))
         data = [n for n in state.types if not n.startswith("_pgr_")]
         newer = ("s._pgr_commit_lsn > t._pgr_commit_lsn OR (s._pgr_commit_lsn = t._pgr_commit_lsn"
                  " AND s._pgr_seq > t._pgr_seq)")
@@ -299,9 +344,10 @@ class Materializer:
                 sets[q] = f"CASE WHEN array_contains(s._pgr_toast, '{lit}') THEN t.{q} ELSE s.{q} END"
             else:
                 sets[q] = f"s.{q}"
-        for n in ("_pgr_commit_lsn", "_pgr_seq", "_pgr_deleted"):
+        for n in ("_pgr_commit_lsn", "_pgr_seq", "_pgr_deleted", "_pgr_deleted_at"):
             sets[n] = f"s.{n}"
-        inserts = {quote(n): f"s.{quote(n)}" for n in [*data, *POS, "_pgr_deleted"]}
+        inserts = {quote(n): f"s.{quote(n)}" for n in [*data, *POS, "_pgr_deleted",
+                                                       "_pgr_deleted_at"]}
         cond = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
         self._txn(batch_id)
         try:

@@ -41,6 +41,11 @@ class JobConfig:
     app_name: str = "pgrouter-materialize"
     spark_conf: dict[str, str] = field(default_factory=dict)
     jars: list[str] = field(default_factory=list)
+    # table maintenance (``maintenance.py``), run after a micro-batch at most this often
+    maintenance_interval: str = "1 hour"
+    tombstone_retention: str | None = None  # None: tombstones are kept for ever
+    optimize: bool = False
+    vacuum_retention: str | None = None  # None: no VACUUM
 
 
 #: section -> key -> (type, JobConfig field). The stdlib twin of ``config.py``'s msgspec
@@ -55,8 +60,27 @@ _KEYS: dict[str, dict[str, tuple[type, str]]] = {
               "conf": (dict, "spark_conf"), "jars": (list, "jars")},
     "delta": {"warehouse": (str, "warehouse"), "checkpoint": (str, "checkpoint"),
               "mode": (str, "mode"), "trigger_interval": (str, "trigger_interval"),
-              "max_offsets_per_trigger": (int, "max_offsets_per_trigger")},
+              "max_offsets_per_trigger": (int, "max_offsets_per_trigger"),
+              "maintenance_interval": (str, "maintenance_interval"),
+              "tombstone_retention": (str, "tombstone_retention"),
+              "optimize": (bool, "optimize"), "vacuum_retention": (str, "vacuum_retention")},
 }
+
+_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def duration_seconds(text: str, *, path: str) -> float:
+    """``"90 seconds"``, ``"1 hour"``, ``"7 days"`` -> seconds."""
+    parts = text.split()
+    unit = parts[1].lower().removesuffix("s") if len(parts) == 2 else ""
+    try:
+        number = float(parts[0])
+    except (ValueError, IndexError):
+        number = -1.0
+    if unit not in _UNITS or number < 0:
+        raise MaterializeError(f"expected a duration like \"90 seconds\", \"1 hour\" or "
+                               f"\"7 days\", got {text!r}", path=path)
+    return number * _UNITS[unit]
 
 
 def config_from_dict(raw: dict[str, Any]) -> JobConfig:
@@ -75,7 +99,7 @@ def config_from_dict(raw: dict[str, Any]) -> JobConfig:
             if key not in section_keys:
                 raise MaterializeError("unknown key", path=f"{prefix}{key}")
             typ, name = section_keys[key]
-            if not isinstance(value, typ) or isinstance(value, bool):
+            if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
                 raise MaterializeError(f"expected {typ.__name__}", path=f"{prefix}{key}")
             if name in values:
                 raise MaterializeError("given twice", path=f"{prefix}{key}")
@@ -95,6 +119,9 @@ def validate(values: dict[str, Any]) -> JobConfig:
         raise MaterializeError("must be 'state' or 'changelog'", path="delta.mode")
     if values.get("max_offsets_per_trigger") is not None and values["max_offsets_per_trigger"] < 1:
         raise MaterializeError("must be >= 1", path="max_offsets_per_trigger")
+    for key in ("maintenance_interval", "tombstone_retention", "vacuum_retention"):
+        if values.get(key) is not None:
+            duration_seconds(values[key], path=f"delta.{key}")
     values["spark_conf"] = {k: str(v).lower() if isinstance(v, bool) else str(v)
                             for k, v in values.get("spark_conf", {}).items()}
     values["kafka_options"] = {k: str(v) for k, v in values.get("kafka_options", {}).items()}

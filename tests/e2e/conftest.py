@@ -3,7 +3,8 @@
 
 ``pg_nodes`` maps node names (``pg``, ``pg2``, ``pg3``) to server DSNs. ``node_db`` creates a
 fresh database on a node and, at the end of the test, drops the replication slots and origins
-made in it (leftover slots retain WAL) and the database itself.
+made in it (leftover slots retain WAL) and the database itself. ``spark`` is the one local
+Spark session (Kafka + Delta jars) the materializer tests share.
 """
 
 from __future__ import annotations
@@ -87,3 +88,17 @@ def node_db(pg_nodes):
 
                 time.sleep(0.2)
         _admin(server, f'drop database if exists "{db}" with (force)')
+
+
+@pytest.fixture(scope="session")
+def spark(kafka_bootstrap):
+    """One local[2] Spark session with Kafka and Delta for every materializer test."""
+    from actors.devstack import spark_jars
+    from actors.materialize import job
+
+    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, warehouse="-", checkpoint="-",
+                        master="local[2]", spark_conf={"spark.sql.shuffle.partitions": "2"},
+                        jars=spark_jars(ROOT / ".devstack"))
+    session = job.build_session(cfg)
+    yield session
+    session.stop()

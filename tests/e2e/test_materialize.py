@@ -35,19 +35,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NUMERIC_12_2 = (12 << 16 | 2) + 4
 
 
-@pytest.fixture(scope="session")
-def spark(kafka_bootstrap):
-    from actors.devstack import spark_jars
-    from actors.materialize import job
-
-    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, warehouse="-", checkpoint="-",
-                        master="local[2]", spark_conf={"spark.sql.shuffle.partitions": "2"},
-                        jars=spark_jars(ROOT / ".devstack"))
-    session = job.build_session(cfg)
-    yield session
-    session.stop()
-
-
 class Feed:
     """Produces pgrouter records to one data topic (2 partitions) and a schema topic."""
 
@@ -219,7 +206,7 @@ def test_state_matches_postgres(spark, pg_dsn, kafka_bootstrap, tmp_path):
     pg.update(tx, 1, 2, {"amount": Decimal("99.99")}, toast=("note",))
     tx = feed.tx()
     pg.delete(tx, 0, 3)
-    pg.update(tx, 1, 4, {"id": 104, "name": "moved"})
+    pg.update(tx, 1, 4, {"id": 104, "name": "moved"}, toast=("note",))  # TOAST of the old key
     feed.send(first[5])  # duplicates, byte-identical
     feed.send(upd1)
     run_and_compare()
@@ -234,6 +221,7 @@ def test_state_matches_postgres(spark, pg_dsn, kafka_bootstrap, tmp_path):
     pg.add_column()
     tx = feed.tx()
     pg.update(tx, 0, 5, {"extra": 42})
+    pg.update(tx, 2, 7, {"id": 107}, toast=("note", "doc"))  # the old key's stored TOAST
     pg.insert(tx, 1, {"id": 11, "name": "eleven", "extra": -7})
     run_and_compare()
 

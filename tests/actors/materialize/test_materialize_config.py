@@ -58,10 +58,24 @@ def test_full_example_file():
     (BASE.replace('topics = ["a", "b"]', 'topics = ["a"]\ntopic_pattern = "x.*"'), "kafka.topics"),
     (BASE + "[spark]\nconf = { a = 1 }\nextra = 2\n", "spark.extra"),
     (BASE + "max_offsets_per_trigger = 0\n", "max_offsets_per_trigger"),
+    (BASE + 'tombstone_retention = "a week"\n', "delta.tombstone_retention"),
+    (BASE + 'maintenance_interval = "-1 hours"\n', "delta.maintenance_interval"),
+    (BASE + 'vacuum_retention = "7"\n', "delta.vacuum_retention"),
+    (BASE + 'optimize = "yes"\n', "delta.optimize"),
 ])
 def test_rejects_with_key_path(patch, path):
     for cfg, err in both(patch):
         assert cfg is None and err == path
+
+
+def test_maintenance_keys():
+    text = BASE + 'tombstone_retention = "7 days"\noptimize = true\nvacuum_retention = "168 hours"\n'
+    for cfg, err in both(text):
+        assert err is None
+        assert (cfg.tombstone_retention, cfg.optimize, cfg.vacuum_retention,
+                cfg.maintenance_interval) == ("7 days", True, "168 hours", "1 hour")
+    for cfg, _ in both(BASE):
+        assert cfg.tombstone_retention is None and not cfg.optimize
 
 
 def test_max_offsets_top_level_or_kafka_not_both():

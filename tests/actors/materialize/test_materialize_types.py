@@ -8,7 +8,8 @@ import json
 import msgspec
 import pytest
 
-from actors.materialize.columns import parse_pg_array, quote, spark_type_name, table_path
+from actors.materialize.columns import (parse_pg_array, quote, spark_type_name, table_path,
+                                        widens)
 from router.pgoutput import Relation, RelationColumn
 from router.schema import table_schema
 
@@ -63,3 +64,18 @@ def test_table_path_and_quote():
     assert table_path("/wh/", "orders", "public", "t") == "/wh/orders/public/t"
     assert table_path("s3://b/wh", "a/b", "s", "t") == "s3://b/wh/a_b/s/t"
     assert quote("we`ird") == "`we``ird`"
+
+
+@pytest.mark.parametrize("old,new,ok", [
+    ("smallint", "int", True), ("int", "bigint", True), ("smallint", "bigint", True),
+    ("bigint", "int", False), ("int", "string", False), ("string", "int", False),
+    ("float", "double", True), ("double", "float", False), ("date", "timestamp_ntz", True),
+    ("decimal(10,2)", "decimal(12,2)", True), ("decimal(10,2)", "decimal(12,4)", True),
+    ("decimal(10,2)", "decimal(10,3)", False), ("decimal(12,2)", "decimal(10,2)", False),
+    ("int", "decimal(12,2)", True), ("int", "decimal(10,2)", False),
+    ("bigint", "decimal(20,0)", True), ("decimal(12,2)", "string", False),
+    ("string", "string", True),
+])
+def test_type_widening(old, new, ok):
+    """int -> bigint and the like widen a Delta column in place; anything else is refused."""
+    assert widens(old, new) is ok
