@@ -67,7 +67,8 @@ def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int) ->
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (the Spark JVM) and of this process."""
+    """User + system CPU time of process ``pid`` (the Spark driver's JVM) and of this process
+    (on a cluster the executors' CPU is not counted)."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     own = os.times()
@@ -80,6 +81,8 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=250_000, help="max_offsets_per_trigger")
     ap.add_argument("--mode", choices=["state", "changelog"], default="state")
+    ap.add_argument("--master", default="local[2]",
+                    help="e.g. the spark:// URL `make spark-cluster` prints (2 workers)")
     args = ap.parse_args()
 
     info = ensure_up(ROOT / ".devstack")
@@ -95,7 +98,7 @@ def main() -> int:
         cfg = job.JobConfig(bootstrap_servers=info.kafka_bootstrap, topics=[topic],
                             schema_topic=schema_topic, warehouse=f"{tmp}/wh",
                             checkpoint=f"{tmp}/ck", mode=args.mode,
-                            max_offsets_per_trigger=args.batch, master="local[2]",
+                            max_offsets_per_trigger=args.batch, master=args.master,
                             spark_conf={"spark.sql.shuffle.partitions": "2",
                                         "spark.driver.memory": "4g"},
                             jars=spark_jars(ROOT / ".devstack"))
@@ -108,7 +111,7 @@ def main() -> int:
         table = spark.read.format("delta").load(f"{tmp}/wh/bench/public/orders")
         rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
         spark.stop()
-    print(f"mode={args.mode} master=local[2] batch(max_offsets_per_trigger)={args.batch} "
+    print(f"mode={args.mode} master={args.master} batch(max_offsets_per_trigger)={args.batch} "
           f"records={args.records} keys={args.keys}")
     print(f"materialized {args.records} change records in {took:.1f}s: "
           f"{args.records / took:,.0f} records/s ({rows} rows in the table)")

@@ -101,7 +101,7 @@ checkpoint = "{tmp_path / 'ck'}"
                               capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stderr[-3000:]
         assert c.applications() == ["pgrouter-materialize"]  # it ran on the cluster
-        assert _compare(spark, pg, path, t) == 52
+        assert _compare(spark, pg, path, t) == 55
 
         pg.run(f"update {t} set name = 'second run', tags = array[7] where id > 1000")
         pg.run(f"delete from {t} where id <= 5")
@@ -111,7 +111,7 @@ checkpoint = "{tmp_path / 'ck'}"
                                "--available-now", "--devstack-dir", str(ROOT / ".devstack")],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert _compare(spark, pg, path, t) == 48
+        assert _compare(spark, pg, path, t) == 51
         assert c.applications() == ["pgrouter-materialize"] * 2
     finally:
         pg.drop_slot(name)

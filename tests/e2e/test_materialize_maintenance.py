@@ -62,5 +62,5 @@ def test_tombstones_guard_within_retention_then_go(spark, kafka_bootstrap, tmp_p
                          new=("2", "two again")))
     assert run("1 seconds") == {2: ("two again", False)}  # past the retention: it is gone
     ops = [r.operation for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()]
-    assert "OPTIMIZE" in ops and "DELETE" in ops
+    assert "DELETE" in ops and "VACUUM END" in ops  # OPTIMIZE commits only when it compacts
 
