@@ -26,12 +26,18 @@ Rules the job keeps:
   derived from the checkpoint location, version = batch id): a batch re-run after a crash is
   skipped by Delta where it already committed.
 * Schema changes: new columns are added to the table; columns a newer schema lacks stay and
-  are NULL in rows written since; a column whose Spark type changes, or a changed key, stops
-  the job with ``MaterializeError``. State mode refuses tables without key columns.
+  are NULL in rows written since; a widening type change (``columns.widens``: int -> bigint,
+  float -> double, a wider decimal…) widens the column in place (Delta type widening); any
+  other type change, or a changed key, stops the job with ``MaterializeError``. State mode
+  refuses tables without key columns.
+* A key-changing update takes its unchanged-TOAST values from the old key (``toast``).
+* Table maintenance (``maintenance``): tombstones past ``tombstone_retention`` removed,
+  optional OPTIMIZE and VACUUM, after a micro-batch at most every ``maintenance_interval``.
 * Tables live at ``<warehouse>/<route>/<schema>/<table>``.
 
 The job is split by responsibility: ``settings`` (the config), ``columns`` (types and values),
-``merge`` (the streaming query and its writes) and this module (the session and the entry point).
+``merge`` (the streaming query and its writes), ``toast`` (unchanged-TOAST values),
+``maintenance`` (table upkeep) and this module (the session and the entry point).
 """
 
 from __future__ import annotations
