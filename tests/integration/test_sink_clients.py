@@ -306,7 +306,7 @@ def test_killed_router_confirms_nothing_kafka_lacks(client, pg_dsn, kafka_bootst
     import random
     import time as _time
 
-    from tests.e2e import test_faults as faults
+    from tests.e2e import guarantee, test_faults as faults
     from tests.helpers import kill9, start_router
 
     rows = 6000
@@ -345,9 +345,9 @@ def test_killed_router_confirms_nothing_kafka_lacks(client, pg_dsn, kafka_bootst
         assert ids == {r[0] for r in pg.run(f"select id from {name}")}
         assert len(ids) == rows
         faults.assert_identical_duplicates(records)
-        txns = faults.oracle_transactions(pg, f"{name}_oracle")
+        txns = guarantee.oracle_transactions(pg, f"{name}_oracle")
         for confirmed, in_kafka in samples:
-            unsafe = [lsn for lsn, t_ids in txns if lsn < confirmed and not t_ids <= in_kafka]
+            unsafe = [lsn for lsn, t_ids in txns if lsn <= confirmed and not t_ids <= in_kafka]
             assert not unsafe, f"{len(unsafe)} transactions confirmed but not in Kafka"
     finally:
         pg.drop_slot(name)
