@@ -109,9 +109,10 @@ class Consumer(threading.Thread):
         c.subscribe([self.topic])
         try:
             while not self.stop.is_set():
-                for m in c.consume(1000, 0.05):
-                    if m.error() is None and m.value() is not None:
-                        self._take(m.value())
+                # poll: returns with the first record (consume(n, t) waits for n or t)
+                m = c.poll(0.05)
+                if m is not None and m.error() is None and m.value() is not None:
+                    self._take(m.value())
         finally:
             c.close()
 
