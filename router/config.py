@@ -7,6 +7,7 @@ every value is checked once here, so the actors never meet a half-valid config. 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import string
 import tomllib
@@ -77,7 +78,9 @@ class TopicSettings(_Base):
 
 class KafkaConfig(_Base):
     bootstrap_servers: str | list[str]
-    client: Literal["kafka-python", "librdkafka"] = "kafka-python"
+    #: "auto" (the default) is resolved when the config is parsed: librdkafka when
+    #: confluent-kafka is importable, else kafka-python (``resolve_client``)
+    client: Literal["auto", "kafka-python", "librdkafka"] = "auto"
     #: compacted topic holding the table schemas records refer to (``source.schema_id``)
     schema_topic: str = "pgrouter.schemas"
     #: topic for logical decoding messages (``pg_logical_emit_message``); empty = dropped
@@ -203,8 +206,22 @@ def decode_toml(text: str, into: type, *, source: str):
                           source=source) from exc
 
 
+def resolve_client(client: str, rdkafka_installed: bool) -> str:
+    """The Kafka client ``[kafka] client`` stands for: ``"auto"`` is librdkafka when
+    confluent-kafka is installed (about ten times less CPU per record), else kafka-python."""
+    if client != "auto":
+        return client
+    return "librdkafka" if rdkafka_installed else "kafka-python"
+
+
+def rdkafka_installed() -> bool:
+    return importlib.util.find_spec("confluent_kafka") is not None
+
+
 def parse_config(text: str, *, source: str = "<config>") -> Config:
     cfg = decode_toml(text, Config, source=source)
+    if cfg.kafka.client == "auto":
+        cfg.kafka.client = resolve_client("auto", rdkafka_installed())
     validate(cfg, source=source)
     return cfg
 

@@ -1,10 +1,11 @@
-"""The Kafka clients behind the sink's client contract: ``kafka_python`` (kafka-python, the
-default) and ``librdkafka`` (confluent-kafka). ``kafka_python``'s docstring states the contract;
+"""The Kafka clients behind the sink's client contract: ``kafka_python`` (kafka-python) and
+``librdkafka`` (confluent-kafka; what ``client = "auto"``, the default, picks when installed). ``kafka_python``'s docstring states the contract;
 both partition keys with Kafka's murmur2, so they are interchangeable."""
 
 
 def client_for(cfg):
-    """The sink's client ``[kafka] client`` names (imported only when chosen)."""
+    """The sink's client ``[kafka] client`` names, "auto" already resolved by the config
+    (imported only when chosen)."""
     if cfg.kafka.client == "librdkafka":
         from .librdkafka import RdKafkaClient
 

@@ -20,8 +20,13 @@ Rules (the delivery contract, whichever Kafka client is behind it):
 * The client's blocking calls run in a worker thread; delivery callbacks arrive on the
   client's own thread and are handed to trio with ``run_sync_soon``.
 * Chunks already waiting in the inbox are taken together (a stream of small transactions
-  is one chunk per transaction): they are registered and sealed in order as above, and
-  their records handed to the client in one worker-thread call.
+  is one chunk per transaction) and their records handed to the client in one worker-thread
+  call. Consecutive whole transactions of such a group share one ticket: its ``Begin``
+  carries the end LSN of the last of them and is extended while it has not been sent yet;
+  the ticket is sealed once its ``Begin`` is sent and no transaction of it is still open, and
+  it is ``Done`` only when every record of every one of its transactions is acknowledged
+  (so the flush LSN moves past them all at once, never past one whose records are not all
+  durable). A keepalive or hold ends the sharing (it keeps its place between transactions).
 """
 
 from __future__ import annotations
@@ -83,7 +88,11 @@ class SinkActor:
         self._lock = threading.Lock()
         self._txns: dict[int, _Txn] = {}
         self._next_ticket = 0
-        self._current: int | None = None  # ticket of the transaction being sent
+        self._current: int | None = None  # ticket of the transactions being sent
+        self._begin: Begin | None = None  # the current ticket's Begin while not yet sent
+        self._in_txn = False  # a source transaction's last chunk has not arrived yet
+        self._sent_records = 0  # records queued since the last stats update
+        self._to_seal: list[int] = []  # closed tickets whose Begin is not sent yet
         self._completed: deque[int] = deque()
         self._outbox: list = []  # Begin/Keepalive/Hold not yet sent to the progress actor
         self._wake = trio.Event()
@@ -164,7 +173,24 @@ class SinkActor:
         ``Begin``."""
         if self._outbox:
             events, self._outbox = self._outbox, []
+            self._begin = None
             await self.progress.send(events)
+            for ticket in self._to_seal:
+                self._seal(ticket)
+            self._to_seal.clear()
+            if self._current is not None and not self._in_txn:
+                self._seal(self._current)
+                self._current = None
+
+    def _seal(self, ticket: int) -> None:
+        """No more records join ``ticket``: it is done once they are acknowledged. Called
+        only after its ``Begin`` was sent, so ``Done`` never overtakes it."""
+        with self._lock:
+            txn = self._txns[ticket]
+            txn.sealed = True
+            complete = txn.acked == txn.sent
+        if complete:
+            self._complete(ticket)
 
     async def _consume(self) -> None:
         async with self.inbox:
@@ -206,7 +232,8 @@ class SinkActor:
             for records, _ in batch:
                 self.metrics.produced(records)
         if self.stats is not None:
-            self.stats.sent_records += sum(len(records) for records, _ in batch)
+            self.stats.sent_records += self._sent_records
+        self._sent_records = 0
         batch.clear()
 
     def _produce_all(self, batch: list) -> None:
@@ -218,13 +245,22 @@ class SinkActor:
         """Registers the chunk's transaction and queues its records in ``batch``; topics and
         schemas it needs are made ready first (and what is queued before them handed over,
         so order is kept)."""
-        if self._current is None:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            with self._lock:
-                self._txns[ticket] = _Txn()
-            self._current = ticket
-            self._outbox.append(Begin(ticket, chunk.end_lsn))
+        if not self._in_txn:  # a transaction's first chunk
+            if self._begin is not None and self._outbox[-1] is self._begin:
+                # joins the current ticket, whose registration is not sent yet
+                end = max(self._begin.end_lsn, chunk.end_lsn)
+                self._begin = self._outbox[-1] = Begin(self._current, end)
+            else:
+                if self._current is not None:  # a keepalive or hold follows its Begin
+                    self._to_seal.append(self._current)
+                ticket = self._next_ticket
+                self._next_ticket += 1
+                with self._lock:
+                    self._txns[ticket] = _Txn()
+                self._current = ticket
+                self._begin = Begin(ticket, chunk.end_lsn)
+                self._outbox.append(self._begin)
+            self._in_txn = True
         ticket = self._current
         if chunk.new_topics and self.metrics is not None:
             for topic, route in chunk.new_topics:
@@ -244,15 +280,13 @@ class SinkActor:
             records = chunk.records if self.reshape is None else self.reshape(chunk)
             with self._lock:
                 self._txns[ticket].sent += len(records)
+            self._sent_records += len(records)
             batch.append((records, ticket))
         if chunk.last:
-            self._current = None
-            with self._lock:
-                txn = self._txns[ticket]
-                txn.sealed = True
-                complete = txn.acked == txn.sent
-            if complete:
-                self._complete(ticket)
+            self._in_txn = False
+            if self._begin is None:  # registered mid-transaction: sealed now
+                self._seal(ticket)
+                self._current = None
 
     async def _send_schemas(self, schemas) -> None:
         if not self._schema_ready and self.create_topics:

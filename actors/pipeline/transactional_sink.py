@@ -61,7 +61,7 @@ class TransactionalSinkActor(SinkActor):
             self._sealed_end = chunk.end_lsn
 
     async def _group_done(self) -> None:
-        if self._current is not None or self._sealed_end is None:
+        if self._in_txn or self._sealed_end is None:
             return
         inbox = self.inbox.statistics
         if self._began is not None:
@@ -80,7 +80,7 @@ class TransactionalSinkActor(SinkActor):
 
     async def _consume(self) -> None:
         await super()._consume()
-        if self._current is None:
+        if not self._in_txn:
             if self._sealed_end is not None:
                 await self._commit()
         else:  # cannot happen with whole transactions upstream; never commit half of one

@@ -28,8 +28,24 @@ def pg_time_to_datetime(us: int) -> _dt.datetime:
     return _PG_EPOCH + _dt.timedelta(microseconds=us)
 
 
+#: (second, its ISO text up to the fraction) of the last ``pg_time_to_iso`` call: a stream of
+#: small transactions commits many times a second, so most calls only format the fraction
+_last_second: list = [None, ""]
+
+
 def pg_time_to_iso(us: int) -> str:
     """``2024-01-02T03:04:05.123456+00:00``."""
+    second, fraction = divmod(us, 1_000_000)
+    last = _last_second
+    if second == last[0]:
+        return "%s.%06d+00:00" % (last[1], fraction)
+    text = _pg_time_to_iso(us)
+    if len(text) == 32 and text[0] != "-":  # years 1-9999: cache the second's prefix
+        last[1], last[0] = text[:19], second
+    return text
+
+
+def _pg_time_to_iso(us: int) -> str:
     if us == DT_NOEND:
         return "infinity"
     if us == DT_NOBEGIN:

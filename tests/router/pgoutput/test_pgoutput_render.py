@@ -124,3 +124,20 @@ def test_error_names_line_and_offset():
     assert str(info.value) == ("line 2: message ends before Begin fields (10 bytes left) "
                                "at byte offset 1")
     assert isinstance(info.value, DecodeError) and info.value.offset == 1
+
+
+def test_iso_cache_of_the_second_matches_the_full_conversion():
+    """``pg_time_to_iso`` reuses the text of the last second it formatted; every value must
+    still read as the full datetime conversion would render it, across seconds, before 2000,
+    and at the edges of datetime's range."""
+    from router.pgoutput import timestamps
+
+    base = 757_487_045_000_000
+    values = [base + d for d in (0, 1, 999_999, 1_000_000, 1_000_001, -1, -999_999,
+                                 -1_000_000, 86_400_000_000)]
+    values += [0, -1, 1, -1_000_000, -1_000_001, timestamps.DT_NOEND, timestamps.DT_NOBEGIN,
+               -63_082_281_600_000_000, 252_423_993_599_999_999, 252_423_993_600_000_000,
+               -63_082_281_600_000_001, base, base + 5, base]
+    for us in values + values[::-1]:
+        assert pg_time_to_iso(us) == timestamps._pg_time_to_iso(us), us
+        assert pg_time_to_iso(us) == timestamps._pg_time_to_iso(us), us

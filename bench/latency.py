@@ -1,0 +1,272 @@
+"""Commit-to-consumer latency under a steady stream of single-row transactions.
+
+    .venv/bin/python bench/latency.py [--rate 1000] [--writers 4] [--seconds 20]
+                                      [--client auto|librdkafka|kafka-python]
+                                      [--setting linger_ms=5 ...] [--dsn …] [--bootstrap …]
+
+``--writers`` connections insert one row per transaction (autocommit), paced together at
+``--rate`` transactions a second (open loop: each writer follows its own schedule, so a slow
+commit does not lower the offered rate). ``pgrouter run`` streams the table to a topic of its
+own; a consumer (confluent-kafka when installed, else kafka-python) reads it and measures,
+for every record, the time from the source transaction's commit (the value's
+``source.commit_time``, the server's clock; server, router and consumer share this machine's
+clock) to the moment the consumer has it. It prints the achieved rate and p50/p90/p99/max of
+the latency, and fails unless every row written arrived. The first ``--warmup`` seconds of
+load are left out of the figures (process start, topic creation, first metadata).
+
+Table, publication, slot and topics are removed afterwards, also after a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg2  # noqa: E402
+
+from bench.e2e import delete_topics, sql  # noqa: E402
+
+
+def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
+           topic: str, prefix: str, settings: dict[str, str]) -> str:
+    extra = "".join(f"{k} = {v}\n" for k, v in settings.items())
+    return f"""
+[source]
+dsn = "{dsn}"
+slot = "{slot}"
+create_slot = true
+publications = ["{pub}"]
+[kafka]
+bootstrap_servers = "{bootstrap}"
+client = "{client}"
+schema_topic = "{prefix}.schemas"
+definitions_topic = "{prefix}.definitions"
+[kafka.settings]
+{extra}
+[[routes]]
+name = "{prefix}"
+tables = ["public.{table}"]
+topic = "{topic}"
+[log]
+progress_interval = 5.0
+"""
+
+
+def parse_iso(text: str) -> float:
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+class Consumer(threading.Thread):
+    """Reads the topic from its beginning; ``seen`` maps row id -> latency in seconds."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.seen: dict[int, float] = {}
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def _take(self, value: bytes) -> None:
+        now = time.time()
+        doc = json.loads(value)
+        doc = doc.get("payload", doc)  # Connect format wraps the value
+        after = doc.get("after")
+        if after is not None:
+            self.seen[after["id"]] = now - parse_iso(doc["source"]["commit_time"])
+
+    def run(self) -> None:
+        try:
+            try:
+                import confluent_kafka
+            except ImportError:
+                confluent_kafka = None
+            if confluent_kafka is not None:
+                self._run_rdkafka(confluent_kafka)
+            else:
+                self._run_kafka_python()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    def _run_rdkafka(self, ck) -> None:
+        c = ck.Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"lat-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "fetch.wait.max.ms": 5, "topic.metadata.refresh.interval.ms": 500,
+                         "allow.auto.create.topics": False})
+        c.subscribe([self.topic])
+        try:
+            while not self.stop.is_set():
+                # poll: returns with the first record (consume(n, t) waits for n or t)
+                m = c.poll(0.05)
+                if m is not None and m.error() is None and m.value() is not None:
+                    self._take(m.value())
+        finally:
+            c.close()
+
+    def _run_kafka_python(self) -> None:
+        from kafka import KafkaConsumer
+        c = KafkaConsumer(bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
+                          enable_auto_commit=False, fetch_max_wait_ms=5,
+                          metadata_max_age_ms=500)
+        c.subscribe([self.topic])
+        try:
+            while not self.stop.is_set():
+                for records in c.poll(timeout_ms=50).values():
+                    for r in records:
+                        if r.value is not None:
+                            self._take(r.value)
+        finally:
+            c.close()
+
+
+def writer(dsn: str, table: str, wid: int, rate: float, start: float, until: float,
+           written: list, errors: list) -> None:
+    """One row per transaction at ``rate`` a second from ``start`` to ``until``."""
+    try:
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        cur = conn.cursor()
+        i = 0
+        while True:
+            due = start + i / rate
+            if due >= until:
+                break
+            delay = due - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            rid = wid * 1_000_000_000 + i
+            cur.execute(f"insert into {table} values (%s, %s)", (rid, "x" * 40))
+            written.append(rid)
+            i += 1
+        conn.close()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def pct(values: list[float], p: float) -> float:
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=1000.0, help="transactions a second, total")
+    ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=20.0, help="load duration")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds left out of the figures")
+    ap.add_argument("--client", default="auto", choices=["auto", "librdkafka", "kafka-python"])
+    ap.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                    help="a [kafka.settings] entry (TOML value), e.g. linger_ms=5")
+    ap.add_argument("--dsn", default=os.environ.get(
+        "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
+                                                          "127.0.0.1:9092"))
+    args = ap.parse_args()
+    settings = dict(s.split("=", 1) for s in args.setting)
+    tag = uuid.uuid4().hex[:8]
+    table, pub, slot = f"lat_{tag}", f"lat_{tag}", f"lat_{tag}"
+    prefix = f"bench.latency.{tag}"
+    topic = f"{prefix}.rows"
+    sql(args.dsn, f"create table {table} (id bigint primary key, payload text)",
+        f"create publication {pub} for table {table}")
+    router = None
+    consumer = Consumer(args.bootstrap, topic)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = pathlib.Path(tmp) / "router.toml"
+            cfg.write_text(config(args.dsn, args.bootstrap, slot, pub, table, args.client,
+                                  topic, prefix, settings))
+            log = open(pathlib.Path(tmp) / "router.log", "w+")
+            router = subprocess.Popen([sys.executable, "-m", "router", "run", "-c", str(cfg)],
+                                      cwd=ROOT, stderr=log, stdout=log)
+            # the first row creates the topic; the consumer starts once it exists
+            deadline = time.time() + 60
+            while not sql(args.dsn, "select 1 from pg_replication_slots where slot_name = "
+                          f"'{slot}' and active", fetch=True):
+                if router.poll() is not None or time.time() > deadline:
+                    log.seek(0)
+                    raise SystemExit(f"router did not start:\n{log.read()[-3000:]}")
+                time.sleep(0.2)
+            sql(args.dsn, f"insert into {table} values (-1, 'warm-up')")
+            consumer.start()
+            while -1 not in consumer.seen:
+                if consumer.error or router.poll() is not None or time.time() > deadline:
+                    log.seek(0)
+                    raise SystemExit(f"first row never arrived ({consumer.error!r}):\n"
+                                     f"{log.read()[-3000:]}")
+                time.sleep(0.05)
+            client_line = next((ln for ln in open(log.name) if "kafka_client=" in ln), "")
+            client = client_line.split("kafka_client=")[1].split()[0] if client_line else "?"
+            written: list[int] = []
+            errors: list = []
+            start = time.time() + 0.2
+            until = start + args.seconds
+            threads = [threading.Thread(target=writer, args=(
+                args.dsn, table, w, args.rate / args.writers, start + w / args.rate, until,
+                written, errors)) for w in range(args.writers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            took = time.time() - start
+            if errors:
+                raise SystemExit(f"writer failed: {errors[0]!r}")
+            deadline = time.time() + 60
+            while any(r not in consumer.seen for r in written[-200:]) or \
+                    len(consumer.seen) < len(written) + 1:
+                if time.time() > deadline or consumer.error:
+                    break
+                time.sleep(0.1)
+            consumer.stop.set()
+            consumer.join(10)
+            missing = [r for r in written if r not in consumer.seen]
+            warm = {w * 1_000_000_000 + i for w in range(args.writers)
+                    for i in range(int(args.warmup * args.rate / args.writers))}
+            lat = sorted(consumer.seen[r] * 1000 for r in written
+                         if r in consumer.seen and r not in warm)
+            print(f"client {client}, {args.writers} writers, offered {args.rate:.0f} txn/s, "
+                  f"achieved {len(written) / took:.0f} txn/s for {took:.1f} s "
+                  f"({len(written)} rows; settings {settings or 'default'})")
+            if lat:
+                print(f"commit -> consumer latency (ms, after {args.warmup:.0f} s warm-up, "
+                      f"{len(lat)} rows): p50 {pct(lat, 50):.1f}  p90 {pct(lat, 90):.1f}  "
+                      f"p99 {pct(lat, 99):.1f}  max {lat[-1]:.1f}  "
+                      f"mean {statistics.fmean(lat):.1f}")
+            if consumer.error:
+                raise SystemExit(f"consumer failed: {consumer.error!r}")
+            if missing:
+                raise SystemExit(f"{len(missing)} of {len(written)} rows never arrived "
+                                 f"(e.g. id {missing[0]})")
+            print(f"every row arrived ({len(written)})")
+    finally:
+        consumer.stop.set()
+        if router is not None and router.poll() is None:
+            router.send_signal(signal.SIGTERM)
+            try:
+                router.wait(30)
+            except subprocess.TimeoutExpired:
+                router.kill()
+                router.wait()
+        try:
+            sql(args.dsn, "select pg_drop_replication_slot(slot_name) from "
+                f"pg_replication_slots where slot_name = '{slot}'")
+        finally:
+            sql(args.dsn, f"drop publication if exists {pub}", f"drop table if exists {table}")
+            delete_topics(args.bootstrap, [topic, f"{prefix}.schemas",
+                                           f"{prefix}.definitions"])
+
+
+if __name__ == "__main__":
+    main()
