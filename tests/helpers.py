@@ -156,6 +156,19 @@ def pg_text(v):
     return None if v is None else str(v)
 
 
+def topic_rows(bootstrap: str, topic: str, key: list[str], columns: list[str]) -> set:
+    """The rows a consumer folding ``topic`` holds, each as PostgreSQL's text of ``columns``."""
+    folded = fold_rows(read_topic(bootstrap, topic), key)
+    return {tuple(pg_text(row.get(c)) for c in columns) for row in folded.values()}
+
+
+def table_rows(conn, table: str, columns: list[str]) -> set:
+    """A table's rows as PostgreSQL's text of ``columns`` (to compare with ``topic_rows``)."""
+    with conn.cursor() as cur:
+        cur.execute(f"select {', '.join(f'{c}::text' for c in columns)} from {table}")
+        return set(cur.fetchall())
+
+
 def fold_rows(records: list[dict], key_columns: list[str]) -> dict:
     """Apply change records in position order to a dict key -> row (what a consumer that
     materializes the topic would hold)."""

@@ -14,23 +14,13 @@ import psycopg2
 import pytest
 from psycopg2.extensions import parse_dsn
 
-from tests.helpers import Pg, fold_rows, pg_text, read_topic, run_router, unique, write_config
+from tests.helpers import (Pg, read_topic, run_router, table_rows, topic_rows, unique,
+                           write_config)
 
 pytestmark = pytest.mark.services
 
 DEADLINE = 90
 COLS = ["id", "b", "n", "flag", "ts", "arr", "j"]
-
-
-def topic_rows(bootstrap: str, topic: str, key: list[str], columns: list[str]) -> set:
-    folded = fold_rows(read_topic(bootstrap, topic), key)
-    return {tuple(pg_text(row.get(c)) for c in columns) for row in folded.values()}
-
-
-def table_rows(conn, table: str, columns: list[str]) -> set:
-    with conn.cursor() as cur:
-        cur.execute(f"select {', '.join(f'{c}::text' for c in columns)} from {table}")
-        return set(cur.fetchall())
 
 
 class CopyingSubscriber:
