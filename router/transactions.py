@@ -40,11 +40,11 @@ from .errors import ProtocolViolation
 from .native import NATIVE
 from .pgoutput import messages as m
 from .changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, ChangeBuffer, Changes
-from .changes import change_size, row_change, row_size
+from .changes import change_size, row_change
 from .relations import RelationCache
+from .short_transactions import bind_short, feed_row
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
-_ROW_TYPES = frozenset((b"I", b"U", b"D"))
 
 
 class Transaction(msgspec.Struct, frozen=True):
@@ -153,21 +153,29 @@ class TransactionAssembler:
         memory estimated from the message size, the limit checked per change. Runs of them
         go through ``router._native.feed_rows`` when the decoder allows it
         (``Decoder.row_decoder``: not in a stream block), asked again after every other
-        message, as only those change the decoder's state."""
+        message, as only those change the decoder's state. Between transactions, complete
+        short ones are taken whole (``router.short_transactions``)."""
         events: list = []
         limit = self.memory_limit
         row_decoder = getattr(getattr(decode, "__self__", None), "row_decoder", None)
         feed_rows = NATIVE.feed_rows if row_decoder is not None and row_decoder() else None
+        short = bind_short(Transaction, decode, feed_rows is not None)
+        by_id = self.relations.by_id
         i, n = 0, len(messages)
         while i < n:
             buf = self._current
+            if buf is None and self._stream_xid is None:
+                j = short(messages, i, by_id, limit - self._memory, events)
+                if j > i:
+                    i = j
+                    continue
             if buf is not None:
                 if feed_rows is not None:
                     j, size, count = feed_rows(messages, i, buf.changes, self.relations.by_id,
                                                Change, CHANGE_OVERHEAD, VALUE_OVERHEAD,
                                                limit - self._memory)
                 else:
-                    j, size, count = self._feed_row(buf, messages, i, decode)
+                    j, size, count = feed_row(buf, messages, i, decode, self)
                 if j > i:
                     buf.memory += size
                     buf.count += count
@@ -184,21 +192,6 @@ class TransactionAssembler:
             if released:
                 events.extend(released)
         return events
-
-    def _feed_row(self, buf: ChangeBuffer, messages: list, i: int,
-                  decode) -> tuple[int, int, int]:
-        """``feed_rows`` for one message in Python: (i + 1, bytes, count) when it was a row
-        change and is taken, (i, 0, 0) when it must be fed the long way."""
-        lsn, payload = messages[i]
-        if payload[:1] not in _ROW_TYPES:
-            return i, 0, 0
-        msg = decode(payload)
-        if msg.xid is not None:  # cannot be (Stream Start inside a transaction is refused)
-            self.feed(lsn, msg)
-            return i + 1, 0, 0
-        change = row_change(lsn, msg, self.relations.get(msg.relation_id))
-        buf.changes.append(change)
-        return i + 1, row_size(change, len(payload)), 1
 
     def _violation(self, text: str) -> ProtocolViolation:
         return ProtocolViolation(text)

@@ -41,9 +41,11 @@ HELP: dict[str, str] = {
 }
 
 
-def _available() -> dict[str, object]:
+def _available(names=None) -> dict[str, object]:
     found = {}
     for name, module in COMMANDS.items():
+        if names is not None and name not in names:
+            continue
         try:
             found[name] = importlib.import_module(f"actors.cli.{module}")
         except ModuleNotFoundError as exc:
@@ -68,8 +70,19 @@ def build_parser(modules: dict[str, object]) -> argparse.ArgumentParser:
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option), if any."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    modules = _available()
+    # only the named subcommand's module is imported (``run`` starts faster without the
+    # others); every module for ``--help`` and for words that are not a subcommand
+    command = _command(sys.argv[1:] if argv is None else argv)
+    modules = _available(None if command is None else {command})
     parser = build_parser(modules)
     args = parser.parse_args(argv)
     if args.command is None:

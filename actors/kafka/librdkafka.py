@@ -50,7 +50,7 @@ _ADMIN_KEYS = ("client.id", "security.protocol", "sasl.", "ssl.", "request.timeo
 #: "kafka" logger that ``actors.services.log`` quiets like kafka-python's: failures that matter reach
 #: the sink as typed delivery errors
 _LOGGER = logging.getLogger("kafka.librdkafka")
-POLL_INTERVAL = 0.1  # seconds a poll waits when idle (reports wake it at once)
+POLL_INTERVAL = 0.02  # seconds a poll waits when idle (reports wake it at once; close waits for it)
 
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
                         KafkaError.INVALID_MSG_SIZE})
@@ -243,15 +243,16 @@ class RdKafkaClient:
         missing = [s for s in specs if s.name not in self._known_topics]
         if not missing:
             return
-        if self._admin is None:
-            self._admin = AdminClient(self._admin_conf)
         try:
-            existing = set(self._admin.list_topics(timeout=self._timeout).topics)
+            # the producer's connection answers (an admin client would open one more)
+            existing = set(self.producer.list_topics(timeout=self._timeout).topics)
             new = [NewTopic(s.name, num_partitions=s.partitions,
                             replication_factor=s.replication_factor,
                             config={k: str(v) for k, v in s.configs.items()})
                    for s in missing if s.name not in existing]
             if new:
+                if self._admin is None:
+                    self._admin = AdminClient(self._admin_conf)
                 futures = self._admin.create_topics(new, request_timeout=self._timeout)
                 for future in futures.values():
                     try:

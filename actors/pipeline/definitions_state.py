@@ -41,6 +41,7 @@ from router.lsn import format_lsn
 from ..services import log
 from ..services import publication_trigger as trigger
 from ..services.catalog import build_route_specs, load_publications, route_publication_names
+from ..services.preflight import known_api_version
 from ..services.sql import SqlSession
 from .sink import TopicSpec
 
@@ -128,7 +129,8 @@ def read_state_values(cfg: Config, timeout: float = READ_TIMEOUT) -> list[bytes]
     try:
         consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers, group_id=None,
                                  enable_auto_commit=False, auto_offset_reset="earliest",
-                                 allow_auto_create_topics=False, **_kafka_settings(cfg))
+                                 allow_auto_create_topics=False, **_kafka_settings(cfg),
+                                 **known_api_version(cfg.kafka.bootstrap_servers))
     except kerr.KafkaError as exc:
         raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
     try:

@@ -100,9 +100,11 @@ class BackfillActor:
         # SQL sessions are opened when a backfill needs them: a router without backfills
         # keeps only its usual connections
         self.sql: SqlSession | None = None
+        # started before the progress topic is read: that read overlaps the rest of the
+        # pipeline's start; the stream's events wait in the inbox until it is done
+        task_status.started()
         try:
             await self._start()
-            task_status.started()
             async with trio.open_nursery() as nursery:
                 for _ in range(self.cfg.snapshot.parallel):
                     nursery.start_soon(self._driver)

@@ -24,6 +24,7 @@ from router.kafka_settings import KAFKA_PYTHON, translate
 from router.snapshot import Progress, decode_progress, encode_progress, progress_key
 
 from ..pipeline.sink import TopicSpec
+from ..services.preflight import known_api_version
 
 
 def _consumer_settings(cfg: Config) -> dict:
@@ -50,7 +51,8 @@ class ProgressStore:
             consumer = KafkaConsumer(bootstrap_servers=self.cfg.kafka.bootstrap_servers,
                                      group_id=None, enable_auto_commit=False,
                                      auto_offset_reset="earliest",
-                                     **_consumer_settings(self.cfg))
+                                     **_consumer_settings(self.cfg),
+                                     **known_api_version(self.cfg.kafka.bootstrap_servers))
         except Exception as exc:
             raise SinkUnavailable(f"cannot read {self.topic}: {exc}") from exc
         try:

@@ -44,6 +44,12 @@ int pgoutput_setup(PyObject *module);
 int codec_setup(PyObject *module);
 int records_setup(PyObject *module);
 int delivery_setup(PyObject *module);
+int short_setup(PyObject *module); /* short.c, readied by pgoutput_setup */
+
+/* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case
+ * (0, nothing appended), error (-1) */
+int take_row(PyObject *item, PyObject *changes, PyObject *relations, PyObject *change_type,
+             Py_ssize_t overhead, Py_ssize_t value_overhead, long long *used);
 
 static inline uint32_t
 be32(const unsigned char *p)

@@ -193,6 +193,79 @@ done:
  */
 static PyObject *op_insert, *op_update, *op_delete;
 
+/* One plain row message (lsn, data) of a known relation as a Change appended to ``changes``:
+ * 1 (with *used += its estimate), 0 when it is not the plain case (nothing appended, no
+ * exception), -1 on error. Shared by feed_rows and take_short (short.c). */
+int
+take_row(PyObject *item, PyObject *changes, PyObject *relations, PyObject *change_type,
+         Py_ssize_t overhead, Py_ssize_t value_overhead, long long *used)
+{
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2)
+        return 0;
+    PyObject *lsn = PyTuple_GET_ITEM(item, 0), *data = PyTuple_GET_ITEM(item, 1);
+    if (!PyBytes_CheckExact(data))
+        return 0;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t end = PyBytes_GET_SIZE(data);
+    if (end < 6)
+        return 0;
+    unsigned char type = buf[0], action = buf[5];
+    PyObject *op;
+    if (type == 'I' && action == 'N')
+        op = op_insert;
+    else if (type == 'U' && (action == 'N' || action == 'K' || action == 'O'))
+        op = op_update;
+    else if (type == 'D' && (action == 'K' || action == 'O'))
+        op = op_delete;
+    else
+        return 0;
+    PyObject *relid = PyLong_FromUnsignedLong(be32(buf + 1));
+    if (relid == NULL)
+        return -1;
+    PyObject *rel = PyDict_GetItemWithError(relations, relid);
+    Py_DECREF(relid);
+    if (rel == NULL)
+        return PyErr_Occurred() ? -1 : 0; /* unknown relation: the long way reports it */
+    Py_ssize_t pos = 6;
+    PyObject *before = NULL, *new = NULL;
+    if (action != 'N') {
+        before = parse_tuple(buf, end, &pos);
+        if (before == NULL)
+            goto stop;
+        if (type == 'U') {
+            if (pos >= end || buf[pos] != 'N')
+                goto stop;
+            pos += 1;
+        }
+    }
+    if (type != 'D') {
+        new = parse_tuple(buf, end, &pos);
+        if (new == NULL)
+            goto stop;
+    }
+    if (pos != end)
+        goto stop;
+    Py_ssize_t values = (before ? PyTuple_GET_SIZE(before) : 0) +
+                        (new ? PyTuple_GET_SIZE(new) : 0);
+    PyObject *call[] = {op, lsn, rel, before ? before : Py_None,
+                        action == 'K' ? Py_True : Py_False, new ? new : Py_None};
+    PyObject *change = PyObject_Vectorcall(change_type, call, 6, NULL);
+    Py_XDECREF(before);
+    Py_XDECREF(new);
+    if (change == NULL)
+        return -1;
+    int r = PyList_Append(changes, change);
+    Py_DECREF(change);
+    if (r < 0)
+        return -1;
+    *used += overhead + end + value_overhead * values;
+    return 1;
+stop:
+    Py_XDECREF(before);
+    Py_XDECREF(new);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *
 native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -215,77 +288,13 @@ native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (unchanged_toast == NULL)
         i = n;
     for (; i < n && used <= budget; i++) {
-        PyObject *item = PyList_GET_ITEM(messages, i);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2)
-            break;
-        PyObject *lsn = PyTuple_GET_ITEM(item, 0), *data = PyTuple_GET_ITEM(item, 1);
-        if (!PyBytes_CheckExact(data))
-            break;
-        const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-        Py_ssize_t end = PyBytes_GET_SIZE(data);
-        if (end < 6)
-            break;
-        unsigned char type = buf[0], action = buf[5];
-        PyObject *op;
-        if (type == 'I' && action == 'N')
-            op = op_insert;
-        else if (type == 'U' && (action == 'N' || action == 'K' || action == 'O'))
-            op = op_update;
-        else if (type == 'D' && (action == 'K' || action == 'O'))
-            op = op_delete;
-        else
-            break;
-        PyObject *relid = PyLong_FromUnsignedLong(be32(buf + 1));
-        if (relid == NULL)
-            return NULL;
-        PyObject *rel = PyDict_GetItemWithError(relations, relid);
-        Py_DECREF(relid);
-        if (rel == NULL) {
-            if (PyErr_Occurred())
-                return NULL;
-            break; /* unknown relation: the long way reports it */
-        }
-        Py_ssize_t pos = 6;
-        PyObject *before = NULL, *new = NULL;
-        if (action != 'N') {
-            before = parse_tuple(buf, end, &pos);
-            if (before == NULL)
-                goto stop;
-            if (type == 'U') {
-                if (pos >= end || buf[pos] != 'N')
-                    goto stop;
-                pos += 1;
-            }
-        }
-        if (type != 'D') {
-            new = parse_tuple(buf, end, &pos);
-            if (new == NULL)
-                goto stop;
-        }
-        if (pos != end)
-            goto stop;
-        Py_ssize_t values = (before ? PyTuple_GET_SIZE(before) : 0) +
-                            (new ? PyTuple_GET_SIZE(new) : 0);
-        PyObject *call[] = {op, lsn, rel, before ? before : Py_None,
-                            action == 'K' ? Py_True : Py_False, new ? new : Py_None};
-        PyObject *change = PyObject_Vectorcall(change_type, call, 6, NULL);
-        Py_XDECREF(before);
-        Py_XDECREF(new);
-        if (change == NULL)
-            return NULL;
-        int r = PyList_Append(changes, change);
-        Py_DECREF(change);
+        int r = take_row(PyList_GET_ITEM(messages, i), changes, relations, change_type,
+                         overhead, value_overhead, &used);
         if (r < 0)
             return NULL;
-        used += overhead + end + value_overhead * values;
+        if (r == 0)
+            break;
         count++;
-        continue;
-    stop:
-        Py_XDECREF(before);
-        Py_XDECREF(new);
-        if (PyErr_Occurred())
-            return NULL;
-        break;
     }
     return Py_BuildValue("(nLn)", i, used, count);
 }
@@ -380,6 +389,8 @@ pgoutput_setup(PyObject *module)
     str_payload = PyUnicode_InternFromString("payload");
     str_data_start = PyUnicode_InternFromString("data_start");
     if (!op_insert || !op_update || !op_delete || !str_payload || !str_data_start)
+        return -1;
+    if (short_setup(module) < 0)
         return -1;
     return PyModule_AddFunctions(module, pgoutput_methods);
 }

@@ -300,10 +300,12 @@ def gen_stream(rng, transactions: int, poison: bytes | None = None) -> list[tupl
 
 
 class CountingNative:
-    """router.transactions' NATIVE, counting the rows feed_rows takes."""
+    """router.transactions' NATIVE, counting the rows feed_rows takes and the short
+    transactions take_short takes."""
 
     def __init__(self):
         self.rows = 0
+        self.short = 0
 
     def __getattr__(self, name):
         return getattr(NATIVE, name)
@@ -311,6 +313,13 @@ class CountingNative:
     def feed_rows(self, *args):
         out = NATIVE.feed_rows(*args)
         self.rows += out[2]
+        return out
+
+    def take_short(self, *args):
+        events = args[4]
+        before = len(events)
+        out = NATIVE.take_short(*args)
+        self.short += len(events) - before
         return out
 
 
@@ -340,10 +349,12 @@ def check_feed_batch(monkeypatch, tmp_path, rows, version, memory_limit, cuts):
     for python_path in (True, False):
         counting = CountingNative()
         monkeypatch.setattr("router.transactions.NATIVE", counting)
+        monkeypatch.setattr("router.short_transactions.NATIVE", counting)
         runs.append(assemble(rows, version, python_path, memory_limit, cuts, str(tmp_path)))
         assert (counting.rows == 0) is python_path, "the path under test was not taken"
+        shorts = counting.short
     assert runs[0] == runs[1]
-    return runs[0]
+    return runs[0], shorts
 
 
 @native
@@ -351,8 +362,8 @@ def check_feed_batch(monkeypatch, tmp_path, rows, version, memory_limit, cuts):
 @pytest.mark.parametrize("name", CAPTURES)
 def test_feed_batch_native_equals_python_on_golden(monkeypatch, tmp_path, name, memory_limit):
     rows = GOLDEN_ROWS[name]
-    events, trace = check_feed_batch(monkeypatch, tmp_path, rows, CAPTURES[name], memory_limit,
-                                     [*range(0, len(rows), 37), len(rows)])
+    (events, trace), _ = check_feed_batch(monkeypatch, tmp_path, rows, CAPTURES[name],
+                                          memory_limit, [*range(0, len(rows), 37), len(rows)])
     assert events and (memory_limit > 4096 or trace[-1][1] > 0)
 
 
@@ -362,8 +373,11 @@ def test_feed_batch_native_equals_python_on_generated_streams(monkeypatch, tmp_p
     rng = random.Random(memory_limit)
     rows = gen_stream(rng, 120)
     cuts = sorted({0, len(rows), *rng.sample(range(len(rows)), 60)})
-    events, trace = check_feed_batch(monkeypatch, tmp_path, rows, 1, memory_limit, cuts)
+    (events, trace), shorts = check_feed_batch(monkeypatch, tmp_path, rows, 1, memory_limit,
+                                               cuts)
     assert len(events) == 120
+    # short transactions were taken whole in C, unless the memory limit leaves no room
+    assert (shorts > 20) is (memory_limit > 500), shorts
     spilled_open = [t for t in trace if t[2] and t[2][1] > t[2][2]]  # open, partly on disk
     assert (trace[-1][1] > 0 and spilled_open) if memory_limit < 64 << 20 else trace[-1][1] == 0
 
@@ -388,5 +402,5 @@ def test_feed_batch_native_and_python_raise_alike(monkeypatch, tmp_path, poison,
     rng = random.Random(5)
     rows = gen_stream(rng, 15, poison)
     cuts = sorted({0, len(rows), *rng.sample(range(len(rows)), 8)})
-    _, trace = check_feed_batch(monkeypatch, tmp_path, rows, 1, memory_limit, cuts)
+    (_, trace), _ = check_feed_batch(monkeypatch, tmp_path, rows, 1, memory_limit, cuts)
     assert trace[-1][0] is error
