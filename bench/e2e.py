@@ -190,6 +190,8 @@ def run_null_router(cfg_path: str) -> None:
 
     cfg = load_config(cfg_path)
     import gc
+    from actors.cli.run import tune_gc
+    tune_gc()  # what pgrouter run does; BENCH_GC_* below change it
     if os.environ.get("BENCH_GC_OFF"):
         gc.disable()
     if os.environ.get("BENCH_GC_FREEZE"):
