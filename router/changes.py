@@ -223,6 +223,11 @@ class Changes:
         else:
             yield from self._memory
 
+    def in_memory(self) -> list[Change] | None:
+        """The changes as the list they are in (not a copy), when all of them are in memory
+        and none was aborted; else None."""
+        return self._memory if self._file is None and not self._aborted else None
+
     def runs(self) -> Iterator[list[Change]]:
         """The changes in order as lists: what is in memory as one list (not a copy), what
         was spilled in lists of up to ``RUN_SIZE``."""

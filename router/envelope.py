@@ -29,6 +29,7 @@ from typing import Callable
 import msgspec
 
 from .native import NATIVE
+from .recorders import PyRecorder
 from .pgoutput import UNCHANGED_TOAST, Relation
 from .pgoutput.timestamps import pg_time_to_iso, pg_time_to_unix_ms
 from .schema import TableSchema, table_schema
@@ -104,7 +105,7 @@ class TableEncoder:
                  "_key_names", "_source_static", "_identity", "_convs", "_key_single",
                  "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl",
                  "_static_tmpl", "_codec", "_head", "_mid", "_tail", "_route_part", "_recorder",
-                 "_delete_key")
+                 "_delete_key", "_recorders")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
@@ -154,6 +155,7 @@ class TableEncoder:
                             + _encode(self.schema.schema_id))
         self._mid = self._tail = b""
         self._recorder = None
+        self._recorders: dict[str, tuple] = {}  # topic -> (recorder, its PyRecorder)
         if NATIVE is not None and delete_key is None:
             self._codec = NATIVE.RowCodec(
                 len(cols), pick, tuple(_encode(n) + b":" for n in self._names),
@@ -237,6 +239,11 @@ class TableEncoder:
             self._python_tx(tx)
             return
         self._value_tmpl = None  # the Python path's template, made when it is needed
+        bits = NATIVE.tx_bits(tx.commit_lsn, tx.xid, tx.commit_time, tx.origin, tx.origin_lsn,
+                              self._route_part)
+        if bits is not None:
+            self._mid, self._tail = bits
+            return
         commit_lsn, xid, commit_time, origin, origin_lsn, ts_ms = _tx_json(tx)
         self._mid = b',"commit_lsn":' + commit_lsn + b',"seq":'
         self._tail = (b',"xid":' + xid + b',"commit_time":' + commit_time + b',"origin":'
@@ -289,24 +296,27 @@ class TableEncoder:
     def recorder(self, tx: TxContext, topic: str, lsn_header: tuple | None, seq_name: str):
         """The router's hot path: ``record(op, lsn, seq, old, old_is_key, new) -> (topic,
         key, value, headers)`` for the changes of ``tx`` to ``topic``, headers
-        ``[lsn_header, (seq_name, b"<seq>")]`` (None without ``lsn_header``); in C (``router._native.Recorder``) with
-        ``_encode_py`` for what C leaves to Python."""
+        ``[lsn_header, (seq_name, b"<seq>")]`` (None without ``lsn_header``); in C
+        (``router._native.Recorder``) with ``_encode_py`` for what C leaves to Python.
+        One recorder per topic is made and bound to each transaction in turn: a recorder is
+        used for ``tx`` until this is asked for another transaction (the router routes one
+        transaction at a time)."""
         cached = self._recorder
         if cached is not None and cached[0] is tx and cached[1] == topic:
             return cached[2]
         if tx is not self._tx:
             self._use_tx(tx)
-        encode = self._encode_py
-
-        def record(op, lsn, seq, old, old_is_key, new):
-            key, value = encode(op, tx, lsn, seq, old, old_is_key, new)
-            if lsn_header is None:
-                return (topic, key, value, None)
-            return (topic, key, value, [lsn_header, (seq_name, b"%d" % seq)])
-
-        if self._codec is not None:
-            record = NATIVE.Recorder(self._codec, topic, self._head, self._mid, self._tail,
-                                     record, lsn_header, seq_name)
+        made = self._recorders.get(topic)
+        if made is None or made[1].seq_name != seq_name:
+            fallback = PyRecorder(self._encode_py, topic, seq_name)
+            record = fallback if self._codec is None else NATIVE.Recorder(
+                self._codec, topic, self._head, self._mid, self._tail, fallback, lsn_header,
+                seq_name)
+            made = self._recorders[topic] = (record, fallback)
+        record, fallback = made
+        fallback.tx, fallback.lsn_header = tx, lsn_header
+        if record is not fallback:
+            record.rebind(self._mid, self._tail, lsn_header)
         self._recorder = (tx, topic, record)
         return record
 

@@ -30,6 +30,7 @@ from .plans import KINDS, TablePlan, apply_plan, materialize
 from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
+from .short_routes import RoutesShort
 from .transactions import NonTransactionalMessage, Transaction
 
 CHUNK_RECORDS = 2000
@@ -78,7 +79,7 @@ def _position(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
     return [(_H_LSN, b"%d" % commit_lsn), (_H_SEQ, b"%d" % seq)]
 
 
-class ChangeRouter(FollowsDefinitions):
+class ChangeRouter(RoutesShort, FollowsDefinitions):
     def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
                  type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
                  primary_keys: PrimaryKeys | dict[tuple[str, str], tuple[str, ...]] | None = None,
@@ -87,6 +88,7 @@ class ChangeRouter(FollowsDefinitions):
         #: Kafka headers pgrouter.commit_lsn and pgrouter.seq on every change record (the
         #: same position as the value's source; they cost the client ~1 µs a record)
         self._headers = _position if position_headers else _no_headers
+        self.position_headers = position_headers
         self.db = db
         #: the tables' primary keys, which key their records (shared by a pipeline's routers)
         self.primary_keys = (primary_keys if isinstance(primary_keys, PrimaryKeys)

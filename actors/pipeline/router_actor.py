@@ -25,6 +25,10 @@ from router.transactions import NonTransactionalMessage, Transaction
 from .mailbox import Hold, Keepalive
 
 
+#: changes a transaction has at most to be routed by ``ChangeRouter.route_short``
+SHORT = 64
+
+
 class RouterActor:
     def __init__(self, *, router: ChangeRouter, inbox: trio.MemoryReceiveChannel,
                  out: trio.MemorySendChannel, router_for=None, meta=None, metrics=None):
@@ -44,6 +48,9 @@ class RouterActor:
         route = self.router.route if self.meta is None else (
             lambda txn: self._route(txn, self.router))
         metrics = self.metrics
+        # short transactions in one step (ChangeRouter.route_short), unless each one also
+        # gets a transaction record (meta)
+        short = self.router.route_short if self.meta is None else None
         task_status.started()
         async with self.inbox, self.out:
             async for events in self.inbox:
@@ -52,6 +59,20 @@ class RouterActor:
                 started, waited = perf_counter(), 0.0
                 for ev in events:
                     kind = type(ev)
+                    if kind is Transaction and ev.change_count <= SHORT and short is not None:
+                        chunk = short(ev)  # one chunk, or None: the long way below
+                        if chunk is not None:
+                            group.append(chunk)
+                            size += len(chunk.records)
+                            ev.changes.close()
+                            if metrics is not None:
+                                metrics.routed(ev.end_lsn, ev.commit_time, ev.change_count)
+                            if size >= CHUNK_RECORDS:
+                                sent = perf_counter()
+                                await self.out.send(group)
+                                waited += perf_counter() - sent
+                                group, size = [], 0
+                            continue
                     if kind is Transaction or kind is RestrictedTransaction:
                         txn = ev if kind is Transaction else ev.transaction
                         chunks = route(txn) if kind is Transaction else self._route(

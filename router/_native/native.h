@@ -45,6 +45,7 @@ int codec_setup(PyObject *module);
 int records_setup(PyObject *module);
 int delivery_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied by pgoutput_setup */
+int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 
 /* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case
  * (0, nothing appended), error (-1) */

@@ -78,6 +78,19 @@ recorder_vectorcall(Recorder *self, PyObject *const *args, size_t nargsf, PyObje
 }
 
 static int
+check_lsn_header(PyObject *lsn_header)
+{
+    if (lsn_header != Py_None &&
+        (!PyTuple_CheckExact(lsn_header) || PyTuple_GET_SIZE(lsn_header) != 2 ||
+         !PyUnicode_CheckExact(PyTuple_GET_ITEM(lsn_header, 0)) ||
+         !PyBytes_CheckExact(PyTuple_GET_ITEM(lsn_header, 1)))) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: lsn_header is a (str, bytes) pair");
+        return -1;
+    }
+    return 0;
+}
+
+static int
 recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
 {
     PyObject *codec, *topic, *head, *mid, *tail, *fallback, *lsn_header, *seq_name;
@@ -88,13 +101,8 @@ recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Recorder: fallback must be callable");
         return -1;
     }
-    if (lsn_header != Py_None &&
-        (!PyTuple_CheckExact(lsn_header) || PyTuple_GET_SIZE(lsn_header) != 2 ||
-         !PyUnicode_CheckExact(PyTuple_GET_ITEM(lsn_header, 0)) ||
-         !PyBytes_CheckExact(PyTuple_GET_ITEM(lsn_header, 1)))) {
-        PyErr_SetString(PyExc_TypeError, "Recorder: lsn_header is a (str, bytes) pair");
+    if (check_lsn_header(lsn_header) < 0)
         return -1;
-    }
     Py_XSETREF(self->codec, (RowCodec *)Py_NewRef(codec));
     Py_XSETREF(self->topic, Py_NewRef(topic));
     Py_XSETREF(self->head, Py_NewRef(head));
@@ -106,6 +114,29 @@ recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
     self->vectorcall = (vectorcallfunc)recorder_vectorcall;
     return 0;
 }
+
+/* rebind(mid, tail, lsn_header): the same route and layout for the next transaction (a
+ * recorder is made once per topic of a TableEncoder, not once per transaction) */
+static PyObject *
+recorder_rebind(Recorder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "rebind(mid: bytes, tail: bytes, lsn_header)");
+        return NULL;
+    }
+    if (check_lsn_header(args[2]) < 0)
+        return NULL;
+    Py_XSETREF(self->mid, Py_NewRef(args[0]));
+    Py_XSETREF(self->tail, Py_NewRef(args[1]));
+    Py_XSETREF(self->lsn_header, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"rebind", (PyCFunction)(void (*)(void))recorder_rebind, METH_FASTCALL,
+     "rebind(mid, tail, lsn_header): the next transaction's source fields and position "
+     "header"},
+    {NULL}};
 
 /* The fallback is a closure over the TableEncoder that caches this Recorder: a cycle, so
  * the type takes part in garbage collection. */
@@ -152,6 +183,7 @@ static PyTypeObject RecorderType = {
     .tp_traverse = (traverseproc)recorder_traverse,
     .tp_clear = (inquiry)recorder_clear,
     .tp_call = PyVectorcall_Call,
+    .tp_methods = recorder_methods,
     .tp_vectorcall_offset = offsetof(Recorder, vectorcall),
 };
 
@@ -264,6 +296,8 @@ records_setup(PyObject *module)
     if (!str_relation || !str_op || !str_lsn || !str_old || !str_old_is_key || !str_new)
         return -1;
     if (PyModule_AddObjectRef(module, "Recorder", (PyObject *)&RecorderType) < 0)
+        return -1;
+    if (tx_setup(module) < 0)
         return -1;
     return PyModule_AddFunctions(module, records_methods);
 }
