@@ -99,6 +99,8 @@ class SinkActor:
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._schema_ready = False
+        #: ``_plain_chunk`` where ``_chunk`` is this class's (a subclass may add to it)
+        self._plain = (self._plain_chunk if type(self)._chunk is SinkActor._chunk else None)
 
     # -- delivery callbacks (client thread) ---------------------------------------------------
 
@@ -205,9 +207,13 @@ class SinkActor:
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 batch: list = []  # (records, ticket) not yet handed to the client
+                plain = self._plain
                 for item in items:
                     if type(item) is RoutedChunk:
-                        await self._chunk(item, batch)
+                        if plain is not None and not item.new_topics and not item.schemas:
+                            plain(item, batch)  # no await needed: no coroutine either
+                        else:
+                            await self._chunk(item, batch)
                     elif type(item) in (Keepalive, Hold):
                         self._outbox.append(item)
                 await self._produce(batch)
@@ -245,6 +251,16 @@ class SinkActor:
         """Registers the chunk's transaction and queues its records in ``batch``; topics and
         schemas it needs are made ready first (and what is queued before them handed over,
         so order is kept)."""
+        self._register(chunk)
+        await self._needs(chunk, batch)
+        self._queue(chunk, batch)
+
+    def _plain_chunk(self, chunk: RoutedChunk, batch: list) -> None:
+        """``_chunk`` for a chunk that needs no topic and no schema made ready first."""
+        self._register(chunk)
+        self._queue(chunk, batch)
+
+    def _register(self, chunk: RoutedChunk) -> None:
         if not self._in_txn:  # a transaction's first chunk
             if self._begin is not None and self._outbox[-1] is self._begin:
                 # joins the current ticket, whose registration is not sent yet
@@ -261,7 +277,10 @@ class SinkActor:
                 self._begin = Begin(ticket, chunk.end_lsn)
                 self._outbox.append(self._begin)
             self._in_txn = True
-        ticket = self._current
+
+    async def _needs(self, chunk: RoutedChunk, batch: list) -> None:
+        """The topics and schemas ``chunk`` needs, made ready (what is queued before them
+        handed over first, so order is kept)."""
         if chunk.new_topics and self.metrics is not None:
             for topic, route in chunk.new_topics:
                 self.metrics.topic_route(topic, route)
@@ -276,12 +295,20 @@ class SinkActor:
         if chunk.schemas:
             await self._produce(batch)
             await self._send_schemas(chunk.schemas)
+
+    def _queue(self, chunk: RoutedChunk, batch: list) -> None:
+        """The chunk's records into ``batch``: the records of one ticket (consecutive
+        transactions) go to the client in one hand-over."""
+        ticket = self._current
         if chunk.records:
             records = chunk.records if self.reshape is None else self.reshape(chunk)
             with self._lock:
                 self._txns[ticket].sent += len(records)
             self._sent_records += len(records)
-            batch.append((records, ticket))
+            if batch and batch[-1][1] == ticket:
+                batch[-1][0].extend(records)
+            else:
+                batch.append((list(records), ticket))  # its own list: later chunks join it
         if chunk.last:
             self._in_txn = False
             if self._begin is None:  # registered mid-transaction: sealed now

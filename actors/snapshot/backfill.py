@@ -126,6 +126,9 @@ class BackfillActor:
     async def _pump(self) -> None:
         async with self.inbox, self.out:
             async for events in self.inbox:
+                if self._quiet(events):
+                    await self.out.send(events)
+                    continue
                 out = []
                 for ev in events:
                     out.append(ev)
@@ -139,6 +142,18 @@ class BackfillActor:
                     elif self._watch:
                         self._observe(ev)
                 await self.out.send(out)
+
+    def _quiet(self, events: list) -> bool:
+        """No table is watched and no event can be a watermark (a transaction of one
+        logical message): the events pass as they are."""
+        if self._watch:
+            return False
+        for ev in events:
+            if type(ev) is Transaction and ev.change_count == 1:
+                memory = ev.changes.in_memory()
+                if memory is None or memory[0].op == "message":
+                    return False
+        return True
 
     def _observe(self, txn: Transaction) -> None:
         """A transaction while tables are backfilled: its changes of those tables are
