@@ -95,19 +95,25 @@ def pg_recvlogical(dsn: str) -> str:
 
 
 def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
+    """The backlog: ``changes`` inserts, committed every ``txn_rows`` rows (in one DO
+    block that commits as it goes: the same WAL as a client committing each transaction,
+    written without a round trip per transaction)."""
     conn = psycopg2.connect(dsn)
+    conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            for start in range(1, changes + 1, txn_rows):
-                end = min(changes, start + txn_rows - 1)
-                cur.execute(
-                    f"insert into {table} select g, g % 977, (g * 1.25)::numeric(12,2), "
-                    "case when g % 3 = 0 then 'pending' else 'settled' end, "
-                    "'payment for order ' || lpad(g::text, 8, '0') || ' via card ending ' "
-                    "|| lpad((g % 10000)::text, 4, '0'), "
-                    "timestamptz '2026-11-22 00:00:00+00' + g * interval '1 ms' "
-                    f"from generate_series({start}, {end}) g")
-                conn.commit()
+            cur.execute(f"""
+                do $$ begin
+                  for first in 1..{changes} by {txn_rows} loop
+                    insert into {table} select g, g % 977, (g * 1.25)::numeric(12,2),
+                      case when g % 3 = 0 then 'pending' else 'settled' end,
+                      'payment for order ' || lpad(g::text, 8, '0') || ' via card ending '
+                        || lpad((g % 10000)::text, 4, '0'),
+                      timestamptz '2026-11-22 00:00:00+00' + g * interval '1 ms'
+                    from generate_series(first, least({changes}, first + {txn_rows} - 1)) g;
+                    commit;
+                  end loop;
+                end $$""")
     finally:
         conn.close()
 
@@ -325,7 +331,7 @@ def main() -> None:
             from actors.services.publication_trigger import uninstall_sql
             sql(args.dsn, *uninstall_sql())
         delete_topics(args.bootstrap, topics + [f"bench.e2e.{tag}.definitions"])
-    report(runs, rounds, results)
+    report(runs, rounds, results, args.txn_rows)
 
 
 def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, routes: dict,
@@ -364,7 +370,12 @@ def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, rout
     return elapsed
 
 
-def report(runs: list[str], rounds, results: dict) -> None:
+def goal(txn_rows: int) -> str:
+    """The drain-ratio goal for librdkafka at this transaction size."""
+    return "1.3" if txn_rows <= 1 else "1.15" if txn_rows <= 10 else "1.1"
+
+
+def report(runs: list[str], rounds, results: dict, txn_rows: int = 50_000) -> None:
     """Each run's time over pg_recvlogical's of the same round; the median over rounds.
     Exactly-once runs also over the same client's at-least-once run."""
     for eo in EXACTLY_ONCE:
@@ -377,7 +388,7 @@ def report(runs: list[str], rounds, results: dict) -> None:
     if RECV not in runs:
         return
     print("ratio to pg_recvlogical (time / its time in the same round; goal for librdkafka "
-          "<= 1.2):")
+          f"<= {goal(txn_rows)} with {txn_rows} row(s) a transaction):")
     for run in runs:
         if run == RECV:
             continue

@@ -43,6 +43,10 @@ DEFAULTS = {
     "delivery.timeout.ms": 60_000,
     "request.timeout.ms": 30_000,
     "max.in.flight.requests.per.connection": 5,
+    # the first backoff before a (re)connection, doubled up to reconnect.backoff.max.ms (10 s)
+    # on every failure: librdkafka's 100 ms held the first metadata request of every start
+    # ~50 ms (it drops the bootstrap connection for the broker's own and waits to reconnect)
+    "reconnect.backoff.ms": 10,
 }
 _ADMIN_KEYS = ("client.id", "security.protocol", "sasl.", "ssl.", "request.timeout.ms",
                "reconnect.backoff", "socket.")

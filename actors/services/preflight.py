@@ -272,13 +272,19 @@ def _probe(bootstrap_servers) -> None:
 
 def kafka_findings(cfg: Config, topics: list[Topic]) -> list[Finding]:
     """Blocking (run it in a thread): the broker's verdict on the topics to create, and how
-    existing topics differ from their settings."""
-    admin = kafka_admin(cfg)
+    existing topics differ from their settings; asked with the library the router produces
+    with (``actors.kafka.admin``)."""
+    admin = _admin(cfg)
     try:
-        existing = set(admin.list_topics())
+        existing = admin.topics()
         out = []
-        if cfg.kafka.create_topics:
-            out += _validate_new(admin, [t for t in topics if t.name not in existing])
+        new = [t for t in topics if t.name not in existing]
+        if cfg.kafka.create_topics and new:
+            by_name = {t.name: t for t in new}
+            for name, reason in admin.refusals(new):
+                t = by_name.get(name)
+                out.append(Finding(t.path if t else "kafka",
+                                   f"Kafka refuses topic {name!r}: {reason}"))
         out += _compare_existing(admin, [t for t in topics if t.name in existing])
         return out
     except PgRouterError:
@@ -290,43 +296,35 @@ def kafka_findings(cfg: Config, topics: list[Topic]) -> list[Finding]:
         admin.close()
 
 
-def _validate_new(admin, topics: list[Topic]) -> list[Finding]:
-    if not topics:
-        return []
-    by_name = {t.name: t for t in topics}
-    reply = admin.create_topics(
-        {t.name: {"num_partitions": t.partitions, "replication_factor": t.replication_factor,
-                  "configs": dict(t.configs)} for t in topics},
-        validate_only=True, raise_errors=False)
-    out = []
-    for result in reply.get("topics", []):
-        if result.get("error_code"):
-            t = by_name.get(result["name"])
-            out.append(Finding(t.path if t else "kafka", f"Kafka refuses topic "
-                               f"{result['name']!r}: {result.get('error_message')}"))
-    return out
+def _admin(cfg: Config):
+    from ..kafka.admin import KafkaPythonAdmin, RdKafkaAdmin
+
+    if cfg.kafka.client != "librdkafka":
+        return KafkaPythonAdmin(kafka_admin(cfg))
+    _probe(cfg.kafka.bootstrap_servers)
+    try:
+        return RdKafkaAdmin(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings),
+                            KAFKA_TIMEOUT)
+    except Exception as exc:  # noqa: BLE001 — e.g. a setting librdkafka refuses
+        raise SinkUnavailable(f"kafka.bootstrap_servers: Kafka not reachable at "
+                              f"{cfg.kafka.bootstrap_servers}: {exc}") from exc
 
 
 def _compare_existing(admin, topics: list[Topic]) -> list[Finding]:
     if not topics:
         return []
-    from kafka.admin import ConfigResource, ConfigResourceType
-
     out = []
-    partitions = {d["name"]: len(d.get("partitions") or ())
-                  for d in admin.describe_topics([t.name for t in topics])}
-    configs = admin.describe_configs(
-        [ConfigResource(ConfigResourceType.TOPIC, t.name) for t in topics if t.configs],
-        config_filter="all") if any(t.configs for t in topics) else {}
-    by_topic = configs.get("topic", {}) if isinstance(configs, dict) else {}
+    partitions = admin.partitions([t.name for t in topics])
+    with_configs = [t.name for t in topics if t.configs]
+    configs = admin.configs(with_configs) if with_configs else {}
     for t in topics:
         diffs = []
         have = partitions.get(t.name)
         if have is not None and have != t.partitions:
             diffs.append(f"{have} partitions, topic_settings say {t.partitions}")
-        current = by_topic.get(t.name, {})
+        current = configs.get(t.name, {})
         for key, want in sorted(t.configs.items()):
-            value = (current.get(key) or {}).get("value")
+            value = current.get(key)
             if value != str(want):
                 diffs.append(f"{key}={value}, topic_settings say {want}")
         if diffs:

@@ -43,10 +43,26 @@ class ProgressStore:
         self.records: dict[bytes, Progress] = {}
 
     def load(self, timeout: float = 30.0) -> dict[bytes, Progress]:
-        """Every progress record (last per key), read from the beginning to the end."""
+        """Every progress record (last per key), read from the beginning to the end (with
+        the library the router produces with)."""
+        self._ensure()
+        if self.cfg.kafka.client == "librdkafka":
+            from ..kafka.admin import read_rdkafka
+
+            try:
+                pairs = read_rdkafka(self.cfg.kafka.bootstrap_servers,
+                                     dict(self.cfg.kafka.settings), self.topic, timeout)
+            except Exception as exc:  # noqa: BLE001 — Kafka is not usable
+                raise SinkUnavailable(f"cannot read {self.topic}: {exc}") from exc
+            out = {}
+            for key, value in pairs:
+                p = decode_progress(value)
+                if p is not None and key:
+                    out[key] = p
+            self.records = out
+            return out
         from kafka import KafkaConsumer, TopicPartition
 
-        self._ensure()
         try:
             consumer = KafkaConsumer(bootstrap_servers=self.cfg.kafka.bootstrap_servers,
                                      group_id=None, enable_auto_commit=False,

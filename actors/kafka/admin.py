@@ -1,0 +1,142 @@
+"""What the start-up checks ask Kafka (``actors.services.preflight.kafka_findings``), through
+the library the router produces with: ``RdKafkaAdmin`` (confluent-kafka's admin client) or
+``KafkaPythonAdmin`` (kafka-python's). A router producing with librdkafka so never imports
+kafka-python, which costs a tenth of a second at every start.
+
+Both answer the same four questions: the topics that exist, the broker's verdict on topics
+to create (``validate_only``: nothing is created), and the partitions and configs of existing
+topics. A request that fails raises; the caller turns that into one line.
+"""
+
+from __future__ import annotations
+
+from router.kafka_settings import LIBRDKAFKA, translate
+
+
+class RdKafkaAdmin:
+    def __init__(self, bootstrap_servers, settings: dict, timeout: float):
+        from confluent_kafka.admin import AdminClient
+
+        from .librdkafka import _ADMIN_KEYS, DEFAULTS
+
+        servers = (bootstrap_servers if isinstance(bootstrap_servers, str)
+                   else ",".join(bootstrap_servers))
+        conf = {k: v for k, v in DEFAULTS.items() if k.startswith(_ADMIN_KEYS)}
+        conf.update({k: v for k, v in translate(dict(settings), LIBRDKAFKA).items()
+                     if k.startswith(_ADMIN_KEYS)})
+        conf["bootstrap.servers"] = servers
+        self.admin = AdminClient(conf)
+        self.timeout = timeout
+        self._partitions: dict[str, int] = {}
+
+    def topics(self) -> set[str]:
+        meta = self.admin.list_topics(timeout=self.timeout)
+        self._partitions = {name: len(t.partitions) for name, t in meta.topics.items()}
+        return set(meta.topics)
+
+    def refusals(self, topics) -> list[tuple[str, str]]:
+        """(name, the broker's reason) of each topic it would refuse to create."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        futures = self.admin.create_topics(
+            [NewTopic(t.name, num_partitions=t.partitions,
+                      replication_factor=t.replication_factor,
+                      config={k: str(v) for k, v in t.configs.items()}) for t in topics],
+            validate_only=True, request_timeout=self.timeout)
+        out = []
+        for name, future in futures.items():
+            try:
+                future.result(timeout=self.timeout * 2)
+            except KafkaException as exc:
+                err = exc.args[0]
+                out.append((name, err.str() if hasattr(err, "str") else str(err)))
+        return out
+
+    def partitions(self, names) -> dict[str, int]:
+        return {n: self._partitions[n] for n in names if n in self._partitions}
+
+    def configs(self, names) -> dict[str, dict[str, str | None]]:
+        from confluent_kafka.admin import ConfigResource
+
+        futures = self.admin.describe_configs([ConfigResource("topic", n) for n in names],
+                                              request_timeout=self.timeout)
+        return {resource.name: {k: e.value for k, e in future.result(self.timeout * 2).items()}
+                for resource, future in futures.items()}
+
+    def close(self) -> None:
+        self.admin = None
+
+
+class KafkaPythonAdmin:
+    def __init__(self, admin):
+        self.admin = admin  # a kafka-python KafkaAdminClient
+
+    def topics(self) -> set[str]:
+        return set(self.admin.list_topics())
+
+    def refusals(self, topics) -> list[tuple[str, str]]:
+        reply = self.admin.create_topics(
+            {t.name: {"num_partitions": t.partitions, "replication_factor": t.replication_factor,
+                      "configs": dict(t.configs)} for t in topics},
+            validate_only=True, raise_errors=False)
+        return [(r["name"], r.get("error_message")) for r in reply.get("topics", [])
+                if r.get("error_code")]
+
+    def partitions(self, names) -> dict[str, int]:
+        return {d["name"]: len(d.get("partitions") or ())
+                for d in self.admin.describe_topics(list(names))}
+
+    def configs(self, names) -> dict[str, dict[str, str | None]]:
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        found = self.admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, n) for n in names], config_filter="all")
+        by_topic = found.get("topic", {}) if isinstance(found, dict) else {}
+        return {name: {k: (v or {}).get("value") for k, v in entries.items()}
+                for name, entries in by_topic.items()}
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+def read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float) -> list:
+    """Every (key, value) of ``topic`` from the beginning to the end it had when asked,
+    partition after partition, read with librdkafka ([] when the topic does not exist).
+    Raises ``TimeoutError`` when the end is not reached within ``timeout``."""
+    import time
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from .librdkafka import _ADMIN_KEYS
+
+    conf = {k: v for k, v in translate(dict(settings), LIBRDKAFKA).items()
+            if k.startswith(_ADMIN_KEYS)}
+    conf.update({"bootstrap.servers": bootstrap_servers if isinstance(bootstrap_servers, str)
+                 else ",".join(bootstrap_servers), "group.id": "pgrouter-reader",
+                 "enable.auto.commit": False, "reconnect.backoff.ms": 10})
+    consumer = Consumer(conf)
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return []
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                for p in meta.partitions}
+        left = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
+        read: dict[int, list] = {p: [] for p in sorted(left)}
+        deadline = time.monotonic() + timeout
+        while left:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} did not reach its end in {timeout} s")
+            for m in consumer.consume(500, 0.05):
+                p = m.partition()
+                if m.error() is not None or p not in left:
+                    continue
+                if m.offset() < ends[p]:
+                    read[p].append((m.key(), m.value()))
+                if m.offset() + 1 >= ends[p]:
+                    left.discard(p)
+        return [kv for p in sorted(read) for kv in read[p]]
+    finally:
+        consumer.close()
