@@ -235,9 +235,13 @@ class ChangeRouter(RoutesShort, FollowsDefinitions):
                         # same way (same relation, bound ops)
                         start = i
                         i, seq = record_run(batch, i, rel, ops, KINDS, seq, records, limit)
-                        skip = self._dispatch[rel.relation_id][5][op]
-                        if skip:  # routes taking the table but not this action
-                            self._count_dropped(skip, i - start)
+                        skips = self._dispatch[rel.relation_id][5]
+                        if skips["insert"] or skips["update"] or skips["delete"]:
+                            # routes taking the table but not some action (a run may hold
+                            # several actions)
+                            for c in batch[start:i]:
+                                if skips[c.op]:
+                                    self._count_dropped(skips[c.op])
                         if len(records) >= limit:
                             yield self._chunk(txn, records, schemas, False)
                             records, schemas = [], []

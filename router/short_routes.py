@@ -7,9 +7,11 @@ transaction that needs none of that, with the same records, schemas and counts a
 ``route``; for any other transaction it returns None before it has changed anything, and
 the caller routes it the long way.
 
-The plain case: every change in memory (nothing spilled, no aborted subtransaction), an
-insert, update or delete of a relation whose every plan publishes that action as it is (no
-row filter, no column list, no row map: ``ChangeRouter._dispatch_for``'s direct targets).
+The plain case: every change in memory (nothing spilled, no aborted subtransaction) and an
+insert, update or delete. Where every plan of the relation publishes the action as it is
+(``ChangeRouter._dispatch_for``'s direct targets) its recorders are called here; where
+some plan has a row filter, a column list or a row map, ``_route_change`` evaluates it, as
+``route`` does.
 """
 
 from __future__ import annotations
@@ -37,9 +39,7 @@ class RoutesShort:
             rel = change.relation
             entry = dispatch.get(rel.relation_id)
             if entry is None or entry[0] is not rel:
-                entry = self._dispatch_for(rel)
-            if entry[4][op] is None:
-                return None
+                self._dispatch_for(rel)
         tx = TxContext(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time,
                        txn.origin_name, txn.origin_lsn)
         lsn_header = (_H_LSN, b"%d" % txn.commit_lsn) if self.position_headers else None
@@ -50,8 +50,13 @@ class RoutesShort:
         for change in changes:
             op = change.op
             entry = dispatch[change.relation.relation_id]
+            targets = entry[4][op]
+            if targets is None:  # some plan filters or maps rows: each one evaluated
+                self._route_change(change, tx, seq, records, schemas, lsn_header)
+                seq += 1
+                continue
             kind = KINDS[op]
-            for topic, encoder in entry[4][op]:
+            for topic, encoder in targets:
                 schema = encoder.schema
                 if schema.schema_id not in seen:
                     seen.add(schema.schema_id)
