@@ -95,9 +95,8 @@ def pg_recvlogical(dsn: str) -> str:
 
 
 def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
-    """The backlog: ``changes`` inserts, a client committing every ``txn_rows`` rows (as an
-    OLTP client does: a DO block committing as it goes writes other WAL, which the walsender
-    decodes slower)."""
+    """The backlog: ``changes`` inserts, a client committing every ``txn_rows`` rows (the WAL
+    an OLTP client writes; slow to write for one-row transactions, one round trip each)."""
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
