@@ -156,43 +156,18 @@ def read_state_values(cfg: Config, timeout: float = READ_TIMEOUT) -> list[bytes]
 
 
 def _read_rdkafka(cfg: Config, timeout: float) -> list[bytes]:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+    from confluent_kafka import KafkaException
 
-    from router.kafka_settings import translate
+    from ..kafka.admin import read_rdkafka
 
-    topic, servers = cfg.kafka.definitions_topic, cfg.kafka.bootstrap_servers
-    conf = translate(_kafka_settings(cfg), "librdkafka")
-    conf.update({"bootstrap.servers": servers if isinstance(servers, str) else ",".join(servers),
-                 "group.id": "pgrouter-definitions", "enable.auto.commit": False})
+    topic = cfg.kafka.definitions_topic
     try:
-        consumer = Consumer(conf)
+        return [value for _, value in read_rdkafka(cfg.kafka.bootstrap_servers,
+                                                   _kafka_settings(cfg), topic, timeout)]
+    except TimeoutError as exc:
+        raise SinkUnavailable(f"timed out reading the definitions topic {topic}") from exc
     except KafkaException as exc:
         raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
-    try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            return []
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-                for p in meta.partitions}
-        left = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
-        out: list[bytes] = []
-        deadline = time.monotonic() + timeout
-        while left:
-            if time.monotonic() > deadline:
-                raise SinkUnavailable(f"timed out reading the definitions topic {topic}")
-            for m in consumer.consume(500, 0.05):
-                if m.error() is not None or m.partition() not in left:
-                    continue
-                if m.offset() < ends[m.partition()]:
-                    out.append(m.value())
-                if m.offset() + 1 >= ends[m.partition()]:
-                    left.discard(m.partition())
-        return out
-    except KafkaException as exc:
-        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
-    finally:
-        consumer.close()
 
 
 async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_lsn: int,
