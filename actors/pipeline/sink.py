@@ -99,6 +99,7 @@ class SinkActor:
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._schema_ready = False
+        self._joinable = False  # the last records queued were whole transactions'
         #: ``_plain_chunk`` where ``_chunk`` is this class's (a subclass may add to it)
         self._plain = (self._plain_chunk if type(self)._chunk is SinkActor._chunk else None)
 
@@ -251,14 +252,16 @@ class SinkActor:
         """Registers the chunk's transaction and queues its records in ``batch``; topics and
         schemas it needs are made ready first (and what is queued before them handed over,
         so order is kept)."""
+        whole = chunk.last and not self._in_txn
         self._register(chunk)
         await self._needs(chunk, batch)
-        self._queue(chunk, batch)
+        self._queue(chunk, batch, whole)
 
     def _plain_chunk(self, chunk: RoutedChunk, batch: list) -> None:
         """``_chunk`` for a chunk that needs no topic and no schema made ready first."""
+        whole = chunk.last and not self._in_txn
         self._register(chunk)
-        self._queue(chunk, batch)
+        self._queue(chunk, batch, whole)
 
     def _register(self, chunk: RoutedChunk) -> None:
         if not self._in_txn:  # a transaction's first chunk
@@ -296,19 +299,22 @@ class SinkActor:
             await self._produce(batch)
             await self._send_schemas(chunk.schemas)
 
-    def _queue(self, chunk: RoutedChunk, batch: list) -> None:
-        """The chunk's records into ``batch``: the records of one ticket (consecutive
-        transactions) go to the client in one hand-over."""
+    def _queue(self, chunk: RoutedChunk, batch: list, whole: bool) -> None:
+        """The chunk's records into ``batch``. Consecutive transactions of one chunk each
+        (``whole``) that share a ticket go to the client in one hand-over; the chunks of a
+        larger transaction each in their own, so its acknowledged records are counted as
+        they come."""
         ticket = self._current
         if chunk.records:
             records = chunk.records if self.reshape is None else self.reshape(chunk)
             with self._lock:
                 self._txns[ticket].sent += len(records)
             self._sent_records += len(records)
-            if batch and batch[-1][1] == ticket:
+            if whole and self._joinable and batch and batch[-1][1] == ticket:
                 batch[-1][0].extend(records)
-            else:
-                batch.append((list(records), ticket))  # its own list: later chunks join it
+            else:  # a whole transaction's list is its own: the next ones join it
+                batch.append((list(records) if whole else records, ticket))
+            self._joinable = whole  # says what batch[-1] holds
         if chunk.last:
             self._in_txn = False
             if self._begin is None:  # registered mid-transaction: sealed now

@@ -119,6 +119,31 @@ async def test_acknowledged_records_are_counted_while_the_transaction_is_open():
         await chunks.aclose()
 
 
+async def test_whole_transactions_share_a_hand_over_and_big_ones_do_not():
+    """Consecutive one-chunk transactions under one ticket reach the client in one produce
+    call; the chunks of a larger transaction each in their own (their acknowledgements are
+    counted as they come)."""
+    client = HeldClient()
+    async with trio.open_nursery() as nursery:
+        chunks, progress = await start(client, nursery)
+        await chunks.send([chunk(100 + i, 1) for i in range(50)])
+        assert await expect(progress, 1) == [Begin(0, 149)]
+        assert len({id(tally) for tally, _ in client.pending}) == 1
+        assert [r[2] for _, r in client.pending] == [b"v0"] * 50
+        client.ack()
+        assert await expect(progress, 1) == [Done(0, 50)]
+        await chunks.send([chunk(300, 2, last=False), chunk(300, 3, last=False),
+                           chunk(300, 1)])
+        assert await expect(progress, 1) == [Begin(1, 300)]
+        per_call = {}
+        for tally, _ in client.pending:
+            per_call[id(tally)] = per_call.get(id(tally), 0) + 1
+        assert list(per_call.values()) == [2, 3, 1]
+        client.ack()
+        assert await expect(progress, 1) == [Done(1, 6)]
+        await chunks.aclose()
+
+
 async def test_keepalive_and_registration_keep_commit_order():
     client = HeldClient()
     async with trio.open_nursery() as nursery:
