@@ -3,18 +3,21 @@
  *
  *   module.c    configure(), the module and its shared state
  *   pgoutput.c  the slot side: drain (psycopg2's read loop), read_tuple, decode_row,
- *               feed_rows (the transaction assembler's short path)
+ *               feed_rows (the transaction assembler's short path), take_row
+ *   short.c     take_short (a whole short transaction in one step)
  *   json.h      the output buffer and msgspec's JSON writing
  *   codec.c     the router side: RowCodec (row, key and change JSON)
- *   recorder.c  Recorder (one route's records of a transaction) and record_run
+ *   recorder.c  Recorder (one route's records of a transaction; rebind) and record_run
+ *   tx.c        tx_bits (the source fields every record of a transaction shares)
  *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
  *
  * Rules these files keep:
  *
  * - It is an accelerator, never the reference. Every function has a Python twin
- *   (router.pgoutput.reader.read_tuple_py, router.transactions.TransactionAssembler._feed_row,
- *   router.envelope.TableEncoder._encode_py, router.routing._record_run_py,
- *   router.delivery.PyTally, actors.pipeline.slot_reader._drain_py, actors.kafka.librdkafka._hand_over_py)
+ *   (router.pgoutput.reader.read_tuple_py, router.short_transactions.feed_row and
+ *   take_short, router.envelope.TableEncoder._encode_py and _use_tx,
+ *   router.routing._record_run_py, router.recorders.PyRecorder, router.delivery.PyTally,
+ *   actors.pipeline.slot_reader._drain_py, actors.kafka.librdkafka._hand_over_py)
  *   and returns None (or stops early) where its input is anything but the plain case it was
  *   written for (malformed bytes, unchanged-TOAST values, binary values, numbers PostgreSQL
  *   did not print canonically...). The caller then runs the Python twin, which raises the
