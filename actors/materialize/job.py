@@ -56,6 +56,13 @@ __all__ = ["CHANGELOG", "STATE", "JobConfig", "MaterializeError", "Materializer"
 
 # --- session and entry point ---------------------------------------------------------------------
 
+#: HotSpot compiles a method with C2 after 10x the usual calls (README "Throughput"): the
+#: records' hot loops still reach C2 within seconds, the thousands of lukewarm planner,
+#: Delta-log and code-generator methods of a micro-batch stay in C1 instead of taking a core
+#: from the tasks. As *default*JavaOptions, a user's extraJavaOptions still apply after them.
+JIT_OPTIONS = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=20000 "
+               "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=400000")
+
 DEFAULT_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -65,6 +72,11 @@ DEFAULT_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.write.txnVersion.autoReset.enabled": "false",
+    # a micro-batch generates ~50 classes (the job's and Delta's MERGE); Spark's default cache
+    # of 100 evicted them by the next batch, which compiled them all again
+    "spark.sql.codegen.cache.maxEntries": "1000",
+    "spark.driver.defaultJavaOptions": JIT_OPTIONS,
+    "spark.executor.defaultJavaOptions": JIT_OPTIONS,
 }
 
 

@@ -188,7 +188,8 @@ class Materializer:
 
         rows = None
         for m, s in zip(metas, schemas):
-            part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state)
+            part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state,
+                                 moves=bool(m.before))
             rows = part if rows is None else rows.unionByName(part)
         if mode == CHANGELOG:
             self._append(batch_id, state, rows, min(m.lo for m in metas))
@@ -206,10 +207,12 @@ class Materializer:
             | ((F.col("_pgr_commit_lsn") == cut[0]) & (F.col("_pgr_seq") > cut[1]))))
         self._merge(batch_id, state, rows, keys, toast, moves=any(m.before for m in metas))
 
-    def _changes(self, sub, s: dict, state: TableState):
+    def _changes(self, sub, s: dict, state: TableState, *, moves: bool):
         """Typed change rows of one schema: every table column (NULL where this schema has
         none), the position, op and unchanged-TOAST names; key-changing updates add a delete
-        of the old key at the same position."""
+        of the old key at the same position. ``moves``: some update of the batch has a
+        ``before`` image (only those can change the key); without one the plan has no second
+        branch to scan."""
         from pyspark.sql import functions as F
 
         cols = {c["name"]: c for c in s["columns"]}
@@ -219,7 +222,9 @@ class Materializer:
                        F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("t"),
                        F.col("after").alias("_a"), before.alias("_b"))
         keys = s["key_columns"]
-        if keys and self.cfg.mode == STATE:
+        if keys and self.cfg.mode == STATE and not moves:
+            p = p.withColumn("_m", F.lit(None).cast("string"))
+        elif keys and self.cfg.mode == STATE:
             moved = F.lit(False)
             for k in keys:
                 moved = moved | ~F.col("_b").getField(k).eqNullSafe(F.col("_a").getField(k))
