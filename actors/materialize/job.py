@@ -82,6 +82,16 @@ DEFAULT_CONF = {
 _IF_UNSET = {"spark.driver.defaultJavaOptions", "spark.executor.defaultJavaOptions"}
 
 
+def session_conf(cfg: JobConfig, given) -> dict[str, str]:
+    """The settings the job gives its session: ``DEFAULT_CONF`` (those in ``_IF_UNSET`` only
+    where ``given``, what spark-submit set, lacks them), then ``[spark] conf`` and the jars."""
+    conf = {k: v for k, v in DEFAULT_CONF.items() if k not in _IF_UNSET or not given.contains(k)}
+    conf.update(cfg.spark_conf)
+    if cfg.jars:
+        conf["spark.jars"] = ",".join([*cfg.jars, *filter(None, [conf.get("spark.jars")])])
+    return conf
+
+
 def build_session(cfg: JobConfig):
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
@@ -90,11 +100,7 @@ def build_session(cfg: JobConfig):
     given = SparkConf()  # what spark-submit (--conf, spark-defaults.conf) set
     if not given.contains("spark.master"):  # spark-submit --master wins
         builder = builder.master(cfg.master)
-    conf = {k: v for k, v in DEFAULT_CONF.items() if k not in _IF_UNSET or not given.contains(k)}
-    conf.update(cfg.spark_conf)
-    if cfg.jars:
-        conf["spark.jars"] = ",".join([*cfg.jars, *filter(None, [conf.get("spark.jars")])])
-    for k, v in conf.items():
+    for k, v in session_conf(cfg, given).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
