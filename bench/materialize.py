@@ -5,7 +5,13 @@ over them, as pgrouter's encoder writes them) to a fresh topic of the dev stack'
 times the materializer draining it with Trigger.AvailableNow on local[2]. Only the drain is
 timed (session start and backlog production are not). Not a timed test: prints figures.
 
+By default the drain runs in a fresh JVM (a job's first minute: JIT compilation and Spark's code
+generation take about half of the CPU). ``--warmup N`` first drains another backlog of N records
+(a separate topic and table, untimed) in the same session, so the timed drain shows the steady
+state of a job that has been running for a while.
+
     .venv/bin/python bench/materialize.py [--records 500000] [--batch 250000] [--mode state]
+                                          [--master URL] [--warmup N]
 """
 
 from __future__ import annotations
@@ -83,27 +89,39 @@ def main() -> int:
     ap.add_argument("--mode", choices=["state", "changelog"], default="state")
     ap.add_argument("--master", default="local[2]",
                     help="e.g. the spark:// URL `make spark-cluster` prints (2 workers)")
+    ap.add_argument("--warmup", type=int, default=0, metavar="N",
+                    help="first drain N other records in the same session, untimed")
     args = ap.parse_args()
 
     info = ensure_up(ROOT / ".devstack")
-    tag = uuid.uuid4().hex[:8]
-    topic, schema_topic = f"bench.materialize.{tag}", f"bench.schemas.{tag}"
-    t0 = time.perf_counter()
-    produce(info.kafka_bootstrap, topic, schema_topic, args.records, args.keys)
-    produced = time.perf_counter() - t0
-    print(f"backlog: {args.records} records in {produced:.1f}s "
-          f"({args.records / produced:,.0f} records/s produced)")
+    backlogs = {"": args.records, "warmup.": args.warmup} if args.warmup else {"": args.records}
+    topics = {}
+    for name, n in backlogs.items():
+        tag = name + uuid.uuid4().hex[:8]
+        topics[name] = (f"bench.materialize.{tag}", f"bench.schemas.{tag}")
+        t0 = time.perf_counter()
+        produce(info.kafka_bootstrap, *topics[name], n, max(1, args.keys * n // args.records))
+        produced = time.perf_counter() - t0
+        print(f"{name}backlog: {n} records in {produced:.1f}s ({n / produced:,.0f} records/s "
+              "produced)")
 
     with tempfile.TemporaryDirectory(prefix="pgrouter-bench-") as tmp:
-        cfg = job.JobConfig(bootstrap_servers=info.kafka_bootstrap, topics=[topic],
-                            schema_topic=schema_topic, warehouse=f"{tmp}/wh",
-                            checkpoint=f"{tmp}/ck", mode=args.mode,
-                            max_offsets_per_trigger=args.batch, master=args.master,
-                            spark_conf={"spark.sql.shuffle.partitions": "2",
-                                        "spark.driver.memory": "4g"},
-                            jars=spark_jars(ROOT / ".devstack"))
+        def config(name):
+            topic, schema_topic = topics[name]
+            return job.JobConfig(bootstrap_servers=info.kafka_bootstrap, topics=[topic],
+                                 schema_topic=schema_topic, warehouse=f"{tmp}/{name}wh",
+                                 checkpoint=f"{tmp}/{name}ck", mode=args.mode,
+                                 max_offsets_per_trigger=args.batch, master=args.master,
+                                 spark_conf={"spark.sql.shuffle.partitions": "2",
+                                             "spark.driver.memory": "4g"},
+                                 jars=spark_jars(ROOT / ".devstack"))
+        cfg = config("")
         spark = job.build_session(cfg)
         spark.range(1).count()  # JVM and session warm, not timed
+        if args.warmup:
+            t0 = time.perf_counter()
+            job.Materializer(spark, config("warmup.")).run(available_now=True)
+            print(f"warm-up: {args.warmup} records in {time.perf_counter() - t0:.1f}s (not timed)")
         jvm = spark.sparkContext._gateway.proc.pid
         cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
         job.Materializer(spark, cfg).run(available_now=True)
@@ -112,7 +130,7 @@ def main() -> int:
         rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
         spark.stop()
     print(f"mode={args.mode} master={args.master} batch(max_offsets_per_trigger)={args.batch} "
-          f"records={args.records} keys={args.keys}")
+          f"records={args.records} keys={args.keys} warmup={args.warmup}")
     print(f"materialized {args.records} change records in {took:.1f}s: "
           f"{args.records / took:,.0f} records/s ({rows} rows in the table)")
     print(f"CPU: {cpu:.1f}s in the JVM and this process ({args.records / cpu:,.0f} records per "

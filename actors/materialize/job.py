@@ -56,6 +56,13 @@ __all__ = ["CHANGELOG", "STATE", "JobConfig", "MaterializeError", "Materializer"
 
 # --- session and entry point ---------------------------------------------------------------------
 
+#: HotSpot's C2 compiles a method after 50,000 calls instead of 5,000 (README "Throughput"):
+#: the records' hot loops still reach C2 within seconds, while the thousands of lukewarm
+#: planner, Delta-log and code-generator methods of a micro-batch stay in C1 instead of taking
+#: a core from the tasks. As *default*JavaOptions, a user's extraJavaOptions apply after them.
+JIT_OPTIONS = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=20000 "
+               "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=400000")
+
 DEFAULT_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -65,7 +72,24 @@ DEFAULT_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.write.txnVersion.autoReset.enabled": "false",
+    # a micro-batch generates ~50 classes (the job's and Delta's MERGE); Spark's default cache
+    # of 100 evicted them by the next batch, which compiled them all again
+    "spark.sql.codegen.cache.maxEntries": "1000",
+    "spark.driver.defaultJavaOptions": JIT_OPTIONS,
+    "spark.executor.defaultJavaOptions": JIT_OPTIONS,
 }
+#: defaults that a cluster's own setting (spark-submit --conf, spark-defaults.conf) replaces
+_IF_UNSET = {"spark.driver.defaultJavaOptions", "spark.executor.defaultJavaOptions"}
+
+
+def session_conf(cfg: JobConfig, given) -> dict[str, str]:
+    """The settings the job gives its session: ``DEFAULT_CONF`` (those in ``_IF_UNSET`` only
+    where ``given``, what spark-submit set, lacks them), then ``[spark] conf`` and the jars."""
+    conf = {k: v for k, v in DEFAULT_CONF.items() if k not in _IF_UNSET or not given.contains(k)}
+    conf.update(cfg.spark_conf)
+    if cfg.jars:
+        conf["spark.jars"] = ",".join([*cfg.jars, *filter(None, [conf.get("spark.jars")])])
+    return conf
 
 
 def build_session(cfg: JobConfig):
@@ -73,12 +97,10 @@ def build_session(cfg: JobConfig):
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(cfg.app_name)
-    if not SparkConf().contains("spark.master"):  # spark-submit --master wins
+    given = SparkConf()  # what spark-submit (--conf, spark-defaults.conf) set
+    if not given.contains("spark.master"):  # spark-submit --master wins
         builder = builder.master(cfg.master)
-    conf = {**DEFAULT_CONF, **cfg.spark_conf}
-    if cfg.jars:
-        conf["spark.jars"] = ",".join([*cfg.jars, *filter(None, [conf.get("spark.jars")])])
-    for k, v in conf.items():
+    for k, v in session_conf(cfg, given).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

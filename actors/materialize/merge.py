@@ -27,6 +27,7 @@ class TableState:
     types: dict[str, str]  # column -> Spark DDL type, as stored
     truncated_before: tuple[int, int] | None
     key: tuple[str, ...] | None
+    empty: bool = False  # created by this job and not written yet: the first write appends
 
 
 class Materializer:
@@ -188,7 +189,8 @@ class Materializer:
 
         rows = None
         for m, s in zip(metas, schemas):
-            part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state)
+            part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state,
+                                 moves=bool(m.before))
             rows = part if rows is None else rows.unionByName(part)
         if mode == CHANGELOG:
             self._append(batch_id, state, rows, min(m.lo for m in metas))
@@ -206,10 +208,12 @@ class Materializer:
             | ((F.col("_pgr_commit_lsn") == cut[0]) & (F.col("_pgr_seq") > cut[1]))))
         self._merge(batch_id, state, rows, keys, toast, moves=any(m.before for m in metas))
 
-    def _changes(self, sub, s: dict, state: TableState):
+    def _changes(self, sub, s: dict, state: TableState, *, moves: bool):
         """Typed change rows of one schema: every table column (NULL where this schema has
         none), the position, op and unchanged-TOAST names; key-changing updates add a delete
-        of the old key at the same position."""
+        of the old key at the same position. ``moves``: some update of the batch has a
+        ``before`` image (only those can change the key); without one the plan has no second
+        branch to scan."""
         from pyspark.sql import functions as F
 
         cols = {c["name"]: c for c in s["columns"]}
@@ -219,7 +223,9 @@ class Materializer:
                        F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("t"),
                        F.col("after").alias("_a"), before.alias("_b"))
         keys = s["key_columns"]
-        if keys and self.cfg.mode == STATE:
+        if keys and self.cfg.mode == STATE and not moves:
+            p = p.withColumn("_m", F.lit(None).cast("string"))
+        elif keys and self.cfg.mode == STATE:
             moved = F.lit(False)
             for k in keys:
                 moved = moved | ~F.col("_b").getField(k).eqNullSafe(F.col("_a").getField(k))
@@ -238,7 +244,10 @@ class Materializer:
                 out.append(F.lit(None).cast(dtype).alias(n))
         meta = [F.col("op").alias("_pgr_op"), F.col("source.commit_lsn").alias("_pgr_commit_lsn"),
                 F.col("source.seq").alias("_pgr_seq"), F.col("t").alias("_pgr_toast"),
-                F.col("source.commit_time").try_cast("timestamp").alias("_pgr_commit_time")]
+                # state mode keeps only a delete's commit time: its text is parsed after the
+                # batch is collapsed to one change per key (``_merge``), not for every change
+                (F.col("source.commit_time") if self.cfg.mode == STATE else
+                 F.col("source.commit_time").try_cast("timestamp")).alias("_pgr_commit_time")]
         if keys and self.cfg.mode == STATE:
             meta.append(F.col("_m").alias("_pgr_move"))
         if self.cfg.mode == CHANGELOG:
@@ -275,7 +284,7 @@ class Materializer:
                 ddl = ", ".join(f"{quote(n)} {t}" for n, t in cols.items())
                 self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.{quote(path)} ({ddl}) USING delta "
                                f"TBLPROPERTIES ('{KEY_PROPERTY}' = '{json.dumps(list(keys))}')")
-                state = TableState(path, cols, None, tuple(keys))
+                state = TableState(path, cols, None, tuple(keys), empty=True)
             self.tables[path] = state
         if state.key is not None and self.cfg.mode == STATE and tuple(keys) != state.key:
             raise MaterializeError(f"{schema}.{table}: key columns changed from "
@@ -332,7 +341,8 @@ class Materializer:
         src = (rows.withColumn("_pgr_n", F.row_number().over(latest)).filter("_pgr_n = 1")
                .withColumn("_pgr_deleted", F.col("_pgr_op") == "d")
                .withColumn("_pgr_deleted_at",
-                           F.when(F.col("_pgr_deleted"), F.col("_pgr_commit_time"))))
+                           F.when(F.col("_pgr_deleted"),
+                                  F.col("_pgr_commit_time").try_cast("timestamp"))))
         data = [n for n in state.types if not n.startswith("_pgr_")]
         newer = ("s._pgr_commit_lsn > t._pgr_commit_lsn OR (s._pgr_commit_lsn = t._pgr_commit_lsn"
                  " AND s._pgr_seq > t._pgr_seq)")
@@ -351,14 +361,21 @@ class Materializer:
         cond = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
         self._txn(batch_id)
         try:
-            (DeltaTable.forPath(self.spark, state.path).alias("t").merge(src.alias("s"), cond)
-             .whenMatchedUpdate(condition=newer, set=sets).whenNotMatchedInsert(values=inserts)
-             .execute())
+            if state.empty:  # the MERGE would insert every row: one plain append, no join
+                cols = [*data, *POS, "_pgr_deleted", "_pgr_deleted_at"]
+                (src.select(*[F.col(quote(n)).cast(state.types[n]).alias(n) for n in cols])
+                 .write.format("delta").mode("append").save(state.path))
+            else:
+                (DeltaTable.forPath(self.spark, state.path).alias("t").merge(src.alias("s"), cond)
+                 .whenMatchedUpdate(condition=newer, set=sets)
+                 .whenNotMatchedInsert(values=inserts).execute())
+            state.empty = False
         finally:
             self._untxn()
 
     def _append(self, batch_id, state: TableState, rows, lo: int) -> None:
         from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
 
         rows = rows.dropDuplicates(list(POS))
         cond = (f"t._pgr_commit_lsn >= {lo} AND t._pgr_commit_lsn = s._pgr_commit_lsn "
@@ -366,7 +383,12 @@ class Materializer:
         values = {quote(n): f"s.{quote(n)}" for n in state.types}
         self._txn(batch_id)
         try:
-            (DeltaTable.forPath(self.spark, state.path).alias("t").merge(rows.alias("s"), cond)
-             .whenNotMatchedInsert(values=values).execute())
+            if state.empty:
+                (rows.select(*[F.col(quote(n)).cast(t).alias(n) for n, t in state.types.items()])
+                 .write.format("delta").mode("append").save(state.path))
+            else:
+                (DeltaTable.forPath(self.spark, state.path).alias("t").merge(rows.alias("s"), cond)
+                 .whenNotMatchedInsert(values=values).execute())
+            state.empty = False
         finally:
             self._untxn()

@@ -100,3 +100,29 @@ def test_cli_reports_config_error_on_one_line(tmp_path, capsys):
     assert main(["materialize", "-c", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "delta.nope" in err
+
+
+class _Given:
+    def __init__(self, **conf):
+        self.conf = {k.replace("_", "."): v for k, v in conf.items()}
+
+    def contains(self, key):
+        return key in self.conf
+
+
+def test_session_defaults_yield_to_spark_submit_and_config():
+    from actors.materialize.job import JIT_OPTIONS, session_conf
+
+    cfg = config_from_dict(tomllib.loads(BASE))
+    conf = session_conf(cfg, _Given())
+    assert conf["spark.sql.codegen.cache.maxEntries"] == "1000"
+    assert conf["spark.driver.defaultJavaOptions"] == JIT_OPTIONS
+    assert conf["spark.executor.defaultJavaOptions"] == JIT_OPTIONS
+    # a cluster's own JVM options (spark-submit --conf, spark-defaults.conf) are kept
+    conf = session_conf(cfg, _Given(spark_executor_defaultJavaOptions="-XX:+UseZGC"))
+    assert "spark.executor.defaultJavaOptions" not in conf
+    assert conf["spark.driver.defaultJavaOptions"] == JIT_OPTIONS
+    # [spark] conf wins over every default
+    spark = '[spark]\nconf = { "spark.sql.codegen.cache.maxEntries" = 50 }\n'
+    cfg = config_from_dict(tomllib.loads(BASE + spark))
+    assert session_conf(cfg, _Given())["spark.sql.codegen.cache.maxEntries"] == "50"
