@@ -171,7 +171,7 @@ class TransactionAssembler:
                     continue
             if buf is not None:
                 if feed_rows is not None:
-                    j, size, count = feed_rows(messages, i, buf.changes, self.relations.by_id,
+                    j, size, count = feed_rows(messages, i, buf.changes, by_id,
                                                Change, CHANGE_OVERHEAD, VALUE_OVERHEAD,
                                                limit - self._memory)
                 else:

@@ -119,7 +119,10 @@ class TopicReader:
         return None
 
     def close(self) -> None:
-        raise NotImplementedError
+        try:
+            self.consumer.close()
+        except Exception:  # nothing to save: no offsets are committed
+            pass
 
 
 class RdkafkaReader(TopicReader):
@@ -197,12 +200,6 @@ class RdkafkaReader(TopicReader):
         self.fetched += len(msgs)
         return out
 
-    def close(self) -> None:
-        try:
-            self.consumer.close()
-        except Exception:  # nothing to save: no offsets are committed
-            pass
-
 
 class KafkaPythonReader(TopicReader):
     def __init__(self, cfg: ApplyKafka):
@@ -258,8 +255,3 @@ class KafkaPythonReader(TopicReader):
             self.fetched += len(records)
         return out
 
-    def close(self) -> None:
-        try:
-            self.consumer.close()
-        except Exception:  # nothing to save: no offsets are committed
-            pass

@@ -13,19 +13,25 @@ from __future__ import annotations
 from router.kafka_settings import LIBRDKAFKA, translate
 
 
+def connection_conf(bootstrap_servers, settings: dict) -> dict:
+    """librdkafka's settings for a connection beside the producer (admin client, reader):
+    the producer's connection, security and timeout defaults (``librdkafka.DEFAULTS``), the
+    config's ``[kafka.settings]`` of those kinds over them, and the brokers."""
+    from .librdkafka import _ADMIN_KEYS, DEFAULTS
+
+    conf = {k: v for k, v in DEFAULTS.items() if k.startswith(_ADMIN_KEYS)}
+    conf.update({k: v for k, v in translate(dict(settings), LIBRDKAFKA).items()
+                 if k.startswith(_ADMIN_KEYS)})
+    conf["bootstrap.servers"] = (bootstrap_servers if isinstance(bootstrap_servers, str)
+                                 else ",".join(bootstrap_servers))
+    return conf
+
+
 class RdKafkaAdmin:
     def __init__(self, bootstrap_servers, settings: dict, timeout: float):
         from confluent_kafka.admin import AdminClient
 
-        from .librdkafka import _ADMIN_KEYS, DEFAULTS
-
-        servers = (bootstrap_servers if isinstance(bootstrap_servers, str)
-                   else ",".join(bootstrap_servers))
-        conf = {k: v for k, v in DEFAULTS.items() if k.startswith(_ADMIN_KEYS)}
-        conf.update({k: v for k, v in translate(dict(settings), LIBRDKAFKA).items()
-                     if k.startswith(_ADMIN_KEYS)})
-        conf["bootstrap.servers"] = servers
-        self.admin = AdminClient(conf)
+        self.admin = AdminClient(connection_conf(bootstrap_servers, settings))
         self.timeout = timeout
         self._partitions: dict[str, int] = {}
 
@@ -108,13 +114,9 @@ def read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float) 
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from .librdkafka import _ADMIN_KEYS
-
-    conf = {k: v for k, v in translate(dict(settings), LIBRDKAFKA).items()
-            if k.startswith(_ADMIN_KEYS)}
-    conf.update({"bootstrap.servers": bootstrap_servers if isinstance(bootstrap_servers, str)
-                 else ",".join(bootstrap_servers), "group.id": "pgrouter-reader",
-                 "enable.auto.commit": False, "reconnect.backoff.ms": 10})
+    conf = connection_conf(bootstrap_servers, settings)
+    conf.pop("request.timeout.ms", None)  # a producer's setting: a consumer ignores it
+    conf.update({"group.id": "pgrouter-reader", "enable.auto.commit": False})
     consumer = Consumer(conf)
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
