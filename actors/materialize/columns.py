@@ -148,25 +148,49 @@ def table_path(warehouse: str, route: str, schema: str, table: str) -> str:
 # --- the streaming job -------------------------------------------------------------------------
 
 
-def envelope_schema(names, *, changelog: bool = False):
-    """The record envelope parsed in one pass: ``before``/``after`` as structs of raw JSON texts
-    over ``names`` (every column name of the known schemas), so no image is re-serialised and
-    parsed again. Changelog mode keeps ``before`` as its JSON text (stored in ``_pgr_before``)
-    and the fields only the changelog stores."""
+#: How the router writes a column's values (README "Message format"), by type OID: integer
+#: types and OIDs always as JSON integers, bool always as a JSON boolean. Every other type may
+#: arrive as a string (floats: "NaN"), so it is parsed as its raw JSON text.
+_JSON_KINDS = {20: "bigint", 21: "bigint", 23: "bigint", 26: "bigint", 16: "boolean"}
+#: the field a record that does not parse against the envelope lands in (``Materializer``
+#: stops on it: a malformed record is never skipped nor half read)
+CORRUPT = "_pgr_corrupt"
+
+
+def image_fields(schemas) -> tuple[tuple[str, str], ...]:
+    """``(name, kind)`` of every column name of ``schemas`` (ColumnSchema dicts of the known
+    schemas, all tables): ``kind`` is a Spark type when every column of that name has a typed
+    JSON form (``_JSON_KINDS``), else ``string`` (the value's raw JSON text). Parsing an integer
+    as a number spares the JSON parser re-serialising it into a text per value."""
+    kinds: dict[str, str] = {}
+    for s in schemas:
+        for c in s["columns"]:
+            kind = _JSON_KINDS.get(c.get("type_oid"), "string")
+            kinds[c["name"]] = kind if kinds.get(c["name"], kind) == kind else "string"
+    return tuple(sorted(kinds.items()))
+
+
+def envelope_schema(fields, *, changelog: bool = False):
+    """The record envelope parsed in one pass: ``before``/``after`` as structs over ``fields``
+    (``image_fields``), so no image is re-serialised and parsed again, and ``CORRUPT``.
+    Changelog mode keeps ``before`` as its JSON text (stored in ``_pgr_before``) and the fields
+    only the changelog stores."""
     from pyspark.sql.types import (ArrayType, LongType, StringType, StructField, StructType)
-    fields = [("schema", StringType()), ("table", StringType()), ("commit_lsn", LongType()),
-              ("seq", LongType()), ("route", StringType()), ("schema_id", StringType()),
-              ("commit_time", StringType())]
+    fields_ = [("schema", StringType()), ("table", StringType()), ("commit_lsn", LongType()),
+               ("seq", LongType()), ("route", StringType()), ("schema_id", StringType()),
+               ("commit_time", StringType())]
     if changelog:
-        fields += [("lsn", LongType()), ("xid", LongType())]
-    source = StructType([StructField(n, t) for n, t in fields])
-    image = image_schema(names)
+        fields_ += [("lsn", LongType()), ("xid", LongType())]
+    source = StructType([StructField(n, t) for n, t in fields_])
+    image = image_schema(fields)
     return StructType([StructField("op", StringType()),
                        StructField("before", StringType() if changelog else image),
                        StructField("after", image), StructField("source", source),
-                       StructField("unchanged_toast", ArrayType(StringType()))])
+                       StructField("unchanged_toast", ArrayType(StringType())),
+                       StructField(CORRUPT, StringType())])
 
 
-def image_schema(names):
-    from pyspark.sql.types import StringType, StructField, StructType
-    return StructType([StructField(n, StringType()) for n in names])
+def image_schema(fields):
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+    types = {"bigint": LongType(), "boolean": BooleanType()}
+    return StructType([StructField(n, types.get(k, StringType())) for n, k in fields])

@@ -33,11 +33,13 @@ Rules the job keeps:
 * A key-changing update takes its unchanged-TOAST values from the old key (``toast``).
 * Table maintenance (``maintenance``): tombstones past ``tombstone_retention`` removed,
   optional OPTIMIZE and VACUUM, after a micro-batch at most every ``maintenance_interval``.
-* Tables live at ``<warehouse>/<route>/<schema>/<table>``.
+* Tables live at ``<warehouse>/<route>/<schema>/<table>``; a table is created by the first
+  write of its rows, data and properties in one commit (``tables``).
 
 The job is split by responsibility: ``settings`` (the config), ``columns`` (types and values),
-``merge`` (the streaming query and its writes), ``toast`` (unchanged-TOAST values),
-``maintenance`` (table upkeep) and this module (the session and the entry point).
+``merge`` (the streaming query and its writes), ``tables`` (the Delta tables: creation, added
+and widened columns), ``toast`` (unchanged-TOAST values), ``maintenance`` (table upkeep) and this
+module (the session and the entry point).
 """
 
 from __future__ import annotations

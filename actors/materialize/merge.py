@@ -7,27 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 
-from .columns import (convert, envelope_schema, image_schema, quote, spark_type_name,
-                      table_path, widens)
+from .columns import (CORRUPT, convert, envelope_schema, image_fields, image_schema, quote,
+                      spark_type_name, widens)
 from .maintenance import Maintenance
 from .settings import CHANGELOG, STATE, JobConfig, MaterializeError
+from .tables import TRUNCATE_PROPERTY, DeltaTables, TableState
 from .toast import fill_toast, moved_toast
 
 OPS = ("c", "u", "d", "t", "r")
 POS = ("_pgr_commit_lsn", "_pgr_seq")
-TRUNCATE_PROPERTY = "pgrouter.truncated_before"
-KEY_PROPERTY = "pgrouter.key"
-
-
-@dataclass
-class TableState:
-    path: str
-    types: dict[str, str]  # column -> Spark DDL type, as stored
-    truncated_before: tuple[int, int] | None
-    key: tuple[str, ...] | None
-    empty: bool = False  # created by this job and not written yet: the first write appends
 
 
 class Materializer:
@@ -37,7 +26,7 @@ class Materializer:
         self.spark = spark
         self.cfg = cfg
         self.schemas: dict[str, dict] = {}
-        self.tables: dict[str, TableState] = {}
+        self.delta = DeltaTables(spark, cfg)
         self.app_id = "pgrouter-" + hashlib.sha256(cfg.checkpoint.encode()).hexdigest()[:16]
         self.failure: BaseException | None = None
         self.maintenance = Maintenance(spark, cfg)
@@ -103,19 +92,26 @@ class Materializer:
             self.failure = exc
             raise
 
-    def _image_names(self) -> tuple[str, ...]:
-        return tuple(sorted({c["name"] for s in self.schemas.values() for c in s["columns"]}))
+    def _image_fields(self) -> tuple[tuple[str, str], ...]:
+        return image_fields(self.schemas.values())
 
-    def _parse(self, df, names):
+    def _parse(self, df, fields):
         """The batch's records parsed once (only the fields the job uses) and persisted: every
-        later action of the batch reads this, not Kafka."""
+        later action of the batch reads this, not Kafka. A record that does not parse (not
+        JSON, or a value not of its column's JSON type) keeps its text in ``CORRUPT`` and its
+        Kafka position in ``_pgr_at``, for ``_process`` to stop on."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        schema = envelope_schema(names, changelog=self.cfg.mode == CHANGELOG)
+        schema = envelope_schema(fields, changelog=self.cfg.mode == CHANGELOG)
+        parsed = F.from_json(F.col("value").cast("string"), schema,
+                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+        bad = F.col(f"e.{CORRUPT}").isNotNull()
         return (df.filter(F.col("topic") != self.cfg.schema_topic)
-                .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
-                .select("e.*").filter(F.col("op").isin(*OPS))
+                .select(parsed.alias("e"), "topic", "partition", "offset")
+                .select("e.*", F.when(bad, F.struct("topic", "partition", "offset"))
+                        .alias("_pgr_at"))
+                .filter(F.col("op").isin(*OPS) | F.col(CORRUPT).isNotNull())
                 .persist(StorageLevel.MEMORY_AND_DISK))
 
     def _process(self, df, batch_id: int) -> None:
@@ -123,25 +119,18 @@ class Materializer:
 
         if not self.schemas:
             self.load_schemas()
-        names = self._image_names()
-        env = self._parse(df, names)
+        fields = self._image_fields()
+        env = self._parse(df, fields)
         try:
-            meta = (env.select("source.route", "source.schema", "source.table", "source.schema_id",
-                               "op", "source.commit_lsn", "source.seq",
-                               F.col("before").isNotNull().alias("has_before"),
-                               F.explode_outer("unchanged_toast").alias("toast"))
-                    .groupBy("route", "schema", "table", "schema_id")
-                    .agg(F.collect_set("toast").alias("toast"),
-                         F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
-                         .alias("truncate"), F.min("commit_lsn").alias("lo"),
-                         F.max((F.col("op") == "u") & F.col("has_before")).alias("before"))
-                    .collect())
+            meta = self._meta(env)
             if any(m.schema_id not in self.schemas for m in meta):
                 self.load_schemas()  # a schema newer than the ones known: its columns too
-                if self._image_names() != names:
+                if self._image_fields() != fields:
                     env.unpersist()
-                    names = self._image_names()
-                    env = self._parse(df, names)
+                    fields = self._image_fields()
+                    env = self._parse(df, fields)
+                    meta = self._meta(env)
+            self._refuse_corrupt(meta)
             groups: dict[tuple, list] = {}
             for m in meta:
                 groups.setdefault((m.route, m.schema, m.table), []).append(m)
@@ -153,7 +142,40 @@ class Materializer:
         finally:
             env.unpersist()
         if self.maintenance.due():
-            self.maintenance.run(self.tables)
+            self.maintenance.run(p for p, t in self.delta.known.items() if t.created)
+
+    @staticmethod
+    def _meta(env):
+        """Per (route, schema, table, schema_id) of the batch: unchanged-TOAST columns, the
+        latest truncate, the lowest commit LSN, whether an update has a before image, and the
+        first record that did not parse."""
+        from pyspark.sql import functions as F
+
+        return (env.select("source.route", "source.schema", "source.table", "source.schema_id",
+                           "op", "source.commit_lsn", "source.seq", "_pgr_at", CORRUPT,
+                           F.col("before").isNotNull().alias("has_before"),
+                           F.explode_outer("unchanged_toast").alias("toast"))
+                .groupBy("route", "schema", "table", "schema_id")
+                .agg(F.collect_set("toast").alias("toast"),
+                     F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
+                     .alias("truncate"), F.min("commit_lsn").alias("lo"),
+                     F.max((F.col("op") == "u") & F.col("has_before")).alias("before"),
+                     F.min(F.when(F.col("_pgr_at").isNotNull(),
+                                  F.struct("_pgr_at", F.substring(CORRUPT, 1, 300))))
+                     .alias("corrupt"))
+                .collect())
+
+    def _refuse_corrupt(self, meta) -> None:
+        """A record that is not a pgrouter change record stops the job before anything of the
+        batch is written (skipping it would lose a change, reading half of it would store a
+        wrong row)."""
+        bad = [m.corrupt for m in meta if m.corrupt is not None]
+        if bad:
+            at, text = min(bad)
+            raise MaterializeError(
+                f"record at {at.topic} partition {at.partition} offset {at.offset} is not a "
+                f"pgrouter change record (not JSON, or a value that does not fit its column's "
+                f"type in the schema topic {self.cfg.schema_topic!r}): {text!r}")
 
     # one table --------------------------------------------------------------------------------
 
@@ -183,14 +205,14 @@ class Materializer:
                     raise MaterializeError(f"{name}.{c['name']}: incompatible type change "
                                            f"{had} -> {t} (only widening changes apply: "
                                            f"README \"Schema changes\")")
-        state = self._ensure_table(route, schema, table, wanted, keys)
+        state = self.delta.ensure(route, schema, table, wanted, keys)
         truncs = [tuple(m.truncate) for m in metas if m.truncate is not None]
         toast = sorted({t for m in metas for t in m.toast})
 
         rows = None
         for m, s in zip(metas, schemas):
             part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state,
-                                 moves=bool(m.before))
+                                 moves=bool(m.before), fields=image_fields([s]))
             rows = part if rows is None else rows.unionByName(part)
         if mode == CHANGELOG:
             self._append(batch_id, state, rows, min(m.lo for m in metas))
@@ -198,6 +220,7 @@ class Materializer:
         cut = max([*truncs, state.truncated_before or (-1, -1)])
         if truncs and max(truncs) > (state.truncated_before or (-1, -1)):
             t = max(truncs)
+            self.delta.create(state)  # a new table's first batch: the truncate is its property
             self.spark.sql(f"DELETE FROM delta.{quote(state.path)} WHERE _pgr_commit_lsn < {t[0]} "
                            f"OR (_pgr_commit_lsn = {t[0]} AND _pgr_seq < {t[1]})")
             self.spark.sql(f"ALTER TABLE delta.{quote(state.path)} SET TBLPROPERTIES "
@@ -208,7 +231,7 @@ class Materializer:
             | ((F.col("_pgr_commit_lsn") == cut[0]) & (F.col("_pgr_seq") > cut[1]))))
         self._merge(batch_id, state, rows, keys, toast, moves=any(m.before for m in metas))
 
-    def _changes(self, sub, s: dict, state: TableState, *, moves: bool):
+    def _changes(self, sub, s: dict, state: TableState, *, moves: bool, fields):
         """Typed change rows of one schema: every table column (NULL where this schema has
         none), the position, op and unchanged-TOAST names; key-changing updates add a delete
         of the old key at the same position. ``moves``: some update of the batch has a
@@ -217,7 +240,7 @@ class Materializer:
         from pyspark.sql import functions as F
 
         cols = {c["name"]: c for c in s["columns"]}
-        before = (F.from_json("before", image_schema(cols)) if self.cfg.mode == CHANGELOG
+        before = (F.from_json("before", image_schema(fields)) if self.cfg.mode == CHANGELOG
                   else F.col("before"))
         p = sub.select("op", "source", "before",
                        F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("t"),
@@ -256,63 +279,6 @@ class Materializer:
                      F.col("before").alias("_pgr_before")]
         return p.select(*out, *meta)
 
-    def _ensure_table(self, route, schema, table, wanted: dict[str, str], keys) -> TableState:
-        from delta.tables import DeltaTable
-
-        path = table_path(self.cfg.warehouse, route, schema, table)
-        state = self.tables.get(path)
-        if state is None:
-            if DeltaTable.isDeltaTable(self.spark, path):
-                dt = DeltaTable.forPath(self.spark, path)
-                types = {f.name: f.dataType.simpleString() for f in dt.toDF().schema.fields}
-                props = dt.detail().collect()[0].properties or {}
-                tb = props.get(TRUNCATE_PROPERTY)
-                key = props.get(KEY_PROPERTY)
-                state = TableState(path, types,
-                                   tuple(int(x) for x in tb.split(":")) if tb else None,
-                                   tuple(json.loads(key)) if key else None)
-            else:
-                cols = dict(wanted)
-                if self.cfg.mode == STATE:
-                    cols.update(_pgr_commit_lsn="bigint", _pgr_seq="bigint", _pgr_deleted="boolean",
-                                _pgr_deleted_at="timestamp")
-                else:
-                    cols.update(_pgr_op="string", _pgr_commit_lsn="bigint", _pgr_seq="bigint",
-                                _pgr_lsn="bigint", _pgr_xid="bigint", _pgr_commit_time="timestamp",
-                                _pgr_schema_id="string", _pgr_toast="array<string>",
-                                _pgr_before="string")
-                ddl = ", ".join(f"{quote(n)} {t}" for n, t in cols.items())
-                self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.{quote(path)} ({ddl}) USING delta "
-                               f"TBLPROPERTIES ('{KEY_PROPERTY}' = '{json.dumps(list(keys))}')")
-                state = TableState(path, cols, None, tuple(keys), empty=True)
-            self.tables[path] = state
-        if state.key is not None and self.cfg.mode == STATE and tuple(keys) != state.key:
-            raise MaterializeError(f"{schema}.{table}: key columns changed from "
-                                   f"{list(state.key)} to {list(keys)}")
-        if self.cfg.mode == STATE and "_pgr_deleted_at" not in state.types:
-            wanted = {**wanted, "_pgr_deleted_at": "timestamp"}  # tables made before it existed
-        for n, t in wanted.items():
-            have = state.types.get(n)
-            if have is None:
-                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({quote(n)} {t})")
-                state.types[n] = t
-            elif have != t and widens(have, t):
-                self._widen(path, n, t)
-                state.types[n] = t
-            elif not widens(t, have):  # a narrower type (an older schema's) fits the column
-                raise MaterializeError(f"{schema}.{table}.{n}: incompatible type change: the "
-                                       f"Delta table has {have}, the new schema needs {t}, which "
-                                       f"is not a widening of it; materialize into a new "
-                                       f"warehouse or migrate the table")
-        return state
-
-    def _widen(self, path: str, column: str, dtype: str) -> None:
-        """Delta type widening (table feature ``typeWidening``): existing files keep the old
-        type and are read as the new one."""
-        t = f"delta.{quote(path)}"
-        self.spark.sql(f"ALTER TABLE {t} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
-        self.spark.sql(f"ALTER TABLE {t} ALTER COLUMN {quote(column)} TYPE {dtype}")
-
     def _txn(self, batch_id: int):
         conf = self.spark.conf
         conf.set("spark.databricks.delta.write.txnAppId", self.app_id)
@@ -332,6 +298,7 @@ class Materializer:
         if toast:
             filled = fill_toast(rows, keys, toast, order)
             if moves:  # key changes: unchanged-TOAST values come from the old key
+                self.delta.create(state)  # (read from the table, empty if new)
                 stored = self.spark.read.format("delta").load(state.path)
                 rows = fill_toast(moved_toast(stored, rows, filled, keys, toast), keys, toast,
                                   order)
@@ -361,10 +328,8 @@ class Materializer:
         cond = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
         self._txn(batch_id)
         try:
-            if state.empty:  # the MERGE would insert every row: one plain append, no join
-                cols = [*data, *POS, "_pgr_deleted", "_pgr_deleted_at"]
-                (src.select(*[F.col(quote(n)).cast(state.types[n]).alias(n) for n in cols])
-                 .write.format("delta").mode("append").save(state.path))
+            if state.empty:  # the MERGE would insert every row: one plain write, no join
+                self.delta.write_first(state, src)
             else:
                 (DeltaTable.forPath(self.spark, state.path).alias("t").merge(src.alias("s"), cond)
                  .whenMatchedUpdate(condition=newer, set=sets)
@@ -375,7 +340,6 @@ class Materializer:
 
     def _append(self, batch_id, state: TableState, rows, lo: int) -> None:
         from delta.tables import DeltaTable
-        from pyspark.sql import functions as F
 
         rows = rows.dropDuplicates(list(POS))
         cond = (f"t._pgr_commit_lsn >= {lo} AND t._pgr_commit_lsn = s._pgr_commit_lsn "
@@ -384,8 +348,7 @@ class Materializer:
         self._txn(batch_id)
         try:
             if state.empty:
-                (rows.select(*[F.col(quote(n)).cast(t).alias(n) for n, t in state.types.items()])
-                 .write.format("delta").mode("append").save(state.path))
+                self.delta.write_first(state, rows)
             else:
                 (DeltaTable.forPath(self.spark, state.path).alias("t").merge(rows.alias("s"), cond)
                  .whenNotMatchedInsert(values=values).execute())

@@ -210,6 +210,11 @@ def test_state_matches_postgres(spark, pg_dsn, kafka_bootstrap, tmp_path):
     feed.send(first[5])  # duplicates, byte-identical
     feed.send(upd1)
     run_and_compare()
+    # a key change with unchanged TOAST in the first batch: created empty, then written
+    from delta.tables import DeltaTable
+    history = DeltaTable.forPath(spark, path).history().collect()
+    assert [h.operation for h in reversed(history)] == ["CREATE TABLE", "WRITE"]
+    assert DeltaTable.forPath(spark, path).detail().collect()[0].properties["pgrouter.key"] == '["id"]'
 
     # batch 2: late older records, TOAST against the stored value, an added column
     feed.send(first[3])  # older than the delete of 3: must not resurrect it
@@ -259,6 +264,34 @@ def test_state_refuses_keyless_table(spark, kafka_bootstrap, tmp_path):
             available_now=True)
 
 
+@pytest.mark.parametrize("spoil", ["not JSON", "an integer column's value as a string"])
+def test_a_record_that_is_not_a_change_record_stops_the_batch(spark, kafka_bootstrap, tmp_path,
+                                                              spoil):
+    """Neither skipped (a lost change) nor half read (a wrong row): the job stops naming the
+    record's Kafka position, and nothing of its batch is written."""
+    from actors.materialize import job
+
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    rel = Relation(5, "public", "spoiled", "d", (RelationColumn(1, "id", 23, -1),
+                                                 RelationColumn(0, "n", 20, -1)))
+    enc = TableEncoder(rel, route="r", db="postgres")
+    feed.schema(enc)
+    good = enc.encode("c", feed.tx(), 1, 0, old=None, old_is_key=False, new=("1", "10"))
+    feed.send(good)
+    assert b'"n":10' in good[1]
+    value = b"{not json" if spoil == "not JSON" else good[1].replace(b'"n":10', b'"n":"10"')
+    at = feed.producer.send(feed.topic, key=good[0], value=value).get(timeout=30)
+    feed.send(enc.encode("c", feed.tx(), 1, 0, old=None, old_is_key=False, new=("2", "20")))
+    feed.flush()
+    cfg = _config(tmp_path, kafka_bootstrap, feed, "state")
+    with pytest.raises(job.MaterializeError) as err:
+        job.Materializer(spark, cfg).run(available_now=True)
+    assert (f"record at {feed.topic} partition {at.partition} offset {at.offset} is not a "
+            "pgrouter change record") in str(err.value)
+    assert value.decode()[:9] in str(err.value)
+    assert not os.path.exists(f"{cfg.warehouse}/r/public/spoiled")
+
+
 def test_incompatible_type_change_stops(spark, kafka_bootstrap, tmp_path):
     from actors.materialize import job
 
@@ -273,6 +306,12 @@ def test_incompatible_type_change_stops(spark, kafka_bootstrap, tmp_path):
         feed.flush()
         if oid == 23:
             job.Materializer(spark, cfg).run(available_now=True)
+            # created by its first write: rows and key property in one commit
+            from delta.tables import DeltaTable
+            dt = DeltaTable.forPath(spark, f"{cfg.warehouse}/r/public/t")
+            assert [h.operation for h in dt.history().collect()] == ["CREATE TABLE AS SELECT"]
+            assert dt.detail().collect()[0].properties["pgrouter.key"] == '["id"]'
+            assert dt.toDF().count() == 1
     with pytest.raises(job.MaterializeError, match="incompatible type change"):
         job.Materializer(spark, cfg).run(available_now=True)
 

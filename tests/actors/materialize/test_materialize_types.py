@@ -8,10 +8,11 @@ import json
 import msgspec
 import pytest
 
-from actors.materialize.columns import (parse_pg_array, quote, spark_type_name, table_path,
-                                        widens)
+from actors.materialize.columns import (image_fields, parse_pg_array, quote, spark_type_name,
+                                        table_path, widens)
+from router.envelope import TableEncoder, TxContext
 from router.pgoutput import Relation, RelationColumn
-from router.schema import table_schema
+from router.schema import encode_schema, table_schema
 
 NUM = lambda p, s: ((p << 16) | (s & 0x7FF)) + 4  # noqa: E731 - numeric(p,s) typmod
 
@@ -79,3 +80,34 @@ def test_table_path_and_quote():
 def test_type_widening(old, new, ok):
     """int -> bigint and the like widen a Delta column in place; anything else is refused."""
     assert widens(old, new) is ok
+
+
+# one column per kind of value: (type OID, PostgreSQL's text form of a value)
+_VALUES = [(23, "-8"), (21, "7"), (20, "9007199254740993"), (26, "4294967295"), (16, "t"),
+           (16, "f"), (700, "NaN"), (701, "1.5"), (1700, "1.50"), (25, "12"), (1043, "x"),
+           (1007, "{1,2}"), (1184, "2024-01-01 00:00:00+00"), (17, "\\x00"), (3802, "{}")]
+
+
+def test_typed_image_fields_are_what_the_encoder_writes():
+    """The job parses a column as a number or boolean only when the router always writes its
+    values so (a string there would stop the job): checked against the encoder itself."""
+    rel = Relation(1, "public", "t", "d", tuple(
+        RelationColumn(1 if i == 0 else 0, f"c{i}", oid, -1) for i, (oid, _) in enumerate(_VALUES)))
+    enc = TableEncoder(rel, route="r", db="postgres")
+    kinds = dict(image_fields([json.loads(encode_schema(enc.schema)[1])]))
+    tx = TxContext(xid=1, commit_lsn=16, end_lsn=17, commit_time=0)
+    after = json.loads(enc.encode("c", tx, 16, 0, old=None, old_is_key=False,
+                                  new=tuple(v for _, v in _VALUES))[1])["after"]
+    for name, kind in kinds.items():
+        assert type(after[name]) is {"bigint": int, "boolean": bool}.get(kind, type(after[name]))
+    assert {n for n, k in kinds.items() if k != "string"} == {"c0", "c1", "c2", "c3", "c4", "c5"}
+    assert {kinds["c0"], kinds["c4"], kinds["c7"]} == {"bigint", "boolean", "string"}
+
+
+def test_image_fields_fall_back_to_text_when_tables_disagree():
+    one = {"columns": [{"name": "id", "type_oid": 23}, {"name": "ok", "type_oid": 16}]}
+    two = {"columns": [{"name": "id", "type_oid": 25}, {"name": "ok", "type_oid": 16},
+                       {"name": "n", "type_oid": 20}]}
+    old = {"columns": [{"name": "n"}]}  # a schema without type OIDs: text
+    assert image_fields([one, two]) == (("id", "string"), ("n", "bigint"), ("ok", "boolean"))
+    assert image_fields([two, old]) == (("id", "string"), ("n", "string"), ("ok", "boolean"))
