@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 
 from .columns import (CORRUPT, convert, envelope_schema, image_fields, image_schema, quote,
                       spark_type_name, widens)
@@ -30,6 +31,7 @@ class Materializer:
         self.app_id = "pgrouter-" + hashlib.sha256(cfg.checkpoint.encode()).hexdigest()[:16]
         self.failure: BaseException | None = None
         self.maintenance = Maintenance(spark, cfg)
+        self._first_load = threading.Lock()
 
     # schema topic ---------------------------------------------------------------------------
 
@@ -42,6 +44,13 @@ class Materializer:
             if row.v:
                 s = json.loads(row.v)
                 self.schemas[s["schema_id"]] = s
+
+    def first_schemas(self) -> None:
+        """The schema topic read once before the first batch needs it: ``run`` reads it while
+        the query plans its first batch, and the batch waits for that read."""
+        with self._first_load:
+            if not self.schemas:
+                self.load_schemas()
 
     def schema(self, schema_id: str) -> dict:
         if schema_id not in self.schemas:
@@ -76,6 +85,7 @@ class Materializer:
     def run(self, *, available_now: bool = False) -> None:
         query = self.start(available_now=available_now)
         try:
+            self.first_schemas()
             query.awaitTermination()
         except Exception as exc:
             if self.failure is not None:
@@ -117,8 +127,7 @@ class Materializer:
     def _process(self, df, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        if not self.schemas:
-            self.load_schemas()
+        self.first_schemas()
         fields = self._image_fields()
         env = self._parse(df, fields)
         try:

@@ -111,17 +111,17 @@ class _Given:
 
 
 def test_session_defaults_yield_to_spark_submit_and_config():
-    from actors.materialize.job import JIT_OPTIONS, session_conf
+    from actors.materialize.job import JVM_OPTIONS, session_conf
 
     cfg = config_from_dict(tomllib.loads(BASE))
     conf = session_conf(cfg, _Given())
     assert conf["spark.sql.codegen.cache.maxEntries"] == "1000"
-    assert conf["spark.driver.defaultJavaOptions"] == JIT_OPTIONS
-    assert conf["spark.executor.defaultJavaOptions"] == JIT_OPTIONS
+    assert conf["spark.driver.defaultJavaOptions"] == JVM_OPTIONS
+    assert conf["spark.executor.defaultJavaOptions"] == JVM_OPTIONS
     # a cluster's own JVM options (spark-submit --conf, spark-defaults.conf) are kept
     conf = session_conf(cfg, _Given(spark_executor_defaultJavaOptions="-XX:+UseZGC"))
     assert "spark.executor.defaultJavaOptions" not in conf
-    assert conf["spark.driver.defaultJavaOptions"] == JIT_OPTIONS
+    assert conf["spark.driver.defaultJavaOptions"] == JVM_OPTIONS
     # [spark] conf wins over every default
     spark = '[spark]\nconf = { "spark.sql.codegen.cache.maxEntries" = 50 }\n'
     cfg = config_from_dict(tomllib.loads(BASE + spark))
