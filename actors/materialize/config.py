@@ -35,6 +35,7 @@ class SparkSection(msgspec.Struct, **_opts):
     app_name: str = "pgrouter-materialize"
     conf: dict[str, str | int | float | bool] = {}
     jars: list[str] = []
+    class_archive: str | None = None
 
 
 class DeltaSection(msgspec.Struct, **_opts):
@@ -94,6 +95,7 @@ def parse(text: str | bytes, *, source: str | None = None) -> JobConfig:
                   kafka_options=dict(k.options), mode=d.mode, warehouse=d.warehouse,
                   checkpoint=d.checkpoint, trigger_interval=d.trigger_interval, master=s.master,
                   app_name=s.app_name, spark_conf=_conf_strings(s.conf), jars=list(s.jars),
+                  class_archive=s.class_archive,
                   maintenance_interval=d.maintenance_interval,
                   tombstone_retention=d.tombstone_retention, optimize=d.optimize,
                   vacuum_retention=d.vacuum_retention)

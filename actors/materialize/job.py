@@ -45,8 +45,10 @@ module (the session and the entry point).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from actors.materialize import class_archive
 from actors.materialize.columns import parse_pg_array, quote, spark_type_name, table_path
 from actors.materialize.merge import Materializer
 from actors.materialize.settings import (CHANGELOG, STATE, JobConfig, MaterializeError,
@@ -97,29 +99,44 @@ def session_conf(cfg: JobConfig, given) -> dict[str, str]:
     return conf
 
 
-def build_session(cfg: JobConfig):
-    from pyspark import SparkConf
+def build_session(cfg: JobConfig, *, archive: bool = False):
+    """The job's session. ``archive``: with ``[spark] class_archive`` set and the driver JVM
+    started here, map or write the class-data archive (``class_archive``); the session then
+    carries it as ``spark._pgrouter_archive`` for ``class_archive.finish``."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(cfg.app_name)
     given = SparkConf()  # what spark-submit (--conf, spark-defaults.conf) set
     if not given.contains("spark.master"):  # spark-submit --master wins
         builder = builder.master(cfg.master)
-    for k, v in session_conf(cfg, given).items():
+    conf = session_conf(cfg, given)
+    plan = None
+    if (archive and cfg.class_archive and SparkContext._gateway is None
+            and "PYSPARK_GATEWAY_PORT" not in os.environ):  # the driver JVM starts here
+        key = "spark.driver.defaultJavaOptions"
+        options = " ".join(filter(None, [conf.get(key), conf.get("spark.driver.extraJavaOptions")]))
+        jars = [j for j in conf.get("spark.jars", "").split(",") if j]
+        plan = class_archive.plan(cfg.class_archive, jars, options)
+        conf[key] = " ".join(filter(None, [conf.get(key), plan.options]))
+    for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    spark._pgrouter_archive = plan
     return spark
 
 
 def run(cfg: JobConfig, *, available_now: bool = False, spark=None,
         py_files: tuple[str, ...] = ()) -> None:
     """Run the job; ``py_files`` (the ``--py-files`` bundle) are shipped to the executors of
-    a session started here, as ``spark-submit --py-files`` does."""
-    spark = spark or build_session(cfg)
+    a session started here, as ``spark-submit --py-files`` does. A session started here with a
+    class-data archive to write is stopped at the end, so its JVM exits and writes it."""
+    spark = spark or build_session(cfg, archive=True)
     for f in py_files:
         spark.sparkContext.addPyFile(f)
     Materializer(spark, cfg).run(available_now=available_now)
+    class_archive.finish(getattr(spark, "_pgrouter_archive", None), spark)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,7 @@ class JobConfig:
     app_name: str = "pgrouter-materialize"
     spark_conf: dict[str, str] = field(default_factory=dict)
     jars: list[str] = field(default_factory=list)
+    class_archive: str | None = None  # directory of the driver's class-data archive
     # table maintenance (``maintenance.py``), run after a micro-batch at most this often
     maintenance_interval: str = "1 hour"
     tombstone_retention: str | None = None  # None: tombstones are kept for ever
@@ -57,7 +58,8 @@ _KEYS: dict[str, dict[str, tuple[type, str]]] = {
               "max_offsets_per_trigger": (int, "max_offsets_per_trigger"),
               "options": (dict, "kafka_options")},
     "spark": {"master": (str, "master"), "app_name": (str, "app_name"),
-              "conf": (dict, "spark_conf"), "jars": (list, "jars")},
+              "conf": (dict, "spark_conf"), "jars": (list, "jars"),
+              "class_archive": (str, "class_archive")},
     "delta": {"warehouse": (str, "warehouse"), "checkpoint": (str, "checkpoint"),
               "mode": (str, "mode"), "trigger_interval": (str, "trigger_interval"),
               "max_offsets_per_trigger": (int, "max_offsets_per_trigger"),

@@ -399,7 +399,7 @@ mode = "changelog"
     delta_log = tmp_path / "wh" / "log" / "public" / "events" / "_delta_log"
     deadline = time.monotonic() + 150
     try:
-        while len(list(delta_log.glob("*.json"))) < 3:  # create + two batches written
+        while len(list(delta_log.glob("*.json"))) < 3:  # three batches written
             assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "materializer made no progress"
             time.sleep(0.2)
@@ -411,6 +411,46 @@ mode = "changelog"
     done = subprocess.run(cmd + ["--available-now"], cwd=ROOT, capture_output=True, timeout=240)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     got = _positions(spark, str(delta_log.parent))
+    assert len(got) == len(set(got)) and set(got) == want
+
+
+def test_class_archive_written_by_a_first_run_and_mapped_by_the_next(spark, kafka_bootstrap,
+                                                                    tmp_path):
+    """``[spark] class_archive``: the first ``pgrouter materialize`` run's JVM writes the archive
+    when it exits; the next run's JVM maps it (HotSpot says so with -Xlog:cds=info)."""
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    want = _changelog_workload(feed, 4, 25)
+    conf = tmp_path / "materialize.toml"
+    conf.write_text(f"""
+[kafka]
+bootstrap_servers = "{kafka_bootstrap}"
+topics = ["{feed.topic}"]
+schema_topic = "{feed.schema_topic}"
+[spark]
+master = "local[1]"
+class_archive = "{tmp_path / 'classes'}"
+[delta]
+warehouse = "{tmp_path / 'wh'}"
+checkpoint = "{tmp_path / 'ck'}"
+mode = "changelog"
+""")
+    cmd = [sys.executable, "-m", "actors.cli", "materialize", "-c", str(conf), "--available-now",
+           "--devstack-dir", str(ROOT / ".devstack")]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=240)
+    assert first.returncode == 0, first.stderr.decode()[-2000:]
+    written = list((tmp_path / "classes").iterdir())
+    assert [p.suffix for p in written] == [".jsa"], written  # renamed into place, no temporary
+    assert written[0].stat().st_size > 50 << 20
+    assert set(_positions(spark, str(tmp_path / "wh" / "log" / "public" / "events"))) == want
+
+    want |= _changelog_workload(feed, 2, 25)
+    env = {**os.environ, "JAVA_TOOL_OPTIONS": "-Xlog:cds=info"}
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=240, env=env)
+    assert second.returncode == 0, second.stderr.decode()[-2000:]
+    out = (second.stdout + second.stderr).decode()
+    assert f"Opened archive {written[0]}" in out, out[-3000:]
+    assert list((tmp_path / "classes").iterdir()) == written
+    got = _positions(spark, str(tmp_path / "wh" / "log" / "public" / "events"))
     assert len(got) == len(set(got)) and set(got) == want
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import tomllib
 
 import pytest
@@ -62,6 +63,7 @@ def test_full_example_file():
     (BASE + 'maintenance_interval = "-1 hours"\n', "delta.maintenance_interval"),
     (BASE + 'vacuum_retention = "7"\n', "delta.vacuum_retention"),
     (BASE + 'optimize = "yes"\n', "delta.optimize"),
+    (BASE + "[spark]\nclass_archive = true\n", "spark.class_archive"),
 ])
 def test_rejects_with_key_path(patch, path):
     for cfg, err in both(patch):
@@ -126,3 +128,43 @@ def test_session_defaults_yield_to_spark_submit_and_config():
     spark = '[spark]\nconf = { "spark.sql.codegen.cache.maxEntries" = 50 }\n'
     cfg = config_from_dict(tomllib.loads(BASE + spark))
     assert session_conf(cfg, _Given())["spark.sql.codegen.cache.maxEntries"] == "50"
+
+
+def test_class_archive_key():
+    for cfg, err in both(BASE + '[spark]\nclass_archive = "/var/cache/pgrouter"\n'):
+        assert err is None and cfg.class_archive == "/var/cache/pgrouter"
+    for cfg, err in both(BASE):
+        assert cfg.class_archive is None
+
+
+def test_class_archive_plan(tmp_path, monkeypatch):
+    """Named by a fingerprint (a changed jar or JVM option gets another archive); written to a
+    temporary name of this process; a dead run's temporary file is removed, a live one's kept;
+    an existing archive is mapped."""
+    import os
+    import subprocess
+
+    from actors.materialize import class_archive as ca
+
+    jar = tmp_path / "a.jar"
+    jar.write_bytes(b"x")
+    first = ca.plan(str(tmp_path / "cds"), [str(jar)], "-Xmx1g")
+    assert first.writing == f"{first.path}.{os.getpid()}.tmp"
+    assert f"-XX:ArchiveClassesAtExit={first.writing}" in first.options
+    assert ca.plan(str(tmp_path / "cds"), [str(jar)], "-Xmx2g").path != first.path
+    jar.write_bytes(b"xy")
+    assert ca.plan(str(tmp_path / "cds"), [str(jar)], "-Xmx1g").path != first.path
+    jar.write_bytes(b"x")
+    os.utime(jar, ns=(0, 0))
+    base = ca.plan(str(tmp_path / "cds"), [str(jar)], "-Xmx1g").path
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid in (dead.pid, os.getppid()):
+        pathlib.Path(f"{base}.{pid}.tmp").write_bytes(b"partial")
+    again = ca.plan(str(tmp_path / "cds"), [str(jar)], "-Xmx1g")
+    assert again.path == base
+    assert sorted(p.name for p in (tmp_path / "cds").iterdir()) == [
+        pathlib.Path(f"{base}.{os.getppid()}.tmp").name]
+    pathlib.Path(base).write_bytes(b"archive")
+    used = ca.plan(str(tmp_path / "cds"), [str(jar)], "-Xmx1g")
+    assert used.writing is None and used.options == f"-XX:SharedArchiveFile={base}"
