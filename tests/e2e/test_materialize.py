@@ -457,15 +457,42 @@ mode = "changelog"
 # --- the whole pipeline: PostgreSQL -> pgrouter run -> Kafka -> Spark -> Delta ------------------
 
 
+_PIPELINE_COLS = ("id int primary key, name text, amount numeric(10,2), at timestamptz, "
+                  "tags int[], note text, s smallint, o oid, b bool, f4 real, "
+                  "f8 double precision, d date, u uuid, j jsonb, by bytea, ts timestamp")
+_PIPELINE_SELECT = ("select id, name, amount, at, tags, note, extra, s, o, b, f4, f8, d, u::text, "
+                    "j::text, by, ts from {t}")
+
+
+def _pipeline_rows(rows) -> dict:
+    """Rows of either side (dicts of the columns above) in one comparable shape."""
+    def norm(v):
+        if isinstance(v, float) and math.isnan(v):
+            return "nan"
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return bytes(v)
+        return v
+    out = {}
+    for r in rows:
+        r = dict(r)
+        r["at"] = None if r["at"] is None else round(r["at"].timestamp(), 6)
+        r["j"] = None if r["j"] is None else json.loads(r["j"])
+        out[r["id"]] = {k: norm(v) for k, v in r.items()}
+    return out
+
+
 def test_pipeline_postgres_router_delta(spark, pg_dsn, kafka_bootstrap, tmp_path):
+    """PostgreSQL -> ``pgrouter run`` -> Kafka -> the job -> Delta, compared with PostgreSQL
+    after each of two incremental runs: many column types (integers and booleans parsed as
+    JSON numbers, NaN floats, arrays, bytea, jsonb…), unchanged TOAST, key changes, a
+    truncate, an added column."""
     from actors.materialize import job
     from tests.helpers import Pg, run_router, unique, write_config
 
     pg = Pg(pg_dsn)
     name = unique("mzr")
     t = f"{name}_t"
-    pg.run(f"create table {t} (id int primary key, name text, amount numeric(10,2), "
-           f"at timestamptz, tags int[], note text)")
+    pg.run(f"create table {t} ({_PIPELINE_COLS})")
     pg.run(f"alter table {t} alter column note set storage external")  # TOAST without compression
     pg.run(f"create publication {name} for table {t}")
     cfg_path = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
@@ -478,30 +505,50 @@ def test_pipeline_postgres_router_delta(spark, pg_dsn, kafka_bootstrap, tmp_path
                         checkpoint=str(tmp_path / "ck"))
     path = f"{cfg.warehouse}/{name}/public/{t}"
     big = "x" * 5000
+    values = ("i::smallint, (i * 1000)::oid, i % 2 = 0, "
+              "case when i % 7 = 0 then 'NaN'::real else i / 4.0 end, "
+              "case when i % 5 = 0 then '-Infinity'::float8 else i * 1.1 end, "
+              "date '2024-02-29' + i, md5(i::text)::uuid, "
+              "jsonb_build_object('i', i, 'q', 'a\"b'), decode(lpad(to_hex(i), 4, '0'), 'hex'), "
+              "timestamp '2024-01-01 00:00:00.123456' + i * interval '1 hour'")
+
+    def materialize_and_compare():
+        run_router(cfg_path)
+        job.Materializer(spark, cfg).run(available_now=True)
+        got = _pipeline_rows(r.asDict() for r in spark.read.format("delta").load(path)
+                             .filter("NOT _pgr_deleted").select(
+                                 "id", "name", "amount", "at", "tags", "note", "extra", "s",
+                                 "o", "b", "f4", "f8", "d", "u", "j", "by", "ts").collect())
+        cur = pg.conn.cursor()
+        cur.execute(_PIPELINE_SELECT.format(t=t))
+        names = [c.name for c in cur.description]
+        want = _pipeline_rows(dict(zip(names, r)) for r in cur.fetchall())
+        assert set(got) == set(want)
+        for id_ in want:
+            assert got[id_] == want[id_], id_
+
     try:
         pg.run(f"select pg_create_logical_replication_slot('{name}', 'pgoutput')")
         pg.run(f"insert into {t} select i, 'n' || i, i * 1.25, '2024-01-02 03:04:05+02', "
-               f"array[i, null], '{big}' || i from generate_series(1, 40) i")
+               f"array[i, null], '{big}' || i, {values} from generate_series(1, 40) i")
         pg.run(f"update {t} set name = 'toast kept' where id <= 10")  # note: unchanged TOAST
         pg.run(f"delete from {t} where id between 11 and 15")
         pg.run(f"update {t} set id = id + 1000 where id between 16 and 18")  # key change
         pg.run(f"truncate {t}")
-        pg.run(f"insert into {t} select i, 'after', i, now(), '{{}}', '{big}' from "
+        pg.run(f"insert into {t} select i, 'after', i, now(), '{{}}', '{big}', {values} from "
                f"generate_series(100, 120) i")
         pg.run(f"alter table {t} add column extra bigint")
         pg.run(f"update {t} set extra = id * 2, name = 'toast again' where id < 110")
-        run_router(cfg_path)
-        job.Materializer(spark, cfg).run(available_now=True)
-        got = {r["id"]: r.asDict() for r in spark.read.format("delta").load(path)
-               .filter("NOT _pgr_deleted").collect()}
-        want = {r[0]: r for r in pg.run(f"select id, name, amount, at, tags, note, extra "
-                                        f"from {t}")}
-        assert set(got) == set(want)
-        for id_, (_, nm, amount, at, tags, note, extra) in want.items():
-            g = got[id_]
-            assert (g["name"], g["amount"], g["tags"], g["note"], g["extra"]) == \
-                   (nm, amount, tags, note, extra), id_
-            assert round(g["at"].timestamp(), 6) == round(at.timestamp(), 6)
+        materialize_and_compare()
+
+        # the second run: changes against the stored rows, NULLs, a key change, deletes
+        pg.run(f"update {t} set b = null, s = -s, o = 4294967295, f4 = 'Infinity', "
+               f"j = '[1, {{\"x\": null}}]', extra = -1 where id between 100 and 105")
+        pg.run(f"update {t} set id = id + 500, name = 'moved' where id in (106, 107)")
+        pg.run(f"delete from {t} where id in (108, 120)")
+        pg.run(f"insert into {t} (id, name, s, b) values (130, 'late', 32767, true)")
+        pg.run(f"update {t} set note = note || '!' where id = 109")  # TOAST changed
+        materialize_and_compare()
     finally:
         pg.drop_slot(name)
         pg.run(f"drop publication if exists {name}")
