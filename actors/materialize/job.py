@@ -12,6 +12,9 @@ Rules the job keeps:
   schema acknowledged before a record naming it, so reading the topic to its end finds it.
 * Position = ``(source.commit_lsn, source.seq)``. Copies of one position are byte-identical, so
   dropping all but one is exact. Messages (``op: m``) are ignored.
+* A record that is not a change record (not JSON, or a value not of its column's JSON type:
+  integers and booleans are parsed as such, ``columns.image_fields``) stops the job before its
+  micro-batch writes anything, naming its Kafka position: never skipped, never half read.
 * ``state`` mode: per key only the change with the highest position in a micro-batch is merged,
   and a MERGE only overwrites a stored row whose position is lower. Deletes keep a tombstone
   (``_pgr_deleted = true``) with their position, so a late older change never resurrects a row.
