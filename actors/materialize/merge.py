@@ -221,7 +221,7 @@ class Materializer:
         rows = None
         for m, s in zip(metas, schemas):
             part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state,
-                                 moves=bool(m.before), fields=image_fields([s]))
+                                 moves=bool(m.before))
             rows = part if rows is None else rows.unionByName(part)
         if mode == CHANGELOG:
             self._append(batch_id, state, rows, min(m.lo for m in metas))
@@ -240,7 +240,7 @@ class Materializer:
             | ((F.col("_pgr_commit_lsn") == cut[0]) & (F.col("_pgr_seq") > cut[1]))))
         self._merge(batch_id, state, rows, keys, toast, moves=any(m.before for m in metas))
 
-    def _changes(self, sub, s: dict, state: TableState, *, moves: bool, fields):
+    def _changes(self, sub, s: dict, state: TableState, *, moves: bool):
         """Typed change rows of one schema: every table column (NULL where this schema has
         none), the position, op and unchanged-TOAST names; key-changing updates add a delete
         of the old key at the same position. ``moves``: some update of the batch has a
@@ -249,8 +249,8 @@ class Materializer:
         from pyspark.sql import functions as F
 
         cols = {c["name"]: c for c in s["columns"]}
-        before = (F.from_json("before", image_schema(fields)) if self.cfg.mode == CHANGELOG
-                  else F.col("before"))
+        before = (F.from_json("before", image_schema(image_fields([s])))
+                  if self.cfg.mode == CHANGELOG else F.col("before"))
         p = sub.select("op", "source", "before",
                        F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("t"),
                        F.col("after").alias("_a"), before.alias("_b"))
@@ -343,7 +343,6 @@ class Materializer:
                 (DeltaTable.forPath(self.spark, state.path).alias("t").merge(src.alias("s"), cond)
                  .whenMatchedUpdate(condition=newer, set=sets)
                  .whenNotMatchedInsert(values=inserts).execute())
-            state.empty = False
         finally:
             self._untxn()
 
@@ -361,6 +360,5 @@ class Materializer:
             else:
                 (DeltaTable.forPath(self.spark, state.path).alias("t").merge(rows.alias("s"), cond)
                  .whenNotMatchedInsert(values=values).execute())
-            state.empty = False
         finally:
             self._untxn()

@@ -2,8 +2,9 @@
 creation, and columns added or widened when a table's schema changes.
 
 Rules: a table is created by the first write of its rows, with its data and its properties in
-one commit (``create_with``); a first batch that starts with a truncate creates it empty first
-(``create``), since the truncate is recorded in a table property. The key columns are kept in
+one commit (``write_first``); a first batch that starts with a truncate (recorded in a table
+property) or whose key changes need stored unchanged-TOAST values creates it empty first
+(``create``). The key columns are kept in
 the table property ``pgrouter.key`` and must never change; a truncate's position in
 ``pgrouter.truncated_before``. Schema changes: new columns are added, a widening type change
 widens the column in place (Delta type widening), anything else is refused with
@@ -28,7 +29,7 @@ class TableState:
     types: dict[str, str]  # column -> Spark DDL type, as stored
     truncated_before: tuple[int, int] | None
     key: tuple[str, ...] | None
-    empty: bool = False  # created by this job and not written yet: the first write appends
+    empty: bool = False  # planned or created by this job, no rows yet: no MERGE needed
     created: bool = True  # False: not in storage yet, the first write creates it
 
 
