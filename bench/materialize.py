@@ -1,15 +1,18 @@
 """Materializer throughput: change records per second from a Kafka backlog into Delta.
 
-Produces a backlog (default 500k records: inserts of 100k keys, then updates and deletes spread
-over them, as pgrouter's encoder writes them) to a fresh topic of the dev stack's Kafka, then
-times the materializer draining it with Trigger.AvailableNow on local[2]. Only the drain is
-timed (session start and backlog production are not). Not a timed test: prints figures.
+Produces backlogs (default 500k records each: inserts of 100k keys, then updates and deletes
+spread over them, as pgrouter's encoder writes them) to fresh topics of the dev stack's Kafka,
+then times the materializer draining them with Trigger.AvailableNow on local[2], two drains side
+by side in one session (only the drains are timed, not session start or production):
 
-By default the drain runs in a fresh JVM (a job's first minute: JIT compilation and Spark's code
-generation take about half of the CPU). ``--warmup N`` first drains another backlog of N records
-(a separate topic and table, untimed) in the same session, so the timed drain shows the steady
-state of a job that has been running for a while.
+* **fresh JVM**: the session's first drain, a job's first seconds (JIT compilation and Spark's
+  code generation take about half of the CPU): what a scheduled ``--available-now`` run pays
+  each time it starts a JVM;
+* **steady state**: a second backlog of the same shape into its own table, drained by the now
+  warm JVM: the pace of a job that keeps running (the default without ``--available-now``),
+  i.e. whether the materializer keeps up with the router over a busy day.
 
+``--warmup 0`` runs the fresh drain only; ``--warmup N`` makes the first backlog N records.
 ``--class-archive DIR`` gives the job a class-data archive (``[spark] class_archive``): the first
 run writes it when its JVM exits, later runs start from it (a scheduler's ``--available-now``
 runs after the first).
@@ -93,11 +96,14 @@ def main() -> int:
     ap.add_argument("--mode", choices=["state", "changelog"], default="state")
     ap.add_argument("--master", default="local[2]",
                     help="e.g. the spark:// URL `make spark-cluster` prints (2 workers)")
-    ap.add_argument("--warmup", type=int, default=0, metavar="N",
-                    help="first drain N other records in the same session, untimed")
+    ap.add_argument("--warmup", type=int, default=None, metavar="N",
+                    help="records of the first (fresh JVM) drain: default --records; 0: only "
+                         "the fresh drain")
     ap.add_argument("--class-archive", metavar="DIR",
                     help="[spark] class_archive: written by the first run, used by later ones")
     args = ap.parse_args()
+    if args.warmup is None:
+        args.warmup = args.records
 
     info = ensure_up(ROOT / ".devstack")
     backlogs = {"": args.records, "warmup.": args.warmup} if args.warmup else {"": args.records}
@@ -122,22 +128,24 @@ def main() -> int:
                                              "spark.driver.memory": "4g"},
                                  jars=spark_jars(ROOT / ".devstack"),
                                  class_archive=args.class_archive)
-        cfg = config("")
         t0 = time.perf_counter()
-        spark = job.build_session(cfg, archive=True)
+        spark = job.build_session(config(""), archive=True)
         archive = spark._pgrouter_archive
         spark.range(1).count()  # JVM and session warm, not timed
         started = time.perf_counter() - t0
-        if args.warmup:
-            t0 = time.perf_counter()
-            job.Materializer(spark, config("warmup.")).run(available_now=True)
-            print(f"warm-up: {args.warmup} records in {time.perf_counter() - t0:.1f}s (not timed)")
         jvm = spark.sparkContext._gateway.proc.pid
-        cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
-        job.Materializer(spark, cfg).run(available_now=True)
-        took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
-        table = spark.read.format("delta").load(f"{tmp}/wh/bench/public/orders")
-        rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
+
+        def drain(name):
+            cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
+            job.Materializer(spark, config(name)).run(available_now=True)
+            took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
+            table = spark.read.format("delta").load(f"{tmp}/{name}wh/bench/public/orders")
+            rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
+            return backlogs[name], took, cpu, rows
+
+        drains = {"fresh JVM": drain("warmup." if args.warmup else "")}
+        if args.warmup:
+            drains["steady state"] = drain("")
         class_archive.finish(archive, spark)
         if archive is None or archive.writing is None:
             spark.stop()
@@ -145,12 +153,13 @@ def main() -> int:
           + ("" if archive is None else " (class archive: written now, for the next runs)"
              if archive.writing else f" (class archive {archive.path})"))
     print(f"mode={args.mode} master={args.master} batch(max_offsets_per_trigger)={args.batch} "
-          f"records={args.records} keys={args.keys} warmup={args.warmup}")
-    print(f"materialized {args.records} change records in {took:.1f}s: "
-          f"{args.records / took:,.0f} records/s ({rows} rows in the table)")
-    print(f"CPU: {cpu:.1f}s in the JVM and this process ({args.records / cpu:,.0f} records per "
-          f"CPU second; steadier than the wall clock on a shared machine); "
-          f"load average {os.getloadavg()[0]:.2f}")
+          f"keys per {args.records} records={args.keys}")
+    for what, (n, took, cpu, rows) in drains.items():
+        print(f"{what + ':':14s} materialized {n} change records in {took:.1f}s: "
+              f"{n / took:,.0f} records/s; CPU {cpu:.1f}s in the JVM and this process "
+              f"({n / cpu:,.0f} records per CPU second); {rows} rows in the table")
+    print(f"load average {os.getloadavg()[0]:.2f} (CPU seconds are steadier than the wall clock "
+          "on a shared machine)")
     return 0
 
 
