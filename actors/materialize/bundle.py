@@ -15,7 +15,7 @@ import zipfile
 
 PACKAGE = pathlib.Path(__file__).resolve().parent
 MODULES = ("__init__.py", "settings.py", "columns.py", "maintenance.py", "toast.py", "tables.py",
-           "class_archive.py", "merge.py", "job.py")
+           "class_archive.py", "schema_topic.py", "merge.py", "job.py")
 
 
 def write_bundle(target: str | pathlib.Path) -> pathlib.Path:

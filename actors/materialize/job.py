@@ -7,8 +7,9 @@ it runs under ``spark-submit`` on any cluster (with ``--py-files`` naming the bu
 
 Rules the job keeps:
 
-* Column types come from the schema topic (``source.schema_id`` -> ``TableSchema``), read with a
-  Spark batch query whenever a micro-batch names a schema not seen yet. The router has every
+* Column types come from the schema topic (``source.schema_id`` -> ``TableSchema``), read to its
+  end by a Kafka consumer in the driver (``schema_topic``) whenever a micro-batch names a
+  schema not seen yet. The router has every
   schema acknowledged before a record naming it, so reading the topic to its end finds it.
 * Position = ``(source.commit_lsn, source.seq)``. Copies of one position are byte-identical, so
   dropping all but one is exact. Messages (``op: m``) are ignored.
@@ -40,9 +41,9 @@ Rules the job keeps:
   write of its rows, data and properties in one commit (``tables``).
 
 The job is split by responsibility: ``settings`` (the config), ``columns`` (types and values),
-``merge`` (the streaming query and its writes), ``tables`` (the Delta tables: creation, added
-and widened columns), ``toast`` (unchanged-TOAST values), ``maintenance`` (table upkeep) and this
-module (the session and the entry point).
+``merge`` (the streaming query and its writes), ``schema_topic`` (reading the schemas),
+``tables`` (the Delta tables: creation, added and widened columns), ``toast`` (unchanged-TOAST
+values), ``maintenance`` (table upkeep) and this module (the session and the entry point).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import threading
 from .columns import (CORRUPT, convert, envelope_schema, image_fields, image_schema, quote,
                       spark_type_name, widens)
 from .maintenance import Maintenance
+from .schema_topic import read_schema_topic
 from .settings import CHANGELOG, STATE, JobConfig, MaterializeError
 from .tables import TRUNCATE_PROPERTY, DeltaTables, TableState
 from .toast import fill_toast, moved_toast
@@ -36,14 +37,9 @@ class Materializer:
     # schema topic ---------------------------------------------------------------------------
 
     def load_schemas(self) -> None:
-        c = self.cfg
-        df = (self.spark.read.format("kafka").option("kafka.bootstrap.servers", c.bootstrap_servers)
-              .options(**c.kafka_options).option("subscribe", c.schema_topic)
-              .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
-        for row in df.selectExpr("CAST(value AS STRING) AS v").collect():
-            if row.v:
-                s = json.loads(row.v)
-                self.schemas[s["schema_id"]] = s
+        for value in read_schema_topic(self.spark, self.cfg):
+            s = json.loads(value)
+            self.schemas[s["schema_id"]] = s
 
     def first_schemas(self) -> None:
         """The schema topic read once before the first batch needs it: ``run`` reads it while

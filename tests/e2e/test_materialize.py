@@ -292,6 +292,55 @@ def test_a_record_that_is_not_a_change_record_stops_the_batch(spark, kafka_boots
     assert not os.path.exists(f"{cfg.warehouse}/r/public/spoiled")
 
 
+def test_schema_topic_read_to_its_end_by_the_driver(spark, kafka_bootstrap, tmp_path):
+    """Every partition from its beginning to its end, records without a value skipped; a schema
+    topic that does not exist reads as empty and is not created; the job's [kafka] options
+    apply (SSL against a plaintext broker: a clear error, not a hang)."""
+    from actors.materialize import job
+    from actors.materialize.schema_topic import read_schema_topic
+
+    topic = f"mz.schemas.{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin.create_topics([NewTopic(topic, 3, 1)])
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    sent = []
+    for i in range(700):  # more than one fetch's worth per partition
+        value = None if i % 97 == 0 else json.dumps({"schema_id": f"s{i}", "pad": "x" * 900})
+        producer.send(topic, key=f"k{i}".encode(), value=value and value.encode())
+        sent += [value.encode()] if value else []
+    producer.flush(timeout=30)
+    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, topics=["unused"], schema_topic=topic,
+                        warehouse=str(tmp_path / "wh"), checkpoint=str(tmp_path / "ck"))
+    read = read_schema_topic(spark, cfg)
+    assert sorted(read) == sorted(sent) and len(read) == 700 - 8
+
+    missing = f"mz.schemas.missing.{uuid.uuid4().hex[:8]}"
+    assert read_schema_topic(spark, job.JobConfig(**{**cfg.__dict__, "schema_topic": missing})) == []
+    time.sleep(2)  # a broker creates a topic asked for asynchronously
+    assert missing not in admin.list_topics()
+    admin.close()
+
+    ssl = job.JobConfig(**{**cfg.__dict__, "kafka_options": {"kafka.security.protocol": "SSL"}})
+    with pytest.raises(job.MaterializeError, match=f"schema topic '{topic}' on "):
+        read_schema_topic(spark, ssl, timeout_s=3)
+
+
+def test_a_schema_missing_from_the_schema_topic_stops_the_job(spark, kafka_bootstrap, tmp_path):
+    from actors.materialize import job
+
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    enc = TableEncoder(Relation(5, "public", "unknown", "d", (RelationColumn(1, "id", 23, -1),)),
+                       route="r", db="postgres")
+    feed.send(enc.encode("c", feed.tx(), 1, 0, old=None, old_is_key=False, new=("1",)))
+    feed.flush()
+    cfg = _config(tmp_path, kafka_bootstrap, feed, "state")
+    with pytest.raises(job.MaterializeError,
+                       match=f"schema {enc.schema.schema_id} is not in the schema topic "
+                             f"'{feed.schema_topic}'"):
+        job.Materializer(spark, cfg).run(available_now=True)
+    assert not os.path.exists(f"{cfg.warehouse}/r/public/unknown")
+
+
 def test_incompatible_type_change_stops(spark, kafka_bootstrap, tmp_path):
     from actors.materialize import job
 
