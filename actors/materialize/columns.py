@@ -117,23 +117,26 @@ def convert(raw, col: dict):
     if dtype == "binary":
         return F.unhex(F.substring(raw, 3, 1 << 30))
     if dtype.startswith("array<"):
-        return _array_udf()(raw).cast(dtype)
+        return _array_udf(col["name"])(raw).cast(dtype)
     if dtype.startswith(("decimal", "date", "timestamp")):
         # ±infinity dates/timestamps and NaN in numeric(p,s) have no Spark value: NULL
         return raw.try_cast(dtype)
     return raw.cast(dtype)
 
 
-_UDF = None
+def _array_udf(column: str):
+    """PostgreSQL's array text -> Spark array of element texts; a value that is not a
+    one-dimensional array fails the batch naming the column and the value."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType
 
-
-def _array_udf():
-    global _UDF
-    if _UDF is None:
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import ArrayType, StringType
-        _UDF = F.udf(lambda text: parse_pg_array(text), ArrayType(StringType()), useArrow=False)
-    return _UDF
+    def parse(text):
+        try:
+            return parse_pg_array(text)
+        except ValueError as exc:
+            raise ValueError(f"column {column!r}: {exc}: {text[:80]!r} (array columns are "
+                             "one-dimensional Spark arrays)") from None
+    return F.udf(parse, ArrayType(StringType()), useArrow=False)
 
 
 def quote(name: str) -> str:

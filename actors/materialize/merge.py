@@ -13,7 +13,7 @@ from .columns import (CORRUPT, convert, envelope_schema, image_fields, image_sch
                       spark_type_name, widens)
 from .maintenance import Maintenance
 from .schema_topic import read_schema_topic
-from .settings import CHANGELOG, STATE, JobConfig, MaterializeError
+from .settings import CHANGELOG, STATE, JobConfig, MaterializeError, reason
 from .tables import TRUNCATE_PROPERTY, DeltaTables, TableState
 from .toast import fill_toast, moved_toast
 
@@ -94,6 +94,13 @@ class Materializer:
     def process_batch(self, df, batch_id: int) -> None:
         try:
             self._process(df, batch_id)
+        except Exception as exc:  # stops the query; ``run`` raises ``failure``
+            if isinstance(exc, MaterializeError):
+                self.failure = exc
+            else:
+                self.failure = MaterializeError(f"micro-batch {batch_id} failed: {reason(exc)}")
+                self.failure.__cause__ = exc
+            raise
         except BaseException as exc:
             self.failure = exc
             raise
@@ -143,7 +150,12 @@ class Materializer:
                 sub = env.filter((F.col("source.route").eqNullSafe(F.lit(route)))
                                  & (F.col("source.schema") == schema)
                                  & (F.col("source.table") == table))
-                self._table(batch_id, route, schema, table, ms, sub)
+                try:
+                    self._table(batch_id, route, schema, table, ms, sub)
+                except MaterializeError:
+                    raise
+                except Exception as exc:  # e.g. a value a Python worker refused
+                    raise MaterializeError(f"{schema}.{table}: {reason(exc)}") from exc
         finally:
             env.unpersist()
         if self.maintenance.due():

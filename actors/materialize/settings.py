@@ -8,6 +8,8 @@ is ``state`` or ``changelog``.
 
 from __future__ import annotations
 
+import re
+
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,17 @@ class MaterializeError(Exception):
     def __init__(self, message: str, *, path: str | None = None):
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
+
+
+def reason(exc: BaseException) -> str:
+    """One line saying why a Spark action failed: the Python exception line of a failed Python
+    worker (``ValueError: ...``), else the first line of the (Java) message."""
+    text = str(getattr(exc, "_desc", None) or exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", ln):
+            return ln
+    return lines[0] if lines else type(exc).__name__
 
 
 @dataclass

@@ -341,6 +341,33 @@ def test_a_schema_missing_from_the_schema_topic_stops_the_job(spark, kafka_boots
     assert not os.path.exists(f"{cfg.warehouse}/r/public/unknown")
 
 
+def test_a_value_the_job_cannot_store_stops_it_with_a_clear_error(spark, kafka_bootstrap,
+                                                                   tmp_path):
+    """A two-dimensional array in an int4[] column (valid PostgreSQL; array columns are
+    one-dimensional Spark arrays): the job stops naming the table, the column and the value,
+    writes nothing of the batch, and reports it as a MaterializeError (one line at the CLI),
+    not a Python worker's traceback."""
+    from actors.materialize import job
+
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    rel = Relation(5, "public", "grid", "d", (RelationColumn(1, "id", 23, -1),
+                                              RelationColumn(0, "a", 1007, -1)))
+    enc = TableEncoder(rel, route="r", db="postgres")
+    feed.schema(enc)
+    feed.send(enc.encode("c", feed.tx(), 1, 0, old=None, old_is_key=False, new=("1", "{1,2}")))
+    feed.send(enc.encode("c", feed.tx(), 1, 0, old=None, old_is_key=False,
+                         new=("2", "{{1,2},{3,4}}")))
+    feed.flush()
+    cfg = _config(tmp_path, kafka_bootstrap, feed, "state")
+    with pytest.raises(job.MaterializeError) as err:
+        job.Materializer(spark, cfg).run(available_now=True)
+    assert str(err.value).startswith("public.grid: ValueError: column 'a': multi-dimensional "
+                                     "arrays are not supported: '{{1,2},{3,4}}'")
+    assert "\n" not in str(err.value)
+    from delta.tables import DeltaTable  # nothing committed (a failed write may leave files)
+    assert not DeltaTable.isDeltaTable(spark, f"{cfg.warehouse}/r/public/grid")
+
+
 def test_incompatible_type_change_stops(spark, kafka_bootstrap, tmp_path):
     from actors.materialize import job
 

@@ -168,3 +168,20 @@ def test_class_archive_plan(tmp_path, monkeypatch):
     pathlib.Path(base).write_bytes(b"archive")
     used = ca.plan(str(tmp_path / "cds"), [str(jar)], "-Xmx1g")
     assert used.writing is None and used.options == f"-XX:SharedArchiveFile={base}"
+
+
+def test_reason_is_one_line_saying_why():
+    from actors.materialize.settings import reason
+
+    class Captured(Exception):  # how pyspark carries a failed Python worker's traceback
+        def __init__(self, desc):
+            super().__init__("An exception was thrown from the Python worker.")
+            self._desc = desc
+
+    worker = Captured("An exception was thrown from the Python worker:\nTraceback (most recent "
+                      "call last):\n  File \"columns.py\", line 140, in parse\n    raise\n"
+                      "ValueError: column 'a': multi-dimensional arrays are not supported\n")
+    assert reason(worker) == "ValueError: column 'a': multi-dimensional arrays are not supported"
+    java = RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added\n\tat org.apache.Foo\n")
+    assert reason(java) == "[DELTA_CONCURRENT_APPEND] Files were added"
+    assert reason(RuntimeError("")) == "RuntimeError"
