@@ -86,7 +86,9 @@ class Materializer:
         except Exception as exc:
             if self.failure is not None:
                 raise self.failure from None
-            raise MaterializeError(f"streaming query failed: {str(exc).splitlines()[0]}") from exc
+            if isinstance(exc, MaterializeError):  # the schema topic read here
+                raise
+            raise MaterializeError(f"streaming query failed: {reason(exc)}") from exc
         finally:
             if query.isActive:
                 query.stop()

@@ -81,4 +81,6 @@ def read_schema_topic(spark, cfg: JobConfig, timeout_s: float = TIMEOUT_S) -> li
 def _cause(exc) -> str:
     """The Java exception's own message, without py4j's wrapping and stack trace."""
     java = getattr(exc, "java_exception", None)
-    return str(java.toString()) if java is not None else str(exc).splitlines()[0]
+    if java is None:
+        return str(exc).splitlines()[0]
+    return f"{java.getClass().getSimpleName()}: {java.getMessage()}"
