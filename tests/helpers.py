@@ -78,6 +78,21 @@ progress_interval = 2
     return path
 
 
+def route_to_delta(tmp: pathlib.Path, *, dsn: str, bootstrap: str, name: str, table: str):
+    """A router config (slot and publication ``name``, one route of ``public.<table>`` to the
+    topic ``<name>.public.<table>``, schemas in ``<name>.schemas``) and the materializer's
+    ``JobConfig`` for those topics: ``(router config path, JobConfig)``."""
+    from actors.materialize import job
+
+    router = write_config(tmp / "router.toml", dsn=dsn, slot=name, publications=[name],
+                          bootstrap=bootstrap, kafka_extra=f'schema_topic = "{name}.schemas"',
+                          routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{table}"]\n'
+                                 f'topic = "{{route}}.{{schema}}.{{table}}"\n')
+    return router, job.JobConfig(bootstrap_servers=bootstrap, topic_pattern=f"{name}\\.public\\..*",
+                                 schema_topic=f"{name}.schemas", warehouse=str(tmp / "wh"),
+                                 checkpoint=str(tmp / "ck"))
+
+
 def router_cmd(config: pathlib.Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "router", "run", "-c", str(config), *extra]
 

@@ -563,7 +563,7 @@ def test_pipeline_postgres_router_delta(spark, pg_dsn, kafka_bootstrap, tmp_path
     JSON numbers, NaN floats, arrays, bytea, jsonb…), unchanged TOAST, key changes, a
     truncate, an added column."""
     from actors.materialize import job
-    from tests.helpers import Pg, run_router, unique, write_config
+    from tests.helpers import Pg, route_to_delta, run_router, unique
 
     pg = Pg(pg_dsn)
     name = unique("mzr")
@@ -571,14 +571,8 @@ def test_pipeline_postgres_router_delta(spark, pg_dsn, kafka_bootstrap, tmp_path
     pg.run(f"create table {t} ({_PIPELINE_COLS})")
     pg.run(f"alter table {t} alter column note set storage external")  # TOAST without compression
     pg.run(f"create publication {name} for table {t}")
-    cfg_path = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                            bootstrap=kafka_bootstrap,
-                            kafka_extra=f'schema_topic = "{name}.schemas"',
-                            routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{t}"]\n'
-                                   f'topic = "{{route}}.{{schema}}.{{table}}"\n')
-    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, topic_pattern=f"{name}\\.public\\..*",
-                        schema_topic=f"{name}.schemas", warehouse=str(tmp_path / "wh"),
-                        checkpoint=str(tmp_path / "ck"))
+    cfg_path, cfg = route_to_delta(tmp_path, dsn=pg_dsn, bootstrap=kafka_bootstrap, name=name,
+                                   table=t)
     path = f"{cfg.warehouse}/{name}/public/{t}"
     big = "x" * 5000
     values = ("i::smallint, (i * 1000)::oid, i % 2 = 0, "
@@ -639,7 +633,7 @@ def test_pipeline_text_form_types_and_a_composite_key(spark, pg_dsn, kafka_boots
     ±infinity, NaN in numeric(p,s)), bigint/float8 extremes, and a two-column key that
     changes, compared with PostgreSQL."""
     from actors.materialize import job
-    from tests.helpers import Pg, run_router, unique, write_config
+    from tests.helpers import Pg, route_to_delta, run_router, unique
 
     pg = Pg(pg_dsn)
     name = unique("mzt")
@@ -653,14 +647,8 @@ def test_pipeline_text_form_types_and_a_composite_key(spark, pg_dsn, kafka_boots
     pg.run(f"create table {t} (k1 int, k2 text, {texts}, tx text[], nd numeric(10,2), "
            "tsi timestamptz, di date, i8 bigint, f8 float8, primary key (k1, k2))")
     pg.run(f"create publication {name} for table {t}")
-    cfg_path = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                            bootstrap=kafka_bootstrap,
-                            kafka_extra=f'schema_topic = "{name}.schemas"',
-                            routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{t}"]\n'
-                                   f'topic = "{{route}}.{{schema}}.{{table}}"\n')
-    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, topic_pattern=f"{name}\\.public\\..*",
-                        schema_topic=f"{name}.schemas", warehouse=str(tmp_path / "wh"),
-                        checkpoint=str(tmp_path / "ck"))
+    cfg_path, cfg = route_to_delta(tmp_path, dsn=pg_dsn, bootstrap=kafka_bootstrap, name=name,
+                                   table=t)
     text_cols = [c.split()[0] for c in texts.split(", ")]
     try:
         pg.run(f"select pg_create_logical_replication_slot('{name}', 'pgoutput')")

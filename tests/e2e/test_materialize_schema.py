@@ -12,21 +12,15 @@ pytestmark = [pytest.mark.services, pytest.mark.spark]
 
 def test_schema_evolution_while_running(spark, pg_dsn, kafka_bootstrap, tmp_path):
     from actors.materialize import job
-    from tests.helpers import Pg, run_router, unique, write_config
+    from tests.helpers import Pg, route_to_delta, run_router, unique
 
     pg = Pg(pg_dsn)
     name = unique("mzs")
     t = f"{name}_t"
     pg.run(f"create table {t} (id int primary key, n int, s varchar(10), gone text)")
     pg.run(f"create publication {name} for table {t}")
-    router_cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name,
-                              publications=[name], bootstrap=kafka_bootstrap,
-                              kafka_extra=f'schema_topic = "{name}.schemas"',
-                              routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{t}"]\n'
-                                     f'topic = "{{route}}.{{schema}}.{{table}}"\n')
-    cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, topic_pattern=f"{name}\\.public\\..*",
-                        schema_topic=f"{name}.schemas", warehouse=str(tmp_path / "wh"),
-                        checkpoint=str(tmp_path / "ck"))
+    router_cfg, cfg = route_to_delta(tmp_path, dsn=pg_dsn, bootstrap=kafka_bootstrap,
+                                         name=name, table=t)
     path = f"{cfg.warehouse}/{name}/public/{t}"
     running = job.Materializer(spark, cfg)  # one driver state across every change below
 
