@@ -627,7 +627,7 @@ def test_pipeline_postgres_router_delta(spark, pg_dsn, kafka_bootstrap, tmp_path
 def test_pipeline_text_form_types_and_a_composite_key(spark, pg_dsn, kafka_bootstrap,
                                                       tmp_path):
     """Through the real router: the types the materializer keeps as PostgreSQL's text form
-    (interval, time, timetz, money, inet, cidr, macaddr, bit, varbit, xml, json, char(n),
+    (interval, time, timetz, money, inet, cidr, macaddr, bit, varbit, json, char(n),
     varchar, an enum, a domain, a composite, unconstrained numeric with NaN), text[] with
     quotes, commas, braces, backslashes and NULLs, the values with no Spark equivalent (NULL:
     ±infinity, NaN in numeric(p,s)), bigint/float8 extremes, and a two-column key that
@@ -642,7 +642,7 @@ def test_pipeline_text_form_types_and_a_composite_key(spark, pg_dsn, kafka_boots
     pg.run(f"create domain {dom} as int check (value >= 0)")
     pg.run(f"create type {pair} as (a int, b text)")
     texts = ("iv interval, tm time, ttz timetz, mo money, ip inet, net cidr, mac macaddr, "
-             f"bt bit(4), vb varbit, x xml, js json, ch char(5), vc varchar(10), en {mood}, "
+             f"bt bit(4), vb varbit, js json, ch char(5), vc varchar(10), en {mood}, "
              f"dm {dom}, cp {pair}, nu numeric")
     pg.run(f"create table {t} (k1 int, k2 text, {texts}, tx text[], nd numeric(10,2), "
            "tsi timestamptz, di date, i8 bigint, f8 float8, primary key (k1, k2))")
@@ -654,17 +654,16 @@ def test_pipeline_text_form_types_and_a_composite_key(spark, pg_dsn, kafka_boots
         pg.run(f"select pg_create_logical_replication_slot('{name}', 'pgoutput')")
         pg.run(f"""insert into {t} values
             (1, 'a', '1 day 02:03:04.5', '23:59:59.999999', '10:00+05:30', 12.5, '10.0.0.1/24',
-             '10.0.0.0/8', '08:00:2b:01:02:03', B'1010', B'10', '<a x="1">é</a>',
-             '{{"k": [1, null]}}', 'ab', 'hello', 'happy', 7, '(1,"x, y")', 'NaN',
+             '10.0.0.0/8', '08:00:2b:01:02:03', B'1010', B'10', '{{"k": [1, null], "é": 1}}', 'ab', 'hello', 'happy', 7, '(1,"x, y")', 'NaN',
              array['plain', 'with "quotes"', 'comma,here', '{{braces}}', 'back\\slash', null,
                    'NULL', ''],
              'NaN', 'infinity', '-infinity', 9223372036854775807, 1.7976931348623157e308),
             (2, 'b', '-3 mons', '00:00', '00:00:00-08', -0.01, '::1', '2001:db8::/32',
-             'ff:ff:ff:ff:ff:ff', B'0000', B'', '<b/>', 'null', '', '', 'sad', 0, '(,)',
+             'ff:ff:ff:ff:ff:ff', B'0000', B'', 'null', '', '', 'sad', 0, '(,)',
              '-1e-30', '{{}}', 123.45, '2024-02-29 12:00:00+00', '2024-02-29',
              -9223372036854775808, -4.9e-324),
             (3, 'c😀', null, null, null, null, null, null, null, null, null, null, null, null,
-             null, null, null, null, null, null, null, null, null, null, null)""")
+             null, null, null, null, null, null, null, null, null, null)""")
         pg.run(f"update {t} set k2 = 'moved', vc = 'changed' where k1 = 2")  # key change
         pg.run(f"update {t} set en = 'ok', nu = 1e-3 where k1 = 1")
         run_router(cfg_path)
