@@ -179,12 +179,12 @@ def envelope_schema(fields, *, changelog: bool = False):
     Changelog mode keeps ``before`` as its JSON text (stored in ``_pgr_before``) and the fields
     only the changelog stores."""
     from pyspark.sql.types import (ArrayType, LongType, StringType, StructField, StructType)
-    fields_ = [("schema", StringType()), ("table", StringType()), ("commit_lsn", LongType()),
-               ("seq", LongType()), ("route", StringType()), ("schema_id", StringType()),
-               ("commit_time", StringType())]
+    source_fields = [("schema", StringType()), ("table", StringType()),
+                     ("commit_lsn", LongType()), ("seq", LongType()), ("route", StringType()),
+                     ("schema_id", StringType()), ("commit_time", StringType())]
     if changelog:
-        fields_ += [("lsn", LongType()), ("xid", LongType())]
-    source = StructType([StructField(n, t) for n, t in fields_])
+        source_fields += [("lsn", LongType()), ("xid", LongType())]
+    source = StructType([StructField(n, t) for n, t in source_fields])
     image = image_schema(fields)
     return StructType([StructField("op", StringType()),
                        StructField("before", StringType() if changelog else image),

@@ -9,8 +9,8 @@ Rules the job keeps:
 
 * Column types come from the schema topic (``source.schema_id`` -> ``TableSchema``), read to its
   end by a Kafka consumer in the driver (``schema_topic``) whenever a micro-batch names a
-  schema not seen yet. The router has every
-  schema acknowledged before a record naming it, so reading the topic to its end finds it.
+  schema not seen yet. The router has every schema acknowledged before a record naming it, so
+  reading the topic to its end finds it.
 * Position = ``(source.commit_lsn, source.seq)``. Copies of one position are byte-identical, so
   dropping all but one is exact. Messages (``op: m``) are ignored.
 * A record that is not a change record (not JSON, or a value not of its column's JSON type:

@@ -97,11 +97,8 @@ class Materializer:
         try:
             self._process(df, batch_id)
         except Exception as exc:  # stops the query; ``run`` raises ``failure``
-            if isinstance(exc, MaterializeError):
-                self.failure = exc
-            else:
-                self.failure = MaterializeError(f"micro-batch {batch_id} failed: {reason(exc)}")
-                self.failure.__cause__ = exc
+            self.failure = exc if isinstance(exc, MaterializeError) else MaterializeError(
+                f"micro-batch {batch_id} failed: {reason(exc)}")
             raise
         except BaseException as exc:
             self.failure = exc

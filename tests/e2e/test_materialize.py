@@ -325,6 +325,21 @@ def test_schema_topic_read_to_its_end_by_the_driver(spark, kafka_bootstrap, tmp_
         read_schema_topic(spark, ssl, timeout_s=3)
 
 
+def test_a_schema_topic_that_cannot_be_read_stops_the_job_with_its_reason(spark, kafka_bootstrap,
+                                                                         tmp_path):
+    """The read before the first batch fails (a Kafka option the client refuses): the job ends
+    with the schema topic's own one-line reason, not wrapped as a failed query."""
+    from actors.materialize import job
+
+    feed = Feed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    cfg = _config(tmp_path, kafka_bootstrap, feed, "state",
+                  kafka_options={"kafka.security.protocol": "BOGUS"})
+    with pytest.raises(job.MaterializeError) as err:
+        job.Materializer(spark, cfg).run(available_now=True)
+    assert str(err.value).startswith(f"schema topic '{feed.schema_topic}': cannot create a Kafka "
+                                     "consumer: ConfigException: ")
+
+
 def test_a_schema_missing_from_the_schema_topic_stops_the_job(spark, kafka_bootstrap, tmp_path):
     from actors.materialize import job
 
