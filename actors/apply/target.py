@@ -4,9 +4,16 @@ catalog of the tables it writes.
 Rules:
 
 * The session is bound to the origin with ``pg_replication_origin_session_setup`` (the
-  origin is created when missing); each applied transaction starts with
-  ``pg_replication_origin_xact_setup(source commit_lsn, commit time)``, so the origin's
-  progress commits atomically with it and the target's router sees the Origin message.
+  origin is created when missing), so every transaction it commits carries the origin and
+  the target's router sees the Origin message.
+* The origin's progress moves only with a committed transaction. PostgreSQL advances the
+  session's origin to the LSN given to ``pg_replication_origin_xact_setup`` at the end of
+  the transaction, also when it aborts (its abort record carries the origin too). So the
+  setup is the last statement before COMMIT, after every change, the progress row and
+  ``set constraints all immediate`` (when the target has deferrable constraints): a change
+  that fails never reaches it. Only COMMIT itself can fail after it (a deferrable
+  constraint added while applying, a commit-time hook): the writer then puts the origin
+  back (``rewind_origin``).
 * The progress table (``target.progress_table``, one row per origin) holds the Kafka
   offsets a restart reads from, written in the same transaction as the changes it covers.
   It is a seek hint, the origin is the truth: a row ahead of the origin's progress (the
@@ -19,6 +26,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import asyncpg
@@ -100,6 +108,25 @@ async def setup_session(sql: SqlSession, cfg: ApplyTarget) -> tuple[int, dict[st
                   "from the beginning", stored=format_lsn(stored), origin_progress=progress)
         return applied, None
     return applied, json.loads(row[0][1])
+
+
+async def has_deferrable_checks(sql: SqlSession) -> bool:
+    """Whether the target has deferrable constraints or constraint triggers (all are
+    triggers in ``pg_trigger``): their checks may wait for COMMIT unless forced earlier."""
+    return bool(await sql.fetchval("select exists (select 1 from pg_trigger where "
+                                   "tgdeferrable)"))
+
+
+async def rewind_origin(sql: SqlSession, origin: str, lsn: int) -> None:
+    """Put the origin's progress back to ``lsn`` after a COMMIT failed past its
+    ``pg_replication_origin_xact_setup``: ``pg_replication_origin_advance`` refuses an origin
+    a session holds (ours too), so the session lets go of it and takes it again."""
+    await sql.execute("select pg_replication_origin_session_reset()")
+    await sql.fetchval("select pg_replication_origin_advance($1, $2::text::pg_lsn)", origin,
+                       format_lsn(lsn))
+    await sql.fetchval("select pg_replication_origin_session_setup($1)", origin)
+    log.event(_log, "replication origin put back after a failed commit", origin=origin,
+              origin_progress=format_lsn(lsn), level=logging.WARNING)
 
 
 async def session_progress(sql: SqlSession) -> int:

@@ -4,16 +4,27 @@ Rules:
 
 * Fast path (``router.batches``): the transactions waiting in the inbox, up to
   ``BATCH_ROWS`` rows, go to the target as one simple-query script, each its own
-  ``begin; origin xact setup; set-based statements; commit``: many small transactions cost
+  ``begin; set-based statements; origin xact setup; commit``: many small transactions cost
   one round trip. A transaction of ``STREAM_ROWS`` rows or more (or spilled to disk) is
   streamed into one open target transaction, ``STREAM_ROWS`` rows an execute.
+* The origin moves only with a committed transaction (``actors.apply.target``): its setup
+  is the last statement before COMMIT, so a transaction that fails never moves it (nor the
+  offsets in the progress table, which roll back with it); a COMMIT that fails after it
+  puts the origin back.
 * The last transaction of a batch that carries restart offsets also writes them to the
   progress table, so they commit with it.
 * Any SQL error of the fast path (a conflict, a missing column…) rolls back the transaction
   it hit; the transactions before it are committed (the session's origin progress says
   which). That one is applied again change by change under ``target.conflict``
   (``error`` stops with ``ApplyConflict``, ``skip`` counts and goes on, ``upsert`` writes the
-  incoming row, last writer wins), then the fast path goes on with the rest.
+  incoming row, last writer wins), then the fast path goes on with the rest. Under ``skip``
+  and ``upsert`` each change that may clash with a unique index runs in a savepoint, so a
+  clash (also on a non-key column, with another row) is that row's conflict alone: counted,
+  logged with its key, and the other rows go in. Any other error stops the applier with one
+  line, the transaction rolled back.
+* Snapshot and backfill rows (``op: "r"``, released as snapshot batches by
+  ``router.reassembly``) are upserts by key under every policy, in a transaction of their
+  own that leaves the origin where it is.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import asyncpg
 import trio
 
 from router.apply_config import ApplyConfig
-from router.batches import Execute, Prepared, statements
+from router.batches import Prepared, literal, statements
 from router.errors import ApplyConflict, ApplyError, SourceUnavailable
 from router.lsn import format_lsn
 from router.reassembly import SourceTransaction
@@ -34,7 +45,8 @@ from router.statements import TargetTable, affected, key_of
 
 from ..services import log
 from ..services.sql import SqlSession
-from .target import load_table, progress_statement, session_progress
+from .target import (has_deferrable_checks, load_table, progress_statement, rewind_origin,
+                     session_progress)
 
 _log = log.get("applier")
 BATCH_ROWS = 5000  # rows of small transactions sent in one script
@@ -85,11 +97,16 @@ class WriterActor:
         self.caught_up = False
         self.receive_s = 0.0  # seconds waiting for transactions
         self.sql_s = 0.0  # seconds waiting for the target
+        #: the target has deferrable checks: forced before the origin setup
+        self.deferrable: bool | None = None
+        self._savepoint = False  # a row savepoint is open in the slow path
+        self._clash = ""  # the last clash a savepoint caught
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Receives lists of released transactions (or ``CAUGHT_UP``), applies them in
         batches."""
         task_status.started()
+        self.deferrable = await has_deferrable_checks(self.sql)
         queue: deque = deque()
         async with self.inbox:
             while True:
@@ -137,18 +154,20 @@ class WriterActor:
     def _streamed(txn) -> bool:
         return txn is not CAUGHT_UP and (txn.count >= STREAM_ROWS or txn.records.spilled)
 
-    async def _ensure_tables(self, batch: list[SourceTransaction]) -> None:
-        for txn in batch:
-            for schema, name in txn.tables:
-                if (schema, name) not in self._tables:
-                    mapped = self.table_map.get(f"{schema}.{name}")
-                    t_schema, t_name = mapped.split(".", 1) if mapped else (schema, name)
-                    self._tables[(schema, name)] = await load_table(self.sql, t_schema, t_name)
+    async def _ensure_tables(self, txn: SourceTransaction) -> None:
+        for schema, name in txn.tables:
+            if (schema, name) not in self._tables:
+                mapped = self.table_map.get(f"{schema}.{name}")
+                t_schema, t_name = mapped.split(".", 1) if mapped else (schema, name)
+                self._tables[(schema, name)] = await load_table(self.sql, t_schema, t_name)
 
-    def _begin(self, txn: SourceTransaction) -> str:
-        return "begin;" + self.prepared.execute(
+    def _origin(self, txn: SourceTransaction) -> str:
+        """The origin setup, preceded by the deferred checks: the last statements before
+        COMMIT, so nothing but COMMIT itself can fail after them."""
+        setup = self.prepared.execute(
             ("origin",), [format_lsn(txn.commit_lsn), txn.commit_time],
-            lambda: "select pg_replication_origin_xact_setup($1::pg_lsn, $2::timestamptz)") + ";"
+            lambda: "select pg_replication_origin_xact_setup($1::pg_lsn, $2::timestamptz)")
+        return ("set constraints all immediate;" if self.deferrable else "") + setup + ";"
 
     async def _execute(self, script: str) -> None:
         t0 = time.perf_counter()
@@ -167,10 +186,19 @@ class WriterActor:
         tail = ""
         if with_progress and txn.resume is not None:
             tail = progress_statement(self.cfg.target, txn.commit_lsn, txn.resume) + ";"
-        return tail + "commit;"
+        return tail + self._origin(txn) + "commit;"
 
     async def apply(self, batch: list[SourceTransaction]) -> None:
-        await self._ensure_tables(batch)
+        for i, txn in enumerate(batch):
+            try:
+                await self._ensure_tables(txn)
+            except ApplyError:
+                if i:  # those before it go in
+                    await self._apply(batch[:i])
+                raise
+        await self._apply(batch)
+
+    async def _apply(self, batch: list[SourceTransaction]) -> None:
         while batch:
             try:
                 if self._streamed(batch[0]):
@@ -182,10 +210,16 @@ class WriterActor:
             except asyncpg.PostgresError as exc:
                 if _connection_lost(exc):
                     raise SourceUnavailable(f"target connection lost: {exc}") from exc
+                commit_failed = not self.sql.in_transaction
                 await self._rollback()
-                await self.sql.execute("deallocate all")
-                self.prepared = Prepared()
+                await self._forget_prepared()
                 applied = await session_progress(self.sql)
+                if commit_failed and applied > self.progress_lsn:
+                    # a COMMIT failed past its origin setup, and the abort moved the origin
+                    # to that transaction: the ones before it are what committed
+                    applied = max((t.commit_lsn for t in batch if t.commit_lsn < applied),
+                                  default=self.progress_lsn)
+                    await rewind_origin(self.sql, self.cfg.target.origin, applied)
                 done = sum(1 for t in batch if t.commit_lsn <= applied)
                 self._applied(batch[:done])
                 if done == len(batch):  # failed after the last commit: nothing to redo
@@ -204,6 +238,15 @@ class WriterActor:
             self._applied(batch[:done])
             batch = batch[done:]
 
+    async def _forget_prepared(self) -> None:
+        """Drop this writer's prepared statements (a failed PREPARE may have left some
+        missing), not asyncpg's own (its statement cache still names them)."""
+        names = await self.sql.fetch("select name from pg_prepared_statements where "
+                                     "name like 'pgr\\_%'")
+        if names:
+            await self.sql.execute(";".join(f"deallocate {r[0]}" for r in names))
+        self.prepared = Prepared()
+
     def _applied(self, txns: list[SourceTransaction]) -> None:
         for txn in txns:
             self.stats.transactions += 1
@@ -218,22 +261,22 @@ class WriterActor:
         parts: list[str] = []
         last = max((i for i, t in enumerate(batch) if t.resume is not None), default=-1)
         for i, txn in enumerate(batch):
-            stmts = list(statements(txn.records, self._tables, self.prepared))
-            if len(stmts) == 1 and type(stmts[0]) is Execute:
-                parts.append("begin;")
-                parts.append(self.prepared.with_origin(stmts[0], format_lsn(txn.commit_lsn),
-                                                       txn.commit_time))
+            try:
+                stmts = list(statements(txn.records, self._tables, self.prepared))
+            except ApplyError:
+                if i:  # the transactions before it go in
+                    await self._send(parts)
+                    self._applied(batch[:i])
+                raise
+            parts.append("begin;")
+            for stmt in stmts:
+                parts.append(stmt)
                 parts.append(";")
-            else:
-                parts.append(self._begin(txn))
-                for stmt in stmts:
-                    parts.append(stmt)
-                    parts.append(";")
             parts.append(self._end(txn, i == last))
         await self._send(parts)
 
     async def _stream(self, txn: SourceTransaction) -> None:
-        parts: list[str] = [self._begin(txn)]
+        parts: list[str] = ["begin;"]
         rows = 0
         for stmt in statements(txn.records, self._tables, self.prepared):
             parts.append(stmt)
@@ -262,25 +305,57 @@ class WriterActor:
 
     async def apply_slowly(self, txn: SourceTransaction) -> None:
         sql = self.sql
-        begin = self._begin(txn)
+        self._savepoint = False
         await self._prepare()
-        await sql.execute(begin)
+        await sql.execute("begin")
         try:
             for topic, rec in txn.records:
                 await self._change(txn, rec)
-            await sql.execute(self._end(txn, True))
+            tail = ""
+            if txn.resume is not None:
+                tail = progress_statement(self.cfg.target, txn.commit_lsn, txn.resume) + ";"
+            if self.deferrable:
+                tail += "set constraints all immediate;"
+            try:
+                await sql.execute(tail + "select pg_replication_origin_xact_setup("
+                                  f"{literal(format_lsn(txn.commit_lsn))}, "
+                                  f"{literal(txn.commit_time)}); commit")
+            except asyncpg.PostgresError as exc:
+                if _connection_lost(exc):
+                    raise SourceUnavailable(f"target connection lost: {exc}") from exc
+                if not sql.in_transaction:  # COMMIT failed, after the origin setup
+                    await rewind_origin(sql, self.cfg.target.origin, self.progress_lsn)
+                raise ApplyError(f"committing transaction {txn.id} on the target failed: "
+                                 f"{_reason(exc)}") from exc
         except BaseException:
             await self._rollback()
             raise
 
-    def _conflict(self, kind: str, txn: SourceTransaction, table: TargetTable, key: dict):
+    def _conflict(self, kind: str, txn: SourceTransaction, table: TargetTable, key: dict,
+                  reason: str = ""):
         if self.conflict == "error":
             raise ApplyConflict(f"{kind} on {table.schema}.{table.name} key {key} "
-                                f"(transaction {txn.id}); set target.conflict = skip or upsert "
-                                "to go on")
+                                f"(transaction {txn.id}){': ' + reason if reason else ''}; "
+                                "set target.conflict = skip or upsert to go on")
         self.stats.conflicts[kind] = self.stats.conflicts.get(kind, 0) + 1
+        fields = {"reason": reason} if reason else {}
         log.event(_log, "conflict", level=logging.WARNING, kind=kind, policy=self.conflict,
-                  table=f"{table.schema}.{table.name}", key=key, transaction=txn.id)
+                  table=f"{table.schema}.{table.name}", key=key, transaction=txn.id, **fields)
+
+    async def _guarded(self, method, query: str, args: list):
+        """``method(query, *args)`` in a savepoint (not under ``error``: the first clash
+        stops); None when it hit a unique or exclusion constraint, rolled back alone."""
+        if self.conflict == "error":
+            return await method(query, *args)
+        await self.sql.execute("release savepoint pgr_row; savepoint pgr_row"
+                               if self._savepoint else "savepoint pgr_row")
+        self._savepoint = True
+        try:
+            return await method(query, *args)
+        except (asyncpg.UniqueViolationError, asyncpg.ExclusionViolationError) as exc:
+            await self.sql.execute("rollback to savepoint pgr_row")
+            self._clash = _reason(exc)
+            return None
 
     async def _change(self, txn: SourceTransaction, rec) -> None:
         op = rec.op
@@ -291,35 +366,56 @@ class WriterActor:
         sql = self.sql
         try:
             if op in ("c", "r"):
-                query, args = table.insert(rec.after, self.conflict)
-                if self.conflict == "error":
+                # snapshot rows hold the row as of their position: an upsert, whatever the
+                # policy says about changes
+                policy = "upsert" if op == "r" else self.conflict
+                query, args = table.insert(rec.after, policy)
+                if policy == "error":
                     await sql.execute(query, *args)
-                else:
-                    rows = await sql.fetch(query, *args)
-                    if not rows or rows[0][0] is False:
-                        self._conflict("insert_exists", txn, table,
-                                       key_of(table, None, rec.after))
+                    return
+                rows = await self._guarded(sql.fetch, query, args)
+                if rows is None:
+                    self._conflict("insert_exists", txn, table, key_of(table, None, rec.after),
+                                   self._clash)
+                elif op == "c" and (not rows or rows[0][0] is False):
+                    self._conflict("insert_exists", txn, table,
+                                   key_of(table, None, rec.after))
             elif op == "u":
                 query, args = table.update(rec.before, rec.after)
-                if affected(await sql.execute(query, *args)) == 0:
+                status = await self._guarded(sql.execute, query, args)
+                if status is None:
+                    self._conflict("update_exists", txn, table,
+                                   key_of(table, rec.before, rec.after), self._clash)
+                elif affected(status) == 0:
                     self._conflict("update_missing", txn, table,
                                    key_of(table, rec.before, rec.after))
                     if self.conflict == "upsert":
                         # the old row is gone; the new key may exist (last writer wins)
                         query, args = table.insert(rec.after, "upsert")
-                        await sql.fetch(query, *args)
+                        if await self._guarded(sql.fetch, query, args) is None:
+                            self._conflict("update_exists", txn, table,
+                                           key_of(table, rec.before, rec.after), self._clash)
             elif op == "d":
                 query, args = table.delete(rec.before)
                 if affected(await sql.execute(query, *args)) == 0:
                     self._conflict("delete_missing", txn, table, key_of(table, rec.before, None))
             elif op == "t":
                 await sql.execute(table.truncate(rec.truncate))
-        except asyncpg.UniqueViolationError as exc:
-            raise ApplyConflict(f"insert_exists on {table.schema}.{table.name} key "
+        except (asyncpg.UniqueViolationError, asyncpg.ExclusionViolationError) as exc:
+            kind = "update_exists" if op == "u" else "insert_exists"
+            raise ApplyConflict(f"{kind} on {table.schema}.{table.name} key "
                                 f"{key_of(table, rec.before, rec.after)} (transaction {txn.id}):"
-                                f" {exc}") from exc
+                                f" {_reason(exc)}") from exc
         except asyncpg.PostgresError as exc:
             if _connection_lost(exc):
                 raise SourceUnavailable(f"target connection lost: {exc}") from exc
-            raise ApplyError(f"applying {op} to {table.schema}.{table.name} (transaction "
-                             f"{txn.id}) failed: {exc}") from exc
+            raise ApplyError(f"applying {op} to {table.schema}.{table.name} key "
+                             f"{key_of(table, rec.before, rec.after)} (transaction {txn.id}) "
+                             f"failed: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The server's message and detail, on one line."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    detail = getattr(exc, "detail", None)
+    return f"{text} ({detail})" if detail else text

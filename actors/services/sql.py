@@ -95,6 +95,12 @@ class SqlSession:
             raise SourceUnavailable(f"PostgreSQL connection lost: {exc}") from exc
 
     @property
+    def in_transaction(self) -> bool:
+        """The session is inside a transaction block (also a failed one): after an error,
+        False means the statement that failed ended its transaction (a COMMIT)."""
+        return self._conn.is_in_transaction()
+
+    @property
     def server_version(self) -> int:
         v = self._conn.get_server_version()
         return v.major * 10000 + v.minor
