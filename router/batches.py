@@ -26,11 +26,11 @@ Rules:
   transactions.
 * A run of one row (the common small transaction) executes a prepared statement of its
   shape (``Prepared``: the caller PREPAREs what ``new`` lists before sending the script), so
-  the server neither parses nor plans it again: ``execute pgr_3('7', 'x')``; when it is the
-  whole transaction, one prepared statement also does the origin setup
-  (``Prepared.with_origin``).
+  the server neither parses nor plans it again: ``execute pgr_3('7', 'x')``.
 * Tables without a key on the target, truncates and records the run shape cannot express go
   one by one with the same strictness.
+* ``upsert=True`` (snapshot and backfill rows, which carry the row as of their position):
+  inserts end in ``on conflict (key) do update`` of the columns they carry.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def literal(value) -> str:
 
 
 class Execute(str):
-    """``execute name(values)``, knowing what it executes (``Prepared.with_origin``)."""
+    """``execute name(values)``, knowing what it executes."""
 
     key: tuple
     name: str
@@ -96,21 +96,6 @@ class Prepared:
         out = Execute(f"execute {name}({args})")
         out.key, out.name, out.values, out.args = key, name, values, args
         return out
-
-    def with_origin(self, stmt: Execute, lsn: str, commit_time: str) -> Execute:
-        """``stmt`` and the transaction's replication origin setup as one statement: a
-        one-row transaction is then ``begin; execute …; commit``."""
-        n = len(stmt.values)
-
-        def body() -> str:
-            inner = self._bodies[stmt.name]
-            if inner.startswith("with _w as ("):
-                inner = inner[len("with _w as ("):inner.rindex(" returning 1)")]
-            return (f"with _o as (select pg_replication_origin_xact_setup(${n + 1}::pg_lsn, "
-                    f"${n + 2}::timestamptz)), _w as ({inner} returning 1) "
-                    "select 1 / (count(*) = 1)::int from _w, _o")
-        return self.execute(stmt.key + ("origin",), stmt.values + [lsn, commit_time], body,
-                            f"{stmt.args}, {literal(lsn)}, {literal(commit_time)}")
 
 
 def _check(table: TargetTable, cols: Iterable[str]) -> None:
@@ -146,7 +131,7 @@ def _key(table: TargetTable, row: dict | None) -> tuple | None:
 
 
 def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
-               prepared: Prepared | None = None) -> Iterator[str]:
+               prepared: Prepared | None = None, *, upsert: bool = False) -> Iterator[str]:
     """One strict statement per run of ``(topic, DataRecord)``. ``tables`` maps a record's
     source (schema, table) to its target table; a missing one raises ``KeyError`` with it."""
     prepared = prepared if prepared is not None else Prepared()
@@ -164,7 +149,7 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
             op = "c"
         if op == "t" or not table.key:
             if run is not None:
-                yield _statement(run, prepared)
+                yield _statement(run, prepared, upsert)
                 run = None
             yield _single(table, rec, op)
             continue
@@ -192,7 +177,7 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
         if run is not None and (run.op != op or run.table is not table or run.shape != shape
                                 or len(run.rows) >= MAX_RUN
                                 or (op == "u" and (k_old in run.keys or k_new in run.keys))):
-            yield _statement(run, prepared)
+            yield _statement(run, prepared, upsert)
             run = None
         if run is None:
             run = _Run(op, table, shape)
@@ -206,24 +191,33 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
             run.keys.add(k_old)
             run.keys.add(k_new)
     if run is not None:
-        yield _statement(run, prepared)
+        yield _statement(run, prepared, upsert)
 
 
-def _statement(run: _Run, prepared: Prepared) -> str:
+def _on_conflict(t: TargetTable, cols: tuple[str, ...]) -> str:
+    sets = ", ".join(f"{quote_ident(c)} = excluded.{quote_ident(c)}" for c in cols
+                     if c not in t.key)
+    return (f" on conflict ({', '.join(map(quote_ident, t.key))}) do "
+            + (f"update set {sets}" if sets else "nothing"))
+
+
+def _statement(run: _Run, prepared: Prepared, upsert: bool = False) -> str:
     t = run.table
     if len(run.rows) == 1:
-        return _one(run, prepared)
+        return _one(run, prepared, upsert)
     if run.op == "c":
         cols = ", ".join(quote_ident(c) for c in run.cols)
+        tail = _on_conflict(t, run.cols) if upsert else ""
         if t.json_columns.isdisjoint(run.cols):
             # the records' JSON rows as they are; the server turns them into the table's row
             # type with each column's input function, as it would the literals
             rows = b"[" + b",".join(r.after_json for r in run.rows) + b"]"
             return (f"insert into {t.sql_name} ({cols}) select {cols} from "
-                    f"json_populate_recordset(null::{t.sql_name}, {literal(rows.decode())})")
+                    f"json_populate_recordset(null::{t.sql_name}, {literal(rows.decode())})"
+                    + tail)
         values = ", ".join("(" + ", ".join(map(literal, r.after.values())) + ")"
                            for r in run.rows)
-        return f"insert into {t.sql_name} ({cols}) values {values}"
+        return f"insert into {t.sql_name} ({cols}) values {values}" + tail
     if run.op == "d":
         keys = [tuple(r.before[k] for k in t.key) for r in run.rows]
         return _expect(f"delete from {t.sql_name} where {_in(t, keys)}", len(keys))
@@ -246,14 +240,15 @@ def _statement(run: _Run, prepared: Prepared) -> str:
                    f"as _d({', '.join(names)}) where {cond}", len(rows))
 
 
-def _one(run: _Run, prepared: Prepared) -> str:
+def _one(run: _Run, prepared: Prepared, upsert: bool = False) -> str:
     """A one-row run as the execution of a prepared statement of its shape."""
     t, rec = run.table, run.rows[0]
-    key = (run.op, t.sql_name, run.shape)
+    key = (run.op, t.sql_name, run.shape, upsert)
     if run.op == "c":
         def body():
             return (f"insert into {t.sql_name} ({', '.join(map(quote_ident, run.cols))}) "
-                    f"values ({', '.join(f'${i}::{t.columns[c]}' for i, c in enumerate(run.cols, 1))})")
+                    f"values ({', '.join(f'${i}::{t.columns[c]}' for i, c in enumerate(run.cols, 1))})"
+                    + (_on_conflict(t, run.cols) if upsert else ""))
         return prepared.execute(key, list(rec.after.values()), body)
     n_key = len(t.key)
 

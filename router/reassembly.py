@@ -20,6 +20,15 @@ Rules:
   decoded record holds, ``RECORD_OVERHEAD``); past
   ``memory_limit`` the largest transactions' records move to temporary files (in
   ``spill_dir``), one per partition, and are read back one at a time while applied.
+* Snapshot and backfill rows (``op: "r"``) belong to no transaction the END records count:
+  they are kept apart, by position, and released as snapshot batches
+  (``SourceTransaction.snapshot``) at their place in commit order: rows at ``commit_lsn L``
+  after every transaction committed at or before ``L`` and before any later one. A row at
+  ``L`` waits until that order is known: an END above ``L`` is queued, or (no END pending)
+  one at or above ``L`` was read; an initial snapshot's rows (``xid`` 0, at the slot's
+  consistent point - 1, before every transaction it streams) wait only for the
+  transactions queued before them. Rows at the target's progress are kept (a backfill
+  chunk sits at its high watermark's position, which may be applied already).
 * Restart positions: the last transaction of every ``ready()`` round carries ``resume``,
   the offset per ``topic/partition`` from which a reader that has applied everything up to
   and including it finds every record of every later transaction (the earliest record still
@@ -142,6 +151,8 @@ class SourceTransaction(msgspec.Struct, gc=False):
     resume: dict[str, int] | None = None
     #: source (schema, table) of the records
     tables: frozenset = frozenset()
+    #: snapshot or backfill rows (``op: "r"``) at ``commit_lsn``, not a source transaction
+    snapshot: bool = False
 
 
 class _Buffer:
@@ -183,6 +194,8 @@ class Reassembler:
         for key, offset in (positions or {}).items():
             topic, _, part = key.rpartition("/")
             self._next[(topic, int(part))] = offset
+        self._snapshots: dict[int, _Buffer] = {}  # snapshot rows by commit_lsn
+        self._initial: set[int] = set()  # commit_lsns of initial-snapshot rows
         self._memory = 0
         self.peak_memory = 0
         self.duplicates = 0
@@ -254,7 +267,15 @@ class Reassembler:
             src = rec.source
             lsn = src.commit_lsn
             if lsn is None or lsn <= applied:
-                continue  # non-transactional message, or applied already
+                if rec.op != "r" or lsn is None or lsn < applied:
+                    continue  # non-transactional message, or applied already
+            if rec.op == "r":
+                if added and buf is not None:
+                    self._account(buf, added)
+                added = 0
+                last_lsn = part = buf = None
+                self._add_snapshot_row(tp, offset, rec, len(value))
+                continue
             if lsn != last_lsn:
                 last_table = last_schema = None
                 if added and buf is not None:
@@ -289,6 +310,44 @@ class Reassembler:
             added += len(value) + RECORD_OVERHEAD
         if added and buf is not None:
             self._account(buf, added)
+
+    def _add_snapshot_row(self, tp: tuple[str, int], offset: int, rec: DataRecord,
+                          size: int) -> None:
+        lsn = rec.source.commit_lsn
+        buf = self._snapshots.get(lsn)
+        if buf is None:
+            buf = self._snapshots[lsn] = _Buffer()
+        if rec.source.xid == 0:
+            self._initial.add(lsn)
+        part = buf.parts.get(tp)
+        if part is None:
+            part = buf.parts[tp] = _Part(tp[0])
+            buf.first_offsets[tp] = offset
+        part.count += 1
+        part.tables.add((rec.source.schema, rec.source.table))
+        part.records.append(rec)  # never spilled: released as soon as their place is known
+        buf.memory += size + RECORD_OVERHEAD
+        self._memory += size + RECORD_OVERHEAD
+        self.peak_memory = max(self.peak_memory, self._memory)
+
+    def _snapshot_batches(self, below: int | None) -> list[SourceTransaction]:
+        """Snapshot rows whose place is before the transaction at ``below`` (None: no END
+        pending), oldest first."""
+        out = []
+        for lsn in sorted(self._snapshots):
+            if below is not None and lsn >= below:
+                break
+            if below is None and lsn > self._last_queued and lsn not in self._initial:
+                break  # an END at or below it may still come
+            buf = self._snapshots.pop(lsn)
+            self._initial.discard(lsn)
+            self._memory -= buf.memory
+            parts = list(buf.parts.values())
+            out.append(SourceTransaction(
+                id=f"snapshot:{lsn}", xid=0, commit_lsn=lsn, commit_time="", origin=None,
+                records=Records(parts), count=sum(p.count for p in parts),
+                tables=frozenset().union(*(p.tables for p in parts)), snapshot=True))
+        return out
 
     def _account(self, buf: _Buffer, size: int) -> None:
         buf.memory += size
@@ -336,7 +395,7 @@ class Reassembler:
         """Per partition, where a restart that has applied every released transaction
         starts reading: the earliest record still buffered, or the next one to read."""
         out = dict(self._next)
-        for buf in self._buffers.values():
+        for buf in (*self._buffers.values(), *self._snapshots.values()):
             for tp, off in buf.first_offsets.items():
                 if off < out.get(tp, off + 1):
                     out[tp] = off
@@ -350,8 +409,12 @@ class Reassembler:
         new reassembler from the target's progress). The last one released carries
         ``resume``."""
         q = self._queue
-        held: SourceTransaction | None = None
-        while q and self._complete(q[0]):
+        out: list[SourceTransaction] = []
+        while True:
+            if self._snapshots:
+                out += self._snapshot_batches(q[0].meta.source.commit_lsn if q else None)
+            if not (q and self._complete(q[0])):
+                break
             p = q.popleft()
             meta = p.meta
             lsn = meta.source.commit_lsn
@@ -362,11 +425,11 @@ class Reassembler:
             for (topic, _), part in buf.parts.items():
                 if topic not in p.expected:
                     part.close()
-            txn = SourceTransaction(id=meta.id, xid=meta.source.xid, commit_lsn=lsn,
-                                    commit_time=meta.source.commit_time,
-                                    origin=meta.source.origin, records=Records(parts),
-                                    count=sum(part.count for part in parts),
-                                    tables=frozenset().union(*(part.tables for part in parts)))
+            out.append(SourceTransaction(
+                id=meta.id, xid=meta.source.xid, commit_lsn=lsn,
+                commit_time=meta.source.commit_time, origin=meta.source.origin,
+                records=Records(parts), count=sum(part.count for part in parts),
+                tables=frozenset().union(*(part.tables for part in parts))))
             # buffers of transactions that were superseded cannot complete any more
             heap = self._lsns
             while heap and heap[0] <= lsn:
@@ -375,15 +438,13 @@ class Reassembler:
                     self._memory -= old.memory
                     for part in old.parts.values():
                         part.close()
-            if held is not None:
-                yield held
-            held = txn
-        if held is not None:
-            held.resume = self.resume_offsets()
-            yield held
+        if out:
+            out[-1].resume = self.resume_offsets()
+        return iter(out)
 
     def close(self) -> None:
-        for buf in self._buffers.values():
+        for buf in (*self._buffers.values(), *self._snapshots.values()):
             for part in buf.parts.values():
                 part.close()
         self._buffers.clear()
+        self._snapshots.clear()

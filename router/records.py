@@ -14,6 +14,8 @@ import msgspec
 class RecordSource(msgspec.Struct, gc=False):
     commit_lsn: int | None = None
     seq: int = 0
+    #: 0 on initial-snapshot rows (``router.snapshot``)
+    xid: int | None = None
     schema: str | None = None
     table: str | None = None
     route: str = ""

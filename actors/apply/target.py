@@ -125,6 +125,9 @@ async def rewind_origin(sql: SqlSession, origin: str, lsn: int) -> None:
     await sql.fetchval("select pg_replication_origin_advance($1, $2::text::pg_lsn)", origin,
                        format_lsn(lsn))
     await sql.fetchval("select pg_replication_origin_session_setup($1)", origin)
+    # the failed transaction's LSN stays the session's until the next setup: a commit
+    # without one (snapshot rows) would move the origin there again
+    await sql.execute("select pg_replication_origin_xact_reset()")
     log.event(_log, "replication origin put back after a failed commit", origin=origin,
               origin_progress=format_lsn(lsn), level=logging.WARNING)
 

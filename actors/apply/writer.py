@@ -62,6 +62,7 @@ class ApplyStats:
         self.fetched = 0  # records read from Kafka
         self.scripts = 0  # round trips of the fast path
         self.slow = 0  # transactions applied change by change after a fast-path error
+        self.snapshot_rows = 0  # snapshot and backfill rows applied (upserts)
         self.spills = 0  # transactions moved to disk while waiting for their END
         self.buffered_peak = 0  # bytes of records waiting for their END, at most
         self.conflicts: dict[str, int] = {}
@@ -132,9 +133,10 @@ class WriterActor:
                     self.caught_up = True
                     return
                 batch, rows = [first], first.count
-                if not self._streamed(first):
+                if not self._streamed(first) and not first.snapshot:
                     while queue and rows < BATCH_ROWS and len(batch) < BATCH_TRANSACTIONS:
-                        if queue[0] is CAUGHT_UP or self._streamed(queue[0]):
+                        if (queue[0] is CAUGHT_UP or self._streamed(queue[0])
+                                or queue[0].snapshot):
                             break
                         nxt = queue.popleft()
                         batch.append(nxt)
@@ -144,7 +146,9 @@ class WriterActor:
                     await self.apply(batch)
 
     def _skip(self, txn: SourceTransaction) -> bool:
-        if txn.commit_lsn <= self.progress_lsn:
+        # snapshot rows at the progress LSN come after the transaction committed there
+        if txn.commit_lsn < self.progress_lsn or (txn.commit_lsn == self.progress_lsn
+                                                   and not txn.snapshot):
             self.stats.skipped += 1
             txn.records.close()
             return True
@@ -189,6 +193,10 @@ class WriterActor:
         return tail + self._origin(txn) + "commit;"
 
     async def apply(self, batch: list[SourceTransaction]) -> None:
+        if batch[0].snapshot:
+            await self._ensure_tables(batch[0])
+            await self._snapshot(batch[0])
+            return
         for i, txn in enumerate(batch):
             try:
                 await self._ensure_tables(txn)
@@ -246,6 +254,34 @@ class WriterActor:
         if names:
             await self.sql.execute(";".join(f"deallocate {r[0]}" for r in names))
         self.prepared = Prepared()
+
+    async def _snapshot(self, txn: SourceTransaction) -> None:
+        """Snapshot rows: upserts in one transaction that leaves the origin alone (no setup:
+        the session's last setup is the origin's progress, which a commit does not move
+        back)."""
+        parts = ["begin;"]
+        for stmt in statements(txn.records, self._tables, self.prepared, upsert=True):
+            parts.append(stmt)
+            parts.append(";")
+        if txn.resume is not None:
+            parts.append(progress_statement(self.cfg.target, self.progress_lsn, txn.resume)
+                         + ";")
+        parts.append("commit;")
+        try:
+            await self._send(parts)
+        except asyncpg.PostgresError as exc:
+            if _connection_lost(exc):
+                raise SourceUnavailable(f"target connection lost: {exc}") from exc
+            await self._rollback()
+            await self._forget_prepared()
+            # a key twice in one statement, a clash on another unique index: row by row
+            await self.apply_slowly(txn)
+            self.stats.slow += 1
+        except BaseException:
+            await self._rollback()
+            raise
+        self.stats.snapshot_rows += txn.count
+        txn.records.close()
 
     def _applied(self, txns: list[SourceTransaction]) -> None:
         for txn in txns:
@@ -311,15 +347,17 @@ class WriterActor:
         try:
             for topic, rec in txn.records:
                 await self._change(txn, rec)
+            lsn = self.progress_lsn if txn.snapshot else txn.commit_lsn
             tail = ""
             if txn.resume is not None:
-                tail = progress_statement(self.cfg.target, txn.commit_lsn, txn.resume) + ";"
+                tail = progress_statement(self.cfg.target, lsn, txn.resume) + ";"
             if self.deferrable:
                 tail += "set constraints all immediate;"
+            if not txn.snapshot:
+                tail += (f"select pg_replication_origin_xact_setup({literal(format_lsn(lsn))}, "
+                         f"{literal(txn.commit_time)});")
             try:
-                await sql.execute(tail + "select pg_replication_origin_xact_setup("
-                                  f"{literal(format_lsn(txn.commit_lsn))}, "
-                                  f"{literal(txn.commit_time)}); commit")
+                await sql.execute(tail + "commit")
             except asyncpg.PostgresError as exc:
                 if _connection_lost(exc):
                     raise SourceUnavailable(f"target connection lost: {exc}") from exc

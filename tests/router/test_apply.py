@@ -203,15 +203,53 @@ def test_set_based_statements():
                                'from _w')
 
 
-def test_one_row_transaction_with_its_origin_setup():
-    from router.batches import Prepared
+def test_snapshot_rows_are_upserts():
+    from router.batches import Prepared, statements
+    from router.records import _decode_data
 
     prepared = Prepared()
-    stmt = prepared.execute(("d",), [7], lambda: 'with _w as (delete from "t" where "id" = '
-                            "$1::integer returning 1) select 1 / (count(*) = 1)::int from _w")
-    merged = prepared.with_origin(stmt, "0/16B3748", "2026-01-01T00:00:00Z")
-    assert merged == "execute pgr_1('7', '0/16B3748', '2026-01-01T00:00:00Z')"
-    assert prepared.new[1] == (
-        "prepare pgr_1(text, text, text) as with _o as (select "
-        "pg_replication_origin_xact_setup($2::pg_lsn, $3::timestamptz)), _w as (delete from "
-        '"t" where "id" = $1::integer returning 1) select 1 / (count(*) = 1)::int from _w, _o')
+    table = TargetTable("public", "t", {"id": "integer", "v": "text"}, ("id",))
+    recs = [("x", _decode_data(json.dumps({
+        "op": "r", "after": {"id": i, "v": f"v{i}"},
+        "source": {"commit_lsn": 9, "seq": i, "schema": "public", "table": "t"}}).encode()))
+        for i in (1, 2)]
+    (many,) = statements(recs, {("public", "t"): table}, prepared, upsert=True)
+    assert many.endswith(' on conflict ("id") do update set "v" = excluded."v"')
+    (one,) = statements(recs[:1], {("public", "t"): table}, prepared, upsert=True)
+    assert prepared.new[-1].endswith(' on conflict ("id") do update set "v" = excluded."v"')
+    (plain,) = statements(recs[:1], {("public", "t"): table}, prepared)
+    assert plain != one and "on conflict" not in prepared.new[-1]
+
+
+def snap(lsn: int, seq: int, xid: int) -> bytes:
+    return json.dumps({"op": "r", "before": None, "after": {"id": seq},
+                       "source": {"commit_lsn": lsn, "seq": seq, "xid": xid,
+                                  "schema": "public", "table": "t", "route": "r"}}).encode()
+
+
+def released(ra: Reassembler) -> list:
+    return [(t.commit_lsn, t.snapshot, [r.source.seq for _, r in t.records])
+            for t in ra.ready()]
+
+
+def test_snapshot_rows_are_released_at_their_place_in_commit_order():
+    ra = Reassembler(lambda t: True)
+    # an initial snapshot (xid 0, at the consistent point - 1) goes out before any END
+    ra.add_records("x", 0, [(0, snap(99, 0, 0)), (1, snap(99, 1, 0))])
+    ra.add_transaction_record(end(100, {"x": 1}), 0)
+    ra.add_records("x", 0, [(2, rec(100, 0))])
+    assert released(ra) == [(99, True, [0, 1]), (100, False, [0])]
+    # backfill rows at a high watermark's transaction (200) wait for it, then go right
+    # after it and before the next one
+    ra.add_records("x", 0, [(3, snap(200, 5, 8)), (4, snap(200, 6, 8))])
+    assert released(ra) == []  # END 200 not read yet
+    ra.add_transaction_record(end(200, {}), 1)
+    ra.add_transaction_record(end(300, {"x": 1}), 2)
+    ra.add_records("x", 0, [(5, rec(300, 0))])
+    out = released(ra)
+    assert out == [(200, False, []), (200, True, [5, 6]), (300, False, [0])]
+    # rows at the target's progress are kept (the high watermark may be applied already)
+    ra2 = Reassembler(lambda t: True, applied_lsn=200)
+    ra2.add_records("x", 0, [(0, snap(150, 1, 8)), (1, snap(200, 2, 8))])
+    ra2.add_transaction_record(end(300, {}), 0)
+    assert released(ra2) == [(200, True, [2]), (300, False, [])]
