@@ -246,9 +246,9 @@ def _one(run: _Run, prepared: Prepared, upsert: bool = False) -> str:
     key = (run.op, t.sql_name, run.shape, upsert)
     if run.op == "c":
         def body():
+            values = ", ".join(f"${i}::{t.columns[c]}" for i, c in enumerate(run.cols, 1))
             return (f"insert into {t.sql_name} ({', '.join(map(quote_ident, run.cols))}) "
-                    f"values ({', '.join(f'${i}::{t.columns[c]}' for i, c in enumerate(run.cols, 1))})"
-                    + (_on_conflict(t, run.cols) if upsert else ""))
+                    f"values ({values})" + (_on_conflict(t, run.cols) if upsert else ""))
         return prepared.execute(key, list(rec.after.values()), body)
     n_key = len(t.key)
 

@@ -185,7 +185,8 @@ class Applier:
         log.event(_log, msg, transactions=s.transactions, changes=s.changes,
                   skipped=s.skipped + (ra.skipped if ra else 0),
                   fetched=s.fetched + (reader.fetched if reader else 0),
-                  snapshot_rows=s.snapshot_rows, scripts=s.scripts, slow=s.slow, spills=s.spills + (ra.spills if ra else 0),
+                  snapshot_rows=s.snapshot_rows, scripts=s.scripts, slow=s.slow,
+                  spills=s.spills + (ra.spills if ra else 0),
                   buffered_peak=max(s.buffered_peak, ra.peak_memory if ra else 0),
                   conflicts=sum(s.conflicts.values()),
                   **{f"conflicts_{k}": v for k, v in s.conflicts.items()})

@@ -16,12 +16,9 @@ Rules:
 * Any SQL error of the fast path (a conflict, a missing column…) rolls back the transaction
   it hit; the transactions before it are committed (the session's origin progress says
   which). That one is applied again change by change under ``target.conflict``
-  (``error`` stops with ``ApplyConflict``, ``skip`` counts and goes on, ``upsert`` writes the
-  incoming row, last writer wins), then the fast path goes on with the rest. Under ``skip``
-  and ``upsert`` each change that may clash with a unique index runs in a savepoint, so a
-  clash (also on a non-key column, with another row) is that row's conflict alone: counted,
-  logged with its key, and the other rows go in. Any other error stops the applier with one
-  line, the transaction rolled back.
+  (``actors.apply.rows``: a conflict is one row's, counted and logged with its key, or
+  stops the applier under ``error``; any other error stops it with one line), then the
+  fast path goes on with the rest.
 * Snapshot and backfill rows (``op: "r"``, released as snapshot batches by
   ``router.reassembly``) are upserts by key under every policy, in a transaction of their
   own that leaves the origin where it is.
@@ -37,14 +34,15 @@ import asyncpg
 import trio
 
 from router.apply_config import ApplyConfig
-from router.batches import Prepared, literal, statements
-from router.errors import ApplyConflict, ApplyError, SourceUnavailable
+from router.batches import Prepared, statements
+from router.errors import ApplyError, SourceUnavailable
 from router.lsn import format_lsn
 from router.reassembly import SourceTransaction
-from router.statements import TargetTable, affected, key_of
+from router.statements import TargetTable
 
 from ..services import log
 from ..services.sql import SqlSession
+from .rows import ChangeByChange, connection_lost, rollback
 from .target import (has_deferrable_checks, load_table, progress_statement, rewind_origin,
                      session_progress)
 
@@ -77,12 +75,6 @@ class _CaughtUp:
 CAUGHT_UP = _CaughtUp()
 
 
-def _connection_lost(exc: BaseException) -> bool:
-    return isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.AdminShutdownError,
-                            asyncpg.CannotConnectNowError, asyncpg.InterfaceError,
-                            ConnectionError))
-
-
 class WriterActor:
     def __init__(self, *, sql: SqlSession, cfg: ApplyConfig, inbox: trio.MemoryReceiveChannel,
                  stats: ApplyStats, progress_lsn: int):
@@ -100,8 +92,7 @@ class WriterActor:
         self.sql_s = 0.0  # seconds waiting for the target
         #: the target has deferrable checks: forced before the origin setup
         self.deferrable: bool | None = None
-        self._savepoint = False  # a row savepoint is open in the slow path
-        self._clash = ""  # the last clash a savepoint caught
+        self.rows = ChangeByChange(sql, cfg, stats, self._tables)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Receives lists of released transactions (or ``CAUGHT_UP``), applies them in
@@ -216,7 +207,7 @@ class WriterActor:
                     await self._script(batch)
                     done = len(batch)
             except asyncpg.PostgresError as exc:
-                if _connection_lost(exc):
+                if connection_lost(exc):
                     raise SourceUnavailable(f"target connection lost: {exc}") from exc
                 commit_failed = not self.sql.in_transaction
                 await self._rollback()
@@ -235,7 +226,7 @@ class WriterActor:
                 failed = batch[done]
                 log.event(_log, "applying change by change", transaction=failed.id,
                           reason=str(exc).splitlines()[0], level=logging.DEBUG)
-                await self.apply_slowly(failed)
+                await self.rows.apply(failed, self.progress_lsn, self.deferrable)
                 self.stats.slow += 1
                 self._applied([failed])
                 batch = batch[done + 1:]
@@ -270,12 +261,12 @@ class WriterActor:
         try:
             await self._send(parts)
         except asyncpg.PostgresError as exc:
-            if _connection_lost(exc):
+            if connection_lost(exc):
                 raise SourceUnavailable(f"target connection lost: {exc}") from exc
             await self._rollback()
             await self._forget_prepared()
             # a key twice in one statement, a clash on another unique index: row by row
-            await self.apply_slowly(txn)
+            await self.rows.apply(txn, self.progress_lsn, self.deferrable)
             self.stats.slow += 1
         except BaseException:
             await self._rollback()
@@ -330,130 +321,4 @@ class WriterActor:
         self.stats.scripts += 1
 
     async def _rollback(self) -> None:
-        with trio.move_on_after(5) as scope:
-            scope.shield = True
-            try:
-                await self.sql.execute("rollback")
-            except Exception:  # the connection is gone: the server rolled back
-                pass
-
-    # -- change by change, under the conflict policy ------------------------------------
-
-    async def apply_slowly(self, txn: SourceTransaction) -> None:
-        sql = self.sql
-        self._savepoint = False
-        await self._prepare()
-        await sql.execute("begin")
-        try:
-            for topic, rec in txn.records:
-                await self._change(txn, rec)
-            lsn = self.progress_lsn if txn.snapshot else txn.commit_lsn
-            tail = ""
-            if txn.resume is not None:
-                tail = progress_statement(self.cfg.target, lsn, txn.resume) + ";"
-            if self.deferrable:
-                tail += "set constraints all immediate;"
-            if not txn.snapshot:
-                tail += (f"select pg_replication_origin_xact_setup({literal(format_lsn(lsn))}, "
-                         f"{literal(txn.commit_time)});")
-            try:
-                await sql.execute(tail + "commit")
-            except asyncpg.PostgresError as exc:
-                if _connection_lost(exc):
-                    raise SourceUnavailable(f"target connection lost: {exc}") from exc
-                if not sql.in_transaction:  # COMMIT failed, after the origin setup
-                    await rewind_origin(sql, self.cfg.target.origin, self.progress_lsn)
-                raise ApplyError(f"committing transaction {txn.id} on the target failed: "
-                                 f"{_reason(exc)}") from exc
-        except BaseException:
-            await self._rollback()
-            raise
-
-    def _conflict(self, kind: str, txn: SourceTransaction, table: TargetTable, key: dict,
-                  reason: str = ""):
-        if self.conflict == "error":
-            raise ApplyConflict(f"{kind} on {table.schema}.{table.name} key {key} "
-                                f"(transaction {txn.id}){': ' + reason if reason else ''}; "
-                                "set target.conflict = skip or upsert to go on")
-        self.stats.conflicts[kind] = self.stats.conflicts.get(kind, 0) + 1
-        fields = {"reason": reason} if reason else {}
-        log.event(_log, "conflict", level=logging.WARNING, kind=kind, policy=self.conflict,
-                  table=f"{table.schema}.{table.name}", key=key, transaction=txn.id, **fields)
-
-    async def _guarded(self, method, query: str, args: list):
-        """``method(query, *args)`` in a savepoint (not under ``error``: the first clash
-        stops); None when it hit a unique or exclusion constraint, rolled back alone."""
-        if self.conflict == "error":
-            return await method(query, *args)
-        await self.sql.execute("release savepoint pgr_row; savepoint pgr_row"
-                               if self._savepoint else "savepoint pgr_row")
-        self._savepoint = True
-        try:
-            return await method(query, *args)
-        except (asyncpg.UniqueViolationError, asyncpg.ExclusionViolationError) as exc:
-            await self.sql.execute("rollback to savepoint pgr_row")
-            self._clash = _reason(exc)
-            return None
-
-    async def _change(self, txn: SourceTransaction, rec) -> None:
-        op = rec.op
-        if op == "m":
-            return
-        src = rec.source
-        table = self._tables[(src.schema, src.table)]
-        sql = self.sql
-        try:
-            if op in ("c", "r"):
-                # snapshot rows hold the row as of their position: an upsert, whatever the
-                # policy says about changes
-                policy = "upsert" if op == "r" else self.conflict
-                query, args = table.insert(rec.after, policy)
-                if policy == "error":
-                    await sql.execute(query, *args)
-                    return
-                rows = await self._guarded(sql.fetch, query, args)
-                if rows is None:
-                    self._conflict("insert_exists", txn, table, key_of(table, None, rec.after),
-                                   self._clash)
-                elif op == "c" and (not rows or rows[0][0] is False):
-                    self._conflict("insert_exists", txn, table,
-                                   key_of(table, None, rec.after))
-            elif op == "u":
-                query, args = table.update(rec.before, rec.after)
-                status = await self._guarded(sql.execute, query, args)
-                if status is None:
-                    self._conflict("update_exists", txn, table,
-                                   key_of(table, rec.before, rec.after), self._clash)
-                elif affected(status) == 0:
-                    self._conflict("update_missing", txn, table,
-                                   key_of(table, rec.before, rec.after))
-                    if self.conflict == "upsert":
-                        # the old row is gone; the new key may exist (last writer wins)
-                        query, args = table.insert(rec.after, "upsert")
-                        if await self._guarded(sql.fetch, query, args) is None:
-                            self._conflict("update_exists", txn, table,
-                                           key_of(table, rec.before, rec.after), self._clash)
-            elif op == "d":
-                query, args = table.delete(rec.before)
-                if affected(await sql.execute(query, *args)) == 0:
-                    self._conflict("delete_missing", txn, table, key_of(table, rec.before, None))
-            elif op == "t":
-                await sql.execute(table.truncate(rec.truncate))
-        except (asyncpg.UniqueViolationError, asyncpg.ExclusionViolationError) as exc:
-            kind = "update_exists" if op == "u" else "insert_exists"
-            raise ApplyConflict(f"{kind} on {table.schema}.{table.name} key "
-                                f"{key_of(table, rec.before, rec.after)} (transaction {txn.id}):"
-                                f" {_reason(exc)}") from exc
-        except asyncpg.PostgresError as exc:
-            if _connection_lost(exc):
-                raise SourceUnavailable(f"target connection lost: {exc}") from exc
-            raise ApplyError(f"applying {op} to {table.schema}.{table.name} key "
-                             f"{key_of(table, rec.before, rec.after)} (transaction {txn.id}) "
-                             f"failed: {_reason(exc)}") from exc
-
-
-def _reason(exc: BaseException) -> str:
-    """The server's message and detail, on one line."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    detail = getattr(exc, "detail", None)
-    return f"{text} ({detail})" if detail else text
+        await rollback(self.sql)

@@ -128,8 +128,8 @@ def two_nodes(node_db, tmp_path, kafka_bootstrap):
     b = Node(node_db, "pg3", "b", tmp_path, kafka_bootstrap, tag)
     sql(a.dsn, SOURCE_DDL)
     cfg = a.router_config('origin = "none"')
-    cfg.write_text(cfg.read_text().replace('tables = ["public.t"]',
-                                           'tables = ["public.t", "public.items", "public.nums", "public.users"]'))
+    tables = '"public.t", "public.items", "public.nums", "public.users"'
+    cfg.write_text(cfg.read_text().replace('tables = ["public.t"]', f'tables = [{tables}]'))
     return a, b, cfg
 
 
