@@ -142,7 +142,11 @@ async def load_table(sql: SqlSession, t_schema: str, t_name: str) -> TargetTable
     qname = quote_ident(t_schema) + "." + quote_ident(t_name)
     try:
         rows = await sql.fetch(
-            "select a.attname, format_type(a.atttypid, a.atttypmod) as type, "
+            # the type without its modifier: an explicit cast to varchar(2) or bit(3)
+            # truncates, while the column's own assignment rejects what does not fit, as
+            # the type's input function does for PostgreSQL's apply worker (format_type
+            # with -1 writes bpchar and "bit", not character(1) and bit(1))
+            "select a.attname, format_type(a.atttypid, -1) as type, "
             "coalesce(nullif(t.typbasetype, 0), a.atttypid) in ('json'::regtype, "
             "'jsonb'::regtype) as is_json from pg_attribute a join pg_type t on "
             "t.oid = a.atttypid where a.attrelid = $1::text::regclass and a.attnum > 0 "

@@ -237,3 +237,52 @@ def test_unique_clash_on_a_non_key_column(node_db, kafka_bootstrap, tmp_path, po
     assert any("'id': 10" in ln for ln in logged) and any("'id': 11" in ln for ln in logged)
     again = apply_run(ab)  # the origin covers all three: nothing is applied twice
     assert again.returncode == 0 and stats(again.stderr)["transactions"] == 0
+
+
+BREAKAGES = {
+    "check": ("create table items (id int primary key, v text check (v <> 'xyz'))",
+              "alter table items drop constraint items_v_check"),
+    "not_null": ("create table items (id int primary key, v text not null default 'n')",
+                 "alter table items alter column v drop not null"),
+    "trigger": ("create table items (id int primary key, v text); create function no() "
+                "returns trigger language plpgsql as $$ begin raise exception 'no items'; "
+                "end $$; create trigger no before insert on items for each row execute "
+                "function no()", "drop trigger no on items"),
+    "column": ("create table items (id int primary key)",
+               "alter table items add column v text"),
+    "length": ("create table items (id int primary key, v varchar(2))",
+               "alter table items alter column v type text"),
+    "foreign_key": ("create table parent (id int primary key); create table items (id int "
+                    "primary key references parent, v text)",
+                    "insert into parent values (1)"),
+    "deferred_fk": ("create table parent (id int primary key); create table items (id int "
+                    "primary key references parent deferrable initially deferred, v text)",
+                    "insert into parent values (1)"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_a_broken_target_stops_without_moving_the_origin(node_db, kafka_bootstrap, tmp_path,
+                                                         breakage):
+    broken, fix = BREAKAGES[breakage]
+    a, b, ra = two_nodes(node_db, tmp_path, kafka_bootstrap)
+    sql(b.dsn, broken)
+    sql(a.dsn, "insert into t values (1, 'before', 0, 'd')")
+    value = "null" if breakage == "not_null" else "'xyz'"
+    sql(a.dsn, f"begin; insert into t values (2, 'T', 0, 'd'); "
+               f"insert into items values (1, {value}); commit")
+    sql(a.dsn, "insert into t values (3, 'after', 0, 'd')")
+    until_caught_up("run", ra)
+    ab = b.apply_config(a)
+    line = refusal(apply_run(ab))
+    assert "items" in line, line
+    state = origin_state(b.dsn, a.origin_name)
+    assert [r[0] for r in table_rows(b.dsn, "t")] == [1]  # before it, not it
+    assert refusal(apply_run(ab)) == line
+    assert origin_state(b.dsn, a.origin_name) == state
+    sql(b.dsn, fix)
+    done = apply_run(ab)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert stats(done.stderr)["transactions"] == 2
+    assert table_rows(b.dsn, "t") == table_rows(a.dsn, "t")
+    assert table_rows(b.dsn, "items") == table_rows(a.dsn, "items")
