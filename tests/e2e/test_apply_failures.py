@@ -286,3 +286,43 @@ def test_a_broken_target_stops_without_moving_the_origin(node_db, kafka_bootstra
     assert stats(done.stderr)["transactions"] == 2
     assert table_rows(b.dsn, "t") == table_rows(a.dsn, "t")
     assert table_rows(b.dsn, "items") == table_rows(a.dsn, "items")
+
+
+def test_commit_failure_after_the_origin_setup_puts_the_origin_back(
+        node_db, kafka_bootstrap, tmp_path):
+    """A deferrable constraint made while the applier runs (it looked for them at start):
+    COMMIT fails after the origin setup, and the applier puts the origin back."""
+    import time
+
+    a, b, ra = two_nodes(node_db, tmp_path, kafka_bootstrap)
+    sql(b.dsn, "create table users (id int primary key, email text)")
+    sql(a.dsn, "insert into users values (1, 'dup@x')")
+    until_caught_up("run", ra)
+    ab = b.apply_config(a)
+    proc = subprocess.Popen([sys.executable, "-m", "router", "apply", "-c", str(ab)], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while table_rows(b.dsn, "users") != [(1, "dup@x")]:
+            assert proc.poll() is None and time.monotonic() < deadline, "first row not applied"
+            time.sleep(0.2)
+        state = origin_state(b.dsn, a.origin_name)
+        sql(b.dsn, "alter table users add constraint one_email unique (email) deferrable "
+                   "initially deferred")
+        sql(a.dsn, "insert into users values (2, 'dup@x')")
+        until_caught_up("run", ra)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    assert origin_state(b.dsn, a.origin_name) == state
+    assert err.splitlines()[-1].startswith("pgrouter apply: committing transaction"), err[-3000:]
+    assert "one_email" in err.splitlines()[-1]
+    assert "replication origin put back after a failed commit" in err, err[-3000:]
+    assert table_rows(b.dsn, "users") == [(1, "dup@x")]
+    sql(b.dsn, "alter table users drop constraint one_email")
+    done = apply_run(ab)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert table_rows(b.dsn, "users") == table_rows(a.dsn, "users")
