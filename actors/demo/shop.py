@@ -67,6 +67,15 @@ def _reset(dsn: str) -> int:
     return start
 
 
+def _drop_slot(dsn: str) -> None:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots "
+                    "where slot_name = 'pgrouter_demo' and not active")
+    conn.close()
+
+
 def _workload(dsn: str) -> None:
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
@@ -127,6 +136,7 @@ def run(info) -> int:
     finally:
         router.send_signal(signal.SIGTERM)  # drain: flush Kafka, confirm, exit 0
         router.wait(timeout=60)
+        _drop_slot(info.pg_dsn)  # an idle slot would hold WAL on the user's server for good
     print(f"   router drained and exited {router.returncode} (log: {log.relative_to(ROOT)})")
     print("\n4. what arrived on each topic")
     _show(info.kafka_bootstrap, start)
