@@ -93,8 +93,8 @@ def route_to_delta(tmp: pathlib.Path, *, dsn: str, bootstrap: str, name: str, ta
                                  checkpoint=str(tmp / "ck"))
 
 
-def router_cmd(config: pathlib.Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "router", "run", "-c", str(config), *extra]
+def router_cmd(config: pathlib.Path, *extra: str, module: str = "router") -> list[str]:
+    return [sys.executable, "-m", module, "run", "-c", str(config), *extra]
 
 
 def run_router(config: pathlib.Path, *, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -105,9 +105,12 @@ def run_router(config: pathlib.Path, *, timeout: float = 120) -> subprocess.Comp
     return proc
 
 
-def start_router(config: pathlib.Path, log: pathlib.Path) -> subprocess.Popen:
+def start_router(config: pathlib.Path, log: pathlib.Path, *,
+                 module: str = "router") -> subprocess.Popen:
+    """``pgrouter run`` in the background (``module``: another entry point with the same
+    command line, such as a test's deliberately broken router)."""
     fh = open(log, "ab")
-    return subprocess.Popen(router_cmd(config), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+    return subprocess.Popen(router_cmd(config, module=module), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True)
 
 

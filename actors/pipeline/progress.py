@@ -7,14 +7,12 @@ prepared transaction (two-phase) caps confirmation below it and everything else 
 run finishes and ``held`` names the transaction (its gid and prepare LSN); a later run
 delivers it once it is committed.
 
-``PGROUTER_TEST_CONFIRM_BEFORE_ACK=1`` is a test-only switch that breaks the guarantee on
-purpose: a transaction counts as durable as soon as the sink registers it, before Kafka
-acknowledged anything. The fault tests must fail with it set (tests/e2e/test_faults.py);
-never set it anywhere else."""
+A transaction counts as done only on the sink's ``Done``, which it sends from Kafka's delivery
+result; nothing here can change that rule (the fault tests' proof that they would catch a
+broken rule injects the fault from the test side: tests/e2e/broken_router.py)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import trio
@@ -26,9 +24,6 @@ from ..services import log
 from .mailbox import Begin, Done, Hold, Keepalive, Latest
 
 _log = log.get("progress")
-
-#: test-only: confirm before acknowledgement (see the module docstring)
-CONFIRM_BEFORE_ACK = os.environ.get("PGROUTER_TEST_CONFIRM_BEFORE_ACK") == "1"
 
 
 class Stats:
@@ -71,11 +66,8 @@ class ProgressActor:
                             kind = type(ev)
                             if kind is Begin:
                                 tracker.begin(ev.ticket, ev.end_lsn)
-                                if CONFIRM_BEFORE_ACK:
-                                    tracker.done(ev.ticket)
                             elif kind is Done:
-                                if not CONFIRM_BEFORE_ACK:
-                                    tracker.done(ev.ticket)
+                                tracker.done(ev.ticket)
                             elif kind is Keepalive:
                                 tracker.keepalive(ev.lsn)
                             elif kind is Hold:

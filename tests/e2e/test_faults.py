@@ -8,8 +8,9 @@ rule). Each fault is shown to have landed mid-stream: records in Kafka before it
 still running, records added after it. The kills must produce duplicates, and every copy is
 byte-identical at the same position.
 
-``PGROUTER_TEST_CONFIRM_BEFORE_ACK=1`` (a test-only switch in actors/pipeline/progress.py)
-confirms before Kafka acknowledged: these tests must fail with it.
+``test_the_checks_catch_a_router_that_confirms_before_kafka`` proves these checks can fail:
+the same kills against a router whose delivery rule is broken from the test side
+(tests/e2e/broken_router.py confirms before Kafka acknowledged) must be reported as loss.
 
 These tests run on a dev stack of their own (``.devstack/faults``) so restarting its broker
 and server disturbs no other test.
@@ -159,6 +160,39 @@ def test_router_killed_with_sigkill_loses_nothing(setup):
     assert figures["checked"] > 50, figures
     # a kill between Kafka's acknowledgement and the next confirmation resends: duplicates
     assert figures["duplicates"] > 0, "no kill caused a resend: the kills exercised nothing"
+
+
+def test_the_checks_catch_a_router_that_confirms_before_kafka(setup):
+    """The proof that the checks above can fail: the same kills, placed by observed progress,
+    against a router that confirms a transaction as soon as the sink accepted it (the fault is
+    injected from the test side, tests/e2e/broken_router.py). The guarantee checker must
+    report it: readings confirmed past Kafka, or committed rows missing from the topic."""
+    root, info, pg, name, cfg, tmp = setup
+    bootstrap = info.kafka_bootstrap
+    sampler = ConfirmSampler(info.pg_dsn, name)
+    sampler.start()
+    load = Load(info.pg_dsn, name, 100 * ROWS)
+    load.start()
+    for i in range(3):
+        log = tmp / f"broken-{i}.log"
+        before = topic_size(bootstrap, name)
+        proc = start_router(cfg, log, module="tests.e2e.broken_router")
+        try:
+            wait_for(lambda: proc.poll() is not None
+                     or topic_size(bootstrap, name) > before + 300,
+                     timeout=120, what=f"broken run {i} to write records")
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert load.running, "the load stopped before the kill"
+        finally:
+            kill9(proc)
+        wait_for(lambda: not pg.one("select active from pg_replication_slots "
+                                    "where slot_name = %s", name),
+                 timeout=30, what="the slot to be released after the kill")
+    rows = load.stop()
+    run_router(cfg, timeout=300)  # the real router finishes what the slot still has
+    samples = sampler.stop()
+    with pytest.raises(AssertionError, match="confirmed past Kafka|committed rows missing"):
+        verify(pg, bootstrap, name, f"{name}_oracle", samples, rows=rows)
 
 
 @pytest.mark.parametrize("setup", CLIENTS, indirect=True)
