@@ -192,25 +192,41 @@ async def load_catalog(sql: SqlSession, cfg: Config, *, strict: bool = True) -> 
     names = sorted(set(route_publication_names(cfg)) | set(cfg.source.publications))
     pubs = await load_publications(sql, names)
     if strict:
-        missing = [p for p in route_publication_names(cfg) if p not in pubs]
+        missing = [(i, r, [p for p in r.publication_names() if p not in pubs])
+                   for i, r in enumerate(cfg.routes)]
+        missing = [m for m in missing if m[2]]
         if missing:
-            raise PublicationMissing(f"publication(s) {', '.join(missing)} named by routes do "
-                                     "not exist")
+            raise PublicationMissing("; ".join(
+                f"{_route_path(r, i)}: route {r.name!r} names publication(s) "
+                f"{', '.join(repr(p) for p in names)}, which do not exist"
+                for i, r, names in missing))
     return Catalog(publications=pubs, tables=await load_tables(sql))
 
 
-def build_route_specs(cfg: Config, catalog: Catalog | None) -> list[RouteSpec]:
+def build_route_specs(cfg: Config, catalog: Catalog | None, *,
+                      skip_missing: bool = False) -> list[RouteSpec | None]:
     """One ``RouteSpec`` per ``[[routes]]``: publication routes and routes with a ``where``
-    or ``columns`` get a planner; the rest keep the plain table/schema selectors."""
+    or ``columns`` get a planner; the rest keep the plain table/schema selectors. A route
+    whose publication does not exist is a ``PublicationMissing`` naming both (with
+    ``skip_missing``, its place holds None: callers that only look, such as ``check``'s
+    topic plan, leave it to ``route_problems`` to report)."""
     filters = FilterCache()
-    specs = []
-    for r in cfg.routes:
+    specs: list[RouteSpec | None] = []
+    for i, r in enumerate(cfg.routes):
         ops = frozenset(r.operations)
         tables = frozenset(qualified(t) for t in r.tables)
         planner = None
         if r.publication_names():
             if catalog is None:
                 raise PublicationMissing(f"route {r.name!r} needs the catalog")
+            missing = [p for p in r.publication_names() if p not in catalog.publications]
+            if missing and skip_missing:
+                specs.append(None)
+                continue
+            if missing:
+                raise PublicationMissing(
+                    f"{_route_path(r, i)}: route {r.name!r} names publication(s) "
+                    f"{', '.join(repr(p) for p in missing)}, which do not exist")
             pubs = [catalog.publications[p] for p in r.publication_names()]
             planner = Planner(r.name, publication_resolver(pubs, catalog), ops,
                               catalog.tables, filters)

@@ -212,9 +212,11 @@ def planned_topics(cfg: Config, catalog: Catalog | None) -> list[Topic]:
     """Every topic the routes produce for the tables that exist now, plus the router's own
     (only those without a ``catalog``)."""
     topics: dict[str, Topic] = {}
-    specs = build_route_specs(cfg, catalog) if catalog is not None else []
+    specs = build_route_specs(cfg, catalog, skip_missing=True) if catalog is not None else []
     tables = routed_tables(cfg, catalog) if catalog is not None else []
     for i, (route, spec, found) in enumerate(zip(cfg.routes, specs, tables)):
+        if spec is None:
+            continue  # its publication does not exist: reported by route_problems
         ts = route.topic_settings
         for schema, table in sorted(found):
             try:
