@@ -60,14 +60,14 @@ class SourceConfig(_Base):
     #: seconds between standby status updates
     status_interval: Positive = 2.0
     #: bytes of buffered streamed-transaction changes kept in memory before spilling to disk
-    memory_limit: NonNegativeInt = 64 * 1024 * 1024
+    memory_limit: PositiveInt = 64 * 1024 * 1024
     spill_dir: str | None = None
     #: how routes that follow a publication see its changes: "wal" (the definitions messages
     #: of ``pgrouter setup``'s event trigger, at their WAL position), "poll" (pg_publication*
     #: polled every ``publication_poll_interval`` seconds; positions approximate), "auto"
     #: (wal when the trigger is installed)
     publication_changes: Literal["auto", "wal", "poll"] = "auto"
-    publication_poll_interval: float = 5.0
+    publication_poll_interval: Positive = 5.0
 
 
 class TopicSettings(_Base):
