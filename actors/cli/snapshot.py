@@ -4,9 +4,10 @@ config's slot to backfill tables into some routes' topics, while it keeps stream
 The request is a transactional logical decoding message (``router.snapshot``) written into
 the source's WAL: the router reads it from its slot in commit order, records it in the
 progress topic and runs it (``actors.snapshot.backfill``); a router that is not running
-picks it up when it starts. Routes and tables are checked first: a table without a usable
-key, not streamed by the slot or not taken by the route is refused with one line per
-problem, and nothing is requested.
+picks it up when it starts. Routes and tables are checked first: a slot that does not exist
+yet (no router would ever read the request), a table without a usable key, not streamed by
+the slot or not taken by the route is refused with one line per problem, and nothing is
+requested.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 async def request(cfg, routes: list[str], tables: list[str]) -> tuple[str, list, list[str]]:
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
+            if not await sql.fetchval("select count(*) from pg_replication_slots "
+                                      "where slot_name = $1", cfg.source.slot):
+                # the request is a message in the WAL: before the slot exists, no router
+                # would ever read it
+                return "", [], [f"replication slot {cfg.source.slot!r} does not exist yet: "
+                                "start the router once (pgrouter run) before requesting a "
+                                "backfill; its initial snapshot follows [snapshot] mode"]
             catalog = await load_catalog(sql, cfg)
             db = await sql.fetchval("select current_database()")
             rid = uuid.uuid4().hex

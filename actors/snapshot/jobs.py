@@ -96,6 +96,7 @@ async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str
             except ConfigError:
                 problems.append(f"table {t!r}: write it schema.table")
     leaves = slot_tables(cfg, catalog, only)
+    found: set = set()
     if only:
         found = {t.table for t in leaves} | {a for t in leaves
                                             for a in catalog.tables[t.table].ancestors}
@@ -110,8 +111,13 @@ async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str
             continue
         rows = route_rows(cfg, catalog, db, route, names)
         taken = [t for t in leaves if rows.routed(t.relation)]
-        if only and not taken:
-            problems.append(f"route {route!r} takes none of the tables named")
+        if only:
+            # every table named must be taken: one the route does not take is refused, never
+            # silently left out of the request
+            covered = {t.table for t in taken} | {a for t in taken
+                                                   for a in catalog.tables[t.table].ancestors}
+            for t in sorted((only & found) - covered):
+                problems.append(f"route {route!r} does not take table {t[0]}.{t[1]}")
         for t in taken:
             key, types, row_key = await table_key(sql, t)
             if not key and not whole_keyless:

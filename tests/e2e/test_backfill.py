@@ -203,3 +203,43 @@ def test_backfill_requested_while_the_router_is_down(pg_dsn, kafka_bootstrap, tm
         cur.execute(f"select k, n, v from {t}")
         want = {(k, n, v) for k, n, v in cur.fetchall()}
     assert {(r["k"], r["n"], r["v"]) for r in folded.values()} == want
+
+
+def test_snapshot_requests_no_router_would_read_are_refused(pg_dsn, kafka_bootstrap, tmp_path):
+    """Before the slot exists, a request would lie in WAL the slot never decodes: refused
+    with one line, nothing written. A table the route does not take is refused by name, not
+    silently left out of a request that names other tables."""
+    pg = Pg(pg_dsn)
+    u = unique("bfr")
+    a, b = f"a_{u}", f"b_{u}"
+    pg.run(f"create table {a}(id int primary key)")
+    pg.run(f"create table {b}(id int primary key)")
+    pg.run(f"create publication sp_{u} for table {a}, {b}")
+    slot = f"{u}_router"
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot,
+                       publications=[f"sp_{u}"], bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r_{u}"\ntables = ["public.{a}"]\n',
+                       extra="[snapshot]\nmode = \"never\"\n")
+    try:
+        asked = snapshot_cmd(cfg, f"r_{u}", a)
+        assert asked.returncode == 1, asked.stdout + asked.stderr
+        assert "backfill requested" not in asked.stdout
+        lines = asked.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"replication slot '{slot}' does not exist" in lines[0], \
+            asked.stderr
+
+        from tests.helpers import run_router
+        run_router(cfg)  # the slot now exists
+        asked = subprocess.run([sys.executable, "-m", "router", "snapshot", "-c", str(cfg),
+                                "--route", f"r_{u}", "--table", a, "--table", b],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert asked.returncode == 1, asked.stdout + asked.stderr
+        assert "backfill requested" not in asked.stdout
+        assert asked.stderr.strip() == (f"pgrouter snapshot: route 'r_{u}' does not take "
+                                        f"table public.{b}"), asked.stderr
+        ok = snapshot_cmd(cfg, f"r_{u}", a)
+        assert ok.returncode == 0 and f"table=public.{a}" in ok.stdout, ok.stderr
+    finally:
+        pg.drop_slot(slot)
+        pg.run(f"drop publication sp_{u}")
+        pg.run(f"drop table {a}, {b}")
