@@ -1,4 +1,4 @@
-# pgrouter — the two commands of the README: `make demo` and `make test`.
+# pgrouter — the two commands of the README: `make demo` and `make test` (and `make docs`).
 # Both set up everything on a fresh Debian machine: system packages (PostgreSQL, Java, Maven,
 # gcc and Python's headers for the C hot path, Prometheus for the metrics test) when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
 # Spark jars from Maven Central (fetched by `pgrouter devstack up` into .devstack/cache).
@@ -16,7 +16,7 @@ PG_VERSION ?=
 STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto $(if $(PG_VERSION),--pg-version $(PG_VERSION))
 PYTEST_ARGS ?=
 
-.PHONY: test demo system venv stack spark-cluster down bench clean materialize-bundle
+.PHONY: test demo docs system venv stack spark-cluster down bench clean materialize-bundle
 
 test: venv stack
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -25,6 +25,11 @@ test: venv stack
 
 demo: venv stack
 	$(BIN)/python -m actors.demo
+
+# the documentation site (docs/, mkdocs.yml) into site/; strict: a dead link or a page missing
+# from the nav fails
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 # System packages the stack needs, installed only when missing.
 system:
@@ -50,7 +55,7 @@ venv: system $(STAMP)
 $(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,spark,librdkafka,postgres]'
+	$(BIN)/pip install -q -e '.[dev,spark,librdkafka,postgres,docs]'
 	rm -f $(VENV)/.installed-*; touch $@
 
 stack: venv
