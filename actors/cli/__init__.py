@@ -11,8 +11,9 @@ import argparse
 import importlib
 import sys
 
-from router import __version__
 from router.errors import ConfigError, PgRouterError
+
+from .version import VersionAction
 
 #: subcommand name -> module under actors.cli. Imported lazily so ``pgrouter --help``
 #: stays fast and a missing optional extra (pyspark) only matters for its own command.
@@ -61,7 +62,7 @@ def build_parser(modules: dict[str, object]) -> argparse.ArgumentParser:
         description="Fan one PostgreSQL logical replication slot out to many Kafka topics, "
         "each holding exactly what a publication would replicate.",
     )
-    parser.add_argument("--version", action="version", version=f"pgrouter {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in modules.items():
         p = sub.add_parser(name, help=HELP.get(name), description=HELP.get(name))
