@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "apply": "apply",
     "status": "status",
     "snapshot": "snapshot",
+    "init": "init",
 }
 
 HELP: dict[str, str] = {
@@ -39,6 +40,7 @@ HELP: dict[str, str] = {
     "apply": "apply topics to another PostgreSQL, tagged with a replication origin",
     "status": "the slot (lag, retained WAL) and the routes' topics, for a person or --json",
     "snapshot": "backfill tables into some routes' topics while the router streams",
+    "init": "ask a live PostgreSQL and write a commented starter config",
 }
 
 

@@ -1,0 +1,118 @@
+"""``pgrouter init`` against the real stack: a database with several publications (one with a
+row filter, one with a row filter and a column list) gets a starter config that passes
+``pgrouter check`` at once and, run with ``--until-caught-up``, fills one topic per publication
+and table with exactly what the publication replicates. Never overwrites without ``--force``;
+a wrong DSN, a database without publications, a role without REPLICATION and an unreachable
+Kafka are one line each, and nothing is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg2
+import pytest
+
+from tests.e2e.guarantee import delete_topics
+from tests.helpers import ROOT, Pg, read_topic, unique
+
+pytestmark = pytest.mark.services
+
+
+def pgrouter(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True,
+                          text=True, timeout=180, cwd=cwd)
+
+
+@pytest.fixture
+def database(pg_dsn):
+    """A database of its own: init describes every publication of the database it is given."""
+    name = unique("init")
+    admin = Pg(pg_dsn)
+    admin.conn.autocommit = True
+    admin.run(f"create database {name}")
+    yield name, pg_dsn.rsplit("/", 1)[0] + "/" + name
+    admin.run("select pg_drop_replication_slot(slot_name) from pg_replication_slots "
+              "where database = %s and not active", name)
+    admin.run(f"drop database {name} with (force)")
+    admin.close()
+
+
+def test_init_writes_a_config_that_checks_and_runs(database, kafka_bootstrap, tmp_path):
+    name, dsn = database
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"""
+            create table orders(id int primary key, amount numeric, status text);
+            create table customers(id int primary key, name text, country text);
+            alter table orders replica identity full;
+            alter table customers replica identity full;
+            insert into orders values (1, 50, 'new'), (2, 150, 'paid');
+            insert into customers values (1, 'Ada', 'DE'), (2, 'Bo', 'US');
+            create publication {name}_all for table orders, customers;
+            create publication {name}_big for table orders where (amount > 100);
+            create publication {name}_eu for table customers (id, country)
+                where (country = 'DE');""")
+    cfg = tmp_path / "pgrouter.toml"
+    made = pgrouter("init", "--dsn", dsn, "--kafka", kafka_bootstrap, "--slot", name,
+                    "-o", str(cfg))
+    assert made.returncode == 0, made.stderr
+    assert f"3 route(s)" in made.stdout
+    text = cfg.read_text()
+    assert "# " in text and f'publication = "{name}_eu"' in text
+    checked = pgrouter("check", "-c", str(cfg))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.strip().splitlines()[-1] == "ok"
+
+    again = pgrouter("init", "--dsn", dsn, "--slot", "other", "-o", str(cfg))
+    assert again.returncode == 1 and "--force" in again.stderr
+    assert cfg.read_text() == text, "overwritten without --force"
+
+    topics = [f"{name}_all.public.orders", f"{name}_all.public.customers",
+              f"{name}_big.public.orders", f"{name}_eu.public.customers"]
+    try:
+        ran = pgrouter("run", "-c", str(cfg), "--until-caught-up")
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        got = {t: sorted((r["value"]["after"] for r in read_topic(kafka_bootstrap, t)),
+                         key=lambda row: row["id"]) for t in topics}
+        assert [r["id"] for r in got[topics[0]]] == [1, 2]
+        assert [r["id"] for r in got[topics[1]]] == [1, 2]
+        assert [r["id"] for r in got[topics[2]]] == [2]
+        assert got[topics[3]] == [{"id": 1, "country": "DE"}]
+    finally:
+        delete_topics(kafka_bootstrap, topics)
+
+    forced = pgrouter("init", "--dsn", dsn, "--slot", "other", "-o", str(cfg), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert 'slot = "other"' in cfg.read_text()
+
+
+def one_line_refusal(args: list[str], out, *expected: str) -> None:
+    done = pgrouter("init", *args, "-o", str(out))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pgrouter init: "), done.stderr
+    for part in expected:
+        assert part in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_init_refuses_with_one_line(database, pg_dsn, tmp_path):
+    name, dsn = database
+    out = tmp_path / "pgrouter.toml"
+    one_line_refusal(["--dsn", "postgresql://postgres@127.0.0.1:1/postgres"], out,
+                     "cannot connect to")
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("create table t(id int primary key)")
+    one_line_refusal(["--dsn", dsn], out, "has no publication", "CREATE PUBLICATION")
+    role = f"{name}_norepl"
+    admin = Pg(pg_dsn)
+    admin.run(f"create role {role} login")
+    try:
+        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+            cur.execute(f"create publication {name}_p for table t")
+        norepl = dsn.replace("postgres@", f"{role}@", 1)
+        one_line_refusal(["--dsn", norepl], out, f"role '{role}' has no REPLICATION")
+        one_line_refusal(["--dsn", dsn, "--kafka", "127.0.0.1:1"], out, "cannot reach Kafka")
+    finally:
+        admin.run(f"drop role {role}")
+        admin.close()
