@@ -221,7 +221,9 @@ class Supervisor:
             self._warned = True
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
             self.snapshot_pending = await ensure_initial_snapshot(cfg, plain_client if (
-                self.client_factory is client_for) else self.client_factory)
+                self.client_factory is client_for) else self.client_factory, self.drain)
+            if self.drain.is_set():  # stopped during the snapshot: it resumes at next start
+                return
             info = await preflight(sql, cfg)
             self.slot_owner.created |= info.created_slot
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))

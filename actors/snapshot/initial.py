@@ -107,9 +107,13 @@ def topic_specs(cfg: Config) -> dict[str, TopicSpec]:
     return specs
 
 
-async def ensure_initial_snapshot(cfg: Config, client_factory) -> list[str]:
+async def ensure_initial_snapshot(cfg: Config, client_factory,
+                                  stop: trio.Event | None = None) -> list[str]:
     """Runs before the stream starts. Returns the tables ("schema.table") an interrupted
-    initial snapshot left unfinished (to be finished by backfill), usually none."""
+    initial snapshot left unfinished (to be finished by backfill), usually none. ``stop``
+    set (a drain: SIGTERM) stops the copy: what was read is flushed to Kafka, tables whose
+    records are all acknowledged are recorded done, and the snapshot stays "started", so the
+    next start finishes it by backfill, as after a crash, but without copying twice."""
     src = cfg.source
     if cfg.snapshot.mode != "initial" or not src.create_slot:
         return []
@@ -128,7 +132,7 @@ async def ensure_initial_snapshot(cfg: Config, client_factory) -> list[str]:
                           slot=src.slot)
                 return ["*"]
             await store.aput(Progress("initial", src.slot, "started"))
-            await _snapshot(cfg, sql, client, store)
+            await _snapshot(cfg, sql, client, store, stop if stop is not None else trio.Event())
             return []
         finally:
             with trio.move_on_after(15) as scope:
@@ -136,7 +140,8 @@ async def ensure_initial_snapshot(cfg: Config, client_factory) -> list[str]:
                 await trio.to_thread.run_sync(client.close, 10.0)
 
 
-async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) -> None:
+async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore,
+                    stop: trio.Event) -> None:
     src = cfg.source
     catalog = await load_catalog(sql, cfg)
     db = await sql.fetchval("select current_database()")
@@ -164,20 +169,27 @@ async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore) 
                                          primary_keys=await load_primary_keys(sql)),
                             position_headers=cfg.kafka.position_headers)
         tables = [t for t in tables if rows.routed(t.relation)]
-        await copy_tables(cfg, client, tables, rows, slot, store)
+        complete = await copy_tables(cfg, client, tables, rows, slot, store, stop)
     finally:
         await trio.to_thread.run_sync(slot.close)
+    if not complete:
+        log.event(_log, "initial snapshot stopped by the drain; the next start finishes it by "
+                  "backfill", slot=src.slot)
+        return
     await store.aput(Progress("initial", src.slot, "done"))
     log.event(_log, "initial snapshot done; streaming from the consistent point",
               slot=src.slot, consistent_point=format_lsn(slot.consistent_point))
 
 
 async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: SnapshotRows,
-                      slot: ExportedSlot, store: ProgressStore) -> None:
+                      slot: ExportedSlot, store: ProgressStore,
+                      stop: trio.Event | None = None) -> bool:
     """Every table of ``tables`` into Kafka, read in ``parallel`` sessions on the exported
     snapshot; returns once Kafka acknowledged every record. A table whose records are all
     acknowledged is recorded done (per route) in the progress topic: if the snapshot is
-    interrupted, finishing it by backfill leaves that table alone."""
+    interrupted, finishing it by backfill leaves that table alone. ``stop`` set stops the
+    reading where it is (what was read is still flushed and acknowledged); returns whether
+    every table was read."""
     cp = slot.consistent_point
     tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
                    commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
@@ -240,15 +252,26 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
                     if not pending[name] and name in read:
                         await durable(name)
 
+    reading = trio.CancelScope()
+
+    async def stop_reading() -> None:
+        if stop is not None:
+            await stop.wait()
+            reading.cancel()
+
     async with trio.open_nursery() as outer:
         outer.start_soon(report.run)
+        outer.start_soon(stop_reading)
         async with trio.open_nursery() as work:
             work.start_soon(acks)
             await work.start(sink.run)
-            async with chunk_tx, trio.open_nursery() as readers:
-                for _ in range(max(1, min(cfg.snapshot.parallel, len(tables)))):
-                    readers.start_soon(reader, chunk_tx.clone())
-            # the readers are done; the sink drains and returns once Kafka acknowledged
-            # every record (or raises)
+            async with chunk_tx:
+                with reading:
+                    async with trio.open_nursery() as readers:
+                        for _ in range(max(1, min(cfg.snapshot.parallel, len(tables)))):
+                            readers.start_soon(reader, chunk_tx.clone())
+            # the readers are done (or stopped); the sink drains and returns once Kafka
+            # acknowledged every record it was given (or raises)
         outer.cancel_scope.cancel()
     report.summary()
+    return not reading.cancelled_caught and len(read) == len(tables)

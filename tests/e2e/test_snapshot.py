@@ -260,3 +260,60 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
     nk2 = read_topic(kafka_bootstrap, f"r_{u}.public.{nokey2}")
     assert sorted(r["value"]["after"]["a"] for r in nk2) == [1, 2, 3, 4, 5]
     assert "finishing it by backfill" in log.read_text()
+
+
+def test_sigterm_during_the_initial_snapshot_stops_it_and_the_next_start_finishes_it(
+        pg_dsn, kafka_bootstrap, tmp_path):
+    """A drain during the initial snapshot stops reading where it is, flushes what was read
+    and exits within seconds, instead of copying the whole table first; the next start
+    finishes the snapshot (by backfill) and the folded topic equals the table."""
+    import signal
+    import subprocess
+
+    from tests.helpers import fold_rows, start_router
+
+    rows = 400_000
+    pg = Pg(pg_dsn)
+    name = unique("snapterm")
+    pg.run(f"create table {name} (id int primary key, v text)")
+    pg.run(f"insert into {name} select g, 'v' || g from generate_series(1, {rows}) g")
+    pg.run(f"create publication {name} for table {name}")
+    topic = f"{name}.public.{name}"
+    # the pure-Python client: a full copy takes far longer than the drain may
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra='client = "kafka-python"',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{topic}"\n')
+    log = tmp_path / "router.log"
+    try:
+        proc = start_router(cfg, log)
+        try:
+            deadline = time.monotonic() + 120
+            while "initial snapshot" not in log.read_text() or not read_topic(
+                    kafka_bootstrap, topic, timeout=5):
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            rc = proc.wait(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        text = log.read_text()
+        assert rc == 0, text[-3000:]
+        assert "initial snapshot stopped by the drain" in text, text[-3000:]
+        partial = len(read_topic(kafka_bootstrap, topic, timeout=60))
+        assert 0 < partial < rows, f"{partial} records after the drain: the copy was not stopped"
+        assert took < 15, f"the drain took {took:.1f}s"
+        run_router(cfg, timeout=600)  # finishes the snapshot, then catches up
+        folded = fold_rows(read_topic(kafka_bootstrap, topic, timeout=180), ["id"])
+        assert len(folded) == rows
+        assert all(row["v"] == f"v{k[0] if isinstance(k, tuple) else k}"
+                   for k, row in list(folded.items())[:1000])
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
