@@ -37,6 +37,7 @@ from time import perf_counter
 
 import trio
 
+from router.connect_format import ConnectFormat
 from router.errors import SinkError
 from router.routing import RoutedChunk
 from router.schema import encode_schema
@@ -332,3 +333,22 @@ class SinkActor:
             await trio.to_thread.run_sync(self.client.produce_sync, self.schema_topic, key, value)
             log.event(_log, "schema published", schema_id=schema.schema_id,
                       table=f"{schema.schema}.{schema.table}", topic=self.schema_topic)
+
+
+def record_reshaper(cfg):
+    """How every sink encodes records for ``cfg``, whatever their source (stream, initial
+    snapshot, backfill, exactly-once): None for pgrouter's JSON, else ``chunk -> records`` in
+    Kafka Connect's JSON (``[kafka] format = "connect"``; key and value reshaped alike, so a
+    row's snapshot record and its changes share key bytes and partition)."""
+    if cfg.kafka.format != "connect":
+        return None
+    return connect_records(ConnectFormat())
+
+
+def connect_records(fmt: ConnectFormat):
+    """``chunk -> records`` in Connect's JSON (the chunk's new schemas learned first)."""
+    def reshape(chunk):
+        for schema in chunk.schemas:
+            fmt.learn(schema)
+        return fmt.convert_all(chunk.records)
+    return reshape

@@ -20,14 +20,13 @@ import functools
 import msgspec
 import trio
 
-from router.connect_format import ConnectFormat
 from router.errors import SinkUnavailable
 from router.exactly_once import already_in_kafka, transactional_id
 from router.lsn import format_lsn
 from router.routing import RoutedChunk
 
 from ..services import log
-from .sink import SinkActor
+from .sink import SinkActor, record_reshaper
 
 _log = log.get("sink")
 #: seconds between looks at the inbox while a Kafka transaction waits for more
@@ -103,18 +102,9 @@ def sink_class(cfg):
 
     def build(**kwargs):
         sink = cls(**kwargs)
-        sink.reshape = connect_records(ConnectFormat())
+        sink.reshape = record_reshaper(cfg)
         return sink
     return build
-
-
-def connect_records(fmt: ConnectFormat):
-    """``chunk -> records`` in Connect's JSON (the chunk's new schemas learned first)."""
-    def reshape(chunk):
-        for schema in chunk.schemas:
-            fmt.learn(schema)
-        return fmt.convert_all(chunk.records)
-    return reshape
 
 
 def client_for(cfg):

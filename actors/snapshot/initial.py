@@ -44,7 +44,7 @@ from router.snapshot_rows import SnapshotRows
 
 from ..pipeline import failover
 from ..pipeline.mailbox import CHUNKS, Done
-from ..pipeline.sink import SinkActor, TopicSpec
+from ..pipeline.sink import SinkActor, TopicSpec, record_reshaper
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
@@ -199,6 +199,7 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
     sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
                      schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
                      create_topics=cfg.kafka.create_topics)
+    sink.reshape = record_reshaper(cfg)  # one encoding for every record source
     queue = list(enumerate(tables))
     queue.reverse()
     # the sink numbers chunks in the order they reach it, one ticket each (every chunk is

@@ -103,3 +103,45 @@ def test_connect_records_carry_debezium_types(pg_dsn, kafka_bootstrap, tmp_path,
         pg.run(f"drop publication {name}")
         pg.run(f"drop table {name}")
         pg.close()
+
+
+@pytest.mark.parametrize("fmt", ["json", "connect"])
+def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, tmp_path, fmt):
+    """A row's initial-snapshot record and its later changes carry the same key bytes (so the
+    same partition) in the configured format: the initial snapshot encodes through the same
+    sink reshaping as the stream (it wrote pgrouter's own envelope under format "connect")."""
+    from tests.helpers import read_topic
+
+    pg = Pg(pg_dsn)
+    name = unique("cxs")
+    pg.run(f"create table {name} (id int primary key, v text, day date)")
+    pg.run(f"insert into {name} select g, 'v' || g, date '2024-01-01' + g "
+           f"from generate_series(1, 20) g")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra=f'format = "{fmt}"\n',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\ntopic_settings = {{ partitions = 4 }}\n')
+    try:
+        run_router(cfg)  # the initial snapshot
+        pg.run(f"update {name} set v = 'changed' where id <= 20")
+        run_router(cfg)
+        records = read_topic(kafka_bootstrap, name)
+        assert len(records) == 40, len(records)
+        by_key: dict = {}
+        for r in records:
+            value = r["value"]
+            if fmt == "connect":
+                assert set(value) == {"schema", "payload"}, value
+                assert set(r["key"]) == {"schema", "payload"}, r["key"]
+                value = value["payload"]
+            by_key.setdefault(r["raw"][0], []).append((value["op"], r["partition"]))
+        assert len(by_key) == 20, "a row's snapshot record and its change have other keys"
+        for ops in by_key.values():
+            assert sorted(op for op, _ in ops) == ["r", "u"], ops
+            assert len({part for _, part in ops}) == 1, ops
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
