@@ -24,6 +24,15 @@ Rules (README "Snapshots"):
   the stream is newer than the row read, and it flows as usual. The same holds for a
   transaction committed just before the low watermark that the chunk's read could not see
   yet (``RecentChanges``).
+* Unchanged TOAST. A streamed update that leaves a TOASTed value unchanged does not carry it
+  (``unchanged_toast``): if its key's chunk row were only dropped, the topic would never
+  carry that value. So the window keeps each changed key's latest image (values a later
+  change left unchanged carried forward from an earlier one inside the window); when the
+  latest image still lacks a value, no change inside the window touched it, so the chunk's
+  read holds the value in force for the whole window: the row is emitted from the image with
+  those values taken from the chunk row, after every change of the window (its position is
+  the high watermark's). A key moved inside the window finds its chunk row under the key
+  it had.
 * Progress records (compacted topic, keyed by kind, slot, route and table) say what is done:
   ``last_key`` of the last chunk whose records Kafka acknowledged, or ``done``.
 """
@@ -33,6 +42,8 @@ from __future__ import annotations
 from collections import deque
 
 import msgspec
+
+from .pgoutput import UNCHANGED_TOAST
 
 PREFIX = "pgrouter.snapshot"
 #: bits of ``seq`` left for the row ordinal of one table in an initial snapshot
@@ -183,15 +194,24 @@ class ChunkWindow:
     A table without a key (``key`` empty) is copied whole: any change to it inside the window
     spoils the copy (``keep`` returns nothing and ``spoiled`` is set)."""
 
-    __slots__ = ("table", "key", "row_key", "changed", "spoiled", "_indexes")
+    __slots__ = ("table", "key", "row_key", "columns", "changed", "spoiled", "_indexes",
+                 "latest", "moved", "_names")
 
-    def __init__(self, table: tuple[str, str], key: tuple[str, ...], row_key: tuple[int, ...]):
+    def __init__(self, table: tuple[str, str], key: tuple[str, ...], row_key: tuple[int, ...],
+                 columns: tuple[str, ...] = ()):
         self.table = table
         self.key = key
         self.row_key = row_key
+        #: the chunk rows' column names (to fill unchanged TOAST values from them)
+        self.columns = columns
         self.changed: set[tuple] = set()
         self.spoiled = False
         self._indexes: tuple = (None, ())  # (relation, key indexes in its columns)
+        #: key -> its latest new tuple in the window (None: deleted), in the stream's layout
+        self.latest: dict[tuple, tuple | None] = {}
+        #: key -> the key it had before an update moved it inside the window
+        self.moved: dict[tuple, tuple] = {}
+        self._names: tuple[str, ...] = ()
 
     def _key_indexes(self, relation) -> tuple[int, ...] | None:
         cached = self._indexes
@@ -215,10 +235,23 @@ class ChunkWindow:
         if not self.key or ki is None:
             self.spoiled = True
             return
-        if old is not None:
-            self.changed.add(tuple(old[i] for i in ki))
-        if new is not None:
-            self.changed.add(tuple(new[i] for i in ki))
+        old_key = tuple(old[i] for i in ki) if old is not None else None
+        new_key = tuple(new[i] for i in ki) if new is not None else None
+        if old_key is not None:
+            self.changed.add(old_key)
+        if new_key is None:
+            if old_key is not None:
+                self.latest[old_key] = None
+            return
+        self.changed.add(new_key)
+        prev = self.latest.get(old_key if old_key is not None else new_key)
+        if prev is not None and len(prev) == len(new) and UNCHANGED_TOAST in new:
+            new = tuple(p if v is UNCHANGED_TOAST else v for v, p in zip(new, prev))
+        if old_key is not None and old_key != new_key:
+            self.latest[old_key] = None
+            self.moved[new_key] = self.moved.get(old_key, old_key)
+        self.latest[new_key] = new
+        self._names = tuple(c.name for c in relation.columns)
 
     def keep(self, rows: list[tuple]) -> list[tuple]:
         """The chunk rows the stream did not change inside the window."""
@@ -227,7 +260,33 @@ class ChunkWindow:
         if not self.changed:
             return rows
         rk, changed = self.row_key, self.changed
-        return [r for r in rows if tuple(r[i] for i in rk) not in changed]
+        kept = [r for r in rows if tuple(r[i] for i in rk) not in changed]
+        return kept + self._filled(rows)
+
+    def _filled(self, rows: list[tuple]) -> list[tuple]:
+        """Rows of changed keys whose latest image lacks unchanged TOAST values, completed
+        from the chunk row (see the module's rules)."""
+        lacking = [(k, image) for k, image in self.latest.items()
+                   if image is not None and UNCHANGED_TOAST in image]
+        if not lacking or not self.columns:
+            return []
+        rk = self.row_key
+        by_key = {tuple(r[i] for i in rk): r for r in rows}
+        where = {n: i for i, n in enumerate(self._names)}
+        out = []
+        for k, image in lacking:
+            row = by_key.get(k)
+            if row is None and k in self.moved:
+                row = by_key.get(self.moved[k])
+            if row is None:
+                continue  # not read by this chunk: its own chunk (or none) has it
+            filled = []
+            for i, name in enumerate(self.columns):
+                j = where.get(name)
+                v = image[j] if j is not None else UNCHANGED_TOAST
+                filled.append(row[i] if v is UNCHANGED_TOAST else v)
+            out.append(tuple(filled))
+        return out
 
 
 class RecentChanges:

@@ -185,7 +185,8 @@ class BackfillActor:
         job = chunk.job
         if mark.kind == "low":
             rel = job.table.relation
-            chunk.window = ChunkWindow((rel.namespace, rel.name), job.key, job.row_key)
+            chunk.window = ChunkWindow((rel.namespace, rel.name), job.key, job.row_key,
+                                       tuple(c.name for c in rel.columns))
             chunk.low = self.recent.count
             self.open.append(chunk)
             return None

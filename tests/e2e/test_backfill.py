@@ -243,3 +243,84 @@ def test_snapshot_requests_no_router_would_read_are_refused(pg_dsn, kafka_bootst
         pg.drop_slot(slot)
         pg.run(f"drop publication sp_{u}")
         pg.run(f"drop table {a}, {b}")
+
+
+class Toucher(threading.Thread):
+    """Updates one row every 2 ms without touching its TOASTed column, until stopped."""
+
+    def __init__(self, dsn: str, table: str, key: int):
+        super().__init__(daemon=True)
+        self.dsn, self.table, self.key = dsn, table, key
+        self.stop = threading.Event()
+        self.ops = 0
+
+    def run(self) -> None:
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            while not self.stop.is_set():
+                cur.execute(f"update {self.table} set n = n + 1 where id = %s", (self.key,))
+                self.ops += 1
+                time.sleep(0.002)
+        conn.close()
+
+
+def test_backfill_keeps_unchanged_toast_values_of_rows_updated_in_their_window(
+        pg_dsn, kafka_bootstrap, tmp_path):
+    """A row whose out-of-line TOASTed value is left unchanged by updates inside its chunk's
+    window: the streamed updates name it in unchanged_toast only, so the backfill must emit
+    the value (the row was dropped from the chunk, and the topic never carried it)."""
+    pg = Pg(pg_dsn)
+    u = unique("bft")
+    t = f"t_{u}"
+    pg.run(f"create table {t}(id int primary key, n int, blob text)")
+    pg.run(f"alter table {t} alter blob set storage external")
+    pg.run(f"insert into {t} select g, 0, 'b' || g from generate_series(1, 10000) g")
+    big = "".join(chr(65 + (i * 7) % 26) for i in range(22000))
+    pg.run(f"update {t} set blob = %s where id = 5000", big)
+    pg.run(f"create publication sp_{u} for table {t}")
+    slot = f"{u}_router"
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot,
+                       publications=[f"sp_{u}"], bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "r_{u}"\ntables = ["{t}"]\n',
+                       extra="[snapshot]\nmode = \"never\"\nchunk_rows = 1000\n")
+    log = tmp_path / "router.log"
+    proc = start_router(cfg, log)
+    toucher = Toucher(pg_dsn, t, 5000)
+    try:
+        wait_for("the slot", lambda: pg.run("select 1 from pg_replication_slots where "
+                                            "slot_name = %s and active", slot), log)
+        toucher.start()
+        time.sleep(0.3)
+        asked = snapshot_cmd(cfg, f"r_{u}", t)
+        assert asked.returncode == 0, asked.stderr
+        wait_for("the backfill", lambda: any(p["state"] == "done" and p["table"] ==
+                                             f"public.{t}"
+                                             for p in progress(kafka_bootstrap, slot)), log)
+        toucher.stop.set()
+        toucher.join(timeout=30)
+        lsn = pg.one("select pg_current_wal_lsn()::text")
+        wait_for("the router to catch up", lambda: pg.one(
+            "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
+            "slot_name = %s", lsn, slot), log)
+    finally:
+        toucher.stop.set()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill9(proc)
+        pg.drop_slot(slot)
+    assert toucher.ops > 50
+    folded = fold_rows(read_topic(kafka_bootstrap, f"r_{u}.public.{t}", timeout=120), ["id"])
+    with pg.conn.cursor() as cur:
+        cur.execute(f"select id, n, blob from {t}")
+        want = {(i, n, b) for i, n, b in cur.fetchall()}
+    got = {(r["id"], r["n"], r["blob"]) for r in folded.values()}
+    assert len(got) == 10000
+    row = folded[(5000,)]
+    assert row["blob"] == big, f"id 5000 carries blob {str(row['blob'])[:40]!r}"
+    assert got == want, sorted(got ^ want)[:5]
+    pg.run(f"drop publication sp_{u}")
+    pg.run(f"drop table {t}")

@@ -91,6 +91,25 @@ def test_window_keys_by_name_in_the_streamed_layout():
     assert w.keep([("1", "a"), ("2", "b")]) == [("2", "b")]
 
 
+def test_window_completes_unchanged_toast_values_from_the_chunk_row():
+    """A streamed update that left a TOASTed value unchanged does not carry it: the chunk row
+    is not only dropped but emitted from the latest image, the missing value from the read."""
+    from router.pgoutput import UNCHANGED_TOAST as U
+
+    w = ChunkWindow(("public", "t"), ("id",), (0,), ("id", "v", "n"))
+    rows = [("1", "blob-1", "10"), ("2", "blob-2", "20"), ("3", "blob-3", "30"),
+            ("4", "blob-4", "40"), ("5", "blob-5", "50")]
+    w.observe("update", _rel(), None, ("1", U, "11"))
+    w.observe("update", _rel(), None, ("1", U, "12"))    # latest image: n 12, v from the read
+    w.observe("update", _rel(), None, ("2", "new", "21"))
+    w.observe("update", _rel(), None, ("2", U, "22"))    # v carried forward: the stream has it
+    w.observe("update", _rel(), None, ("3", U, "31"))
+    w.observe("delete", _rel(), ("3", None, None), None)  # deleted: nothing to emit
+    w.observe("update", _rel(), ("4", None, None), ("44", U, "41"))  # moved: read under "4"
+    assert sorted(w.keep(rows)) == [("1", "blob-1", "12"), ("44", "blob-4", "41"),
+                                    ("5", "blob-5", "50")]
+
+
 def test_truncate_inside_the_window_drops_the_chunk():
     w = ChunkWindow(("public", "t"), ("id",), (0,))
     w.observe("truncate", None, None, None, relations=(_rel(),))
