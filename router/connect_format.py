@@ -10,7 +10,9 @@ Rules:
   ``ts_ms``), plus ``unchanged_toast`` (optional array of strings).
 * Column types map as Debezium's PostgreSQL connector maps them with
   ``decimal.handling.mode=precise``, ``time.precision.mode=adaptive`` (the defaults) and
-  ``binary.handling.mode=bytes``; the README has the table (``MAPPING`` below is it).
+  ``binary.handling.mode=bytes``; ``docs/record-formats.md`` has the table. Arrays of every
+  built-in type map their elements; a multi-dimensional array whose elements are not
+  strings has no Connect form and stops the router with ``RecordUnencodable``.
 * An unchanged TOAST value is Debezium's placeholder ``__debezium_unavailable_value`` in
   string-like columns (bytes: the placeholder's UTF-8 bytes, base64), null otherwise, and
   the column is named in ``unchanged_toast``.
@@ -32,7 +34,7 @@ from decimal import Decimal, InvalidOperation
 
 import msgspec
 
-from .errors import InternalError
+from .errors import InternalError, RecordUnencodable
 from .schema import ColumnSchema, TableSchema
 
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -190,28 +192,6 @@ _STRINGS = {"text", "varchar", "bpchar", "char", "name", "xml", "inet", "cidr", 
 _NAMED = {"uuid": "io.debezium.data.Uuid", "json": "io.debezium.data.Json",
           "jsonb": "io.debezium.data.Json", "timetz": "io.debezium.time.ZonedTime"}
 
-#: PostgreSQL type → (Connect type, logical name, notes) for the README's table
-MAPPING = [
-    ("bool", "boolean", ""),
-    ("int2 / int4 / int8, oid", "int16 / int32 / int64", ""),
-    ("float4 / float8", "float / double", "NaN, ±Infinity → null"),
-    ("numeric(p,s)", "bytes", "org.apache.kafka.connect.data.Decimal (scale, precision)"),
-    ("numeric", "struct {scale, value}", "io.debezium.data.VariableScaleDecimal"),
-    ("text, varchar, bpchar, char, name, enums, interval, ranges, inet …", "string", ""),
-    ("bytea", "bytes", "base64 in JSON"),
-    ("date", "int32", "io.debezium.time.Date (days since 1970-01-01)"),
-    ("timestamp(0–3)", "int64", "io.debezium.time.Timestamp (ms)"),
-    ("timestamp(4–6), timestamp", "int64", "io.debezium.time.MicroTimestamp (µs)"),
-    ("timestamptz", "string", "io.debezium.time.ZonedTimestamp (ISO-8601, UTC)"),
-    ("time(0–3)", "int32", "io.debezium.time.Time (ms)"),
-    ("time(4–6), time", "int64", "io.debezium.time.MicroTime (µs)"),
-    ("timetz", "string", "io.debezium.time.ZonedTime"),
-    ("uuid", "string", "io.debezium.data.Uuid"),
-    ("json / jsonb", "string", "io.debezium.data.Json"),
-    ("T[] (one dimension)", "array of T's mapping", "multi-dimensional: inner arrays as text"),
-]
-
-
 def _column_type(type_name: str, precision: int | None, scale: int | None):
     """(schema without field/optional, converter) of one PostgreSQL type."""
     if type_name == "bool":
@@ -259,11 +239,23 @@ def column(col: ColumnSchema):
     if col.element is not None:
         item, conv = _column_type(col.element, None, None)
         item = dict(item, optional=True)
-        conv = _FROM_TEXT.get(item["type"], conv)  # elements arrive as text
+        if "name" not in item:  # plain numbers and booleans: elements arrive as text
+            conv = _FROM_TEXT.get(item["type"], conv)  # (logical types convert from text)
+
+        nested_ok = item["type"] == "string"  # inner arrays of a string array stay text
 
         def array(v):
-            return None if v is None else [None if e is None else conv(e)
-                                           for e in parse_array(v)]
+            if v is None:
+                return None
+            out = []
+            for e in parse_array(v):
+                if e is None:
+                    out.append(None)
+                elif e[:1] == "{" and not nested_ok:
+                    raise ValueError("multi-dimensional array")
+                else:
+                    out.append(conv(e))
+            return out
         return {"type": "array", "items": item, "optional": True, "field": col.name}, array
     schema, conv = _column_type(col.type, col.precision, col.scale)
     return dict(schema, optional=True, field=col.name), conv
@@ -288,6 +280,8 @@ class _Table:
         name = f"{topic}"
         fields, self.convs = [], {}
         self.placeholders = {}
+        self.table = f"{schema.schema}.{schema.table}"
+        self.columns = {c.name: c for c in schema.columns}
         for col in schema.columns:
             field, conv = column(col)
             fields.append(field)
@@ -317,10 +311,22 @@ class _Table:
         out = {}
         for name, conv in convs.items():
             v = row.get(name)
-            out[name] = None if v is None else conv(v)
+            try:
+                out[name] = None if v is None else conv(v)
+            except (ValueError, TypeError, IndexError, OverflowError) as exc:
+                raise RecordUnencodable(self._unencodable(name, v)) from exc
         for name in toast or ():
             out[name] = self.placeholders.get(name)
         return out
+
+    def _unencodable(self, name: str, value) -> str:
+        col = self.columns[name]
+        text = str(value)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        why = (" (a multi-dimensional array: Connect's arrays have one element type)"
+               if col.element is not None and "{{" in str(value) else "")
+        return (f"{self.table}: column {name!r} ({col.type}) value {text!r} cannot be written "
+                f"as a Kafka Connect record{why}; format = \"json\" carries it as text")
 
     def key(self, key: dict | None) -> dict | None:
         if key is None or not self.key_names:

@@ -138,6 +138,11 @@ class RecordTooLarge(SinkError):
     """A record exceeds what the topic accepts. Permanent: the data needs a config change."""
 
 
+class RecordUnencodable(SinkError):
+    """A value the configured record format cannot carry (a multi-dimensional array in a
+    Connect record). Permanent: the message names table, column and value."""
+
+
 class SinkRejected(SinkError):
     """Kafka refused the records for a reason retrying will not fix (authorization, invalid
     topic, fenced producer)."""
@@ -197,6 +202,7 @@ RETRYABLE: dict[type[BaseException], bool] = {
     SourceError: True,
     SinkUnavailable: True,
     RecordTooLarge: False,
+    RecordUnencodable: False,
     SinkRejected: False,
     SinkError: True,
     ApplyError: False,

@@ -30,6 +30,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Callable
 
 from .errors import DecodeError
+from .pg_types import BUILTIN_TYPES
 from .pgoutput.messages import UNCHANGED_TOAST
 
 Converter = Callable[[str], object]
@@ -133,21 +134,8 @@ CONVERTERS: dict[int, Converter] = {
     TIMESTAMPTZ: _or_text(_fromiso),
 }
 
-#: Names of the built-in types PostgreSQL never describes with a Type message.
-BUILTIN_TYPE_NAMES: dict[int, str] = {
-    BOOL: "bool", BYTEA: "bytea", CHAR: "char", NAME: "name", INT8: "int8", INT2: "int2",
-    INT4: "int4", TEXT: "text", OID: "oid", XID: "xid", JSON: "json", FLOAT4: "float4",
-    FLOAT8: "float8", MONEY: "money", BPCHAR: "bpchar", VARCHAR: "varchar", DATE: "date",
-    TIME: "time", TIMESTAMP: "timestamp", TIMESTAMPTZ: "timestamptz", INTERVAL: "interval",
-    TIMETZ: "timetz", NUMERIC: "numeric", UUID: "uuid", PG_LSN: "pg_lsn", JSONB: "jsonb",
-    XID8: "xid8", 1000: "_bool", 1001: "_bytea", 1005: "_int2", 1007: "_int4",
-    1016: "_int8", 1009: "_text", 1015: "_varchar", 1021: "_float4", 1022: "_float8",
-    1231: "_numeric", 1182: "_date", 1115: "_timestamp", 1185: "_timestamptz",
-    2951: "_uuid", 199: "_json", 3807: "_jsonb", 142: "xml", 869: "inet", 650: "cidr",
-    829: "macaddr", 1560: "bit", 1562: "varbit", 3614: "tsvector", 3904: "int4range",
-    3926: "int8range", 3906: "numrange", 3910: "tstzrange", 3908: "tsrange",
-    3912: "daterange",
-}
+#: Names of the built-in types PostgreSQL never describes with a Type message (all of them).
+BUILTIN_TYPE_NAMES: dict[int, str] = BUILTIN_TYPES
 
 
 def converter_for(type_oid: int) -> Converter:

@@ -107,15 +107,22 @@ def test_connect_records_carry_debezium_types(pg_dsn, kafka_bootstrap, tmp_path,
 
 @pytest.mark.parametrize("fmt", ["json", "connect"])
 def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, tmp_path, fmt):
-    """A row's initial-snapshot record and its later changes carry the same key bytes (so the
-    same partition) in the configured format: the initial snapshot encodes through the same
-    sink reshaping as the stream (it wrote pgrouter's own envelope under format "connect")."""
+    """A row's initial-snapshot record, its backfill record and its streamed changes carry
+    the same key bytes (so the same partition) in the configured format and name one schema:
+    the initial snapshot encodes through the same sink reshaping as the stream (it wrote
+    pgrouter's own envelope under format "connect"), and every source names built-in types
+    alike (the stream named `time[]` `oid:1183`, the snapshot `_time`: two schema ids, and in
+    Connect format a string where an array belongs)."""
     from tests.helpers import read_topic
+    from tests.e2e.test_backfill import snapshot_cmd
 
     pg = Pg(pg_dsn)
     name = unique("cxs")
-    pg.run(f"create table {name} (id int primary key, v text, day date)")
-    pg.run(f"insert into {name} select g, 'v' || g, date '2024-01-01' + g "
+    pg.run(f"create table {name} (id int primary key, v text, day date, days date[], "
+           f"tods time[], stamps timestamp[], ivs interval[], pt point)")
+    pg.run(f"insert into {name} select g, 'v' || g, date '2024-01-01' + g, "
+           f"array[date '2024-01-01' + g, null], array[time '12:00:00', '00:00:01.5'], "
+           f"array[timestamp '2024-01-01 00:00:00'], array[interval '1 day'], point(g, 0) "
            f"from generate_series(1, 20) g")
     pg.run(f"create publication {name} for table {name}")
     cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
@@ -126,20 +133,31 @@ def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, 
         run_router(cfg)  # the initial snapshot
         pg.run(f"update {name} set v = 'changed' where id <= 20")
         run_router(cfg)
+        asked = snapshot_cmd(cfg, name, f"public.{name}")
+        assert asked.returncode == 0, asked.stderr
+        run_router(cfg)  # the backfill
         records = read_topic(kafka_bootstrap, name)
-        assert len(records) == 40, len(records)
+        assert len(records) == 60, len(records)
         by_key: dict = {}
+        schema_ids = set()
         for r in records:
             value = r["value"]
             if fmt == "connect":
                 assert set(value) == {"schema", "payload"}, value
                 assert set(r["key"]) == {"schema", "payload"}, r["key"]
                 value = value["payload"]
+                row = value["after"]
+                assert row["days"] == [19723 + row["id"], None], row  # 2024-01-01 + id
+                assert row["tods"] == [43_200_000_000, 1_500_000], row
+                assert row["stamps"] == [1_704_067_200_000_000], row
+                assert row["ivs"] == ["1 day"], row
+            schema_ids.add(value["source"]["schema_id"])
             by_key.setdefault(r["raw"][0], []).append((value["op"], r["partition"]))
         assert len(by_key) == 20, "a row's snapshot record and its change have other keys"
         for ops in by_key.values():
-            assert sorted(op for op, _ in ops) == ["r", "u"], ops
+            assert sorted(op for op, _ in ops) == ["r", "r", "u"], ops
             assert len({part for _, part in ops}) == 1, ops
+        assert len(schema_ids) == 1, f"one table layout, several schemas: {schema_ids}"
     finally:
         pg.drop_slot(name)
         pg.run(f"drop publication {name}")

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from router.connect_format import ConnectFormat, parse_array
-from router.errors import InternalError
-from router.schema import ColumnSchema, TableSchema
+from router.errors import InternalError, RecordUnencodable
+from router.schema import ColumnSchema, TableSchema, column_schema
 
 SCHEMA = TableSchema(schema_id="s1", schema="public", table="t", columns=(
     ColumnSchema(name="id", type="int4", type_oid=23, key=True),
@@ -76,3 +76,48 @@ def test_records_without_schema_pass_and_unknown_schema_is_a_bug():
     assert fmt().convert(message) == message
     with pytest.raises(InternalError):
         ConnectFormat().convert(record("c", None, {"id": 1}, {"id": 1}))
+
+
+def array_format(oid: int) -> ConnectFormat:
+    """A table (id int4, a <array type oid>) named as the stream names it (built-in OIDs)."""
+    cols = (column_schema("id", 23, -1, True), column_schema("a", oid, -1, False))
+    f = ConnectFormat()
+    f.learn(TableSchema(schema_id="s1", schema="public", table="t", columns=cols,
+                        key_columns=("id",), replica_identity="d"))
+    return f
+
+
+@pytest.mark.parametrize("oid, text, items, item_schema", [
+    (1182, "{2024-01-01,NULL,1970-01-02}", [19723, None, 1],
+     {"type": "int32", "name": "io.debezium.time.Date"}),
+    (1115, '{"2024-01-01 00:00:00","1970-01-01 00:00:01.5"}', [1704067200000000, 1500000],
+     {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}),
+    (1185, '{"2024-01-01 02:00:00+02"}', ["2024-01-01T00:00:00Z"],
+     {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}),
+    (1183, "{12:00:00,00:00:01.25}", [43200000000, 1250000],
+     {"type": "int64", "name": "io.debezium.time.MicroTime"}),
+    (1187, '{"1 day","00:00:05"}', ["1 day", "00:00:05"], {"type": "string"}),
+    (1000, "{t,f,NULL}", [True, False, None], {"type": "boolean"}),
+    (1007, "{1,-2}", [1, -2], {"type": "int32"}),
+    (1009, "{{a,b},{c,d}}", ["{a,b}", "{c,d}"], {"type": "string"}),
+])
+def test_arrays_of_every_builtin_type_map_their_elements(oid, text, items, item_schema):
+    _, _, value, _ = array_format(oid).convert(record("c", None, {"id": 1, "a": text},
+                                                      {"id": 1}))
+    value = json.loads(value)
+    assert value["payload"]["after"]["a"] == items
+    row = next(f for f in value["schema"]["fields"] if f["field"] == "after")
+    field = next(f for f in row["fields"] if f["field"] == "a")
+    assert field["type"] == "array"
+    assert {k: field["items"][k] for k in item_schema} == item_schema
+
+
+@pytest.mark.parametrize("oid, text", [(1007, "{{1,2},{3,4}}"), (1182, "{{2024-01-01}}"),
+                                       (1183, "{{12:00:00}}")])
+def test_a_multidimensional_array_without_connect_form_is_one_line_naming_the_column(oid,
+                                                                                     text):
+    with pytest.raises(RecordUnencodable) as info:
+        array_format(oid).convert(record("c", None, {"id": 1, "a": text}, {"id": 1}))
+    message = str(info.value)
+    assert "public.t" in message and "'a'" in message and text in message
+    assert "multi-dimensional" in message
