@@ -47,6 +47,9 @@ from .errors import ProtocolViolation
 from .publications import Catalog, CatalogColumn, Publication, PubTable, TableInfo
 
 PREFIX = "pgrouter.publications"
+#: prefix of the transactional message a TRUNCATE of a partitioned table emits (the statement
+#: trigger ``pgrouter setup`` puts on every partitioned table); content: ``["schema", "name"]``
+TRUNCATE_PREFIX = "pgrouter.truncate"
 
 
 class _Message(msgspec.Struct):

@@ -45,8 +45,9 @@ class TablePlan(msgspec.Struct, frozen=True):
     delete_filter: RowPredicate | None = None
     #: publishing a partition as an ancestor: source column index for each ancestor column
     row_map: tuple[int, ...] | None = None
-    #: ... and the ancestor's leaf partitions (a TRUNCATE of all of them truncates it)
-    root_leaves: frozenset | None = None
+    #: the relation is a partition published as an ancestor (pgoutput sends no TRUNCATE of
+    #: it; the ancestor's own TRUNCATE comes from the marker messages, ``routing``)
+    via_ancestor: bool = False
     #: source-row indexes every filter of this plan reads (None: unknown). Filters are
     #: immutable expressions, so their results depend on these values only.
     filter_columns: tuple[int, ...] | None = None

@@ -290,6 +290,16 @@ def any_of(filters: tuple) -> RowPredicate:
     return matches
 
 
+def relation_view(info: TableInfo, keep=None) -> Relation:
+    """A Relation message's view of a catalog table (``keep``: which columns), for tables the
+    stream does not describe itself (an ancestor a partition is published as)."""
+    return Relation(relation_id=0, namespace=info.schema, name=info.name,
+                    replica_identity=info.replica_identity,
+                    columns=tuple(RelationColumn(1 if c.key else 0, c.name, c.type_oid,
+                                                 c.type_modifier)
+                                  for c in info.columns if keep is None or keep(c)))
+
+
 class Planner:
     """``RouteSpec.planner`` for a route: ``resolver(table, relation)`` says what the route
     replicates of a table (a ``Resolved``); this turns it into ``TablePlan`` fields for the
@@ -313,6 +323,11 @@ class Planner:
             plan = self._plans[key] = self._plan(relation)
             return plan
 
+    def relation_of(self, table: TableName) -> Relation | None:
+        """The catalog's view of ``table`` (None when the catalog does not know it)."""
+        info = self._tables.get(table)
+        return None if info is None else relation_view(info)
+
     def _error(self, relation: Relation, message: str) -> ConfigError:
         return ConfigError(f"route {self.route!r}, table {relation.namespace}.{relation.name}: "
                            f"{message}", path="routes")
@@ -335,14 +350,10 @@ class Planner:
             if root is None:
                 raise self._error(relation, f"ancestor {res.publish_as} is not in the catalog")
             pos = {c.name: i for i, c in enumerate(relation.columns)}
-            cols = [c for c in root.columns if c.name in pos]
-            view = Relation(relation_id=0, namespace=root.schema, name=root.name,
-                            replica_identity=root.replica_identity,
-                            columns=tuple(RelationColumn(1 if c.key else 0, c.name, c.type_oid,
-                                                         c.type_modifier) for c in cols))
+            view = relation_view(root, lambda c: c.name in pos)
             plan["publish_as"] = view
-            plan["row_map"] = tuple(pos[c.name] for c in cols)
-            plan["root_leaves"] = root.leaves
+            plan["row_map"] = tuple(pos[c.name] for c in view.columns)
+            plan["via_ancestor"] = True
         if res.columns is not None:
             present = {c.name for c in view.columns}
             if res.columns - present:

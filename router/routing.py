@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from .changes import Change
+from .definitions import TRUNCATE_PREFIX
 from .following import FollowsDefinitions
 from .native import NATIVE
 from .envelope import TableEncoder, TxContext, encode_message
@@ -31,6 +32,7 @@ from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
 from .short_routes import RoutesShort
+from .truncates import RoutesTruncates
 from .transactions import NonTransactionalMessage, Transaction
 
 CHUNK_RECORDS = 2000
@@ -79,7 +81,7 @@ def _position(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
     return [(_H_LSN, b"%d" % commit_lsn), (_H_SEQ, b"%d" % seq)]
 
 
-class ChangeRouter(RoutesShort, FollowsDefinitions):
+class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
     def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
                  type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
                  primary_keys: PrimaryKeys | dict[tuple[str, str], tuple[str, ...]] | None = None,
@@ -107,6 +109,9 @@ class ChangeRouter(RoutesShort, FollowsDefinitions):
         self.dropped: dict[str, int] = {}
         #: (transaction, {id(plan): (plan, recorder)}) for the plans _route_change used in it
         self._plan_recorders: tuple = (None, {})
+        #: (lsn, seq, table) of the TRUNCATE marker messages not acted on yet in this
+        #: transaction (``_route_truncate``)
+        self._truncate_marks: list = []
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -201,6 +206,7 @@ class ChangeRouter(RoutesShort, FollowsDefinitions):
             self.routes, self._pending_routes = self._pending_routes, None
             self.forget_plans()
         self._check_definitions()
+        self._truncate_marks = []
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
                        commit_time=txn.commit_time, origin=txn.origin_name,
                        origin_lsn=txn.origin_lsn)
@@ -222,6 +228,8 @@ class ChangeRouter(RoutesShort, FollowsDefinitions):
                 op = change.op
                 if op in KINDS:
                     if change.relation is not rel:
+                        if self._truncate_marks:
+                            self._flush_truncate_marks(tx, records, schemas)
                         rel = change.relation
                         ops = bound.get(rel.relation_id)
                         if ops is None or ops[0] is not rel:
@@ -249,11 +257,15 @@ class ChangeRouter(RoutesShort, FollowsDefinitions):
                 self._route_change(change, tx, seq, records, schemas, lsn_header)
                 if self._routes_changed:  # a definitions message: plans bound so far are old
                     bound, rel, ops, self._routes_changed = {}, None, None, False
+                elif self._truncate_marks:  # the next row change sends them first
+                    rel = None
                 seq += 1
                 i += 1
                 if len(records) >= limit:
                     yield self._chunk(txn, records, schemas, False)
                     records, schemas = [], []
+        if self._truncate_marks:
+            self._flush_truncate_marks(tx, records, schemas)
         yield self._chunk(txn, records, schemas, True)
 
     def _recorders(self, rel: Relation, op: str, tx: TxContext, lsn_header: tuple,
@@ -310,6 +322,9 @@ class ChangeRouter(RoutesShort, FollowsDefinitions):
                       schemas: list, lsn_header: tuple | None) -> None:
         op = change.op
         if op == "message":
+            if change.message.prefix == TRUNCATE_PREFIX:
+                self._truncate_mark(change, seq)
+                return
             if self._definitions_message(change, tx, out):
                 return
             if self.messages_topic:
@@ -372,29 +387,3 @@ class ChangeRouter(RoutesShort, FollowsDefinitions):
                 hit = bound[1][id(plan)] = (plan, encoder.recorder(tx, plan.topic,
                                                                    lsn_header, _H_SEQ))
             out.append(hit[1](kind, lsn, seq, old, old_is_key, new))
-
-    def _route_truncate(self, change: Change, tx: TxContext, seq: int, out: list,
-                        schemas: list) -> None:
-        # pgoutput_truncate: a partition published as an ancestor is not truncated on its own.
-        # The stream of a slot whose publications send partitions cannot say whether the
-        # ancestor itself was truncated; truncating every leaf partition of it empties it, so
-        # that is published as the ancestor's TRUNCATE (once per statement).
-        via_root: dict[str, tuple[TablePlan, set]] = {}
-        for rel in change.relations or ():
-            for plan in self.plans_for(rel):
-                if not plan.publish_truncate:
-                    continue
-                if plan.root_leaves is not None:
-                    entry = via_root.setdefault(plan.topic + "\0" + plan.route, (plan, set()))
-                    entry[1].add((rel.namespace, rel.name))
-                    continue
-                self._emit_truncate(plan, change, tx, seq, out, schemas)
-        for plan, covered in via_root.values():
-            if plan.root_leaves and plan.root_leaves <= covered:
-                self._emit_truncate(plan, change, tx, seq, out, schemas)
-
-    def _emit_truncate(self, plan: TablePlan, change: Change, tx: TxContext, seq: int,
-                       out: list, schemas: list) -> None:
-        self._schema(plan, schemas)
-        key, value = plan.encoder.encode_truncate(tx, change.lsn, seq, change.options)
-        out.append((plan.topic, key, value, self._headers(tx.commit_lsn, seq)))

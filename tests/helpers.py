@@ -20,6 +20,18 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
+def database_dsn(dsn: str, db: str) -> str:
+    """``dsn`` with database ``db`` (a test's own database on the same server)."""
+    from urllib.parse import quote
+
+    from psycopg2.extensions import parse_dsn
+
+    d = parse_dsn(dsn)
+    auth = quote(d.get("user", "postgres")) + (f":{quote(d['password'])}" if "password" in d
+                                               else "")
+    return f"postgresql://{auth}@{d.get('host', '127.0.0.1')}:{d.get('port', 5432)}/{db}"
+
+
 class Pg:
     """An autocommit psycopg2 connection for test set-up and checks."""
 

@@ -78,6 +78,20 @@ async def warn_unplaced(sql: SqlSession, cfg: Config, why: str) -> None:
                   publications=",".join(r["pubname"] for r in names))
 
 
+async def warn_unmarked(sql: SqlSession, cfg: Config) -> None:
+    """Without the TRUNCATE markers of ``pgrouter setup`` a partitioned table's own TRUNCATE
+    cannot be told from its partitions' (``router.truncates``): say so when a route
+    publication publishes TRUNCATE via the root."""
+    names = await sql.fetch("select pubname from pg_publication where pubname = any($1::text[])"
+                            " and pubviaroot and pubtruncate order by 1",
+                            route_publication_names(cfg))
+    if names:
+        log.event(_log, "TRUNCATE of partitioned tables these publications publish via their "
+                  "root is not sent without the markers of 'pgrouter setup' (a partition's "
+                  "own TRUNCATE, which PostgreSQL does not send, looks the same in the slot)",
+                  level=logging.WARNING, publications=",".join(r["pubname"] for r in names))
+
+
 async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | None:
     """"wal", "poll", or None when no route follows a publication. Without ``install`` a
     superuser's "auto" says "wal" without installing anything."""
@@ -87,6 +101,8 @@ async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | N
     if wanted == "poll":
         if install:
             await warn_unplaced(sql, cfg, "publication changes polled")
+            if not await trigger.installed(sql):
+                await warn_unmarked(sql, cfg)
         return "poll"
     if await trigger.installed(sql):
         return "wal"
@@ -105,6 +121,7 @@ async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | N
             return "wal"
     if install:
         await warn_unplaced(sql, cfg, "publication changes polled")
+        await warn_unmarked(sql, cfg)
     if wanted == "wal":
         raise ConfigError("publication changes at WAL positions need the event trigger: run "
                           "'pgrouter setup -c FILE' as a superuser",

@@ -270,7 +270,9 @@ class Supervisor:
             status_interval=src.status_interval, stats=self.stats,
             options=pgoutput_options(proto_version=info.proto_version,
                                      publications=src.publications, streaming=src.streaming,
-                                     messages=src.messages or self.definitions is not None,
+                                     # definitions and TRUNCATE markers
+                                     messages=(src.messages or self.definitions is not None
+                                               or definitions_state.follows_publications(cfg)),
                                      binary=src.binary,
                                      two_phase=src.two_phase,
                                      origin=origins.server_option(info.version)))

@@ -21,6 +21,16 @@ Each change is also logged (its LSN only) in the *unlogged* table ``pgrouter.def
 record can tell cheaply whether its slot's backlog holds a change (``changes_since``) and
 decode the backlog once to find it only then.
 
+TRUNCATE of partition trees: pgoutput sends a partitioned table's TRUNCATE for a publication
+that publishes it via its root only when that table itself was truncated (not one of its
+partitions), and a slot whose publications send partitions names only the leaves. So every
+partitioned table carries the statement trigger ``pgrouter_truncate`` (BEFORE TRUNCATE, FOR
+EACH STATEMENT), which emits a transactional message (prefix ``router.definitions.
+TRUNCATE_PREFIX``, content ``["schema", "name"]``) just before the truncate is logged; the
+event trigger puts it on partitioned tables created later. PostgreSQL fires it for each
+partitioned table the statement truncates (the named one and partitioned partitions below
+it), never for a TRUNCATE of a partition alone.
+
 Installing (``pgrouter setup``) needs a superuser on PostgreSQL 15 (event triggers). The
 trigger function is SECURITY DEFINER (owned by that superuser), so the owner of a publication
 needs no right to ``pg_logical_emit_message`` to run its DDL.
@@ -28,12 +38,14 @@ needs no right to ``pg_logical_emit_message`` to run its DDL.
 
 from __future__ import annotations
 
-from router.definitions import PREFIX
+from router.definitions import PREFIX, TRUNCATE_PREFIX
 
 from .sql import SqlSession
 
 SCHEMA = "pgrouter"
 TRIGGERS = ("pgrouter_definitions_before", "pgrouter_definitions_after")
+#: the statement trigger on every partitioned table (TRUNCATE of partition trees)
+TRUNCATE_TRIGGER = "pgrouter_truncate"
 TAGS = ("CREATE PUBLICATION", "ALTER PUBLICATION", "DROP PUBLICATION", "CREATE TABLE",
         "ALTER TABLE", "DROP TABLE", "DROP INDEX", "ALTER SCHEMA", "DROP SCHEMA")
 
@@ -101,6 +113,34 @@ select jsonb_build_object(
 $fn$;
 """
 
+_TRUNCATE_MARKER = f"""
+create or replace function pgrouter.truncate_marker() returns trigger
+language plpgsql security definer set search_path = pg_catalog, pg_temp as $fn$
+begin
+  perform pg_logical_emit_message(true, '{TRUNCATE_PREFIX}',
+                                  jsonb_build_array(tg_table_schema, tg_table_name)::text);
+  return null;
+end
+$fn$;
+
+create or replace function pgrouter.mark_partitioned_tables() returns void
+language plpgsql security definer set search_path = pg_catalog, pg_temp as $fn$
+declare
+  rel regclass;
+begin
+  for rel in select c.oid::regclass from pg_class c join pg_namespace n on n.oid = c.relnamespace
+             where c.relkind = 'p' and c.relpersistence = 'p'
+               and n.nspname not in ('pg_catalog', 'information_schema')
+               and not exists (select from pg_trigger t where t.tgrelid = c.oid
+                               and t.tgname = '{TRUNCATE_TRIGGER}')
+  loop
+    execute format('create trigger {TRUNCATE_TRIGGER} before truncate on %s for each statement '
+                   'execute function pgrouter.truncate_marker()', rel);
+  end loop;
+end
+$fn$;
+"""
+
 _TRIGGER_FUNCTION = f"""
 create or replace function pgrouter.definitions_trigger() returns event_trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $fn$
@@ -113,6 +153,7 @@ begin
                        pgrouter.publication_snapshot()::text, true);
     return;
   end if;
+  perform pgrouter.mark_partitioned_tables();
   before_ := current_setting('pgrouter.definitions_before', true);
   now_ := pgrouter.publication_snapshot();
   if before_ is not null and before_ <> '' and before_::jsonb = now_ then
@@ -139,7 +180,8 @@ def install_sql() -> list[str]:
            "(kind text not null, lsn pg_lsn not null)",
            f"insert into {SCHEMA}.definitions_log select 'installed', pg_current_wal_insert_lsn()"
            f" where not exists (select from {SCHEMA}.definitions_log where kind = 'installed')",
-           _SNAPSHOT, _TRIGGER_FUNCTION]
+           _SNAPSHOT, _TRUNCATE_MARKER, _TRIGGER_FUNCTION,
+           f"select {SCHEMA}.mark_partitioned_tables()"]
     for name, event in zip(TRIGGERS, ("ddl_command_start", "ddl_command_end")):
         out.append(f"drop event trigger if exists {name}")
         out.append(f"create event trigger {name} on {event} when tag in ({tags}) "
@@ -153,10 +195,14 @@ def uninstall_sql() -> list[str]:
 
 
 async def installed(sql: SqlSession) -> bool:
-    """Both event triggers exist and are enabled (``evtenabled`` not 'D')."""
+    """Both event triggers exist and are enabled (``evtenabled`` not 'D'), and so does the
+    TRUNCATE marker (an installation by an older pgrouter lacks it: ``setup`` again)."""
     n = await sql.fetchval("select count(*) from pg_event_trigger where evtname = any($1::text[])"
                            " and evtenabled <> 'D'", list(TRIGGERS))
-    return n == len(TRIGGERS)
+    marker = await sql.fetchval("select exists (select from pg_proc p join pg_namespace n on "
+                                "n.oid = p.pronamespace where n.nspname = $1 and "
+                                "p.proname = 'truncate_marker')", SCHEMA)
+    return n == len(TRIGGERS) and bool(marker)
 
 
 async def install(sql: SqlSession) -> None:

@@ -19,8 +19,8 @@ from psycopg2.extensions import parse_dsn
 
 from tests.e2e.guarantee import delete_topics
 from tests.e2e.pgoutput_oracle import server_ops, topic_ops
-from tests.helpers import (Pg, read_topic, run_router, table_rows, topic_rows, unique,
-                           write_config)
+from tests.helpers import (Pg, database_dsn, read_topic, run_router, table_rows, topic_rows,
+                           unique, write_config)
 
 pytestmark = pytest.mark.services
 
@@ -71,8 +71,17 @@ class Subscriber:
 
 @pytest.mark.pg_matrix
 def test_seed_examples_and_column_lists_match_subscriptions(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
+    from actors.services.publication_trigger import install_sql
+
+    # a database of its own, with the event trigger and TRUNCATE markers of `pgrouter setup`
+    # in place before its tables exist (as a user runs setup first); other tests never see
+    # them, and what this test sees never depends on what ran before
+    server = Pg(pg_dsn)
     u = unique("pp")
+    server.run(f"create database {u}_src")
+    src_dsn = database_dsn(pg_dsn, f"{u}_src")
+    pg = Pg(src_dsn)
+    pg.run(";\n".join(install_sql()))
     t1, t2, t3, t4, parent, child = (f"{n}_{u}" for n in ("t1", "t2", "t3", "t4", "parent",
                                                           "child"))
     tables_ddl = f"""
@@ -149,7 +158,7 @@ name = "{name}_{u}"
 publications = [{', '.join(f'"{p}_{u}"' for p in pubs)}]
 """ for name, pubs in [("a", ["p1", "p5", "p6"]), ("b", ["p2", "p3"]), ("c", ["p4r"]),
                        ("d", ["p4l"])])
-        cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot,
+        cfg = write_config(tmp_path / "router.toml", dsn=src_dsn, slot=slot,
                            publications=[f"sp_{u}"], bootstrap=kafka_bootstrap, routes=routes)
         try:
             run_router(cfg, timeout=60)
@@ -211,5 +220,6 @@ publications = [{', '.join(f'"{p}_{u}"' for p in pubs)}]
                                         for t in (t1, t2, t3, t4, parent, child)])
         pg.run(" ".join(f"drop publication if exists {p}_{u};"
                         for p in ("p1", "p2", "p3", "p4r", "p4l", "p5", "p6", "sp")))
-        pg.run(f"drop table if exists {t1}, {t2}, {t3}, {t4}, {parent}")
         pg.close()
+        server.run(f"drop database {u}_src with (force)")
+        server.close()

@@ -9,7 +9,8 @@ import pytest
 
 from router.changes import Change
 from router.envelope import TableEncoder, TxContext
-from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
+from router.errors import ProtocolViolation
+from router.pgoutput import UNCHANGED_TOAST, Message, Relation, RelationColumn
 from router.plans import TablePlan, apply_plan
 from router.routing import ChangeRouter, RouteSpec
 
@@ -96,31 +97,72 @@ ROOT = Relation(0, "public", "parent", "d", (RelationColumn(1, "id", INT4, -1),
                                              RelationColumn(0, "v", INT4, -1)))
 
 
-def _via_root_router():
-    def planner(rel):
+class _ViaRootPlanner:
+    """child is published as parent (via root); other as itself with a filter; parent, when
+    its own TRUNCATE is marked, as itself."""
+
+    def __call__(self, rel):
         if rel.name == "child":
-            return {"publish_as": ROOT, "row_map": (1, 0),
-                    "root_leaves": frozenset({("public", "child")}),
+            return {"publish_as": ROOT, "row_map": (1, 0), "via_ancestor": True,
                     "insert_filter": lambda row: row[0] == "3"}
         if rel.name == "other":
             return {"insert_filter": lambda row: False}
+        if rel.name == "parent":
+            return {}
         return None
-    return ChangeRouter([RouteSpec(name="r", planner=planner)], db="d")
+
+    def relation_of(self, table):
+        return ROOT if table == ("public", "parent") else None
 
 
-def test_via_root_rows_mapped_and_truncate_never_filtered():
+def _via_root_router():
+    return ChangeRouter([RouteSpec(name="r", planner=_ViaRootPlanner())], db="d")
+
+
+def _mark(lsn, content=b'["public", "parent"]'):
+    return Change("message", lsn, message=Message(True, lsn, "pgrouter.truncate", content))
+
+
+def _routed(router, changes):
+    records = [r for c in router.route(_Txn(changes)) for r in c.records]
+    return [(r[0], json.loads(r[2])["op"], json.loads(r[2])["source"]["lsn"]) for r in records]
+
+
+def test_via_root_rows_mapped_and_a_partitions_truncate_is_not_the_roots():
+    """pgoutput sends no TRUNCATE of a partition published as its ancestor, and the ancestor's
+    only when the statement truncated the ancestor itself (marked), whatever its leaves."""
     router = _via_root_router()
     changes = [Change("insert", 10, CHILD, new=("7", "3")),
                Change("insert", 11, CHILD, new=("7", "4")),
                Change("truncate", 12, relations=(CHILD, OTHER))]
     chunks = list(router.route(_Txn(changes)))
     records = [r for c in chunks for r in c.records]
-    # one TRUNCATE per table; the root's (all its leaves truncated) after the plain ones
-    assert [r[0] for r in records] == ["r.public.parent", "r.public.other", "r.public.parent"]
+    assert [r[0] for r in records] == ["r.public.parent", "r.public.other"]
     first = json.loads(records[0][2])
     assert first["after"] == {"id": 3, "v": 7} and first["source"]["table"] == "parent"
     assert json.loads(records[0][1]) == {"id": 3}
-    assert [json.loads(r[2])["op"] for r in records] == ["c", "t", "t"]
+    assert [json.loads(r[2])["op"] for r in records] == ["c", "t"]
+
+
+def test_a_marked_root_is_truncated_with_its_statement():
+    got = _routed(_via_root_router(), [_mark(11), Change("truncate", 12, relations=(CHILD,),
+                                                         options=1)])
+    assert got == [("r.public.parent", "t", 12)]
+    # the stream naming the root too (a slot publication via root): one record
+    got = _routed(_via_root_router(), [_mark(11), Change("truncate", 12,
+                                                         relations=(ROOT, CHILD))])
+    assert got == [("r.public.parent", "t", 12)]
+
+
+def test_a_marked_root_without_a_truncate_is_sent_before_the_next_change():
+    got = _routed(_via_root_router(), [_mark(11), Change("insert", 13, CHILD, new=("7", "3"))])
+    assert got == [("r.public.parent", "t", 11), ("r.public.parent", "c", 13)]
+    assert _routed(_via_root_router(), [_mark(11)]) == [("r.public.parent", "t", 11)]
+
+
+def test_a_marker_naming_no_table_is_a_protocol_violation():
+    with pytest.raises(ProtocolViolation, match="marker"):
+        _routed(_via_root_router(), [_mark(11, b"{}")])
 
 
 def test_replace_routes_applies_from_next_transaction():
