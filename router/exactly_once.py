@@ -16,6 +16,13 @@ Rules (DESIGN.md "Exactly-once into Kafka"):
   the commit, not from the record acknowledgements).
 * A producer fenced by a newer one with the same transactional id stops with one line: it is
   never retried (a retry would fence the newer router in turn).
+* Progress belongs to one *stream*: the server's system identifier, the database and the slot
+  (``Stream``). The default transactional id names all three, and the progress value records
+  them: a progress record of another stream under the configured id is refused (two slots,
+  or two servers, on one transactional id would skip each other's transactions), and so is a
+  position past the server's WAL end (progress this server cannot have written: another
+  cluster, or a restored one). A record without a stream (written before pgrouter recorded
+  it) is not used: it cannot say whose position it holds.
 """
 
 from __future__ import annotations
@@ -38,36 +45,88 @@ def fenced_line(transactional_id: str) -> str:
             "took over; this one stops (run one router per transactional id)")
 
 
-class Progress(msgspec.Struct, frozen=True):
+class Stream(msgspec.Struct, frozen=True):
+    """What a router's changes come from: one slot of one database of one server."""
+
+    system_id: str  # pg_control_system().system_identifier
+    db: str
+    slot: str
+
+    def describe(self) -> str:
+        return f"slot {self.slot!r} of database {self.db!r} on server {self.system_id}"
+
+
+class Progress(msgspec.Struct, frozen=True, omit_defaults=True):
     """The value of a progress record."""
 
     end_lsn: str  # "X/Y", as PostgreSQL writes LSNs
     slot: str = ""
+    system_id: str = ""
+    db: str = ""
 
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(Progress).decode
 
 
-def progress_record(transactional_id: str, end_lsn: int, slot: str) -> tuple[bytes, bytes]:
+def progress_record(transactional_id: str, end_lsn: int, stream: Stream) -> tuple[bytes, bytes]:
     """(key, value) of the progress record for a Kafka transaction ending at ``end_lsn``."""
-    return transactional_id.encode(), _encode(Progress(format_lsn(end_lsn), slot))
+    return transactional_id.encode(), _encode(Progress(format_lsn(end_lsn), stream.slot,
+                                                       stream.system_id, stream.db))
 
 
-def read_progress(value: bytes | None) -> int:
-    """The end LSN a progress record holds (0 for a tombstone)."""
+def decode_progress(value: bytes | None) -> Progress | None:
+    """A progress record's value (None for a tombstone or no record)."""
     if not value:
-        return 0
+        return None
     try:
-        return parse_lsn(_decode(value).end_lsn)
-    except (msgspec.DecodeError, ValueError) as exc:
+        progress = _decode(value)
+        parse_lsn(progress.end_lsn)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
         raise ConfigError(f"the progress topic holds a record pgrouter did not write: {exc}",
                           path="kafka.progress_topic") from exc
+    return progress
 
 
-def transactional_id(configured: str, slot: str) -> str:
-    """``[kafka] transactional_id``, or one derived from the slot (one router per slot)."""
-    return configured or f"pgrouter-{slot}"
+def foreign_stream(progress: Progress | None, stream: Stream) -> bool:
+    """Whether ``progress`` was written by a router of another stream."""
+    return progress is not None and bool(progress.system_id) and (
+        (progress.system_id, progress.db, progress.slot)
+        != (stream.system_id, stream.db, stream.slot))
+
+
+def shared_id_line(transactional_id: str, progress: Progress, stream: Stream) -> str:
+    theirs = Stream(progress.system_id, progress.db, progress.slot)
+    return (f"transactional id {transactional_id!r} holds the progress of {theirs.describe()}; "
+            f"this router streams {stream.describe()}: two streams on one transactional id "
+            "would skip each other's transactions; give each router its own [kafka] "
+            "transactional_id (or leave it empty: the default names the stream)")
+
+
+def committed_position(transactional_id: str, progress: Progress | None, stream: Stream,
+                       wal_end: int) -> int:
+    """The end LSN up to which Kafka holds ``stream`` (0: nothing usable); refuses another
+    stream's progress and a position past the server's WAL end."""
+    if progress is None or not progress.system_id:
+        return 0  # no record, or one that cannot say whose it is (an older pgrouter's)
+    if foreign_stream(progress, stream):
+        raise ConfigError(shared_id_line(transactional_id, progress, stream),
+                          path="kafka.transactional_id")
+    lsn = parse_lsn(progress.end_lsn)
+    if lsn > wal_end:
+        raise ConfigError(f"the progress topic says Kafka holds {stream.describe()} up to "
+                          f"{progress.end_lsn}, past the server's WAL end {format_lsn(wal_end)}:"
+                          " that progress was not written from this server's WAL (a restored "
+                          "or rebuilt cluster keeps its system identifier); skipping by it "
+                          "would lose transactions. Use a new [kafka] transactional_id (or "
+                          "progress_topic) for this server", path="kafka.progress_topic")
+    return lsn
+
+
+def transactional_id(configured: str, stream: Stream) -> str:
+    """``[kafka] transactional_id``, or one naming the stream (one router per stream): two
+    servers or databases with the same slot name never share one by default."""
+    return configured or f"pgrouter-{stream.slot}-{stream.db}-{stream.system_id}"
 
 
 def already_in_kafka(end_lsn: int, committed_lsn: int) -> bool:

@@ -6,9 +6,11 @@ Wraps a client with a ``transactional_id`` behind the same contract (``produce``
 
 Rules:
 
-* ``start`` makes the compacted progress topic, registers the transactional id (Kafka aborts
-  a predecessor's open transaction and fences that producer), then reads the committed
-  progress with ``read_committed``: ``committed_lsn``.
+* ``start`` makes the compacted progress topic, refuses an id whose progress belongs to
+  another stream (before registering it), registers the transactional id (Kafka aborts a
+  predecessor's open transaction and fences that producer), then reads the committed
+  progress with ``read_committed``: ``committed_lsn`` (``router.exactly_once``: only this
+  stream's, never past the server's WAL end).
 * A Kafka transaction begins with the first record handed over after a commit. Acknowledged
   records are *not* reported to the sink: their reports are held until ``commit`` wrote the
   progress record and Kafka committed the transaction; a failure is reported at once.
@@ -24,8 +26,10 @@ import time
 import warnings
 
 from router.errors import SinkError, SinkUnavailable
-from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, ProducerFenced, fenced_line,
-                                 progress_record, read_progress)
+from router.errors import ConfigError
+from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, ProducerFenced, Stream,
+                                 committed_position, decode_progress, fenced_line,
+                                 foreign_stream, progress_record, shared_id_line)
 
 #: seconds Kafka's transaction calls may take (init waits for a predecessor's abort)
 TXN_TIMEOUT = 60.0
@@ -53,15 +57,19 @@ def _fenced(exc: BaseException | None) -> bool:
 
 
 class TransactionalClient:
-    def __init__(self, inner, *, transactional_id: str, progress_topic: str, slot: str,
-                 read_committed):
+    def __init__(self, inner, *, transactional_id: str, progress_topic: str, stream: Stream,
+                 wal_end: int, read_committed):
         """``inner``: a client built with ``transactional_id``; ``read_committed(topic, key)``
-        returns the newest committed value of ``key`` in ``topic`` (None when absent)."""
+        returns the newest committed value of ``key`` in ``topic`` (None when absent);
+        ``wal_end``: the server's WAL end at start (no progress of its stream lies past it)."""
         self.inner = inner
         self.producer = inner.producer
         self.transactional_id = transactional_id
         self.progress_topic = progress_topic
-        self.slot = slot
+        self.stream = stream
+        self.wal_end = wal_end
+        #: a progress record without a stream (an older pgrouter's), not used
+        self.unattributed = None
         self._read_committed = read_committed
         self._rdkafka = type(inner).__name__ == "RdKafkaClient"
         self._cond = threading.Condition()
@@ -103,13 +111,22 @@ class TransactionalClient:
 
         self.inner.ensure_topics([TopicSpec(self.progress_topic, 1, replication_factor,
                                             dict(PROGRESS_TOPIC_CONFIGS))])
+        key = self.transactional_id.encode()
+        # another stream's progress under this id: refused before registering the id, which
+        # would fence that stream's router
+        before = decode_progress(self._call(self._read_committed, self.progress_topic, key))
+        if foreign_stream(before, self.stream):
+            raise ConfigError(shared_id_line(self.transactional_id, before, self.stream),
+                              path="kafka.transactional_id")
         if self._rdkafka:
             self._call(self.producer.init_transactions, TXN_TIMEOUT)
         else:
             self._call(self.producer.init_transactions)
-        value = self._call(self._read_committed, self.progress_topic,
-                           self.transactional_id.encode())
-        self.committed_lsn = read_progress(value)
+        progress = decode_progress(self._call(self._read_committed, self.progress_topic, key))
+        if progress is not None and not progress.system_id:
+            self.unattributed = progress
+        self.committed_lsn = committed_position(self.transactional_id, progress, self.stream,
+                                                self.wal_end)
         return self.committed_lsn
 
     # -- the contract ----------------------------------------------------------------------------
@@ -162,7 +179,7 @@ class TransactionalClient:
         if not self._open:
             return
         end_lsn = max(end_lsn, self.committed_lsn)
-        key, value = progress_record(self.transactional_id, end_lsn, self.slot)
+        key, value = progress_record(self.transactional_id, end_lsn, self.stream)
         self.produce_sync(self.progress_topic, key, value)
         if self._rdkafka:
             self._call(self.producer.commit_transaction, TXN_TIMEOUT)

@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import signal
 from logging import WARNING
 import time
@@ -29,6 +30,7 @@ import trio_asyncio
 
 from router.config import Config, mask_dsn, parse_listen
 from router.following import DEFINITIONS_ROUTE
+from router.exactly_once import Stream
 from router.errors import (ConfigError, PgRouterError, PublicationMissing,
                            SlotInUse, SlotMissing, SourceError)
 from router import native
@@ -73,7 +75,9 @@ SLOT_BUSY_WAIT = 30.0
 class ServerInfo:
     def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
                  primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
-                 created_slot: bool = False):
+                 created_slot: bool = False, system_id: str = "", wal_end: int = 0):
+        self.system_id = system_id  # pg_control_system().system_identifier
+        self.wal_end = wal_end  # the server's WAL end when the router started
         self.version = version
         self.db = db
         self.start_lsn = start_lsn
@@ -139,8 +143,10 @@ async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
         raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
                           f"{max_proto_version(version)} at most", path="source.proto_version")
     pks = await load_primary_keys(sql)
+    system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
+    wal_end = parse_lsn(await sql.fetchval(failover.WAL_END))
     return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,
-                      created)
+                      created, system_id=system_id, wal_end=wal_end)
 
 
 class Supervisor:
@@ -243,7 +249,12 @@ class Supervisor:
                 and not self.snapshot_pending):
             log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
             return
-        client = await trio.to_thread.run_sync(self.client_factory, cfg)
+        if self.client_factory is client_for:  # exactly-once progress belongs to the stream
+            stream = Stream(system_id=info.system_id, db=info.db, slot=src.slot)
+            client = await trio.to_thread.run_sync(
+                functools.partial(client_for, cfg, stream, info.wal_end))
+        else:
+            client = await trio.to_thread.run_sync(self.client_factory, cfg)
         try:
             self.definitions = await definitions_state.for_pipeline(
                 self.publication_mode, cfg, client, info.start_lsn)

@@ -16,12 +16,13 @@ Rules (on top of ``SinkActor``'s):
 from __future__ import annotations
 
 import functools
+import logging
 
 import msgspec
 import trio
 
-from router.errors import SinkUnavailable
-from router.exactly_once import already_in_kafka, transactional_id
+from router.errors import InternalError, SinkUnavailable
+from router.exactly_once import Stream, already_in_kafka, transactional_id
 from router.lsn import format_lsn
 from router.routing import RoutedChunk
 
@@ -107,10 +108,13 @@ def sink_class(cfg):
     return build
 
 
-def client_for(cfg):
-    """The Kafka client ``[kafka]`` asks for (transactional with ``exactly_once``)."""
+def client_for(cfg, stream: Stream | None = None, wal_end: int = 0):
+    """The Kafka client ``[kafka]`` asks for (transactional with ``exactly_once``, which needs
+    the ``stream`` and the server's WAL end)."""
     if cfg.kafka.exactly_once:
-        return transactional_client(cfg)
+        if stream is None:
+            raise InternalError("exactly-once needs the stream its progress belongs to")
+        return transactional_client(cfg, stream, wal_end)
     return plain_client(cfg)
 
 
@@ -122,20 +126,20 @@ def plain_client(cfg):
     return configured(cfg)
 
 
-def transactional_client(cfg):
+def transactional_client(cfg, stream: Stream, wal_end: int):
     """The configured client with a transactional id, started: the progress Kafka holds
     is read after the id fenced any predecessor (blocking; run in a worker thread)."""
     from ..kafka.transactional import TransactionalClient, committed_reader
 
     k = cfg.kafka
-    tid = transactional_id(k.transactional_id, cfg.source.slot)
+    tid = transactional_id(k.transactional_id, stream)
     if k.client == "librdkafka":
         from ..kafka.librdkafka import RdKafkaClient as Client
     else:
         from ..kafka.kafka_python import KafkaPythonClient as Client
     inner = Client(k.bootstrap_servers, dict(k.settings), transactional_id=tid)
     client = TransactionalClient(inner, transactional_id=tid, progress_topic=k.progress_topic,
-                                 slot=cfg.source.slot,
+                                 stream=stream, wal_end=wal_end,
                                  read_committed=committed_reader(k.bootstrap_servers,
                                                                  dict(k.settings)))
     try:
@@ -144,6 +148,12 @@ def transactional_client(cfg):
     except BaseException:
         inner.close(1.0)
         raise
+    if client.unattributed is not None:
+        log.event(_log, "the progress record under this transactional id does not say which "
+                  "server, database and slot it belongs to (an older pgrouter wrote it): not "
+                  "used, so transactions Kafka holds past the slot's confirmed position are "
+                  "sent once more", level=logging.WARNING, transactional_id=tid,
+                  up_to_lsn=client.unattributed.end_lsn)
     log.event(_log, "exactly-once: Kafka transactions", transactional_id=tid,
               progress_topic=k.progress_topic, kafka_committed_lsn=format_lsn(committed))
     return client

@@ -4,7 +4,8 @@
   ``kill -9`` of the router; right after each kill, every source transaction committed below
   the slot's ``confirmed_flush_lsn`` is already visible to ``read_committed`` consumers (the
   slot never confirms past what Kafka committed). The oracle is a ``test_decoding`` slot.
-* A second router with the same transactional id fences the first, which stops with one line.
+* A second slot on a transactional id that holds another slot's progress is refused (the
+  running router is not fenced); one slot name on two servers keeps two progress records.
 """
 
 from __future__ import annotations
@@ -196,15 +197,18 @@ def test_restart_behind_kafka_skips_what_kafka_already_holds(table, kafka_bootst
     tid = f"{name}-tid"
     cfg = config(client, tid=tid)
     run_router(cfg)
-    # a second slot at the same position, with the same transactional id and progress
+    # a copy of the slot at this position; after the router moved on, the slot is put back
+    # to it (the same stream: slot name, database, server), with Kafka's progress ahead
     pg.run("select pg_copy_logical_replication_slot(%s, %s)", name, f"{name}_behind")
-    behind = config(client, slot=f"{name}_behind", tid=tid)
     for i in range(3):
         pg.run(f"update {name} set n = n + 1 where id < 3")
     run_router(cfg)
-    proc = run_router(behind)  # the same three transactions again, from the copied slot
+    pg.drop_slot(name)
+    pg.run("select pg_copy_logical_replication_slot(%s, %s)", f"{name}_behind", name)
+    pg.drop_slot(f"{name}_behind")
+    proc = run_router(cfg)  # the same three transactions again, from the slot put back
     pg.run(f"update {name} set n = n + 10 where id = 0")
-    run_router(behind)
+    run_router(cfg)
     updates = [(r["after"]["id"], r["after"]["n"]) for r in changes(kafka_bootstrap, name)
                if r["op"] == "u"]
     assert sorted(updates) == sorted([(k, n) for k in range(3) for n in (1, 2, 3)] + [(0, 13)])
@@ -218,31 +222,71 @@ def wait_for_line(log, text: str, proc, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def test_second_router_with_the_same_transactional_id_fences_the_first(table, tmp_path):
+def test_a_second_slot_on_the_same_transactional_id_is_refused(table, tmp_path):
+    """Two slots on one transactional id would skip each other's transactions (the progress
+    of one taken for the other's): the second is refused with one line, before it registers
+    the id, so the running router is not fenced."""
     pg, name, config = table
     first = config("librdkafka", tid=f"{name}-tid")
     second = config("kafka-python", slot=f"{name}_b", tid=f"{name}-tid")
-    run_router(first)
-    run_router(second)
-    logs = [tmp_path / "first.log", tmp_path / "second.log"]
-    procs = [start_router(first, logs[0])]
+    run_router(first)  # the slot
+    pg.run(f"update {name} set n = n + 1 where id = 0")
+    run_router(first)  # Kafka holds progress of the first slot under the id
+    log = tmp_path / "first.log"
+    proc = start_router(first, log)
     try:
-        wait_for_line(logs[0], "streaming started", procs[0])
-        pg.run(f"update {name} set n = n + 1 where id = 0")
-        procs.append(start_router(second, logs[1]))  # registers the same transactional id
-        wait_for_line(logs[1], "streaming started", procs[1])
+        wait_for_line(log, "streaming started", proc)
+        run_router(second)  # its slot (nothing to send yet: no Kafka client)
+        pg.run(f"update {name} set n = n + 1 where id = 2")
+        with pytest.raises(AssertionError) as info:
+            run_router(second)
+        text = str(info.value)
+        assert "transactional id" in text and f"slot '{name}_b'" in text, text
+        assert f"holds the progress of slot '{name}'" in text, text
+        assert "Traceback" not in text
         pg.run(f"update {name} set n = n + 1 where id = 1")
-        procs[0].wait(timeout=60)
-        assert procs[1].poll() is None, logs[1].read_text()[-3000:]
+        time.sleep(2)
+        assert proc.poll() is None, log.read_text()[-3000:]  # not fenced
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                kill9(proc)
-    text = logs[0].read_text()
-    assert procs[0].returncode != 0
-    fenced = [line for line in text.splitlines() if "fenced" in line]
-    assert len(fenced) == 1 and f"{name}-tid" in fenced[0], text[-3000:]
-    assert "Traceback" not in text
+        kill9(proc)
+    assert "fenced" not in log.read_text()
+
+
+def test_same_slot_name_on_two_servers_keeps_each_servers_progress(node_db, kafka_bootstrap,
+                                                                   tmp_path):
+    """Two servers, one slot name, one Kafka and one progress topic: each router keeps its
+    own progress (the default transactional id names the stream) and delivers every row of
+    its own server, whichever server's WAL is further ahead."""
+    u = unique("eos")
+    dsns = [node_db("pg", "eos"), node_db("pg2", "eos")]
+    pgs = [Pg(d) for d in dsns]
+    try:
+        for pg in pgs:
+            pg.run("create table t (id bigint primary key, n int, payload text)")
+            pg.run("create publication p for table t")
+        # the first server's WAL is well ahead of the second's
+        while (parse_lsn(pgs[0].one("select pg_current_wal_lsn()::text"))
+               <= parse_lsn(pgs[1].one("select pg_current_wal_lsn()::text")) + (1 << 24)):
+            pgs[0].run("insert into t values (-1, 0, '') on conflict (id) do update "
+                       "set n = t.n + 1; select pg_switch_wal()")
+        cfgs = [write_config(tmp_path / f"s{i}.toml", dsn=dsn, slot=f"{u}_slot",
+                             publications=["p"], bootstrap=kafka_bootstrap,
+                             kafka_extra=f'exactly_once = true\nprogress_topic = "{u}.progress"\n',
+                             routes=f'[[routes]]\nname = "r"\ntables = ["public.t"]\n'
+                                    f'topic = "{u}.s{i}"\n')
+                for i, dsn in enumerate(dsns)]
+        for cfg in cfgs:
+            run_router(cfg)  # the slots exist from here on
+        for i, pg in enumerate(pgs):
+            pg.run(f"insert into t select g, {i}, 'x' from generate_series(1, 100) g")
+            run_router(cfgs[i])
+        for i in range(2):
+            ids = sorted(v["after"]["id"] for v in changes(kafka_bootstrap, f"{u}.s{i}")
+                         if v["after"]["id"] > 0)
+            assert ids == list(range(1, 101)), (i, len(ids))
+    finally:
+        for pg in pgs:
+            pg.close()
 
 
 def test_non_transactional_message_after_a_commit_is_not_skipped(table, kafka_bootstrap,

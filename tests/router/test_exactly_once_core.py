@@ -6,8 +6,9 @@ import pytest
 
 from router.config import parse_config
 from router.errors import ConfigError, SinkRejected, is_retryable
-from router.exactly_once import (ProducerFenced, already_in_kafka, progress_record,
-                                 read_progress, transactional_id)
+from router.exactly_once import (ProducerFenced, Stream, already_in_kafka, committed_position,
+                                 decode_progress, foreign_stream, progress_record,
+                                 transactional_id)
 
 CONFIG = """
 [source]
@@ -24,17 +25,49 @@ tables = ["public.t"]
 """
 
 
-def test_progress_record_round_trip():
-    key, value = progress_record("pgrouter-s", 0x1_0000_00FF, "s")
+STREAM = Stream(system_id="7711944412465532092", db="shop", slot="s")
+
+
+def test_progress_record_round_trip_names_the_stream():
+    key, value = progress_record("pgrouter-s", 0x1_0000_00FF, STREAM)
     assert key == b"pgrouter-s"
-    assert value == b'{"end_lsn":"1/FF","slot":"s"}'
-    assert read_progress(value) == 0x1_0000_00FF
-    assert read_progress(None) == 0  # nothing committed yet / tombstone
+    assert value == (b'{"end_lsn":"1/FF","slot":"s","system_id":"7711944412465532092",'
+                     b'"db":"shop"}')
+    assert committed_position("pgrouter-s", decode_progress(value), STREAM,
+                              wal_end=0x2_0000_0000) == 0x1_0000_00FF
+    assert decode_progress(None) is None  # nothing committed yet / tombstone
+    assert committed_position("pgrouter-s", None, STREAM, wal_end=5) == 0
 
 
 def test_a_foreign_progress_record_is_a_config_error():
     with pytest.raises(ConfigError, match="kafka.progress_topic"):
-        read_progress(b'{"offset": 3}')
+        decode_progress(b'{"offset": 3}')
+
+
+@pytest.mark.parametrize("other", [
+    Stream(system_id="7711944412465532092", db="shop", slot="other"),   # two slots, one id
+    Stream(system_id="1234", db="shop", slot="s"),                      # same slot, 2 servers
+    Stream(system_id="7711944412465532092", db="crm", slot="s")])       # another database
+def test_another_streams_progress_is_refused_never_skipped_by(other):
+    _, value = progress_record("shared", 0x10, other)
+    progress = decode_progress(value)
+    assert foreign_stream(progress, STREAM)
+    with pytest.raises(ConfigError) as info:
+        committed_position("shared", progress, STREAM, wal_end=0x1_0000_0000)
+    assert info.value.path == "kafka.transactional_id"
+    assert other.describe() in str(info.value) and STREAM.describe() in str(info.value)
+
+
+def test_a_position_past_the_servers_wal_end_is_refused():
+    _, value = progress_record("pgrouter-s", 0xDDC2D320, STREAM)
+    with pytest.raises(ConfigError, match="past the server's WAL end 0/2068580"):
+        committed_position("pgrouter-s", decode_progress(value), STREAM, wal_end=0x2068580)
+
+
+def test_a_record_that_names_no_stream_is_not_used():
+    progress = decode_progress(b'{"end_lsn":"0/DDC2D320","slot":"s"}')  # an older pgrouter's
+    assert not foreign_stream(progress, STREAM)
+    assert committed_position("pgrouter-s", progress, STREAM, wal_end=0xFFFFFFFF) == 0
 
 
 @pytest.mark.parametrize("end, committed, skipped", [(10, 10, True), (9, 10, True),
@@ -43,9 +76,9 @@ def test_transactions_up_to_the_committed_progress_are_skipped(end, committed, s
     assert already_in_kafka(end, committed) is skipped
 
 
-def test_transactional_id_defaults_to_the_slot():
-    assert transactional_id("", "orders") == "pgrouter-orders"
-    assert transactional_id("mine", "orders") == "mine"
+def test_transactional_id_defaults_to_the_stream():
+    assert transactional_id("", STREAM) == "pgrouter-s-shop-7711944412465532092"
+    assert transactional_id("mine", STREAM) == "mine"
 
 
 def test_fenced_is_never_retried():
