@@ -32,6 +32,11 @@ import msgspec
 from .errors import ConfigError, SinkRejected
 from .lsn import format_lsn, parse_lsn
 
+#: longest ``[kafka] transaction_interval_ms``: a Kafka transaction stays open at most this
+#: long plus the time to send its last source transaction, well inside the producer's
+#: ``transaction.timeout.ms`` (60 s)
+MAX_TRANSACTION_INTERVAL_MS = 30_000
+
 #: progress topic settings: one partition, compacted
 PROGRESS_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 
@@ -138,6 +143,11 @@ def validate_exactly_once(kafka, *, source: str | None = None) -> None:
     """``[kafka]`` keys of the mode (both clients support Kafka transactions)."""
     if kafka.transaction_interval_ms < 0:
         raise ConfigError("must be ≥ 0", path="kafka.transaction_interval_ms", source=source)
+    if kafka.transaction_interval_ms > MAX_TRANSACTION_INTERVAL_MS:
+        raise ConfigError(f"must be ≤ {MAX_TRANSACTION_INTERVAL_MS} (half of the 60 s a Kafka "
+                          "transaction may stay open, transaction.timeout.ms: a longer one is "
+                          "aborted by the broker, which fences the router)",
+                          path="kafka.transaction_interval_ms", source=source)
     if kafka.transactional_id and not kafka.transactional_id.isprintable():
         raise ConfigError("must be printable", path="kafka.transactional_id", source=source)
     if not kafka.exactly_once:

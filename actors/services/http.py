@@ -9,6 +9,7 @@ no failure is pending), 503 with the reason otherwise.
 
 from __future__ import annotations
 
+import socket
 import threading
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -37,6 +38,35 @@ class _Server(ThreadingMixIn, WSGIServer):
     allow_reuse_address = True
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _server_class(host: str):
+    return _Server6 if ":" in host else _Server
+
+
+def _cannot(host: str, port: int, exc: OSError) -> ConfigError:
+    shown = f"[{host}]" if ":" in host else host
+    why = exc.strerror or str(exc)
+    if isinstance(exc, socket.gaierror):
+        why = f"host not found ({why})"
+    return ConfigError(f"cannot listen on {shown}:{port}: {why}", path="metrics.listen")
+
+
+def probe(host: str, port: int) -> None:
+    """Bind ``host:port`` as the endpoint will and let it go: ``ConfigError`` when the address
+    is taken, not on this machine or not found (what ``pgrouter check`` says before ``run``)."""
+    try:
+        server = _server_class(host)((host, port), WSGIRequestHandler, bind_and_activate=False)
+        try:
+            server.server_bind()
+        finally:
+            server.server_close()
+    except OSError as exc:
+        raise _cannot(host, port, exc) from exc
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 — the stdlib's signature
         pass
@@ -61,11 +91,10 @@ class Endpoint:
             return _text(start_response, "404 Not Found", "try /metrics, /healthz, /readyz\n")
 
         try:
-            self._server = make_server(host, port, app, server_class=_Server,
+            self._server = make_server(host, port, app, server_class=_server_class(host),
                                        handler_class=_QuietHandler)
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                              path="metrics.listen") from exc
+            raise _cannot(host, port, exc) from exc
         self.host = host
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="pgrouter-http",

@@ -26,6 +26,7 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -190,7 +191,40 @@ def local_findings(cfg: Config) -> list[Finding]:
         except ConfigError as exc:
             out.append(Finding(exc.path or "kafka.settings", str(exc).removeprefix(
                 f"{exc.path}: ")))
-    return out + _spill_dir_findings(cfg)
+    return out + _spill_dir_findings(cfg) + _listen_findings(cfg)
+
+
+def _listen_findings(cfg: Config) -> list[Finding]:
+    """The metrics endpoint's address: free, on this machine, resolvable (as ``run`` binds
+    it)."""
+    if not cfg.metrics.listen:
+        return []
+    from router.config import parse_listen
+
+    from .http import probe
+
+    host, port = parse_listen(cfg.metrics.listen)
+    try:
+        probe(host, port)
+    except ConfigError as exc:
+        message = str(exc).removeprefix("metrics.listen: ")
+        if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EADDRINUSE \
+                and _pgrouter_answers(host, port):
+            return [Finding("metrics.listen", f"{message}: a running pgrouter answers there "
+                            "(this config's router, or another one)", None)]
+        return [Finding("metrics.listen", message)]
+    return []
+
+
+def _pgrouter_answers(host: str, port: int) -> bool:
+    import urllib.request
+
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        with urllib.request.urlopen(f"http://{shown}:{port}/healthz", timeout=2) as resp:
+            return resp.read() == b"ok\n"
+    except OSError:
+        return False
 
 
 def _spill_dir_findings(cfg: Config) -> list[Finding]:

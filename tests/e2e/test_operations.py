@@ -46,6 +46,40 @@ def test_check_passes_a_good_config(table, kafka_bootstrap, tmp_path):
     assert "ok" in proc.stdout.lower()
 
 
+def test_check_finds_what_run_refuses_in_metrics_listen(table, kafka_bootstrap, tmp_path):
+    """`check` binds the metrics address as `run` will: a port in use, a host not found and
+    an address not on this machine are one line each; the IPv6 form `[::1]:port` works."""
+    import socket
+
+    pg, name = table
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        for listen, expect in [(f"127.0.0.1:{port}", "Address already in use"),
+                               ("no-such-host.invalid:9187", "host not found"),
+                               ("192.0.2.77:9187", "Cannot assign requested address"),
+                               ("[::1]:0", None)]:
+            cfg = write_config(tmp_path / "m.toml", dsn=pg.dsn, slot=name, publications=[name],
+                               bootstrap=kafka_bootstrap,
+                               routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n',
+                               extra=f'[metrics]\nlisten = "{listen}"\n')
+            proc = pgrouter("check", "-c", str(cfg))
+            lines = [line for line in proc.stdout.splitlines() if "metrics.listen" in line]
+            if expect is None:
+                assert proc.returncode == 0 and not lines, proc.stdout + proc.stderr
+                run = pgrouter("run", "-c", str(cfg), "--until-caught-up")
+                assert run.returncode == 0, run.stderr[-2000:]
+                continue
+            assert proc.returncode == 1 and len(lines) == 1, proc.stdout + proc.stderr
+            assert lines[0].startswith("metrics.listen: cannot listen on") and expect in lines[0]
+            run = pgrouter("run", "-c", str(cfg), "--until-caught-up")  # run says the same
+            assert run.returncode != 0 and expect in run.stderr, run.stderr[-2000:]
+    finally:
+        taken.close()
+
+
 def test_check_reports_every_problem_with_its_key(table, tmp_path):
     pg, name = table
     pg.run(f"create table {name}_nokey (a int, b text)")

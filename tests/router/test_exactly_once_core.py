@@ -90,6 +90,7 @@ def test_fenced_is_never_retried():
     ('progress_topic = "pgrouter.schemas"', "kafka.progress_topic"),
     ('progress_topic = "bad topic"', "kafka.progress_topic"),
     ("transaction_interval_ms = -1", "kafka.transaction_interval_ms"),
+    ("transaction_interval_ms = 75000", "kafka.transaction_interval_ms"),
     ('format = "avro"', "kafka.format"),
 ])
 def test_bad_settings_name_their_key(extra, path):
