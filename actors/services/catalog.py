@@ -315,7 +315,8 @@ def route_findings(cfg: Config, catalog: Catalog, *,
                             for m, warning in _table_problems(table, res, ops, tables))
             problems.extend(("source.publications", f"route {route.name!r}, table {name}: {m}",
                              False)
-                            for m in _slot_problems(table, res, ops, slot_pubs, tables))
+                            for m in _slot_problems(table, res, ops, slot_pubs, tables,
+                                                    selector=not route.publication_names()))
     return problems
 
 
@@ -380,7 +381,11 @@ def _table_problems(table: TableInfo, res: Resolved, ops, tables) -> list[tuple[
     return list(dict.fromkeys(out))
 
 
-def _slot_problems(table: TableInfo, res: Resolved, ops, slot_pubs, tables) -> list[str]:
+def _slot_problems(table: TableInfo, res: Resolved, ops, slot_pubs, tables, *,
+                   selector: bool = False) -> list[str]:
+    """``selector``: a route written in the config (``tables``/``schemas``/``all_tables``):
+    without ``columns`` it takes a table's columns as a publication without a column list
+    sends them, stored generated ones only where the slot's publications publish them."""
     try:
         slot = resolve(table, slot_pubs, tables)
     except ConfigError as exc:
@@ -406,7 +411,8 @@ def _slot_problems(table: TableInfo, res: Resolved, ops, slot_pubs, tables) -> l
                        f"{' OR '.join(want) if want else '(no filter)'}")
     if slot.columns is not None:
         info = tables.get(res.publish_as, table)
-        needed = res.columns if res.columns is not None else {c.name for c in info.columns}
+        needed = res.columns if res.columns is not None else {
+            c.name for c in info.columns if not (selector and c.generated)}
         for action in ("insert", "update", "delete"):
             try:
                 needed = needed | set().union(*(f.columns_used
