@@ -3,8 +3,9 @@
 What it shows, read from the servers (never from a running router, which may be down):
 the slot (active, confirmed flush LSN, lag in bytes, WAL retained, ``wal_status``, WAL left
 before ``max_slot_wal_keep_size`` would invalidate it), and per route the Kafka topics its
-topic template produces with their record counts (end offsets) and the commit time of the
-newest record delivered to each. ``--json`` prints the same as one JSON object.
+topic template produces with their offsets (the record count, unless Kafka transactions
+write the topic: ``[kafka] exactly_once``, whose commit markers take offsets too) and the
+commit time of the newest record delivered to each (pgrouter's format or Connect's). ``--json`` prints the same as one JSON object.
 
 Exit status: 0, or 1 when the slot is missing or invalidated or a server cannot be reached
 (what could be read is still printed).
@@ -25,9 +26,13 @@ from router.errors import PgRouterError
 from router.lsn import format_lsn
 
 from ..pipeline.slot_monitor import sample_slot
+from ..services.preflight import known_api_version, probe_kafka
 from ..services.sql import SqlSession
 
 KAFKA_TIMEOUT = 10.0
+#: offsets read back from each partition's end of a transactional topic for the newest commit
+#: time (a Kafka transaction ends with a marker per partition)
+TAIL = 20
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -65,46 +70,60 @@ def topic_pattern(template: str, route: str) -> re.Pattern:
 
 
 def kafka_status(cfg: Config) -> dict[str, list[dict]]:
-    """route name -> its topics with record counts and the newest record's commit time."""
+    """route name -> its topics with offsets (record counts without exactly-once) and the
+    newest record's commit time."""
     from kafka import KafkaConsumer, TopicPartition
 
+    probe_kafka(cfg.kafka.bootstrap_servers)  # an unreachable Kafka says so within seconds
     consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers,
                              enable_auto_commit=False, request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
-                             consumer_timeout_ms=2000)
+                             consumer_timeout_ms=2000, isolation_level="read_committed",
+                             **known_api_version(cfg.kafka.bootstrap_servers))
     try:
         topics = sorted(consumer.topics())
         out: dict[str, list[dict]] = {}
         for route in cfg.routes:
             pattern = topic_pattern(route.topic, route.name)
-            out[route.name] = [_topic(consumer, TopicPartition, t)
+            out[route.name] = [_topic(consumer, TopicPartition, t, cfg.kafka.exactly_once)
                                for t in topics if pattern.match(t)]
         return out
     finally:
         consumer.close()
 
 
-def _topic(consumer, TopicPartition, topic: str) -> dict:
+def _commit_time(value: bytes | None) -> str | None:
+    """``source.commit_time`` of a record in pgrouter's format or Kafka Connect's."""
+    try:
+        doc = json.loads(value)
+        source = (doc["payload"] if "payload" in doc and "schema" in doc else doc)["source"]
+        return source.get("commit_time")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _topic(consumer, TopicPartition, topic: str, transactional: bool) -> dict:
+    """Offsets, records (``None`` when Kafka transactions write the topic: their commit
+    markers take offsets too) and the newest commit time among each partition's last
+    records (the last offsets of a transactional topic are markers, not records)."""
     tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
     if not tps:
-        return {"topic": topic, "records": 0, "last_commit_time": None}
+        return {"topic": topic, "offsets": 0, "records": 0, "last_commit_time": None}
     ends = consumer.end_offsets(tps)
     begins = consumer.beginning_offsets(tps)
     consumer.assign(tps)
     last = None
     for tp in tps:
-        if ends[tp] > begins[tp]:
-            consumer.seek(tp, ends[tp] - 1)
-    for _ in range(5):
+        consumer.seek(tp, max(begins[tp], ends[tp] - (TAIL if transactional else 1)))
+    for _ in range(10):
         for msgs in consumer.poll(timeout_ms=500).values():
             for m in msgs:
-                try:
-                    t = json.loads(m.value)["source"]["commit_time"]
-                except (ValueError, KeyError, TypeError):
-                    continue
-                last = t if last is None or t > last else last
+                t = _commit_time(m.value)
+                if t is not None and (last is None or t > last):
+                    last = t
         if all(consumer.position(tp) >= ends[tp] for tp in tps):
             break
-    return {"topic": topic, "records": sum(ends[tp] - begins[tp] for tp in tps),
+    offsets = sum(ends[tp] - begins[tp] for tp in tps)
+    return {"topic": topic, "offsets": offsets, "records": None if transactional else offsets,
             "last_commit_time": last}
 
 
@@ -148,7 +167,9 @@ def _text(report: dict) -> str:
     for route, topics in report["routes"].items():
         lines.append(f"route {route}: {len(topics)} topic(s)")
         for t in topics:
-            lines.append(f"  {t['topic']}: {t['records']} records, last commit "
+            count = (f"{t['records']} records" if t["records"] is not None else
+                     f"{t['offsets']} offsets (records and Kafka transaction markers)")
+            lines.append(f"  {t['topic']}: {count}, last commit "
                          f"{t['last_commit_time'] or '-'}")
     lines.append(f"last delivered commit: {report['last_delivered_commit_time'] or '-'}")
     lines.extend(report["problems"])

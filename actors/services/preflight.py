@@ -275,7 +275,7 @@ def kafka_admin(cfg: Config):
     answer within ``KAFKA_TIMEOUT`` is ``SinkUnavailable``."""
     from kafka import KafkaAdminClient
 
-    _probe(cfg.kafka.bootstrap_servers)
+    probe_kafka(cfg.kafka.bootstrap_servers)
     settings = translate(dict(cfg.kafka.settings), KAFKA_PYTHON)
     security = {k: v for k, v in settings.items()
                 if k.startswith(("security_", "sasl_", "ssl_")) or k == "client_id"}
@@ -293,7 +293,7 @@ def kafka_admin(cfg: Config):
     return admin
 
 
-def _probe(bootstrap_servers) -> None:
+def probe_kafka(bootstrap_servers) -> None:
     """A refused or unroutable address fails here within ``KAFKA_TIMEOUT`` / 2 and says so,
     rather than after the admin client's whole bootstrap wait."""
     errors = []
@@ -337,7 +337,7 @@ def _admin(cfg: Config):
 
     if cfg.kafka.client != "librdkafka":
         return KafkaPythonAdmin(kafka_admin(cfg))
-    _probe(cfg.kafka.bootstrap_servers)
+    probe_kafka(cfg.kafka.bootstrap_servers)
     try:
         return RdKafkaAdmin(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings),
                             KAFKA_TIMEOUT)

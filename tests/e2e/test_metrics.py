@@ -250,3 +250,50 @@ def test_status_of_a_missing_slot_fails_with_a_line(metrics_setup):
     assert proc.returncode == 1
     assert f"replication slot {name!r} does not exist" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "connect"])
+def test_status_of_exactly_once_topics(pg_dsn, kafka_bootstrap, tmp_path, fmt):
+    """Kafka transactions end with a marker per partition: `status` finds the newest commit
+    time behind them (pgrouter's format and Connect's), and says offsets, not records."""
+    from tests.helpers import run_router
+
+    pg = Pg(pg_dsn)
+    name = unique("st")
+    pg.run(f"create table {name} (id int primary key, v text)")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       kafka_extra=f'exactly_once = true\nprogress_topic = "{name}.p"\n'
+                                   f'format = "{fmt}"\n',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\ntopic_settings = {{ partitions = 2 }}\n')
+    try:
+        run_router(cfg)
+        for i in range(3):
+            pg.run(f"insert into {name} values ({i}, 'x')")
+        run_router(cfg)
+        proc = status(cfg, "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (topic,) = json.loads(proc.stdout)["routes"][name]
+        assert topic["last_commit_time"], topic
+        assert topic["records"] is None and topic["offsets"] > 3, topic
+        assert "offsets (records and Kafka transaction markers)" in status(cfg).stdout
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}; drop table {name}")
+        pg.close()
+
+
+def test_status_with_kafka_down_answers_within_seconds(metrics_setup, tmp_path):
+    pg, name, cfg, _ = metrics_setup
+    down = tmp_path / "down.toml"
+    down.write_text(cfg.read_text().replace(
+        [ln for ln in cfg.read_text().splitlines() if ln.startswith("bootstrap_servers")][0],
+        'bootstrap_servers = "127.0.0.1:1"'))
+    started = time.monotonic()
+    proc = status(down)
+    took = time.monotonic() - started
+    assert proc.returncode == 1 and "Kafka not reachable" in proc.stdout, proc.stdout
+    assert took < 15, took  # the process with its imports; the client waited 30 s before
+    assert "Traceback" not in proc.stderr
