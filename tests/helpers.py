@@ -134,10 +134,12 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def read_topic(bootstrap: str, topic: str, *, timeout: float = 60) -> list[dict]:
+def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,
+               missing_ok: bool = False) -> list[dict]:
     """Every record of ``topic`` (all partitions) up to its end offsets at call time, as
     dicts with key, value (decoded JSON), headers, partition, offset, timestamp (ms) and
-    timestamp_type (1: the broker's append time)."""
+    timestamp_type (1: the broker's append time). A topic that does not exist fails the test
+    (a wrong name must not read as "no records") unless ``missing_ok``: then it has none."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
@@ -153,7 +155,10 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 60) -> list[dict]
             consumer.topics()
             parts = consumer.partitions_for_topic(topic)
         if not parts:
-            return []
+            if missing_ok:
+                return []
+            raise AssertionError(f"topic {topic} does not exist (missing_ok=True when none "
+                                 "may be made)")
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)

@@ -240,3 +240,38 @@ def test_config_routes_take_a_table_with_a_stored_generated_column(table, kafka_
         pg.drop_slot(name)
         pg.run(f"drop schema {name}_s cascade")
         delete_topics(kafka_bootstrap, [f"{name}.t", f"{name}.s"])
+
+
+@pytest.mark.parametrize("slot_pub, expect", [
+    ("for table {t} where (grp > 100)",
+     "the slot's publications filter INSERT with (grp > 100), narrower than the route's "
+     "(grp > 10)"),
+    ("for table {t} with (publish = 'insert, update')",
+     "the slot's publications do not publish DELETE"),
+    ("for table {t} (id, v)", "the slot's publications send only columns ['id', 'v']; "
+                              "the route needs ['grp'] too"),
+    ("for tables in schema {t}_x", "not in the slot's publications (source.publications)"),
+])
+def test_a_slot_narrower_than_a_route_is_refused(table, kafka_bootstrap, tmp_path, slot_pub,
+                                                 expect):
+    """The slot streams what its publications send: a route that needs more (rows, actions,
+    columns, tables) would silently miss it, so `check` and `run` refuse, naming the gap."""
+    pg, name = table
+    pg.run(f"create publication {name}_f for table {name} where (grp > 10)")
+    pg.run(f"create schema {name}_x")
+    pg.run(f"create publication {name}_slot {slot_pub.format(t=name)}")
+    try:
+        cfg = write_config(tmp_path / "n.toml", dsn=pg.dsn, slot=name,
+                           publications=[f"{name}_slot"], bootstrap=kafka_bootstrap,
+                           routes=f'[[routes]]\nname = "r"\npublication = "{name}_f"\n')
+        check = pgrouter("check", "-c", str(cfg))
+        assert check.returncode == 1, check.stdout
+        want = f"source.publications: route 'r', table public.{name}: {expect}"
+        assert want in check.stdout, check.stdout
+        run = pgrouter("run", "-c", str(cfg), "--until-caught-up")
+        assert run.returncode != 0 and expect in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr
+        assert not pg.run("select 1 from pg_replication_slots where slot_name = %s", name)
+    finally:
+        pg.run(f"drop publication if exists {name}_slot")
+        pg.run(f"drop schema {name}_x")
