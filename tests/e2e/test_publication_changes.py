@@ -30,7 +30,7 @@ from router.definitions import PREFIX
 from router.pgoutput import Decoder
 from router.relations import RelationCache
 from router.transactions import Transaction, TransactionAssembler
-from tests.helpers import (ROOT, Pg, kill9, pg_text, read_topic, run_router, start_router,
+from tests.helpers import (ROOT, Pg, database_dsn, kill9, pg_text, read_topic, run_router, start_router,
                            unique, write_config)
 
 pytestmark = pytest.mark.services
@@ -279,8 +279,12 @@ def test_without_the_trigger_changes_are_polled_with_a_warning(pg_dsn, kafka_boo
     warns that positions are approximate and applies it from then on; ``setup`` refuses
     that role in one line; a superuser's ``check`` says the router would install it, and
     after ``setup`` ``check`` says the route follows the WAL."""
-    pg = Pg(pg_dsn)
+    # a database of its own: removing the trigger here never changes what other tests see
+    server = Pg(pg_dsn)
     u = unique("pp")
+    server.run(f"create database {u}_db")
+    pg_dsn = database_dsn(pg_dsn, f"{u}_db")
+    pg = Pg(pg_dsn)
     t, role = f"t_{u}", f"{u}_role"
     pg.run(f"create role {role} login replication")
     role_dsn = pg_dsn.replace("postgres@", f"{role}@", 1)
@@ -352,5 +356,8 @@ def test_without_the_trigger_changes_are_polled_with_a_warning(pg_dsn, kafka_boo
         pg.drop_slot(f"{u}_router")
         pg.run(f"drop publication if exists pf_{u}, sp_{u}")
         pg.run(f"drop table if exists {t}")
-        pg.run(f"drop owned by {role}; drop role if exists {role}")
+        pg.run(f"drop owned by {role}")
         pg.close()
+        server.run(f"drop database {u}_db with (force)")
+        server.run(f"drop role if exists {role}")
+        server.close()
