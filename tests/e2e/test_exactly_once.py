@@ -20,6 +20,7 @@ import time
 import psycopg2
 import pytest
 
+from tests.e2e.guarantee import ConfirmSampler
 from tests.helpers import (ROOT, Pg, kill9, run_router, start_router, unique,
                            write_config)
 
@@ -156,10 +157,18 @@ def test_kill9_leaves_each_change_once_for_read_committed(table, kafka_bootstrap
     load.start()
     rng = random.Random(18)
     samples = []
+    seen = 0
     for i in range(4):
-        proc = start_router(cfg, tmp_path / f"router-{i}.log")
-        time.sleep(rng.uniform(1.5, 4.0))
-        assert proc.poll() is None, (tmp_path / f"router-{i}.log").read_text()[-3000:]
+        log = tmp_path / f"router-{i}.log"
+        proc = start_router(cfg, log)
+        # placed by observed progress: this run has committed new changes to Kafka
+        deadline = time.monotonic() + 120
+        while len(changes(kafka_bootstrap, name)) < seen + 300:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(rng.uniform(0.0, 1.0))
+        assert proc.poll() is None, log.read_text()[-3000:]
         kill9(proc)
         deadline = time.monotonic() + 30
         while pg.one("select active from pg_replication_slots where slot_name = %s", name):
@@ -167,7 +176,9 @@ def test_kill9_leaves_each_change_once_for_read_committed(table, kafka_bootstrap
             time.sleep(0.2)
         confirmed = parse_lsn(pg.one("select confirmed_flush_lsn::text from "
                                      "pg_replication_slots where slot_name = %s", name))
-        in_kafka = {c["after"]["id"] for c in changes(kafka_bootstrap, name) if c["op"] == "c"}
+        now = changes(kafka_bootstrap, name)
+        seen = len(now)
+        in_kafka = {c["after"]["id"] for c in now if c["op"] == "c"}
         samples.append((confirmed, in_kafka))
     load.join(timeout=300)
     assert not load.is_alive() and load.error is None, f"load failed: {load.error!r}"
@@ -341,22 +352,35 @@ def test_broker_restart_leaves_each_change_once(own_stack, tmp_path):
         run_router(cfg)
         proc = start_router(cfg, tmp_path / "router.log")
         load = Load(info.pg_dsn, name, rows)
+        sampler = ConfirmSampler(info.pg_dsn, name)
         try:
             wait_for_line(tmp_path / "router.log", "streaming started", proc, timeout=120)
             load.start()
-            wait_for_line(tmp_path / "router.log", "schema published", proc)
-            time.sleep(1)  # the broker goes away while transactions are being written
+            sampler.start()
+            # the broker goes away while transactions are being written: placed by the
+            # changes Kafka already committed
+            deadline = time.monotonic() + 120
+            while len(changes(info.kafka_bootstrap, name)) < 500:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
             devstack.stop_service(root, "kafka")
-            time.sleep(3)
+            stopped = time.time()
+            time.sleep(5)
+            down = sampler.between(stopped + 1.5, time.time())  # past in-flight confirms
             devstack.ensure_up(root)
+            # no Kafka commit while the broker is down, so no confirmation either
+            assert len(down) > 20 and len({c for _, c in down}) == 1, down[:3] + down[-3:]
             load.join(timeout=300)
             assert load.error is None, load.error
             time.sleep(2)
             assert proc.poll() is None, (tmp_path / "router.log").read_text()[-3000:]
         finally:
+            sampler.stop()
             proc.terminate()
             proc.wait(timeout=120)
         assert proc.returncode == 0, (tmp_path / "router.log").read_text()[-3000:]
+        assert max(c for _, c in sampler.samples) > max(c for _, c in down), \
+            "the router confirmed nothing after the broker came back"
         run_router(cfg, timeout=300)
         records = changes(info.kafka_bootstrap, name)
         positions = [(r["source"]["commit_lsn"], r["source"]["seq"]) for r in records]
