@@ -187,7 +187,7 @@ def run_null_router(cfg_path: str) -> None:
     import trio
 
     from actors.services import log
-    from actors.pipeline.supervisor import Supervisor
+    from actors.runner.supervisor import Supervisor
     from router.config import load_config
 
     cfg = load_config(cfg_path)

@@ -143,7 +143,7 @@ def _delete_topics(bootstrap: str, topics: list[str]) -> None:
 
 def idle_rss() -> int:
     """Peak RSS of a router process that only starts (``--help`` after the imports)."""
-    code = ("import actors.cli.run, actors.pipeline.supervisor, actors.kafka.librdkafka, "
+    code = ("import actors.cli.run, actors.runner.supervisor, actors.kafka.librdkafka, "
             "actors.kafka.kafka_python")
     rss, _, _, _ = peak_rss([sys.executable, "-c", code])
     return rss

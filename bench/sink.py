@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import msgspec  # noqa: E402
 
-from actors.pipeline.sink import TopicSpec  # noqa: E402
+from router.topics import TopicSpec  # noqa: E402
 from router.routing import CHUNK_RECORDS  # noqa: E402
 
 CLIENTS = ("kafka-python", "librdkafka")

@@ -35,6 +35,19 @@ _KEPT = frozenset(string.ascii_letters + string.digits + "_")
 TableName = tuple[str, str]
 
 
+class TopicSpec:
+    """A topic to create when missing: name, partitions, replication factor, configs."""
+
+    __slots__ = ("name", "partitions", "replication_factor", "configs")
+
+    def __init__(self, name: str, partitions: int = 1, replication_factor: int = 1,
+                 configs: dict[str, str] | None = None):
+        self.name = name
+        self.partitions = partitions
+        self.replication_factor = replication_factor
+        self.configs = configs or {}
+
+
 def escape(identifier: str) -> str:
     """A schema or table name as it appears in a topic name (see the module rules)."""
     if _KEPT.issuperset(identifier):

@@ -21,7 +21,7 @@ import trio_asyncio
 from router.config import Config, load_config
 from router.errors import ConfigError, PgRouterError
 
-from ..pipeline.definitions_state import mode as publication_mode
+from ..services.publication_mode import mode as publication_mode
 from ..services import preflight
 from ..services.publication_trigger import installed
 from ..services.retry import primary

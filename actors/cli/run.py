@@ -11,7 +11,7 @@ from router.config import load_config
 from router.errors import ConfigError
 
 from ..services import log
-from ..pipeline.supervisor import Supervisor
+from ..runner.supervisor import Supervisor
 
 #: seconds of transient failures after which ``--until-caught-up`` gives up by default
 UNTIL_CAUGHT_UP_RETRY_TIMEOUT = 120.0

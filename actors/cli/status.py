@@ -26,7 +26,8 @@ from router.errors import PgRouterError
 from router.lsn import format_lsn
 
 from ..pipeline.slot_monitor import sample_slot
-from ..services.preflight import known_api_version, probe_kafka
+from ..kafka.versions import known_api_version
+from ..services.preflight import probe_kafka
 from ..services.sql import SqlSession
 
 KAFKA_TIMEOUT = 10.0

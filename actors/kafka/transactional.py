@@ -25,11 +25,11 @@ import threading
 import time
 import warnings
 
-from router.errors import SinkError, SinkUnavailable
-from router.errors import ConfigError
+from router.errors import ConfigError, SinkError, SinkUnavailable
 from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, ProducerFenced, Stream,
                                  committed_position, decode_progress, fenced_line,
                                  foreign_stream, progress_record, shared_id_line)
+from router.topics import TopicSpec
 
 #: seconds Kafka's transaction calls may take (init waits for a predecessor's abort)
 TXN_TIMEOUT = 60.0
@@ -107,7 +107,6 @@ class TransactionalClient:
     # -- start --------------------------------------------------------------------------------
 
     def start(self, replication_factor: int = 1) -> int:
-        from actors.pipeline.sink import TopicSpec
 
         self.inner.ensure_topics([TopicSpec(self.progress_topic, 1, replication_factor,
                                             dict(PROGRESS_TOPIC_CONFIGS))])

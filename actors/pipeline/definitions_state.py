@@ -2,7 +2,7 @@
 
 Rules:
 
-* Routes that name publications follow them (``follows_publications``). Mode ``wal``: the
+* Routes that name publications follow them (``services.publication_mode``). Mode ``wal``: the
   event trigger of ``pgrouter setup`` is installed (``source.publication_changes`` "auto" or
   "wal"; with "auto" a superuser router installs it itself); definitions change at their
   position in the stream (``router.definitions``).
@@ -28,105 +28,27 @@ from __future__ import annotations
 import logging
 import time
 
-import asyncpg
 import msgspec
 import trio
 
 from router.config import Config
 from router.definitions import Definitions, StateRecord, catalog_from_snapshot, \
     parse_message, state_at
-from router.errors import ConfigError, SinkUnavailable
+from router.errors import SinkUnavailable
 from router.lsn import format_lsn
 
+from router.topics import TopicSpec
+
+from ..kafka.versions import known_api_version
 from ..services import log
 from ..services import publication_trigger as trigger
 from ..services.catalog import build_route_specs, load_publications, route_publication_names
-from ..services.preflight import known_api_version
 from ..services.sql import SqlSession
-from .sink import TopicSpec
 
 _log = log.get("definitions")
 READ_TIMEOUT = 30.0
 #: the topic keeps every state record (they are small and rare)
 TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1"}
-
-
-def follows_publications(cfg: Config) -> bool:
-    return any(r.publication_names() for r in cfg.routes)
-
-
-#: route publications whose catalog rows were written by a transaction the slot may still
-#: have to decode (newer than its ``catalog_xmin``): changed within the backlog, perhaps
-_CHANGED_IN_BACKLOG = """
-select p.pubname from pg_publication p, pg_replication_slots s
-where s.slot_name = $1 and p.pubname = any($2::text[]) and s.catalog_xmin is not null
-  and (age(p.xmin) <= age(s.catalog_xmin)
-       or exists (select from pg_publication_rel r where r.prpubid = p.oid
-                  and age(r.xmin) <= age(s.catalog_xmin)))
-order by 1
-"""
-
-
-async def warn_unplaced(sql: SqlSession, cfg: Config, why: str) -> None:
-    """Say so when a route publication may have changed inside the slot's backlog while no
-    trigger recorded where: the current definition then applies to all of the backlog."""
-    names = await sql.fetch(_CHANGED_IN_BACKLOG, cfg.source.slot, route_publication_names(cfg))
-    if names:
-        log.event(_log, f"publication(s) changed inside the slot's backlog with {why}: the "
-                  "current definitions apply to all of it, positions of those changes are "
-                  "unknown", level=logging.WARNING,
-                  publications=",".join(r["pubname"] for r in names))
-
-
-async def warn_unmarked(sql: SqlSession, cfg: Config) -> None:
-    """Without the TRUNCATE markers of ``pgrouter setup`` a partitioned table's own TRUNCATE
-    cannot be told from its partitions' (``router.truncates``): say so when a route
-    publication publishes TRUNCATE via the root."""
-    names = await sql.fetch("select pubname from pg_publication where pubname = any($1::text[])"
-                            " and pubviaroot and pubtruncate order by 1",
-                            route_publication_names(cfg))
-    if names:
-        log.event(_log, "TRUNCATE of partitioned tables these publications publish via their "
-                  "root is not sent without the markers of 'pgrouter setup' (a partition's "
-                  "own TRUNCATE, which PostgreSQL does not send, looks the same in the slot)",
-                  level=logging.WARNING, publications=",".join(r["pubname"] for r in names))
-
-
-async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | None:
-    """"wal", "poll", or None when no route follows a publication. Without ``install`` a
-    superuser's "auto" says "wal" without installing anything."""
-    if not follows_publications(cfg):
-        return None
-    wanted = cfg.source.publication_changes
-    if wanted == "poll":
-        if install:
-            await warn_unplaced(sql, cfg, "publication changes polled")
-            if not await trigger.installed(sql):
-                await warn_unmarked(sql, cfg)
-        return "poll"
-    if await trigger.installed(sql):
-        return "wal"
-    if wanted == "auto" and await trigger.superuser(sql):
-        if not install:
-            return "wal"
-        try:
-            await trigger.install(sql)
-        except asyncpg.PostgresError as exc:  # e.g. another router installing it right now
-            log.event(_log, "could not install the event trigger", error=str(exc),
-                      level=logging.WARNING)
-        if await trigger.installed(sql):
-            log.event(_log, "event trigger installed: publication changes apply at their "
-                      "WAL position", triggers=",".join(trigger.TRIGGERS))
-            await warn_unplaced(sql, cfg, "no event trigger installed yet")
-            return "wal"
-    if install:
-        await warn_unplaced(sql, cfg, "publication changes polled")
-        await warn_unmarked(sql, cfg)
-    if wanted == "wal":
-        raise ConfigError("publication changes at WAL positions need the event trigger: run "
-                          "'pgrouter setup -c FILE' as a superuser",
-                          path="source.publication_changes")
-    return "poll"
 
 
 def _kafka_settings(cfg: Config) -> dict:

@@ -41,6 +41,7 @@ from router.connect_format import ConnectFormat
 from router.errors import SinkError
 from router.routing import RoutedChunk
 from router.schema import encode_schema
+from router.topics import TopicSpec
 
 from ..services import log
 from .mailbox import Begin, Done, Hold, Keepalive
@@ -48,17 +49,6 @@ from .mailbox import Begin, Done, Hold, Keepalive
 _log = log.get("sink")
 #: channel items taken together at most (each a chunk of at most CHUNK_RECORDS records)
 MAX_GROUP = 64
-
-
-class TopicSpec:
-    __slots__ = ("name", "partitions", "replication_factor", "configs")
-
-    def __init__(self, name: str, partitions: int = 1, replication_factor: int = 1,
-                 configs: dict[str, str] | None = None):
-        self.name = name
-        self.partitions = partitions
-        self.replication_factor = replication_factor
-        self.configs = configs or {}
 
 
 class _Txn:

@@ -12,10 +12,9 @@ Rules:
   identity key (``relreplident``: primary key for DEFAULT, the ``indisreplident`` index for
   USING INDEX, every column for FULL, none for NOTHING), partition ancestors
   (``pg_inherits``, parent first) and leaf partitions.
-* Publications: ``pg_publication`` (actions, ``puballtables``, ``pubviaroot``,
-  ``pubgencols`` on 18+), ``pg_publication_namespace`` (TABLES IN SCHEMA) and
-  ``pg_publication_rel`` with the row
-  filter as ``pg_get_expr(prqual, prrelid)`` prints it and the column list as names.
+* Publications: ``pg_publication`` (actions, ``puballtables``, ``pubviaroot``, ``pubgencols``
+  on 18+), ``pg_publication_namespace`` (TABLES IN SCHEMA), ``pg_publication_rel`` (the row
+  filter as ``pg_get_expr(prqual, prrelid)`` prints it, the column list as names).
 """
 
 from __future__ import annotations
@@ -298,10 +297,9 @@ def route_findings(cfg: Config, catalog: Catalog, *,
             continue
         for j, t in enumerate(route.tables):
             if qualified(t) not in tables:
-                problems.append((f"routes[{i}].tables[{j}]", f"table {t} does not exist",
-                                 False))
-        resolver = _route_resolver(route, catalog)
-        ops = frozenset(route.operations)
+                problems.append((f"routes[{i}].tables[{j}]", f"table {t} does not exist", False))
+        resolver, ops = _route_resolver(route, catalog), frozenset(route.operations)
+        selector = not route.publication_names()
         for table in leaves:
             try:
                 res = resolver(table.qualified, None)
@@ -314,9 +312,8 @@ def route_findings(cfg: Config, catalog: Catalog, *,
             problems.extend((path, f"table {name}: {m}", warning)
                             for m, warning in _table_problems(table, res, ops, tables))
             problems.extend(("source.publications", f"route {route.name!r}, table {name}: {m}",
-                             False)
-                            for m in _slot_problems(table, res, ops, slot_pubs, tables,
-                                                    selector=not route.publication_names()))
+                             False) for m in _slot_problems(table, res, ops, slot_pubs,
+                                                            tables, selector=selector))
     return problems
 
 
@@ -383,9 +380,7 @@ def _table_problems(table: TableInfo, res: Resolved, ops, tables) -> list[tuple[
 
 def _slot_problems(table: TableInfo, res: Resolved, ops, slot_pubs, tables, *,
                    selector: bool = False) -> list[str]:
-    """``selector``: a route written in the config (``tables``/``schemas``/``all_tables``):
-    without ``columns`` it takes a table's columns as a publication without a column list
-    sends them, stored generated ones only where the slot's publications publish them."""
+    """``selector`` (a config route without ``columns``): needs no stored generated column."""
     try:
         slot = resolve(table, slot_pubs, tables)
     except ConfigError as exc:
@@ -412,7 +407,7 @@ def _slot_problems(table: TableInfo, res: Resolved, ops, slot_pubs, tables, *,
     if slot.columns is not None:
         info = tables.get(res.publish_as, table)
         needed = res.columns if res.columns is not None else {
-            c.name for c in info.columns if not (selector and c.generated)}
+            c.name for c in info.columns if not (selector and c.generated)}  # as sent
         for action in ("insert", "update", "delete"):
             try:
                 needed = needed | set().union(*(f.columns_used

@@ -43,25 +43,14 @@ from router.publications import Catalog
 
 from . import log
 from .catalog import build_route_specs, load_catalog, route_findings, routed_tables
-from ..pipeline import failover
+from . import failover
+from ..kafka.versions import remember_api_version
 from .sql import SqlSession, source_error
 from .topic_names import route_topic_problems
 
 _log = log.get("preflight")
 #: seconds a Kafka admin request (and the first contact) may take before Kafka counts as down
 KAFKA_TIMEOUT = 5.0
-#: bootstrap servers -> the broker version the checks' admin client found; a kafka-python
-#: consumer made later (snapshot progress, definitions) is given it rather than probing
-#: again, which costs it ~0.1 s at every start
-_BROKER_VERSIONS: dict[str, tuple] = {}
-
-
-def known_api_version(bootstrap_servers) -> dict:
-    """``{"api_version": …}`` for a kafka-python client when the checks found it, else {}."""
-    found = _BROKER_VERSIONS.get(str(bootstrap_servers))
-    return {} if found is None else {"api_version": found}
-
-
 class Finding(NamedTuple):
     path: str
     message: str
@@ -88,7 +77,7 @@ async def startup_checks(sql: SqlSession, cfg: Config, *, log_warnings: bool) ->
     router error, warnings are logged (when asked). Returns the catalog it read. When route
     publications are followed at their WAL position (``publication_changes`` in mode "wal"),
     one dropped by now is a warning: the slot's backlog may still use it."""
-    from ..pipeline.definitions_state import mode
+    from .publication_mode import mode
 
     followed = await mode(sql, cfg, install=False) == "wal"
     findings, catalog = await source_findings(sql, cfg, slot_busy=False,
@@ -288,8 +277,7 @@ def kafka_admin(cfg: Config):
         raise SinkUnavailable(f"kafka.bootstrap_servers: Kafka not reachable at "
                               f"{cfg.kafka.bootstrap_servers}: {exc}") from exc
     version = getattr(getattr(admin, "_manager", None), "broker_version", None)
-    if isinstance(version, tuple):  # learnt while bootstrapping (kafka-python 3)
-        _BROKER_VERSIONS[str(cfg.kafka.bootstrap_servers)] = version
+    remember_api_version(cfg.kafka.bootstrap_servers, version)  # learnt while bootstrapping
     return admin
 
 

@@ -42,9 +42,11 @@ from router.routing import ChangeRouter
 from router.snapshot import Progress, TABLE_SHIFT, initial_position
 from router.snapshot_rows import SnapshotRows
 
-from ..pipeline import failover
+from ..services import failover
 from ..pipeline.mailbox import CHUNKS, Done
-from ..pipeline.sink import SinkActor, TopicSpec, record_reshaper
+from router.topics import TopicSpec
+
+from ..pipeline.sink import SinkActor, record_reshaper
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession

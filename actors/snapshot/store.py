@@ -23,8 +23,8 @@ from router.errors import SinkUnavailable
 from router.kafka_settings import KAFKA_PYTHON, translate
 from router.snapshot import Progress, decode_progress, encode_progress, progress_key
 
-from ..pipeline.sink import TopicSpec
-from ..services.preflight import known_api_version
+from router.topics import TopicSpec
+from ..kafka.versions import known_api_version
 
 
 def _consumer_settings(cfg: Config) -> dict:

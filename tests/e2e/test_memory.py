@@ -63,7 +63,7 @@ def test_huge_transaction_runs_in_bounded_memory(client, pg_dsn, kafka_bootstrap
         pg.run(f"insert into {name} select g, g % 1000 from generate_series(1, {ROWS}) g")
         # the same process doing nothing but importing what the router imports
         idle, code, _ = peak_rss([sys.executable, "-c", "import actors.cli.run, "
-                                  "actors.pipeline.supervisor, actors.kafka.librdkafka, "
+                                  "actors.runner.supervisor, actors.kafka.librdkafka, "
                                   "actors.kafka.kafka_python"])
         assert code == 0
         rss, code, log = peak_rss(router_cmd(cfg, "--until-caught-up"))

@@ -147,7 +147,7 @@ def test_slot_in_use_by_another_process_is_reported(table, kafka_bootstrap, tmp_
                                 "and active", name), timeout=30, what="the first router")
         env_cfg = cfg
         proc = subprocess.run([sys.executable, "-c",
-                               "import actors.pipeline.supervisor as s, sys; s.SLOT_BUSY_WAIT = 1; "
+                               "import actors.runner.source as s, sys; s.SLOT_BUSY_WAIT = 1; "
                                "from actors.cli import main; sys.exit(main(sys.argv[1:]))",
                                "run", "-c", str(env_cfg), "--until-caught-up"],
                               capture_output=True, text=True, timeout=60, cwd=ROOT)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import trio_asyncio
 
-from actors.pipeline import failover
+from actors.services import failover
 from actors.services.sql import SqlSession
 from router.config import SourceConfig
 from router.errors import ConfigError, SlotBehind, SlotMissing, is_retryable

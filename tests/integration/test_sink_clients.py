@@ -24,7 +24,7 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from actors.kafka.kafka_python import KafkaPythonClient, murmur2
 from actors.kafka.librdkafka import RdKafkaClient
-from actors.pipeline.sink import TopicSpec
+from router.topics import TopicSpec
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkUnavailable
 from tests.helpers import Pg, run_router, unique, write_config
 from tests.helpers import read_topic as read_records

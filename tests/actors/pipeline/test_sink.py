@@ -8,7 +8,8 @@ import trio
 
 from actors.pipeline.mailbox import Begin, Done, Keepalive
 from actors.pipeline.progress import Stats
-from actors.pipeline.sink import SinkActor, TopicSpec
+from actors.pipeline.sink import SinkActor
+from router.topics import TopicSpec
 from router.delivery import Tally
 from router.errors import RecordTooLarge, SinkError
 from router.routing import RoutedChunk

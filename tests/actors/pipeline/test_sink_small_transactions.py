@@ -7,7 +7,8 @@ from __future__ import annotations
 import trio
 
 from actors.pipeline.mailbox import Begin, Done, Keepalive
-from actors.pipeline.sink import SinkActor, TopicSpec
+from actors.pipeline.sink import SinkActor
+from router.topics import TopicSpec
 from router.progress import ProgressTracker
 from router.routing import RoutedChunk
 

@@ -26,7 +26,7 @@ from router.errors import ConfigError, SlotBehind, SlotMissing
 from router.lsn import format_lsn, parse_lsn
 from router.server_features import ServerFeatures
 
-from ..services.sql import SqlSession
+from .sql import SqlSession
 
 FAILOVER = "failover slots (synchronised to a standby)"
 STANDBY = "logical decoding on a standby"

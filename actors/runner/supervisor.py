@@ -23,130 +23,49 @@ from __future__ import annotations
 import functools
 import signal
 from logging import WARNING
-import time
 
 import trio
 import trio_asyncio
 
-from router.config import Config, mask_dsn, parse_listen
+from router.config import Config, parse_listen
 from router.following import DEFINITIONS_ROUTE
 from router.exactly_once import Stream
-from router.errors import (ConfigError, PgRouterError, PublicationMissing,
-                           SlotInUse, SlotMissing, SourceError)
+from router.errors import PgRouterError
 from router import native
 from router.lsn import format_lsn, parse_lsn
 from router.pgoutput import Decoder
 from router.keys import PrimaryKeys
 from router.relations import RelationCache
 from router.origins import rules_from_config
-from router.routing import ChangeRouter, RouteSpec
-from router.server_features import ServerFeatures
+from router.routing import ChangeRouter
 from router.transaction_meta import TransactionMeta
 from router.transactions import TransactionAssembler
 from router.publications import Catalog
+from router.topics import TopicSpec
 
 from ..services import log, preflight as checks
 from ..snapshot.backfill import backfill_stage
 from ..snapshot.initial import ensure_initial_snapshot
-from ..services.catalog import (build_route_specs, load_catalog, load_primary_keys,
-                                needs_catalog, route_problems)
-from . import failover
-from .decoder import DecoderActor
-from . import definitions_state
-from .delivery_watch import DeliveryWatch
-from .router_actor import RouterActor, TypeNames
-from .origin_filter import OriginFilterActor
-from .mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
+from ..services.catalog import load_catalog, load_primary_keys, needs_catalog, route_problems
+from ..services import failover, publication_mode
+from ..pipeline.decoder import DecoderActor
+from ..pipeline import definitions_state
+from ..pipeline.delivery_watch import DeliveryWatch
+from ..pipeline.router_actor import RouterActor, TypeNames
+from ..pipeline.origin_filter import OriginFilterActor
+from ..pipeline.mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
 from ..services.http import Endpoint, Health
 from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
-from .progress import ProgressActor, Stats
+from ..pipeline.progress import ProgressActor, Stats
 from ..services.retry import only_cancelled, primary, run_with_retries
-from .sink import TopicSpec
-from .transactional_sink import client_for, plain_client, sink_class
-from .slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
-from .slot_owner import SlotOwner, guarded
-from .slot_reader import SlotReader, pgoutput_options
+from ..pipeline.transactional_sink import client_for, plain_client, sink_class
+from ..pipeline.slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
+from ..pipeline.slot_owner import SlotOwner, guarded
+from ..pipeline.slot_reader import SlotReader, pgoutput_options
+from .source import ServerInfo, prepare_source, route_specs
 
 _log = log.get("supervisor")
-SLOT_BUSY_WAIT = 30.0
-
-
-class ServerInfo:
-    def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
-                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
-                 created_slot: bool = False, system_id: str = "", wal_end: int = 0):
-        self.system_id = system_id  # pg_control_system().system_identifier
-        self.wal_end = wal_end  # the server's WAL end when the router started
-        self.version = version
-        self.db = db
-        self.start_lsn = start_lsn
-        self.proto_version = proto_version
-        self.primary_keys = primary_keys or {}
-        self.created_slot = created_slot
-
-
-def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
-    """Route specs from the config; publication routes take their definitions from
-    ``catalog`` (``actors.services.catalog``), read at startup and again on SIGHUP."""
-    return build_route_specs(cfg, catalog)
-
-
-def max_proto_version(server_version: int) -> int:
-    return ServerFeatures(server_version).max_proto_version
-
-
-async def preflight(sql: SqlSession, cfg: Config) -> ServerInfo:
-    src = cfg.source
-    version = int(await sql.fetchval("select current_setting('server_version_num')"))
-    wal_level = await sql.fetchval("select current_setting('wal_level')")
-    if wal_level != "logical":
-        raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
-                          "wal_level=logical (and a restart)", path="source.dsn")
-    await failover.check_server(sql, src, version)
-    found = {r["pubname"] for r in await sql.fetch(
-        "select pubname from pg_publication where pubname = any($1::text[])", src.publications)}
-    missing = [p for p in src.publications if p not in found]
-    if missing:
-        raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
-                                 f"database {await sql.fetchval('select current_database()')}")
-    deadline = time.monotonic() + SLOT_BUSY_WAIT
-    created = False
-    while True:
-        row = await sql.fetch("select plugin, active, active_pid, confirmed_flush_lsn::text as lsn,"
-                              " database from pg_replication_slots where slot_name = $1", src.slot)
-        if not row:
-            if not src.create_slot:
-                raise SlotMissing(f"replication slot {src.slot!r} does not exist (set "
-                                  "source.create_slot = true to create it)")
-            await failover.create_slot(sql, src)
-            log.event(_log, "replication slot created", slot=src.slot)
-            created = True
-            continue
-        slot = row[0]
-        if slot["plugin"] != "pgoutput":
-            raise ConfigError(f"slot {src.slot!r} uses plugin {slot['plugin']}, not pgoutput",
-                              path="source.slot")
-        db = await sql.fetchval("select current_database()")
-        if slot["database"] != db:
-            raise ConfigError(f"slot {src.slot!r} belongs to database {slot['database']}, the "
-                              f"DSN connects to {db}", path="source.dsn")
-        if not slot["active"]:
-            await failover.check_slot(sql, src, version)
-            break
-        if time.monotonic() > deadline:
-            raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
-                            f"{slot['active_pid']}; stop that consumer first")
-        await trio.sleep(0.5)
-    proto = src.proto_version or max_proto_version(version)
-    if proto > max_proto_version(version):
-        raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
-                          f"{max_proto_version(version)} at most", path="source.proto_version")
-    pks = await load_primary_keys(sql)
-    system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
-    wal_end = parse_lsn(await sql.fetchval(failover.WAL_END))
-    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,
-                      created, system_id=system_id, wal_end=wal_end)
 
 
 class Supervisor:
@@ -170,7 +89,7 @@ class Supervisor:
         self.health = Health()
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
-        #: "wal"/"poll"/None (``definitions_state.mode``); with "wal" the routers' definitions
+        #: "wal"/"poll"/None (``publication_mode.mode``); with "wal" the routers' definitions
         self.publication_mode: str | None = None
         self.definitions = None
         self._flush: Latest | None = None  # the last run's confirmed position (failover)
@@ -230,10 +149,10 @@ class Supervisor:
                 self.client_factory is client_for) else self.client_factory, self.drain)
             if self.drain.is_set():  # stopped during the snapshot: it resumes at next start
                 return
-            info = await preflight(sql, cfg)
+            info = await prepare_source(sql, cfg)
             self.slot_owner.created |= info.created_slot
             refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
-            self.publication_mode = await definitions_state.mode(sql, cfg)
+            self.publication_mode = await publication_mode.mode(sql, cfg)
             if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
                 self.catalog = await load_catalog(sql, cfg,
                                                   strict=self.publication_mode != "wal")
@@ -283,7 +202,7 @@ class Supervisor:
                                      publications=src.publications, streaming=src.streaming,
                                      # definitions and TRUNCATE markers
                                      messages=(src.messages or self.definitions is not None
-                                               or definitions_state.follows_publications(cfg)),
+                                               or publication_mode.follows_publications(cfg)),
                                      binary=src.binary,
                                      two_phase=src.two_phase,
                                      origin=origins.server_option(info.version)))

@@ -1,0 +1,103 @@
+"""The source as ``pgrouter run`` starts on it: the server checked, the slot found or
+created, and what the pipeline needs to know of both (``ServerInfo``)."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from router.config import Config
+from router.errors import ConfigError, PublicationMissing, SlotInUse, SlotMissing
+from router.lsn import parse_lsn
+from router.publications import Catalog
+from router.routing import RouteSpec
+from router.server_features import ServerFeatures
+
+from ..services import failover, log
+from ..services.catalog import build_route_specs, load_primary_keys
+from ..services.sql import SqlSession
+
+_log = log.get("supervisor")
+#: seconds a start waits for another consumer to let go of the slot
+SLOT_BUSY_WAIT = 30.0
+
+
+class ServerInfo:
+    def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
+                 primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
+                 created_slot: bool = False, system_id: str = "", wal_end: int = 0):
+        self.system_id = system_id  # pg_control_system().system_identifier
+        self.wal_end = wal_end  # the server's WAL end when the router started
+        self.version = version
+        self.db = db
+        self.start_lsn = start_lsn
+        self.proto_version = proto_version
+        self.primary_keys = primary_keys or {}
+        self.created_slot = created_slot
+
+
+def route_specs(cfg: Config, catalog: Catalog | None = None) -> list[RouteSpec]:
+    """Route specs from the config; publication routes take their definitions from
+    ``catalog`` (``actors.services.catalog``), read at startup and again on SIGHUP."""
+    return build_route_specs(cfg, catalog)
+
+
+def max_proto_version(server_version: int) -> int:
+    return ServerFeatures(server_version).max_proto_version
+
+
+async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
+    """The server and the slot as the pipeline starts on them: every check that needs the
+    slot, the slot found (waiting up to ``SLOT_BUSY_WAIT`` for a consumer to let go) or
+    created."""
+    src = cfg.source
+    version = int(await sql.fetchval("select current_setting('server_version_num')"))
+    wal_level = await sql.fetchval("select current_setting('wal_level')")
+    if wal_level != "logical":
+        raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
+                          "wal_level=logical (and a restart)", path="source.dsn")
+    await failover.check_server(sql, src, version)
+    found = {r["pubname"] for r in await sql.fetch(
+        "select pubname from pg_publication where pubname = any($1::text[])", src.publications)}
+    missing = [p for p in src.publications if p not in found]
+    if missing:
+        raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
+                                 f"database {await sql.fetchval('select current_database()')}")
+    deadline = time.monotonic() + SLOT_BUSY_WAIT
+    created = False
+    while True:
+        row = await sql.fetch("select plugin, active, active_pid, confirmed_flush_lsn::text as lsn,"
+                              " database from pg_replication_slots where slot_name = $1", src.slot)
+        if not row:
+            if not src.create_slot:
+                raise SlotMissing(f"replication slot {src.slot!r} does not exist (set "
+                                  "source.create_slot = true to create it)")
+            await failover.create_slot(sql, src)
+            log.event(_log, "replication slot created", slot=src.slot)
+            created = True
+            continue
+        slot = row[0]
+        if slot["plugin"] != "pgoutput":
+            raise ConfigError(f"slot {src.slot!r} uses plugin {slot['plugin']}, not pgoutput",
+                              path="source.slot")
+        db = await sql.fetchval("select current_database()")
+        if slot["database"] != db:
+            raise ConfigError(f"slot {src.slot!r} belongs to database {slot['database']}, the "
+                              f"DSN connects to {db}", path="source.dsn")
+        if not slot["active"]:
+            await failover.check_slot(sql, src, version)
+            break
+        if time.monotonic() > deadline:
+            raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
+                            f"{slot['active_pid']}; stop that consumer first")
+        await trio.sleep(0.5)
+    proto = src.proto_version or max_proto_version(version)
+    if proto > max_proto_version(version):
+        raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
+                          f"{max_proto_version(version)} at most", path="source.proto_version")
+    pks = await load_primary_keys(sql)
+    system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
+    wal_end = parse_lsn(await sql.fetchval(failover.WAL_END))
+    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,
+                      created, system_id=system_id, wal_end=wal_end)

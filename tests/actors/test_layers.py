@@ -1,0 +1,67 @@
+"""``actors/`` is built in floors: a package imports only packages on floors below it (never
+one above, never in a circle), as ``router/`` never imports ``actors/``. Every import counts,
+also one inside a function."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ACTORS = ROOT / "actors"
+
+#: package -> floor (higher floors use lower ones)
+FLOORS = {
+    "cli": 5,          # the pgrouter command
+    "runner": 4,       # the wiring of `pgrouter run`: supervisor
+    "demo": 4,         # `make demo`
+    "snapshot": 3,     # initial snapshots and backfills: sources feeding the pipeline's sink
+    "pipeline": 2,     # the streaming actors
+    "apply": 2,        # `pgrouter apply`
+    "services": 1,     # checks, catalog, SQL, logs, retries, metrics
+    "kafka": 0,        # Kafka clients and their API knowledge
+    "materialize": 0,  # the Spark job
+    "devstack": 0,     # the embedded services
+}
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """The ``actors`` packages a module imports (absolute or relative)."""
+    tree = ast.parse(path.read_text())
+    here = path.relative_to(ROOT).with_suffix("").parts
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(here[:-node.level])
+                names = ([".".join(base + [node.module])] if node.module else
+                         [".".join(base + [a.name]) for a in node.names])
+            elif node.module:
+                names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "actors" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_every_actors_package_has_a_floor():
+    packages = {p.name for p in ACTORS.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(FLOORS)
+
+
+def test_no_import_runs_back_up_or_sideways():
+    wrong = []
+    for path in ACTORS.rglob("*.py"):
+        rel = path.relative_to(ACTORS).parts
+        if len(rel) < 2 or "__pycache__" in rel:
+            continue
+        package = rel[0]
+        for target in _imports(path) - {package}:
+            if FLOORS[target] >= FLOORS[package]:
+                wrong.append(f"{path.relative_to(ROOT)} ({package}, floor {FLOORS[package]}) "
+                             f"imports actors.{target} (floor {FLOORS[target]})")
+    assert wrong == []
