@@ -68,7 +68,7 @@ class ConsumerActor:
         reader, ra = self.reader, self.reassembler
         tx_topic = reader.transactions_topic
         task_status.started()
-        async with self.out:
+        with self.out:
             await trio.to_thread.run_sync(reader.start, self.resume)
             tx_position = (self.resume or {}).get(f"{tx_topic}/0", 0)
             end_at_start = None

@@ -100,7 +100,7 @@ class WriterActor:
         task_status.started()
         self.deferrable = await has_deferrable_checks(self.sql)
         queue: deque = deque()
-        async with self.inbox:
+        with self.inbox:
             while True:
                 if not queue:
                     t0 = time.perf_counter()

@@ -43,7 +43,7 @@ class DecoderActor:
         observe = (self.metrics.stage_seconds.labels("decode").observe
                    if self.metrics is not None else None)
         task_status.started()
-        async with self.inbox, self.out:
+        with self.inbox, self.out:
             async for batch in self.inbox:
                 if observe is None:
                     events = feed_batch(batch.messages, decode)

@@ -67,7 +67,7 @@ class OriginFilterActor:
         task_status.started()
         filt = self.filter
         try:
-            async with self.inbox, self.out:
+            with self.inbox, self.out:
                 async for events in self.inbox:
                     await self.out.send(filt(events))
         finally:

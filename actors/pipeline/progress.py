@@ -60,7 +60,7 @@ class ProgressActor:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._report)
-                async with self.inbox:
+                with self.inbox:
                     async for events in self.inbox:  # lists, in the sink's order
                         for ev in events:
                             kind = type(ev)

@@ -52,7 +52,7 @@ class RouterActor:
         # gets a transaction record (meta)
         short = self.router.route_short if self.meta is None else None
         task_status.started()
-        async with self.inbox, self.out:
+        with self.inbox, self.out:
             async for events in self.inbox:
                 group: list = []
                 size = 0

@@ -125,7 +125,7 @@ class SinkActor:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._token = trio.lowlevel.current_trio_token()
         task_status.started()
-        async with self.progress:
+        with self.progress:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._forward_completions)
                 await self._consume()
@@ -187,7 +187,7 @@ class SinkActor:
             self._complete(ticket)
 
     async def _consume(self) -> None:
-        async with self.inbox:
+        with self.inbox:
             async for item in self.inbox:
                 self._raise_if_failed()
                 items = list(item)

@@ -161,7 +161,7 @@ class SlotReader:
         fd = self._conn.fileno()
         last_marker = 0
         stats = self.stats
-        async with self.out:
+        with self.out:
             while not self._stop.is_set():
                 batch, exhausted = drain(cur.read_message, MAX_BATCH_MESSAGES,
                                          MAX_BATCH_BYTES)

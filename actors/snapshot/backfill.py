@@ -124,7 +124,7 @@ class BackfillActor:
         self.finished.set()
 
     async def _pump(self) -> None:
-        async with self.inbox, self.out:
+        with self.inbox, self.out:
             async for events in self.inbox:
                 if self._quiet(events):
                     await self.out.send(events)

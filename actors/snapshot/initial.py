@@ -222,7 +222,7 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
         r = await TableReader.open(cfg.source.dsn)
         try:
             await r.import_snapshot(slot.snapshot)
-            async with out:
+            with out:
                 while queue:
                     ordinal, table = queue.pop()
                     report.start(table.name, await r.estimate(table.table))

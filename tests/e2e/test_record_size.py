@@ -74,3 +74,67 @@ def test_record_too_large_names_topic_table_key_size_and_setting(client, case, p
                 admin.delete_topics([topic])
         finally:
             admin.close()
+
+
+@pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
+def test_record_too_large_in_the_backfill_finishing_an_initial_snapshot(client, pg_dsn,
+                                                                        kafka_bootstrap,
+                                                                        tmp_path):
+    """The initial snapshot was interrupted; the backfill that finishes it meets a row Kafka
+    will not take while writers keep the stream busy: the one record-too-large line, every
+    run (it was a bare ``BrokenResourceError`` with a traceback in most runs)."""
+    import threading
+
+    import psycopg2
+    from kafka import KafkaProducer
+
+    from router.snapshot import Progress, encode_progress
+
+    pg = Pg(pg_dsn)
+    name = unique("bigb")
+    for t in ("a", "b"):
+        pg.run(f"create table {name}_{t} (id int primary key, v text)")
+        pg.run(f"insert into {name}_{t} select g, 'x' from generate_series(1, 20000) g")
+    pg.run(f"update {name}_b set v = repeat(md5(g::text), 70000) from generate_series(1, 1) g "
+           "where id = 15000")  # 2.2 MB
+    pg.run(f"create publication {name} for table {name}_a, {name}_b")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    key, value = encode_progress(Progress("initial", name, "started"))
+    producer.send("pgrouter.snapshots", key=key, value=value).get(timeout=30)
+    producer.close()
+    pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", name)
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra=f'client = "{client}"\n',
+                       routes=f'[[routes]]\nname = "r"\n'
+                              f'tables = ["public.{name}_a", "public.{name}_b"]\n'
+                              f'topic = "{name}.{{table}}"\n',
+                       extra="[snapshot]\nchunk_rows = 500\nparallel = 2\n")
+    stop = threading.Event()
+
+    def write():
+        conn = psycopg2.connect(pg_dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            i = 100_000
+            while not stop.is_set():
+                cur.execute(f"insert into {name}_a values (%s, 'w')", (i,))
+                i += 1
+        conn.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for _ in range(3):
+            proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
+                                  text=True, timeout=TIMEOUT, cwd=ROOT)
+            lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("pgrouter run:")]
+            assert proc.returncode == 1, proc.stderr[-3000:]
+            assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+            assert len(lines) == 1 and "record too large for Kafka" in lines[0], lines
+            assert f"table public.{name}_b" in lines[0] and '{"id":15000}' in lines[0]
+    finally:
+        stop.set()
+        writer.join()
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}; drop table {name}_a, {name}_b")
+        pg.close()

@@ -173,3 +173,40 @@ async def test_failed_delivery_fails_the_sink_and_reports_nothing_done():
                 await trio.sleep_forever()
     assert info.group_contains(RecordTooLarge)
     assert seen == [Begin(0, 100)], "nothing may be reported done"
+
+
+class RefusingClient(HeldClient):
+    """Refuses every record as too large when it is handed over."""
+
+    def produce(self, records, ticket, on_done):
+        raise RecordTooLarge("record too large for Kafka: topic t")
+
+
+async def test_a_sink_failure_is_what_the_pipeline_reports_not_its_peers_echo():
+    """The sink fails while an upstream actor keeps sending: the upstream send breaks at once
+    and the pipeline is cancelled, but the sink's own failure must leave its task (closing
+    its channels with a checkpoint let ``Cancelled`` replace it, and only the peer's
+    ``BrokenResourceError`` was reported)."""
+    from actors.services.retry import primary
+
+    async def upstream(tx):
+        with tx:
+            for i in range(1000):
+                await tx.send([chunk(i + 1, 1)])
+
+    prog_tx, prog_rx = trio.open_memory_channel(64)
+    for _ in range(20):  # the race either way round
+        chunks_tx, chunks_rx = trio.open_memory_channel(0)
+        sink = SinkActor(client=RefusingClient(), inbox=chunks_rx, progress=prog_tx.clone(),
+                         schema_topic="schemas", topic_specs={}, stats=None)
+        with pytest.raises(BaseExceptionGroup) as info:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(upstream, chunks_tx)
+                nursery.start_soon(sink.run)
+                nursery.start_soon(_drain, prog_rx.clone())
+        assert isinstance(primary(info.value), RecordTooLarge), info.value
+
+
+async def _drain(rx):
+    async for _ in rx:
+        pass
