@@ -73,6 +73,9 @@ class TransactionalClient:
         self._read_committed = read_committed
         self._rdkafka = type(inner).__name__ == "RdKafkaClient"
         self._cond = threading.Condition()
+        #: held while a Kafka transaction is begun or committed, and for the whole of one a
+        #: single ``produce_sync`` makes for itself
+        self._txn_lock = threading.RLock()
         self._open = False
         self._handed = 0  # records handed over in the open Kafka transaction
         self._acked = 0
@@ -131,9 +134,10 @@ class TransactionalClient:
     # -- the contract ----------------------------------------------------------------------------
 
     def _begin(self) -> None:
-        if not self._open:
-            self._call(self.producer.begin_transaction)
-            self._open = True
+        with self._txn_lock:
+            if not self._open:
+                self._call(self.producer.begin_transaction)
+                self._open = True
 
     @property
     def in_transaction(self) -> bool:
@@ -163,29 +167,42 @@ class TransactionalClient:
             raise fenced from exc
 
     def produce_sync(self, topic, key, value, timeout: float = 60.0) -> None:
-        self._begin()
-        try:
-            self.inner.produce_sync(topic, key, value, timeout)
-        except SinkError as exc:
-            fenced = self._explain(exc)
-            if fenced is exc:
-                raise
-            raise fenced from exc
+        """One record, acknowledged. It joins the open Kafka transaction (committed with it);
+        with none open (a snapshot progress record written between source transactions) it
+        is a Kafka transaction of its own, committed at once: nothing is left open for the
+        next producer to abort (a backfill's last progress record was lost that way when
+        the router stopped, and the backfill was done again)."""
+        with self._txn_lock:
+            alone = not self._open
+            self._begin()
+            try:
+                self.inner.produce_sync(topic, key, value, timeout)
+                if alone:
+                    self._commit_open()
+            except SinkError as exc:
+                fenced = self._explain(exc)
+                if fenced is exc:
+                    raise
+                raise fenced from exc
 
-    def commit(self, end_lsn: int) -> None:
-        """Write the progress record and commit the open Kafka transaction; then report its
-        records acknowledged."""
-        if not self._open:
-            return
-        end_lsn = max(end_lsn, self.committed_lsn)
-        key, value = progress_record(self.transactional_id, end_lsn, self.stream)
-        self.produce_sync(self.progress_topic, key, value)
+    def _commit_open(self) -> None:
         if self._rdkafka:
             self._call(self.producer.commit_transaction, TXN_TIMEOUT)
         else:
             self._call(self.producer.commit_transaction)
         self._open = False
-        self.committed_lsn = end_lsn
+
+    def commit(self, end_lsn: int) -> None:
+        """Write the progress record and commit the open Kafka transaction; then report its
+        records acknowledged."""
+        with self._txn_lock:  # a record produced from another thread waits for it
+            if not self._open:
+                return
+            end_lsn = max(end_lsn, self.committed_lsn)
+            key, value = progress_record(self.transactional_id, end_lsn, self.stream)
+            self.produce_sync(self.progress_topic, key, value)
+            self._commit_open()
+            self.committed_lsn = end_lsn
         deadline = time.monotonic() + TXN_TIMEOUT
         with self._cond:
             # the commit flushed every record; their reports may still be on the way
