@@ -212,7 +212,7 @@ def run_null_router(cfg_path: str) -> None:
     gc.callbacks.append(gc_clock)
     log.setup(cfg.log.level, cfg.log.format)
     trio.run(Supervisor(cfg, until_caught_up=True,
-                        client_factory=lambda cfg: NullClient()).run)
+                        client_factory=lambda cfg, *stream: NullClient()).run)
     print(f"gc: {gc_time[1]} collections, {gc_time[0]:.2f} s", file=sys.stderr)
 
 

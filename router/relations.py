@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .errors import ProtocolViolation
 from .pgoutput.messages import Relation, Type
-from .values import BUILTIN_TYPE_NAMES
+from .pg_types import BUILTIN_TYPES
 
 
 class RelationCache:
@@ -67,7 +67,7 @@ class RelationCache:
         typ = self._types.get(oid)
         if typ is not None:
             return typ.name if typ.namespace == "pg_catalog" else f"{typ.namespace}.{typ.name}"
-        return BUILTIN_TYPE_NAMES.get(oid)
+        return BUILTIN_TYPES.get(oid)
 
     def type(self, oid: int) -> Type | None:
         return self._types.get(oid)

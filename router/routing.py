@@ -206,7 +206,6 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
             self.routes, self._pending_routes = self._pending_routes, None
             self.forget_plans()
         self._check_definitions()
-        self._truncate_marks = []
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
                        commit_time=txn.commit_time, origin=txn.origin_name,
                        origin_lsn=txn.origin_lsn)

@@ -21,7 +21,8 @@ import hashlib
 import msgspec
 
 from .pgoutput import Relation
-from .values import BUILTIN_TYPE_NAMES, NUMERIC, BPCHAR, VARCHAR, TIME, TIMESTAMP, TIMESTAMPTZ
+from .pg_types import BUILTIN_TYPES
+from .values import NUMERIC, BPCHAR, VARCHAR, TIME, TIMESTAMP, TIMESTAMPTZ
 
 SCHEMA_FORMAT = 1
 _VARHDRSZ = 4
@@ -66,7 +67,7 @@ def _modifiers(type_oid: int, typmod: int) -> tuple[int | None, int | None]:
 
 def column_schema(name: str, type_oid: int, typmod: int, key: bool,
                   type_names: dict[int, str] | None = None) -> ColumnSchema:
-    tname = (type_names or {}).get(type_oid) or BUILTIN_TYPE_NAMES.get(type_oid) or f"oid:{type_oid}"
+    tname = (type_names or {}).get(type_oid) or BUILTIN_TYPES.get(type_oid) or f"oid:{type_oid}"
     precision, scale = _modifiers(type_oid, typmod)
     element = tname[1:] if tname.startswith("_") else None
     return ColumnSchema(name=name, type=tname, type_oid=type_oid, type_modifier=typmod, key=key,

@@ -78,8 +78,7 @@ class RoutesTruncates:
             if spec.planner is not None:
                 planned.add(spec.name)
                 if view is None:
-                    of = getattr(spec.planner, "relation_of", None)
-                    view = of(table) if of is not None else None
+                    view = spec.planner.relation_of(table)
         if view is None:
             return
         for plan in self.plans_for(view):

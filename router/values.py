@@ -30,7 +30,6 @@ from decimal import Decimal, InvalidOperation
 from typing import Callable
 
 from .errors import DecodeError
-from .pg_types import BUILTIN_TYPES
 from .pgoutput.messages import UNCHANGED_TOAST
 
 Converter = Callable[[str], object]
@@ -134,10 +133,6 @@ CONVERTERS: dict[int, Converter] = {
     TIMESTAMPTZ: _or_text(_fromiso),
 }
 
-#: Names of the built-in types PostgreSQL never describes with a Type message (all of them).
-BUILTIN_TYPE_NAMES: dict[int, str] = BUILTIN_TYPES
-
-
 def converter_for(type_oid: int) -> Converter:
     """The ``str -> value`` converter for a column of type ``type_oid`` (identity for types
     kept as text, including every type pgrouter does not know)."""
@@ -158,5 +153,5 @@ def row_converter(type_oids) -> Callable[[tuple], tuple]:
     return convert
 
 
-__all__ = ["CONVERTERS", "BUILTIN_TYPE_NAMES", "Converter", "converter_for", "row_converter",
+__all__ = ["CONVERTERS", "Converter", "converter_for", "row_converter",
            "UNCHANGED_TOAST"]

@@ -21,7 +21,7 @@ import logging
 import msgspec
 import trio
 
-from router.errors import InternalError, SinkUnavailable
+from router.errors import SinkUnavailable
 from router.exactly_once import Stream, already_in_kafka, transactional_id
 from router.lsn import format_lsn
 from router.routing import RoutedChunk
@@ -108,12 +108,10 @@ def sink_class(cfg):
     return build
 
 
-def client_for(cfg, stream: Stream | None = None, wal_end: int = 0):
-    """The Kafka client ``[kafka]`` asks for (transactional with ``exactly_once``, which needs
-    the ``stream`` and the server's WAL end)."""
+def client_for(cfg, stream: Stream, wal_end: int):
+    """The Kafka client ``[kafka]`` asks for (transactional with ``exactly_once``: its progress
+    belongs to ``stream``, and none lies past the server's ``wal_end``)."""
     if cfg.kafka.exactly_once:
-        if stream is None:
-            raise InternalError("exactly-once needs the stream its progress belongs to")
         return transactional_client(cfg, stream, wal_end)
     return plain_client(cfg)
 

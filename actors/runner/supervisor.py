@@ -168,12 +168,10 @@ class Supervisor:
                 and not self.snapshot_pending):
             log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
             return
-        if self.client_factory is client_for:  # exactly-once progress belongs to the stream
-            stream = Stream(system_id=info.system_id, db=info.db, slot=src.slot)
-            client = await trio.to_thread.run_sync(
-                functools.partial(client_for, cfg, stream, info.wal_end))
-        else:
-            client = await trio.to_thread.run_sync(self.client_factory, cfg)
+        # the stream its exactly-once progress belongs to, and the server's WAL end
+        stream = Stream(system_id=info.system_id, db=info.db, slot=src.slot)
+        client = await trio.to_thread.run_sync(
+            functools.partial(self.client_factory, cfg, stream, info.wal_end))
         try:
             self.definitions = await definitions_state.for_pipeline(
                 self.publication_mode, cfg, client, info.start_lsn)

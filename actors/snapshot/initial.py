@@ -42,10 +42,10 @@ from router.routing import ChangeRouter
 from router.snapshot import Progress, TABLE_SHIFT, initial_position
 from router.snapshot_rows import SnapshotRows
 
-from ..services import failover
-from ..pipeline.mailbox import CHUNKS, Done
 from router.topics import TopicSpec
 
+from ..services import failover
+from ..pipeline.mailbox import CHUNKS, Done
 from ..pipeline.sink import SinkActor, record_reshaper
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
