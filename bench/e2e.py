@@ -118,7 +118,7 @@ def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: st
            route: str, schema_topic: str, partitions: int, metrics: bool = False,
            follow: str = "", exactly_once: bool = False) -> str:
     selector = f'publication = "{pub}"' if follow else f'tables = ["public.{table}"]'
-    eo = (f'exactly_once = true\nprogress_topic = "{route}.progress"\n'
+    eo = (f'exactly_once = true\ncommitted_lsn_topic = "{route}.progress"\n'
           f'transactional_id = "{route}"\n') if exactly_once else ""
     return (METRICS_SECTION if metrics else "") + f"""
 [source]

@@ -102,9 +102,12 @@ class KafkaConfig(_Base):
     #: Kafka transactions: each change exactly once for read_committed consumers
     #: (router.exactly_once); the progress topic holds the last committed end LSN
     exactly_once: bool = False
-    #: the producer's transactional id ("" = "pgrouter-<slot>"); one router per id
+    #: the producer's transactional id ("" = "pgrouter-<slot>-<db>-<system id>"); one
+    #: router per id
     transactional_id: str = ""
-    progress_topic: str = "pgrouter.progress"
+    #: compacted topic of the last source transaction each transactional id committed
+    #: (its end LSN and stream); formerly ``progress_topic``
+    committed_lsn_topic: str = "pgrouter.progress"
     #: a Kafka transaction is committed at a source transaction's end once this much time
     #: has passed since it began, or when nothing more is waiting
     transaction_interval_ms: int = 100
@@ -167,8 +170,9 @@ class SnapshotConfig(_Base):
     parallel: PositiveInt = 4
     #: rows per backfill chunk (read between two watermarks, held in memory until the high one)
     chunk_rows: PositiveInt = 2048
-    #: compacted topic holding snapshot and backfill progress (route, table, last key done)
-    progress_topic: str = "pgrouter.snapshots"
+    #: compacted topic holding the state of snapshots and backfills (route, table, last key
+    #: done); formerly ``progress_topic``
+    state_topic: str = "pgrouter.snapshots"
 
 
 class Config(_Base):
@@ -192,12 +196,16 @@ def _path(msg: str) -> str | None:
     return m.group(1).lstrip(".") or None
 
 
-def decode_toml(text: str, into: type, *, source: str):
-    """TOML text → the ``into`` Struct, every error a ``ConfigError`` naming the key path."""
+def decode_toml(text: str, into: type, *, source: str, rename: list[str] | None = None):
+    """TOML text → the ``into`` Struct, every error a ``ConfigError`` naming the key path.
+    With ``rename`` (a list), old key names are read as their new ones (``RENAMED_KEYS``)
+    and a warning for each is appended to it."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
+    if rename is not None:
+        rename.extend(_rename(raw, source=source))
     try:
         return msgspec.convert(raw, into)
     except msgspec.ValidationError as exc:
@@ -218,8 +226,34 @@ def rdkafka_installed() -> bool:
     return importlib.util.find_spec("confluent_kafka") is not None
 
 
-def parse_config(text: str, *, source: str = "<config>") -> Config:
-    cfg = decode_toml(text, Config, source=source)
+#: keys renamed, still read under their old names for one release (with a warning):
+#: (section, old name) -> new name
+RENAMED_KEYS = {("kafka", "progress_topic"): "committed_lsn_topic",
+                ("snapshot", "progress_topic"): "state_topic"}
+
+
+def _rename(raw: dict, *, source: str) -> list[str]:
+    """Old key names moved to their new ones in ``raw``; returns a warning line for each."""
+    notes = []
+    for (section, old), new in RENAMED_KEYS.items():
+        table = raw.get(section)
+        if not isinstance(table, dict) or old not in table:
+            continue
+        if new in table:
+            raise ConfigError(f"{section}.{new} is set, and also {section}.{old}, its old "
+                              "name: keep only the new one", path=f"{section}.{old}",
+                              source=source)
+        table[new] = table.pop(old)
+        notes.append(f"{source}: {section}.{old} is now called {section}.{new}; the old name "
+                     "is read for one more release")
+    return notes
+
+
+def parse_config(text: str, *, source: str = "<config>",
+                 notes: list[str] | None = None) -> Config:
+    """``text`` as a Config; the warnings it earns (old key names) are appended to
+    ``notes``."""
+    cfg = decode_toml(text, Config, source=source, rename=[] if notes is None else notes)
     if cfg.kafka.client == "auto":
         cfg.kafka.client = resolve_client("auto", rdkafka_installed())
     validate(cfg, source=source)
@@ -236,8 +270,8 @@ def read_config_text(path: str) -> str:
         raise ConfigError("config file is not UTF-8", source=path) from exc
 
 
-def load_config(path: str) -> Config:
-    return parse_config(read_config_text(path), source=path)
+def load_config(path: str, notes: list[str] | None = None) -> Config:
+    return parse_config(read_config_text(path), source=path, notes=notes)
 
 
 def _qualified(name: str, *, path: str, source: str) -> tuple[str, str]:
@@ -275,9 +309,9 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     if cfg.source.binary:
         raise ConfigError(BINARY_REFUSED, path="source.binary", source=source)
     parse_policy(cfg.origin, path="origin", source=source)
-    for key in ("schema_topic", "messages_topic", "transactions_topic", "progress_topic"):
+    for key in ("schema_topic", "messages_topic", "transactions_topic", "committed_lsn_topic"):
         topic = getattr(cfg.kafka, key)
-        problem = (topic or key in ("schema_topic", "progress_topic")) and illegal(topic)
+        problem = (topic or key in ("schema_topic", "committed_lsn_topic")) and illegal(topic)
         if problem:
             raise ConfigError(f"topic {problem}", path=f"kafka.{key}", source=source)
     names = set()
@@ -309,9 +343,9 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         if fields - _TOPIC_FIELDS:
             raise ConfigError(f"unknown placeholder(s) {sorted(fields - _TOPIC_FIELDS)}; use "
                               "{route}, {schema}, {table}", path=f"{where}.topic", source=source)
-    if not cfg.snapshot.progress_topic or not _TOPIC_CHARS.match(cfg.snapshot.progress_topic):
+    if not cfg.snapshot.state_topic or not _TOPIC_CHARS.match(cfg.snapshot.state_topic):
         raise ConfigError("a topic name (letters, digits, '.', '_' and '-')",
-                          path="snapshot.progress_topic", source=source)
+                          path="snapshot.state_topic", source=source)
     # the common settings vocabulary, checked for the chosen client (router.kafka_settings)
     translate_kafka_settings(dict(cfg.kafka.settings), cfg.kafka.client, source=source)
     _validate_metrics(cfg.metrics, source)

@@ -1,6 +1,6 @@
 """Exactly-once into Kafka: the progress record and the rules around it.
 
-Rules (DESIGN.md "Exactly-once into Kafka"):
+Rules (docs/architecture.md "Exactly-once", docs/delivery.md):
 
 * Records are written inside Kafka transactions. A Kafka transaction holds the records of
   one or more *whole* source transactions and, last, one progress record: key = the
@@ -88,8 +88,8 @@ def decode_progress(value: bytes | None) -> Progress | None:
         progress = _decode(value)
         parse_lsn(progress.end_lsn)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-        raise ConfigError(f"the progress topic holds a record pgrouter did not write: {exc}",
-                          path="kafka.progress_topic") from exc
+        raise ConfigError(f"the committed-LSN topic holds a record pgrouter did not write: {exc}",
+                          path="kafka.committed_lsn_topic") from exc
     return progress
 
 
@@ -119,12 +119,13 @@ def committed_position(transactional_id: str, progress: Progress | None, stream:
                           path="kafka.transactional_id")
     lsn = parse_lsn(progress.end_lsn)
     if lsn > wal_end:
-        raise ConfigError(f"the progress topic says Kafka holds {stream.describe()} up to "
+        raise ConfigError(f"the committed-LSN topic says Kafka holds {stream.describe()} up to "
                           f"{progress.end_lsn}, past the server's WAL end {format_lsn(wal_end)}:"
                           " that progress was not written from this server's WAL (a restored "
                           "or rebuilt cluster keeps its system identifier); skipping by it "
                           "would lose transactions. Use a new [kafka] transactional_id (or "
-                          "progress_topic) for this server", path="kafka.progress_topic")
+                          "committed_lsn_topic) for this server",
+                          path="kafka.committed_lsn_topic")
     return lsn
 
 
@@ -153,6 +154,6 @@ def validate_exactly_once(kafka, *, source: str | None = None) -> None:
     if not kafka.exactly_once:
         return
     others = {kafka.schema_topic, kafka.messages_topic, kafka.transactions_topic}
-    if kafka.progress_topic in others:
+    if kafka.committed_lsn_topic in others:
         raise ConfigError("must differ from the schema, messages and transactions topics",
-                          path="kafka.progress_topic", source=source)
+                          path="kafka.committed_lsn_topic", source=source)

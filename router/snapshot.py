@@ -33,7 +33,7 @@ Rules (README "Snapshots"):
   those values taken from the chunk row, after every change of the window (its position is
   the high watermark's). A key moved inside the window finds its chunk row under the key
   it had.
-* Progress records (compacted topic, keyed by kind, slot, route and table) say what is done:
+* SnapshotState records (compacted topic, keyed by kind, slot, route and table) say what is done:
   ``last_key`` of the last chunk whose records Kafka acknowledged, or ``done``.
 """
 
@@ -146,7 +146,7 @@ def decode_watermark(prefix: str, content: bytes) -> Watermark | None:
 # -- progress -------------------------------------------------------------------------------
 
 
-class Progress(msgspec.Struct, frozen=True, omit_defaults=True):
+class SnapshotState(msgspec.Struct, frozen=True, omit_defaults=True):
     """One progress record. ``kind``: ``initial`` (the initial snapshot of a slot, ``state``
     ``started``/``done``) or ``backfill`` (one route and table:
     ``last_key`` done so far as text values, ``state`` ``running``/``done``)."""
@@ -161,10 +161,10 @@ class Progress(msgspec.Struct, frozen=True, omit_defaults=True):
     rows: int = 0
 
 
-_progress_decoder = msgspec.json.Decoder(Progress)
+_progress_decoder = msgspec.json.Decoder(SnapshotState)
 
 
-def progress_key(p: Progress) -> bytes:
+def state_key(p: SnapshotState) -> bytes:
     """A JSON object, like every key pgrouter writes."""
     if p.kind == "initial":
         return msgspec.json.encode({"kind": "initial", "slot": p.slot})
@@ -172,11 +172,11 @@ def progress_key(p: Progress) -> bytes:
                                 "table": p.table})
 
 
-def encode_progress(p: Progress) -> tuple[bytes, bytes]:
-    return progress_key(p), msgspec.json.encode(p)
+def encode_state(p: SnapshotState) -> tuple[bytes, bytes]:
+    return state_key(p), msgspec.json.encode(p)
 
 
-def decode_progress(value: bytes | None) -> Progress | None:
+def decode_state(value: bytes | None) -> SnapshotState | None:
     if not value:
         return None
     try:

@@ -1,2 +1,2 @@
 """``pgrouter apply``: the router's topics applied to another PostgreSQL (``applier``), read
-by ``topic_reader``."""
+by ``actors.kafka.consumers``."""

@@ -3,7 +3,7 @@ PostgreSQL, each tagged with a replication origin (``pgrouter apply``).
 
 Rules:
 
-* Two actors joined by a small channel: the consumer (``actors.apply.topic_reader``; what
+* Two actors joined by a small channel: the consumer (``actors.kafka.consumers``; what
   librdkafka has already fetched is taken without blocking, waiting happens in a worker
   thread: measured, hopping to the thread for every poll cost a third of the throughput)
   reads the transaction topic and the data topics its
@@ -42,7 +42,7 @@ from ..services.retry import run_with_retries
 from ..services.sql import SqlSession
 from .metrics import registry_for
 from .target import setup_session
-from .topic_reader import TopicReader, client_name, open_reader
+from ..kafka.consumers import TopicReader, client_name, open_reader
 from .writer import CAUGHT_UP, ApplyStats, WriterActor
 
 _log = log.get("applier")

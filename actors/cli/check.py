@@ -18,7 +18,7 @@ import argparse
 import trio
 import trio_asyncio
 
-from router.config import Config, load_config
+from router.config import Config
 from router.errors import ConfigError, PgRouterError
 
 from ..services.publication_mode import mode as publication_mode
@@ -26,6 +26,7 @@ from ..services import preflight
 from ..services.publication_trigger import installed
 from ..services.retry import primary
 from ..services.sql import SqlSession
+from .config_file import load
 
 MODES = {"wal": "publication changes apply at their WAL position (event trigger installed)",
          "poll": "publication changes are polled and apply from when they are noticed: "
@@ -85,7 +86,7 @@ async def _check(cfg: Config, modes: list) -> list[preflight.Finding]:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    cfg = load(args.config, "check")
     modes: list[str] = []
     findings = trio.run(_check, cfg, modes)
     for line in modes:

@@ -7,11 +7,11 @@ import gc
 
 import trio
 
-from router.config import load_config
 from router.errors import ConfigError
 
 from ..services import log
 from ..runner.supervisor import Supervisor
+from .config_file import load
 
 #: seconds of transient failures after which ``--until-caught-up`` gives up by default
 UNTIL_CAUGHT_UP_RETRY_TIMEOUT = 120.0
@@ -42,7 +42,7 @@ def retry_timeout(args: argparse.Namespace) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    cfg = load(args.config, "run")
     log.setup(cfg.log.level, cfg.log.format)
     tune_gc()
     return trio.run(Supervisor(cfg, until_caught_up=args.until_caught_up,

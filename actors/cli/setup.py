@@ -15,12 +15,12 @@ import asyncpg
 import trio
 import trio_asyncio
 
-from router.config import load_config
 from router.errors import ConfigError, SourceError
 
 from ..services import publication_trigger as trigger
 from ..services.retry import primary
 from ..services.sql import SqlSession
+from .config_file import load
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ async def _statements(cfg, uninstall: bool) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    cfg = load(args.config, "setup")
     try:
         done = trio.run(_setup, cfg, args.uninstall)
     except BaseExceptionGroup as group:  # trio-asyncio's loop wraps what escapes it

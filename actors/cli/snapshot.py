@@ -19,7 +19,6 @@ import uuid
 import trio
 import trio_asyncio
 
-from router.config import load_config
 from router.errors import ConfigError
 from router.snapshot import PREFIX, Watermark, encode_watermark
 
@@ -27,6 +26,7 @@ from ..services.catalog import load_catalog
 from ..services.sql import SqlSession
 from ..snapshot.initial import type_names
 from ..snapshot.jobs import plan_jobs
+from .config_file import load
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -64,7 +64,7 @@ async def request(cfg, routes: list[str], tables: list[str]) -> tuple[str, list,
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    cfg = load(args.config, "snapshot")
     if not cfg.source.messages:
         raise ConfigError("backfills need logical messages (the watermarks)",
                           path="source.messages")

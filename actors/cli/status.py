@@ -21,7 +21,7 @@ import string
 import trio
 import trio_asyncio
 
-from router.config import Config, load_config
+from router.config import Config
 from router.errors import PgRouterError
 from router.lsn import format_lsn
 
@@ -29,6 +29,7 @@ from ..pipeline.slot_monitor import sample_slot
 from ..kafka.versions import known_api_version
 from ..services.preflight import probe_kafka
 from ..services.sql import SqlSession
+from .config_file import load
 
 KAFKA_TIMEOUT = 10.0
 #: offsets read back from each partition's end of a transactional topic for the newest commit
@@ -188,7 +189,7 @@ def _bytes(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    cfg = load(args.config, "status")
     report, problems = trio.run(_gather, cfg)
     print(json.dumps(report, indent=2) if args.json else _text(report))
     return 1 if problems else 0

@@ -1,6 +1,6 @@
 """Jars from Maven Central, fetched with ``mvn dependency:copy-dependencies`` into a cache.
 
-The versions here are the project's single source for the Java side (see DESIGN.md's pins).
+The versions here are the project's single source for the Java side (docs/development.md lists them).
 Nothing is downloaded at run time by Spark or Kafka: they are started with these folders.
 """
 

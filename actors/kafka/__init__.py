@@ -3,7 +3,7 @@
 both partition keys with Kafka's murmur2, so they are interchangeable."""
 
 
-def client_for(cfg):
+def open_producer(cfg):
     """The sink's client ``[kafka] client`` names, "auto" already resolved by the config
     (imported only when chosen)."""
     if cfg.kafka.client == "librdkafka":

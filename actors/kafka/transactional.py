@@ -31,6 +31,8 @@ from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, ProducerFenced, Stream,
                                  foreign_stream, progress_record, shared_id_line)
 from router.topics import TopicSpec
 
+from .compacted import read_topic
+
 #: seconds Kafka's transaction calls may take (init waits for a predecessor's abort)
 TXN_TIMEOUT = 60.0
 
@@ -57,7 +59,7 @@ def _fenced(exc: BaseException | None) -> bool:
 
 
 class TransactionalClient:
-    def __init__(self, inner, *, transactional_id: str, progress_topic: str, stream: Stream,
+    def __init__(self, inner, *, transactional_id: str, committed_lsn_topic: str, stream: Stream,
                  wal_end: int, read_committed):
         """``inner``: a client built with ``transactional_id``; ``read_committed(topic, key)``
         returns the newest committed value of ``key`` in ``topic`` (None when absent);
@@ -65,7 +67,7 @@ class TransactionalClient:
         self.inner = inner
         self.producer = inner.producer
         self.transactional_id = transactional_id
-        self.progress_topic = progress_topic
+        self.committed_lsn_topic = committed_lsn_topic
         self.stream = stream
         self.wal_end = wal_end
         #: a progress record without a stream (an older pgrouter's), not used
@@ -111,12 +113,12 @@ class TransactionalClient:
 
     def start(self, replication_factor: int = 1) -> int:
 
-        self.inner.ensure_topics([TopicSpec(self.progress_topic, 1, replication_factor,
+        self.inner.ensure_topics([TopicSpec(self.committed_lsn_topic, 1, replication_factor,
                                             dict(PROGRESS_TOPIC_CONFIGS))])
         key = self.transactional_id.encode()
         # another stream's progress under this id: refused before registering the id, which
         # would fence that stream's router
-        before = decode_progress(self._call(self._read_committed, self.progress_topic, key))
+        before = decode_progress(self._call(self._read_committed, self.committed_lsn_topic, key))
         if foreign_stream(before, self.stream):
             raise ConfigError(shared_id_line(self.transactional_id, before, self.stream),
                               path="kafka.transactional_id")
@@ -124,7 +126,7 @@ class TransactionalClient:
             self._call(self.producer.init_transactions, TXN_TIMEOUT)
         else:
             self._call(self.producer.init_transactions)
-        progress = decode_progress(self._call(self._read_committed, self.progress_topic, key))
+        progress = decode_progress(self._call(self._read_committed, self.committed_lsn_topic, key))
         if progress is not None and not progress.system_id:
             self.unattributed = progress
         self.committed_lsn = committed_position(self.transactional_id, progress, self.stream,
@@ -200,7 +202,7 @@ class TransactionalClient:
                 return
             end_lsn = max(end_lsn, self.committed_lsn)
             key, value = progress_record(self.transactional_id, end_lsn, self.stream)
-            self.produce_sync(self.progress_topic, key, value)
+            self.produce_sync(self.committed_lsn_topic, key, value)
             self._commit_open()
             self.committed_lsn = end_lsn
         deadline = time.monotonic() + TXN_TIMEOUT
@@ -229,37 +231,16 @@ class TransactionalClient:
 
 
 def committed_reader(bootstrap_servers, settings: dict):
-    """``read_committed(topic, key)`` over kafka-python's consumer (either producer client):
-    the newest value of ``key`` in partition 0 of ``topic`` that a ``read_committed`` consumer
-    sees, reading up to the last stable offset."""
-    from kafka import KafkaConsumer
-    from kafka.structs import TopicPartition
-
-    from router.kafka_settings import KAFKA_PYTHON, translate
-
-    conf = {k: v for k, v in translate(dict(settings), KAFKA_PYTHON).items()
-            if k.startswith(("security_", "ssl_", "sasl_")) or k == "client_id"}
+    """``read_committed(topic, key)``: the newest value of ``key`` in ``topic`` that a
+    ``read_committed`` consumer sees, reading up to the last stable offset (either producer
+    client; the read is kafka-python's, ``actors.kafka.compacted``)."""
 
     def read(topic: str, key: bytes):
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
-                                 enable_auto_commit=False, isolation_level="read_committed",
-                                 **conf)
-        try:
-            tp = TopicPartition(topic, 0)
-            consumer.assign([tp])
-            consumer.seek_to_beginning(tp)
-            end = consumer.end_offsets([tp])[tp]
-            found = None
-            deadline = time.monotonic() + TXN_TIMEOUT
-            while consumer.position(tp) < end:
-                if time.monotonic() > deadline:
-                    raise SinkUnavailable(f"could not read {topic} up to offset {end} within "
-                                          f"{TXN_TIMEOUT} s")
-                for record in consumer.poll(timeout_ms=500).get(tp, ()):
-                    if record.key == key:
-                        found = record.value
-            return found
-        finally:
-            consumer.close()
+        found = None
+        for k, value in read_topic(bootstrap_servers, settings, topic, timeout=TXN_TIMEOUT,
+                                   committed=True):
+            if k == key:
+                found = value
+        return found
 
     return read

@@ -34,79 +34,28 @@ import trio
 from router.config import Config
 from router.definitions import Definitions, StateRecord, catalog_from_snapshot, \
     parse_message, state_at
-from router.errors import SinkUnavailable
 from router.lsn import format_lsn
 
 from router.topics import TopicSpec
 
-from ..kafka.versions import known_api_version
+from ..kafka.compacted import READ_TIMEOUT, read_topic
 from ..services import log
 from ..services import publication_trigger as trigger
 from ..services.catalog import build_route_specs, load_publications, route_publication_names
 from ..services.sql import SqlSession
 
 _log = log.get("definitions")
-READ_TIMEOUT = 30.0
 #: the topic keeps every state record (they are small and rare)
 TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1"}
 
 
-def _kafka_settings(cfg: Config) -> dict:
-    return {k: v for k, v in cfg.kafka.settings.items()
-            if k.startswith(("security_", "sasl_", "ssl_")) or k == "client_id"}
-
-
 def read_state_values(cfg: Config, timeout: float = READ_TIMEOUT) -> list[bytes]:
     """Every record value of the definitions topic (blocking; [] when it does not exist),
-    read with the configured client's library (importing the other one costs ~0.1 s)."""
-    if cfg.kafka.client == "librdkafka":
-        return _read_rdkafka(cfg, timeout)
-    import kafka.errors as kerr
-    from kafka import KafkaConsumer, TopicPartition
-
-    topic = cfg.kafka.definitions_topic
-    try:
-        consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers, group_id=None,
-                                 enable_auto_commit=False, auto_offset_reset="earliest",
-                                 allow_auto_create_topics=False, **_kafka_settings(cfg),
-                                 **known_api_version(cfg.kafka.bootstrap_servers))
-    except kerr.KafkaError as exc:
-        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
-    try:
-        parts = consumer.partitions_for_topic(topic)
-        if not parts:
-            return []
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        out: list[bytes] = []
-        deadline = time.monotonic() + timeout
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            if time.monotonic() > deadline:
-                raise SinkUnavailable(f"timed out reading the definitions topic {topic}")
-            for tp, msgs in consumer.poll(timeout_ms=500).items():
-                out.extend(m.value for m in msgs if m.offset < ends[tp])
-        return out
-    except kerr.KafkaError as exc:
-        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
-    finally:
-        consumer.close()
-
-
-def _read_rdkafka(cfg: Config, timeout: float) -> list[bytes]:
-    from confluent_kafka import KafkaException
-
-    from ..kafka.admin import read_rdkafka
-
-    topic = cfg.kafka.definitions_topic
-    try:
-        return [value for _, value in read_rdkafka(cfg.kafka.bootstrap_servers,
-                                                   _kafka_settings(cfg), topic, timeout)]
-    except TimeoutError as exc:
-        raise SinkUnavailable(f"timed out reading the definitions topic {topic}") from exc
-    except KafkaException as exc:
-        raise SinkUnavailable(f"Kafka unavailable: {exc}") from exc
+    read with the configured client's library."""
+    k = cfg.kafka
+    return [value for _, value in read_topic(k.bootstrap_servers, dict(k.settings),
+                                             k.definitions_topic, library=k.client,
+                                             timeout=timeout)]
 
 
 async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_lsn: int,

@@ -14,7 +14,7 @@ import logging
 import trio
 
 from ..services import log
-from .progress import Stats
+from .confirmer import Stats
 
 _log = log.get("sink")
 STALL = 5.0

@@ -10,7 +10,7 @@ import trio
 WAL_BATCHES = 4
 EVENT_BATCHES = 4
 CHUNKS = 8
-PROGRESS_EVENTS = 256
+ACKS = 256
 
 
 class WalBatch(msgspec.Struct):
@@ -35,12 +35,12 @@ class Hold(msgspec.Struct, frozen=True):
     prepare_lsn: int | None = None
 
 
-class Begin(msgspec.Struct, frozen=True):
+class Registered(msgspec.Struct, frozen=True):
     ticket: int
     end_lsn: int
 
 
-class Done(msgspec.Struct, frozen=True):
+class Acked(msgspec.Struct, frozen=True):
     ticket: int
     records: int
 

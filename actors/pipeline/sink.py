@@ -2,13 +2,13 @@
 
 Rules (the delivery contract, whichever Kafka client is behind it):
 
-* "Accepted" is not "durable": a transaction is reported ``Done`` only from Kafka's delivery
+* "Accepted" is not "durable": a transaction is reported ``Acked`` only from Kafka's delivery
   results (acks=all, idempotent producer), never when a send call returns. Records are
   counted per transaction; the transaction is done when it is sealed (its last chunk was
   handed over) and every record is acknowledged. ``stats.acked_records`` grows with every
   acknowledged batch (a client's ``produce`` call), so progress lines move during a huge
   transaction too.
-* Transactions are registered with the progress actor (``Begin``) in commit order, before
+* Transactions are registered with the confirm actor (``Registered``) in commit order, before
   any of their records are sent; keepalives and holds follow on the same channel, so their
   order is kept.
 * A table schema is made durable on the schema topic before the first record naming it is
@@ -21,10 +21,10 @@ Rules (the delivery contract, whichever Kafka client is behind it):
   client's own thread and are handed to trio with ``run_sync_soon``.
 * Chunks already waiting in the inbox are taken together (a stream of small transactions
   is one chunk per transaction) and their records handed to the client in one worker-thread
-  call. Consecutive whole transactions of such a group share one ticket: its ``Begin``
+  call. Consecutive whole transactions of such a group share one ticket: its ``Registered``
   carries the end LSN of the last of them and is extended while it has not been sent yet;
-  the ticket is sealed once its ``Begin`` is sent and no transaction of it is still open, and
-  it is ``Done`` only when every record of every one of its transactions is acknowledged
+  the ticket is sealed once its ``Registered`` is sent and no transaction of it is still open, and
+  it is ``Acked`` only when every record of every one of its transactions is acknowledged
   (so the flush LSN moves past them all at once, never past one whose records are not all
   durable). A keepalive or hold ends the sharing (it keeps its place between transactions).
 """
@@ -44,7 +44,7 @@ from router.schema import encode_schema
 from router.topics import TopicSpec
 
 from ..services import log
-from .mailbox import Begin, Done, Hold, Keepalive
+from .mailbox import Registered, Acked, Hold, Keepalive
 
 _log = log.get("sink")
 #: channel items taken together at most (each a chunk of at most CHUNK_RECORDS records)
@@ -80,12 +80,12 @@ class SinkActor:
         self._txns: dict[int, _Txn] = {}
         self._next_ticket = 0
         self._current: int | None = None  # ticket of the transactions being sent
-        self._begin: Begin | None = None  # the current ticket's Begin while not yet sent
+        self._begin: Registered | None = None  # the current ticket's Registered while not yet sent
         self._in_txn = False  # a source transaction's last chunk has not arrived yet
         self._sent_records = 0  # records queued since the last stats update
-        self._to_seal: list[int] = []  # closed tickets whose Begin is not sent yet
+        self._to_seal: list[int] = []  # closed tickets whose Registered is not sent yet
         self._completed: deque[int] = deque()
-        self._outbox: list = []  # Begin/Keepalive/Hold not yet sent to the progress actor
+        self._outbox: list = []  # Registered/Keepalive/Hold not yet sent to the confirm actor
         self._wake = trio.Event()
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -158,13 +158,13 @@ class SinkActor:
             ticket = self._completed.popleft()
             with self._lock:
                 txn = self._txns.pop(ticket)
-            done.append(Done(ticket, txn.acked))
+            done.append(Acked(ticket, txn.acked))
         await self.progress.send(done)
 
     async def _flush_progress(self) -> None:
         """Send the registrations and keepalives gathered so far, as one list. Called before
-        anything that can let a completion through, so a ``Done`` never overtakes its
-        ``Begin``."""
+        anything that can let a completion through, so an ``Acked`` never overtakes its
+        ``Registered``."""
         if self._outbox:
             events, self._outbox = self._outbox, []
             self._begin = None
@@ -178,7 +178,7 @@ class SinkActor:
 
     def _seal(self, ticket: int) -> None:
         """No more records join ``ticket``: it is done once they are acknowledged. Called
-        only after its ``Begin`` was sent, so ``Done`` never overtakes it."""
+        only after its ``Registered`` was sent, so ``Acked`` never overtakes it."""
         with self._lock:
             txn = self._txns[ticket]
             txn.sealed = True
@@ -259,16 +259,16 @@ class SinkActor:
             if self._begin is not None and self._outbox[-1] is self._begin:
                 # joins the current ticket, whose registration is not sent yet
                 end = max(self._begin.end_lsn, chunk.end_lsn)
-                self._begin = self._outbox[-1] = Begin(self._current, end)
+                self._begin = self._outbox[-1] = Registered(self._current, end)
             else:
-                if self._current is not None:  # a keepalive or hold follows its Begin
+                if self._current is not None:  # a keepalive or hold follows its Registered
                     self._to_seal.append(self._current)
                 ticket = self._next_ticket
                 self._next_ticket += 1
                 with self._lock:
                     self._txns[ticket] = _Txn()
                 self._current = ticket
-                self._begin = Begin(ticket, chunk.end_lsn)
+                self._begin = Registered(ticket, chunk.end_lsn)
                 self._outbox.append(self._begin)
             self._in_txn = True
 

@@ -9,12 +9,12 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
   everything read before it.
 * Keepalives that ask for a reply are answered by psycopg2 inside ``read_message`` with the
   flush position we last gave it. Standby status updates carry the flush LSN from the
-  progress actor, sent when it moves (at most every ``STATUS_MIN_GAP`` seconds, so a stream
+  confirm actor, sent when it moves (at most every ``STATUS_MIN_GAP`` seconds, so a stream
   of small transactions is confirmed in batches, not one update per commit) and at least
   every ``status_interval`` seconds; when idle they ask the server for a keepalive, so quiet
   slots confirm recent positions.
 * Draining: ``stop_reading()`` ends the read loop and closes the output channel; the
-  connection stays open until the progress actor closes the flush mailbox, so the final
+  connection stays open until the confirm actor closes the flush mailbox, so the final
   flush position is sent before the connection closes.
 """
 
@@ -192,7 +192,7 @@ class SlotReader:
             nursery.cancel_scope.cancel()
 
     async def _status_loop(self) -> None:
-        """Send standby status updates until the progress actor closes the mailbox."""
+        """Send standby status updates until the confirm actor closes the mailbox."""
         while True:
             with trio.move_on_after(self.status_interval):
                 await self.flush.wait_changed()

@@ -9,7 +9,7 @@ Rules (on top of ``SinkActor``'s):
 * The Kafka transaction is committed only between source transactions (none half sent),
   once ``interval`` seconds passed since its first record (what arrives before joins it): a
   stream of small transactions shares one Kafka transaction, a large one has its own.
-* Records are reported durable (``Done``, then the slot is confirmed) only by the commit.
+* Records are reported durable (``Acked``, then the slot is confirmed) only by the commit.
 * On drain the open Kafka transaction is committed.
 """
 
@@ -119,9 +119,9 @@ def client_for(cfg, stream: Stream, wal_end: int):
 def plain_client(cfg):
     """The configured client without transactions (the initial snapshot's: its rows are
     delivered at-least-once, duplicates identical at the same positions)."""
-    from ..kafka import client_for as configured
+    from ..kafka import open_producer
 
-    return configured(cfg)
+    return open_producer(cfg)
 
 
 def transactional_client(cfg, stream: Stream, wal_end: int):
@@ -136,7 +136,7 @@ def transactional_client(cfg, stream: Stream, wal_end: int):
     else:
         from ..kafka.kafka_python import KafkaPythonClient as Client
     inner = Client(k.bootstrap_servers, dict(k.settings), transactional_id=tid)
-    client = TransactionalClient(inner, transactional_id=tid, progress_topic=k.progress_topic,
+    client = TransactionalClient(inner, transactional_id=tid, committed_lsn_topic=k.committed_lsn_topic,
                                  stream=stream, wal_end=wal_end,
                                  read_committed=committed_reader(k.bootstrap_servers,
                                                                  dict(k.settings)))
@@ -153,5 +153,5 @@ def transactional_client(cfg, stream: Stream, wal_end: int):
                   "sent once more", level=logging.WARNING, transactional_id=tid,
                   up_to_lsn=client.unattributed.end_lsn)
     log.event(_log, "exactly-once: Kafka transactions", transactional_id=tid,
-              progress_topic=k.progress_topic, kafka_committed_lsn=format_lsn(committed))
+              committed_lsn_topic=k.committed_lsn_topic, kafka_committed_lsn=format_lsn(committed))
     return client

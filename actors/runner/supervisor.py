@@ -53,11 +53,11 @@ from ..pipeline import definitions_state
 from ..pipeline.delivery_watch import DeliveryWatch
 from ..pipeline.router_actor import RouterActor, TypeNames
 from ..pipeline.origin_filter import OriginFilterActor
-from ..pipeline.mailbox import CHUNKS, EVENT_BATCHES, PROGRESS_EVENTS, WAL_BATCHES, Latest
+from ..pipeline.mailbox import CHUNKS, EVENT_BATCHES, ACKS, WAL_BATCHES, Latest
 from ..services.http import Endpoint, Health
 from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
-from ..pipeline.progress import ProgressActor, Stats
+from ..pipeline.confirmer import ConfirmActor, Stats
 from ..services.retry import only_cancelled, primary, run_with_retries
 from ..pipeline.transactional_sink import client_for, plain_client, sink_class
 from ..pipeline.slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
@@ -188,7 +188,7 @@ class Supervisor:
         wal_tx, wal_rx = trio.open_memory_channel(WAL_BATCHES)
         ev_tx, ev_rx = trio.open_memory_channel(EVENT_BATCHES)
         chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
-        prog_tx, prog_rx = trio.open_memory_channel(PROGRESS_EVENTS)
+        prog_tx, prog_rx = trio.open_memory_channel(ACKS)
         flush = self._flush = Latest(info.start_lsn)
         caught_up = trio.Event()
         relations = RelationCache()
@@ -252,7 +252,7 @@ class Supervisor:
                          schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
                          create_topics=cfg.kafka.create_topics, stats=self.stats,
                          metrics=self.metrics)
-        progress = ProgressActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
+        progress = ConfirmActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
                                  stats=self.stats, interval=cfg.log.progress_interval,
                                  until_lsn=self.until_lsn, caught_up=caught_up)
         metrics = self.metrics

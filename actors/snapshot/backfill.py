@@ -34,7 +34,7 @@ import trio
 
 from router.config import Config
 from router.envelope import TxContext
-from router.snapshot import (PREFIX, ChunkWindow, Progress, RecentChanges, Watermark,
+from router.snapshot import (PREFIX, ChunkWindow, SnapshotState, RecentChanges, Watermark,
                              decode_watermark, encode_watermark)
 from router.transactions import Transaction
 
@@ -46,7 +46,7 @@ from .initial import type_names
 from .jobs import Job, plan_jobs, route_rows
 from .reader import TableReader, close_session
 from .report import Reporter
-from .store import ProgressStore
+from .store import StateStore
 
 _log = log.get("snapshot")
 #: jobs waiting for a driver at most
@@ -75,7 +75,7 @@ class BackfillActor:
         self.db = db
         self.slot = cfg.source.slot
         self.flush = flush
-        self.store = ProgressStore(cfg, client)
+        self.store = StateStore(cfg, client)
         self.resume_initial = resume_initial
         self.inbox: trio.MemoryReceiveChannel | None = None
         self.out: trio.MemorySendChannel | None = None
@@ -89,7 +89,7 @@ class BackfillActor:
         #: tables being backfilled, as the stream names them -> running jobs
         self._watch: dict[tuple[str, str], int] = {}
         self.recent = RecentChanges()
-        #: ``caught_up`` (set by the progress actor) and every backfill job done: what
+        #: ``caught_up`` (set by the confirm actor) and every backfill job done: what
         #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
         self.caught_up: trio.Event | None = None
         self.finished = trio.Event()
@@ -252,7 +252,7 @@ class BackfillActor:
             log.event(_log, "backfill refused", request=request, problem=problem)
         fresh = []
         for job in jobs:
-            seen = self.store.get(Progress("backfill", self.slot, "", route=job.route,
+            seen = self.store.get(SnapshotState("backfill", self.slot, "", route=job.route,
                                            table=job.name))
             if seen is not None and seen.request == request:
                 continue  # already known: running (resumed) or done
@@ -265,7 +265,7 @@ class BackfillActor:
                 1 for p in self.store.records.values() if p.kind == "backfill"
                 and p.slot == self.slot and p.request == INITIAL and p.state == "running")
             if not self._initial_left:
-                await self.store.aput(Progress("initial", self.slot, "done"))
+                await self.store.aput(SnapshotState("initial", self.slot, "done"))
         for job in fresh:
             await self.store.aput(self._progress(job, "running"))
         for job in fresh:
@@ -282,8 +282,8 @@ class BackfillActor:
             log.event(_log, "backfill refused", problem=f"more than {JOBS} jobs waiting",
                       route=job.route, table=job.name)
 
-    def _progress(self, job: Job, state: str) -> Progress:
-        return Progress("backfill", self.slot, state, request=job.request, route=job.route,
+    def _progress(self, job: Job, state: str) -> SnapshotState:
+        return SnapshotState("backfill", self.slot, state, request=job.request, route=job.route,
                         table=job.name, last_key=job.last_key, rows=job.rows)
 
     # -- drivers ------------------------------------------------------------------------------
@@ -370,7 +370,7 @@ class BackfillActor:
         if job.request == INITIAL and self._initial_left > 0:
             self._initial_left -= 1
             if not self._initial_left:
-                await self.store.aput(Progress("initial", self.slot, "done"))
+                await self.store.aput(SnapshotState("initial", self.slot, "done"))
                 log.event(_log, "initial snapshot finished by backfill", slot=self.slot)
 
 

@@ -12,7 +12,7 @@ Rules:
   take tables from a shared queue; rows go through the same route semantics as changes
   (``router.snapshot_rows``) and to Kafka through a ``SinkActor`` of their own, with
   positions before the consistent point (``router.snapshot``).
-* Progress (``actors.snapshot.store``): ``started`` is written before the slot is created,
+* SnapshotState (``actors.snapshot.store``): ``started`` is written before the slot is created,
   ``done`` after Kafka acknowledged every snapshot record; only then does the stream start
   (from the consistent point: nothing missed, nothing read twice). The slot's position is
   not confirmed by anything here.
@@ -39,20 +39,20 @@ from router.errors import (ConfigError, PublicationMissing, SlotInUse, SourceErr
                            SourceUnavailable)
 from router.lsn import format_lsn, parse_lsn
 from router.routing import ChangeRouter
-from router.snapshot import Progress, TABLE_SHIFT, initial_position
+from router.snapshot import SnapshotState, TABLE_SHIFT, initial_position
 from router.snapshot_rows import SnapshotRows
 
 from router.topics import TopicSpec
 
 from ..services import failover
-from ..pipeline.mailbox import CHUNKS, Done
+from ..pipeline.mailbox import CHUNKS, Acked
 from ..pipeline.sink import SinkActor, record_reshaper
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
 from .reader import TableReader, session
 from .report import Reporter
-from .store import ProgressStore
+from .store import StateStore
 from .tables import SnapshotTable, slot_tables, snapshot_specs
 
 _log = log.get("snapshot")
@@ -124,16 +124,16 @@ async def ensure_initial_snapshot(cfg: Config, client_factory,
                                     "where slot_name = $1)", src.slot)
         client = await trio.to_thread.run_sync(client_factory, cfg)
         try:
-            store = ProgressStore(cfg, client)
+            store = StateStore(cfg, client)
             await store.aload()
-            state = store.get(Progress("initial", src.slot, ""))
+            state = store.get(SnapshotState("initial", src.slot, ""))
             if exists:
                 if state is None or state.state == "done":
                     return []
                 log.event(_log, "initial snapshot was interrupted; finishing it by backfill",
                           slot=src.slot)
                 return ["*"]
-            await store.aput(Progress("initial", src.slot, "started"))
+            await store.aput(SnapshotState("initial", src.slot, "started"))
             await _snapshot(cfg, sql, client, store, stop if stop is not None else trio.Event())
             return []
         finally:
@@ -142,7 +142,7 @@ async def ensure_initial_snapshot(cfg: Config, client_factory,
                 await trio.to_thread.run_sync(client.close, 10.0)
 
 
-async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore,
+async def _snapshot(cfg: Config, sql: SqlSession, client, store: StateStore,
                     stop: trio.Event) -> None:
     src = cfg.source
     catalog = await load_catalog(sql, cfg)
@@ -178,13 +178,13 @@ async def _snapshot(cfg: Config, sql: SqlSession, client, store: ProgressStore,
         log.event(_log, "initial snapshot stopped by the drain; the next start finishes it by "
                   "backfill", slot=src.slot)
         return
-    await store.aput(Progress("initial", src.slot, "done"))
+    await store.aput(SnapshotState("initial", src.slot, "done"))
     log.event(_log, "initial snapshot done; streaming from the consistent point",
               slot=src.slot, consistent_point=format_lsn(slot.consistent_point))
 
 
 async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: SnapshotRows,
-                      slot: ExportedSlot, store: ProgressStore,
+                      slot: ExportedSlot, store: StateStore,
                       stop: trio.Event | None = None) -> bool:
     """Every table of ``tables`` into Kafka, read in ``parallel`` sessions on the exported
     snapshot; returns once Kafka acknowledged every record. A table whose records are all
@@ -215,7 +215,7 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
 
     async def durable(name: str) -> None:
         for route in routes_of[name]:
-            await store.aput(Progress("backfill", cfg.source.slot, "done", request="initial",
+            await store.aput(SnapshotState("backfill", cfg.source.slot, "done", request="initial",
                                       route=route, table=name))
 
     async def reader(out: trio.MemorySendChannel) -> None:
@@ -249,7 +249,7 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
     async def acks() -> None:
         async for events in prog_rx:
             for ev in events:
-                if type(ev) is Done:
+                if type(ev) is Acked:
                     name = order[ev.ticket]
                     pending[name] -= 1
                     if not pending[name] and name in read:

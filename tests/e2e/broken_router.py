@@ -3,7 +3,7 @@ fail: it counts a transaction as durable as soon as the sink registers it, befor
 acknowledged anything, so the slot may be confirmed past records Kafka never got.
 
 Run as ``python -m tests.e2e.broken_router run -c FILE`` (the command line of ``pgrouter``).
-The fault is injected here, from the test side, by replacing the progress actor's tracker:
+The fault is injected here, from the test side, by replacing the confirm actor's tracker:
 nothing in pgrouter's own code (no setting, no environment variable) can turn the rule off."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 
 from actors.pipeline import progress
-from router.progress import ProgressTracker
+from router.confirmation import ConfirmationTracker
 
 
-class ConfirmOnAccept(ProgressTracker):
+class ConfirmOnAccept(ConfirmationTracker):
     def begin(self, ticket: object, end_lsn: int) -> None:
         super().begin(ticket, end_lsn)
         super().done(ticket)  # durable before Kafka said so: the broken rule
@@ -24,7 +24,7 @@ class ConfirmOnAccept(ProgressTracker):
 
 
 if __name__ == "__main__":
-    progress.ProgressTracker = ConfirmOnAccept
+    progress.ConfirmationTracker = ConfirmOnAccept
     from actors.cli import main
 
     sys.exit(main())

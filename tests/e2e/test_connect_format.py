@@ -33,7 +33,7 @@ def test_connect_records_carry_debezium_types(pg_dsn, kafka_bootstrap, tmp_path,
     cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
                        bootstrap=kafka_bootstrap,
                        kafka_extra='client = "librdkafka"\nformat = "connect"\n'
-                                   + (f'exactly_once = true\nprogress_topic = "{name}.p"\n'
+                                   + (f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n'
                                       if exactly_once else ""),
                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
                               f'topic = "{name}"\ntopic_settings = {{ partitions = 1 }}\n')
@@ -126,7 +126,7 @@ def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, 
            f"from generate_series(1, 20) g")
     pg.run(f"create publication {name} for table {name}")
     fmt, _, eo = fmt.partition("+")  # "+eo": the stream and backfills in Kafka transactions
-    extra = f'exactly_once = true\nprogress_topic = "{name}.p"\n' if eo else ""
+    extra = f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n' if eo else ""
     cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
                        bootstrap=kafka_bootstrap, kafka_extra=f'format = "{fmt}"\n' + extra,
                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'

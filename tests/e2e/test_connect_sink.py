@@ -59,7 +59,7 @@ def test_debezium_jdbc_sink_makes_the_target_equal_the_source(pg_dsn, kafka_boot
     cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
                        bootstrap=kafka_bootstrap,
                        kafka_extra=f'client = "librdkafka"\nformat = "connect"\n'
-                                   f'exactly_once = true\nprogress_topic = "{name}.progress"\n',
+                                   f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n',
                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
                               f'topic = "{name}"\n')
     connect = ConnectStandalone(ROOT / ".devstack" / "cache", tmp_path / "connect",

@@ -128,7 +128,7 @@ def table(pg_dsn, kafka_bootstrap, tmp_path, request):
             tmp_path / f"{slot}-{client}.toml", dsn=pg_dsn, slot=slot, publications=[name],
             bootstrap=kafka_bootstrap,
             kafka_extra=(f'client = "{client}"\nexactly_once = true\n'
-                         f'progress_topic = "{name}.progress"\n'
+                         f'committed_lsn_topic = "{name}.progress"\n'
                          + (f'transactional_id = "{tid}"\n' if tid else "")),
             routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
                    f'topic = "{name}"\ntopic_settings = {{ partitions = 3 }}\n')
@@ -282,7 +282,7 @@ def test_same_slot_name_on_two_servers_keeps_each_servers_progress(node_db, kafk
                        "set n = t.n + 1; select pg_switch_wal()")
         cfgs = [write_config(tmp_path / f"s{i}.toml", dsn=dsn, slot=f"{u}_slot",
                              publications=["p"], bootstrap=kafka_bootstrap,
-                             kafka_extra=f'exactly_once = true\nprogress_topic = "{u}.progress"\n',
+                             kafka_extra=f'exactly_once = true\ncommitted_lsn_topic = "{u}.progress"\n',
                              routes=f'[[routes]]\nname = "r"\ntables = ["public.t"]\n'
                                     f'topic = "{u}.s{i}"\n')
                 for i, dsn in enumerate(dsns)]
@@ -344,7 +344,7 @@ def test_broker_restart_leaves_each_change_once(own_stack, tmp_path):
     cfg = write_config(tmp_path / "r.toml", dsn=info.pg_dsn, slot=name, publications=[name],
                        bootstrap=info.kafka_bootstrap,
                        kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
-                                   f'progress_topic = "{name}.progress"\n',
+                                   f'committed_lsn_topic = "{name}.progress"\n',
                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
                               f'topic = "{name}"\ntopic_settings = {{ partitions = 3 }}\n')
     rows = 10_000

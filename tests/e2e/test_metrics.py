@@ -264,7 +264,7 @@ def test_status_of_exactly_once_topics(pg_dsn, kafka_bootstrap, tmp_path, fmt):
     pg.run(f"create publication {name} for table {name}")
     cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
                        bootstrap=kafka_bootstrap,
-                       kafka_extra=f'exactly_once = true\nprogress_topic = "{name}.p"\n'
+                       kafka_extra=f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n'
                                    f'format = "{fmt}"\n',
                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
                               f'topic = "{name}"\ntopic_settings = {{ partitions = 2 }}\n')

@@ -88,7 +88,7 @@ def test_record_too_large_in_the_backfill_finishing_an_initial_snapshot(client, 
     import psycopg2
     from kafka import KafkaProducer
 
-    from router.snapshot import Progress, encode_progress
+    from router.snapshot import SnapshotState, encode_state
 
     pg = Pg(pg_dsn)
     name = unique("bigb")
@@ -99,7 +99,7 @@ def test_record_too_large_in_the_backfill_finishing_an_initial_snapshot(client, 
            "where id = 15000")  # 2.2 MB
     pg.run(f"create publication {name} for table {name}_a, {name}_b")
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
-    key, value = encode_progress(Progress("initial", name, "started"))
+    key, value = encode_state(SnapshotState("initial", name, "started"))
     producer.send("pgrouter.snapshots", key=key, value=value).get(timeout=30)
     producer.close()
     pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", name)

@@ -200,7 +200,7 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
     streams from the slot's consistent point and copies the other tables by backfill."""
     from kafka import KafkaProducer
 
-    from router.snapshot import Progress, encode_progress
+    from router.snapshot import SnapshotState, encode_state
     from tests.e2e.test_backfill import progress, wait_for
     from tests.helpers import start_router
 
@@ -216,11 +216,11 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
     pg.run(f"create publication sp_{u} for table {t}, {nokey}, {nokey2}")
     slot = f"{u}_router"
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
-    for p in (Progress("initial", slot, "started"),
+    for p in (SnapshotState("initial", slot, "started"),
               # the keyless table was copied before the crash
-              Progress("backfill", slot, "done", request="initial", route=f"r_{u}",
+              SnapshotState("backfill", slot, "done", request="initial", route=f"r_{u}",
                        table=f"public.{nokey}")):
-        key, value = encode_progress(p)
+        key, value = encode_state(p)
         producer.send("pgrouter.snapshots", key=key, value=value).get(timeout=30)
     producer.close()
     pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", slot)

@@ -114,6 +114,23 @@ def rand_relation(rng, relid):
                     rng.choice("dfin"), cols)
 
 
+def rand_change(rng, rel):
+    """``(op, old, old_is_key, new)`` of a generated change of ``rel``."""
+    op = rng.choice("cudr")
+    new = old = None
+    old_is_key = False
+    if op in "cur":
+        new = tuple(rand_value(rng, c.type_oid, op == "u" and not c.flags & 1)
+                    for c in rel.columns)
+    if op in "ud" and rng.random() < 0.7:
+        old_is_key = rng.random() < 0.5
+        old = tuple(rand_value(rng, c.type_oid, False) if (c.flags & 1 or not old_is_key)
+                    else None for c in rel.columns)
+    if op == "d" and old is None:
+        old = tuple(rand_value(rng, c.type_oid, False) for c in rel.columns)
+    return op, old, old_is_key, new
+
+
 def test_encoder_bytes_equal_the_dict_envelope():
     rng = random.Random(20261122)
     checked = 0
@@ -131,18 +148,7 @@ def test_encoder_bytes_equal_the_dict_envelope():
                            origin=rng.choice([None, "node%s"]),
                            origin_lsn=rng.choice([None, 5, 2**64 - 1]))
             for seq in range(40):
-                op = rng.choice("cudr")
-                new = old = None
-                old_is_key = False
-                if op in "cur":
-                    new = tuple(rand_value(rng, c.type_oid, op == "u" and not c.flags & 1)
-                                for c in rel.columns)
-                if op in "ud" and rng.random() < 0.7:
-                    old_is_key = rng.random() < 0.5
-                    old = tuple(rand_value(rng, c.type_oid, False) if (c.flags & 1 or not old_is_key)
-                                else None for c in rel.columns)
-                if op == "d" and old is None:
-                    old = tuple(rand_value(rng, c.type_oid, False) for c in rel.columns)
+                op, old, old_is_key, new = rand_change(rng, rel)
                 lsn = rng.randint(0, 2**64 - 1)
                 got = enc.encode(op, tx, lsn, seq, old=old, old_is_key=old_is_key, new=new)
                 want = ref_encode(rel, cols, route, db, op, tx, lsn, seq, old, old_is_key, new)

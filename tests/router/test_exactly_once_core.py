@@ -40,7 +40,7 @@ def test_progress_record_round_trip_names_the_stream():
 
 
 def test_a_foreign_progress_record_is_a_config_error():
-    with pytest.raises(ConfigError, match="kafka.progress_topic"):
+    with pytest.raises(ConfigError, match="kafka.committed_lsn_topic"):
         decode_progress(b'{"offset": 3}')
 
 
@@ -87,8 +87,9 @@ def test_fenced_is_never_retried():
 
 
 @pytest.mark.parametrize("extra, path", [
-    ('progress_topic = "pgrouter.schemas"', "kafka.progress_topic"),
-    ('progress_topic = "bad topic"', "kafka.progress_topic"),
+    ('committed_lsn_topic = "pgrouter.schemas"', "kafka.committed_lsn_topic"),
+    ('committed_lsn_topic = "bad topic"', "kafka.committed_lsn_topic"),
+    ('progress_topic = "bad topic"', "kafka.committed_lsn_topic"),
     ("transaction_interval_ms = -1", "kafka.transaction_interval_ms"),
     ("transaction_interval_ms = 75000", "kafka.transaction_interval_ms"),
     ('format = "avro"', "kafka.format"),
@@ -100,5 +101,24 @@ def test_bad_settings_name_their_key(extra, path):
 
 def test_defaults():
     cfg = parse_config(CONFIG.format(extra=""), source="router.toml")
-    assert (cfg.kafka.exactly_once, cfg.kafka.progress_topic, cfg.kafka.format,
+    assert (cfg.kafka.exactly_once, cfg.kafka.committed_lsn_topic, cfg.kafka.format,
             cfg.kafka.transaction_interval_ms) == (True, "pgrouter.progress", "json", 100)
+
+
+@pytest.mark.parametrize("section, old, new, value", [
+    ("kafka", "progress_topic", "committed_lsn_topic", "p.one"),
+    ("snapshot", "progress_topic", "state_topic", "s.one"),
+])
+def test_a_renamed_key_is_read_under_its_old_name_with_a_warning(section, old, new, value):
+    if section == "kafka":
+        text = CONFIG.format(extra=f'{old} = "{value}"')
+    else:
+        text = CONFIG.format(extra="") + f'\n[{section}]\n{old} = "{value}"\n'
+    notes: list[str] = []
+    cfg = parse_config(text, source="router.toml", notes=notes)
+    assert getattr(getattr(cfg, section), new) == value
+    assert notes == [f"router.toml: {section}.{old} is now called {section}.{new}; the old "
+                     "name is read for one more release"]
+    both = text.replace(f'{old} = "{value}"', f'{old} = "{value}"\n{new} = "x"')
+    with pytest.raises(ConfigError, match=f"{section}.{new} is set, and also"):
+        parse_config(both, source="router.toml")

@@ -12,8 +12,8 @@ from router.pgoutput import Relation
 from router.pgoutput.messages import RelationColumn
 from router.publications import FilterCache, Planner, config_resolver
 from router.routing import ChangeRouter, RouteSpec
-from router.snapshot import (PREFIX, TABLE_SHIFT, ChunkWindow, Progress, Watermark,
-                             decode_progress, decode_watermark, encode_progress,
+from router.snapshot import (PREFIX, TABLE_SHIFT, ChunkWindow, SnapshotState, Watermark,
+                             decode_state, decode_watermark, encode_state,
                              encode_watermark, eta, initial_position, parse_copy_data,
                              parse_copy_line)
 from router.snapshot_rows import SnapshotRows
@@ -55,14 +55,14 @@ def test_watermarks_round_trip_and_foreign_messages_are_ignored():
 
 
 def test_progress_records_are_keyed_by_slot_route_and_table():
-    p = Progress("backfill", "s", "running", request="q", route="r", table="public.t",
+    p = SnapshotState("backfill", "s", "running", request="q", route="r", table="public.t",
                  last_key=("7",), rows=3)
-    key, value = encode_progress(p)
+    key, value = encode_state(p)
     assert json.loads(key) == {"kind": "backfill", "slot": "s", "route": "r",
                                "table": "public.t"}
-    assert decode_progress(value) == p
-    assert decode_progress(b"junk") is None
-    assert json.loads(encode_progress(Progress("initial", "s", "done"))[0]) == {
+    assert decode_state(value) == p
+    assert decode_state(b"junk") is None
+    assert json.loads(encode_state(SnapshotState("initial", "s", "done"))[0]) == {
         "kind": "initial", "slot": "s"}
 
 

@@ -28,3 +28,17 @@ def test_unknown_subcommand_is_a_usage_error_without_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "invalid choice" in proc.stderr
+
+
+def test_a_config_with_an_old_key_name_loads_with_one_warning_line(tmp_path, capsys):
+    from actors.cli.config_file import load
+
+    path = tmp_path / "r.toml"
+    path.write_text('[source]\ndsn = "postgresql://x@h/db"\nslot = "s"\npublications = ["p"]\n'
+                    '[kafka]\nbootstrap_servers = "k:9092"\n[[routes]]\nname = "r"\n'
+                    'tables = ["public.t"]\n[snapshot]\nprogress_topic = "old.name"\n')
+    cfg = load(str(path), "check")
+    assert cfg.snapshot.state_topic == "old.name"
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"pgrouter check: warning: {path}: snapshot.progress_topic is now called "
+                   "snapshot.state_topic; the old name is read for one more release"]

@@ -41,7 +41,7 @@ class Inner:
 
 def client() -> tuple[TransactionalClient, list]:
     inner = Inner()
-    c = TransactionalClient(inner, transactional_id="t", progress_topic="p",
+    c = TransactionalClient(inner, transactional_id="t", committed_lsn_topic="p",
                             stream=Stream("1", "db", "s"), wal_end=1 << 40,
                             read_committed=lambda topic, key: None)
     return c, inner.calls

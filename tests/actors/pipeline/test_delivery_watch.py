@@ -8,7 +8,7 @@ import logging
 import trio
 
 from actors.pipeline.delivery_watch import DeliveryWatch
-from actors.pipeline.progress import Stats
+from actors.pipeline.confirmer import Stats
 
 
 def _lines(caplog):

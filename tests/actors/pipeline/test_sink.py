@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from actors.pipeline.mailbox import Begin, Done, Keepalive
-from actors.pipeline.progress import Stats
+from actors.pipeline.mailbox import Registered, Acked, Keepalive
+from actors.pipeline.confirmer import Stats
 from actors.pipeline.sink import SinkActor
 from router.topics import TopicSpec
 from router.delivery import Tally
@@ -88,12 +88,12 @@ async def test_done_only_after_every_record_is_acknowledged():
         chunks, progress = await start(client, nursery)
         await chunks.send([chunk(100, 3, last=False, topics=[("t", "r")])])
         await chunks.send([chunk(100, 2, last=True)])
-        assert await expect(progress, 1) == [Begin(0, 100)], "sent is not done"
+        assert await expect(progress, 1) == [Registered(0, 100)], "sent is not done"
         assert client.topics == ["t"]
         client.ack(4)
         assert await expect(progress, 0) == []
         client.ack()
-        assert await expect(progress, 1) == [Done(0, 5)]
+        assert await expect(progress, 1) == [Acked(0, 5)]
         await chunks.aclose()
 
 
@@ -107,7 +107,7 @@ async def test_acknowledged_records_are_counted_while_the_transaction_is_open():
         chunks, progress = await start(client, nursery, stats)
         await chunks.send([chunk(100, 3, last=False)])
         await chunks.send([chunk(100, 4, last=False)])
-        assert await expect(progress, 1) == [Begin(0, 100)]
+        assert await expect(progress, 1) == [Registered(0, 100)]
         client.ack(3)  # the first batch: acknowledged, the transaction still open
         with trio.fail_after(5):
             while stats.acked_records < 3:
@@ -115,7 +115,7 @@ async def test_acknowledged_records_are_counted_while_the_transaction_is_open():
         assert stats.acked_records == 3
         client.ack()
         await chunks.send([chunk(100, 0, last=True)])
-        assert await expect(progress, 1) == [Done(0, 7)]
+        assert await expect(progress, 1) == [Acked(0, 7)]
         assert stats.acked_records == 7, "each record counted once"
         await chunks.aclose()
 
@@ -128,20 +128,20 @@ async def test_whole_transactions_share_a_hand_over_and_big_ones_do_not():
     async with trio.open_nursery() as nursery:
         chunks, progress = await start(client, nursery)
         await chunks.send([chunk(100 + i, 1) for i in range(50)])
-        assert await expect(progress, 1) == [Begin(0, 149)]
+        assert await expect(progress, 1) == [Registered(0, 149)]
         assert len({id(tally) for tally, _ in client.pending}) == 1
         assert [r[2] for _, r in client.pending] == [b"v0"] * 50
         client.ack()
-        assert await expect(progress, 1) == [Done(0, 50)]
+        assert await expect(progress, 1) == [Acked(0, 50)]
         await chunks.send([chunk(300, 2, last=False), chunk(300, 3, last=False),
                            chunk(300, 1)])
-        assert await expect(progress, 1) == [Begin(1, 300)]
+        assert await expect(progress, 1) == [Registered(1, 300)]
         per_call = {}
         for tally, _ in client.pending:
             per_call[id(tally)] = per_call.get(id(tally), 0) + 1
         assert list(per_call.values()) == [2, 3, 1]
         client.ack()
-        assert await expect(progress, 1) == [Done(1, 6)]
+        assert await expect(progress, 1) == [Acked(1, 6)]
         await chunks.aclose()
 
 
@@ -153,9 +153,9 @@ async def test_keepalive_and_registration_keep_commit_order():
         await chunks.send([Keepalive(150)])
         await chunks.send([chunk(200, 0)])  # everything filtered out: done at once
         got = await expect(progress, 4)
-        assert got == [Begin(0, 100), Keepalive(150), Begin(1, 200), Done(1, 0)]
+        assert got == [Registered(0, 100), Keepalive(150), Registered(1, 200), Acked(1, 0)]
         client.ack()
-        assert await expect(progress, 1) == [Done(0, 1)]
+        assert await expect(progress, 1) == [Acked(0, 1)]
         await chunks.aclose()
 
 
@@ -172,7 +172,7 @@ async def test_failed_delivery_fails_the_sink_and_reports_nothing_done():
             with trio.fail_after(5):
                 await trio.sleep_forever()
     assert info.group_contains(RecordTooLarge)
-    assert seen == [Begin(0, 100)], "nothing may be reported done"
+    assert seen == [Registered(0, 100)], "nothing may be reported done"
 
 
 class RefusingClient(HeldClient):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import trio
 
-from actors.pipeline.mailbox import Begin, Done, Keepalive
+from actors.pipeline.mailbox import Registered, Acked, Keepalive
 from actors.pipeline.sink import SinkActor
 from router.topics import TopicSpec
-from router.progress import ProgressTracker
+from router.confirmation import ConfirmationTracker
 from router.routing import RoutedChunk
 
 from test_sink import HeldClient, expect
@@ -29,11 +29,11 @@ async def start(client, nursery):
     return chunks_tx, prog_rx
 
 
-def apply(tracker: ProgressTracker, events) -> None:
+def apply(tracker: ConfirmationTracker, events) -> None:
     for ev in events:
-        if type(ev) is Begin:
+        if type(ev) is Registered:
             tracker.begin(ev.ticket, ev.end_lsn)
-        elif type(ev) is Done:
+        elif type(ev) is Acked:
             tracker.done(ev.ticket)
         elif type(ev) is Keepalive:
             tracker.keepalive(ev.lsn)
@@ -53,7 +53,7 @@ async def test_a_group_is_confirmed_only_when_every_record_of_it_is_acknowledged
     records one at a time, the confirmed LSN never reaches the end of a transaction
     that still has a record waiting, and reaches the last end once all are acknowledged."""
     client = HeldClient()
-    tracker = ProgressTracker(0)
+    tracker = ConfirmationTracker(0)
     group = [txn(100 * (i + 1), 3 if i == 7 else 1) for i in range(20)]
     record_end = [c.end_lsn for c in group for _ in c.records]  # commit order
     async with trio.open_nursery() as nursery:
@@ -76,7 +76,7 @@ async def test_a_group_starting_with_an_empty_transaction_waits_for_the_rest():
     """The first transaction of the group has no records (all filtered out): it is done at
     once, but the registration it shares must still wait for the others' records."""
     client = HeldClient()
-    tracker = ProgressTracker(0)
+    tracker = ConfirmationTracker(0)
     async with trio.open_nursery() as nursery:
         chunks, progress = await start(client, nursery)
         await chunks.send([txn(100, 0), txn(200, 1), txn(300, 0), txn(400, 1)])
@@ -96,9 +96,9 @@ async def test_one_registration_per_group_of_whole_transactions():
     async with trio.open_nursery() as nursery:
         chunks, progress = await start(client, nursery)
         await chunks.send([txn(100, 1), txn(200, 1), txn(300, 0), txn(400, 2)])
-        assert await expect(progress, 1) == [Begin(0, 400)]
+        assert await expect(progress, 1) == [Registered(0, 400)]
         client.ack()
-        assert await expect(progress, 1) == [Done(0, 4)]
+        assert await expect(progress, 1) == [Acked(0, 4)]
         await chunks.aclose()
 
 
@@ -106,12 +106,12 @@ async def test_a_keepalive_between_transactions_keeps_its_place():
     """A keepalive ends the shared registration: the transactions before it are registered
     before it, those after it after it, each set done when its own records are."""
     client = HeldClient()
-    tracker = ProgressTracker(0)
+    tracker = ConfirmationTracker(0)
     async with trio.open_nursery() as nursery:
         chunks, progress = await start(client, nursery)
         await chunks.send([txn(100, 1), txn(200, 1), Keepalive(250), txn(300, 1)])
         events = await expect(progress, 3)
-        assert events == [Begin(0, 200), Keepalive(250), Begin(1, 300)]
+        assert events == [Registered(0, 200), Keepalive(250), Registered(1, 300)]
         apply(tracker, events)
         client.ack(1)
         await drain(progress, tracker)
@@ -129,7 +129,7 @@ async def test_a_transaction_spanning_groups_then_small_ones():
     """A transaction whose first chunk was registered alone, finished in the next group
     together with small ones: none is confirmed before all its records are acknowledged."""
     client = HeldClient()
-    tracker = ProgressTracker(0)
+    tracker = ConfirmationTracker(0)
     async with trio.open_nursery() as nursery:
         chunks, progress = await start(client, nursery)
         await chunks.send([txn(100, 2, last=False)])

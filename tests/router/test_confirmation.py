@@ -1,10 +1,10 @@
 """The flush-LSN rule: only end LSNs of durable transactions, in commit order."""
 
-from router.progress import ProgressTracker
+from router.confirmation import ConfirmationTracker
 
 
 def test_confirms_a_transaction_once_done():
-    p = ProgressTracker()
+    p = ConfirmationTracker()
     p.begin("t", 100)
     assert p.confirmed == 0
     p.done("t")
@@ -12,7 +12,7 @@ def test_confirms_a_transaction_once_done():
 
 
 def test_later_transaction_waits_for_earlier_one():
-    p = ProgressTracker()
+    p = ConfirmationTracker()
     p.begin("a", 100)
     p.begin("b", 200)
     p.done("b")
@@ -22,7 +22,7 @@ def test_later_transaction_waits_for_earlier_one():
 
 
 def test_keepalive_waits_for_in_flight_and_confirms_when_idle():
-    p = ProgressTracker()
+    p = ConfirmationTracker()
     p.begin(1, 100)
     p.keepalive(500)
     assert p.confirmed == 0
@@ -34,7 +34,7 @@ def test_keepalive_waits_for_in_flight_and_confirms_when_idle():
 
 
 def test_transaction_after_keepalive_does_not_block_it():
-    p = ProgressTracker()
+    p = ConfirmationTracker()
     p.keepalive(50)
     p.begin(1, 100)
     assert p.confirmed == 50
@@ -43,7 +43,7 @@ def test_transaction_after_keepalive_does_not_block_it():
 
 
 def test_hold_caps_confirmation_and_never_moves_back():
-    p = ProgressTracker(start_lsn=50)
+    p = ConfirmationTracker(start_lsn=50)
     p.set_hold(120)
     p.begin(1, 200)
     p.done(1)
@@ -57,7 +57,7 @@ def test_hold_caps_confirmation_and_never_moves_back():
 
 
 def test_delivered_passes_a_hold_that_confirmation_respects():
-    p = ProgressTracker(start_lsn=50)
+    p = ConfirmationTracker(start_lsn=50)
     p.set_hold(120)  # a prepared transaction at 121, held until COMMIT PREPARED
     p.begin(1, 200)
     p.keepalive(250)
@@ -72,7 +72,7 @@ def test_delivered_passes_a_hold_that_confirmation_respects():
 
 
 def test_confirmed_never_moves_backwards_on_an_older_keepalive():
-    p = ProgressTracker()
+    p = ConfirmationTracker()
     p.begin(1, 500)
     p.done(1)
     p.keepalive(400)

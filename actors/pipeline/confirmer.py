@@ -1,4 +1,4 @@
-"""The progress actor: durable acknowledgements in, the flush LSN out (``router.progress``),
+"""The confirm actor: durable acknowledgements in, the flush LSN out (``router.confirmation``),
 plus the periodic progress log line and the ``--until-caught-up`` finish line.
 
 ``--until-caught-up`` is reached when the confirmed LSN reaches ``until_lsn``, or when a
@@ -7,7 +7,7 @@ prepared transaction (two-phase) caps confirmation below it and everything else 
 run finishes and ``held`` names the transaction (its gid and prepare LSN); a later run
 delivers it once it is committed.
 
-A transaction counts as done only on the sink's ``Done``, which it sends from Kafka's delivery
+A transaction counts as done only on the sink's ``Acked``, which it sends from Kafka's delivery
 result; nothing here can change that rule (the fault tests' proof that they would catch a
 broken rule injects the fault from the test side: tests/e2e/broken_router.py)."""
 
@@ -18,10 +18,10 @@ import time
 import trio
 
 from router.lsn import format_lsn
-from router.progress import ProgressTracker
+from router.confirmation import ConfirmationTracker
 
 from ..services import log
-from .mailbox import Begin, Done, Hold, Keepalive, Latest
+from .mailbox import Registered, Acked, Hold, Keepalive, Latest
 
 _log = log.get("progress")
 
@@ -39,13 +39,13 @@ class Stats:
         self.acked_records = 0
 
 
-class ProgressActor:
+class ConfirmActor:
     def __init__(self, *, inbox: trio.MemoryReceiveChannel, flush: Latest, start_lsn: int,
                  stats: Stats, interval: float = 10.0, until_lsn: int | None = None,
                  caught_up: trio.Event | None = None):
         self.inbox = inbox
         self.flush = flush
-        self.tracker = ProgressTracker(start_lsn)
+        self.tracker = ConfirmationTracker(start_lsn)
         self.stats = stats
         self.interval = interval
         self.until_lsn = until_lsn
@@ -64,9 +64,9 @@ class ProgressActor:
                     async for events in self.inbox:  # lists, in the sink's order
                         for ev in events:
                             kind = type(ev)
-                            if kind is Begin:
+                            if kind is Registered:
                                 tracker.begin(ev.ticket, ev.end_lsn)
-                            elif kind is Done:
+                            elif kind is Acked:
                                 tracker.done(ev.ticket)
                             elif kind is Keepalive:
                                 tracker.keepalive(ev.lsn)

@@ -1,6 +1,6 @@
 """Which LSN may be confirmed to PostgreSQL: the flush-position rule.
 
-Rules (DESIGN.md "Delivery and progress"):
+Rules (docs/architecture.md "The pipeline of `pgrouter run`", docs/delivery.md):
 
 * Transactions are registered in commit order with their end LSN. The flush LSN moves to a
   transaction's end LSN only when every record of it *and of every earlier transaction* has
@@ -32,7 +32,7 @@ class _Entry:
         self.done = done
 
 
-class ProgressTracker:
+class ConfirmationTracker:
     """The sink names each transaction with a ticket (any hashable, unique while in flight)
     and registers it with ``begin`` in commit order; it calls ``done`` once Kafka
     acknowledged every record of the transaction (it counts records itself)."""

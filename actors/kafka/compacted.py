@@ -1,0 +1,124 @@
+"""Reading a topic whole: every record from the beginning to the end the topic had when
+asked. The one reader of the router's compacted topics (snapshot progress, publication
+definitions, exactly-once progress, the demo's and ``status``'s looks at a topic).
+
+Rules:
+
+* The end is each partition's end offset when the read starts; a partition is done when the
+  consumer's position reaches it, not when its last record arrives: a topic written in Kafka
+  transactions ends with a commit marker, which takes an offset but is never delivered.
+* A topic that does not exist reads as no records; the read never creates it.
+* ``library`` is the one the router produces with (``[kafka] client``): a router on
+  librdkafka never imports kafka-python (a tenth of a second at every start).
+  ``committed=True`` reads what a ``read_committed`` consumer sees, up to the last stable
+  offset (kafka-python: its end offsets are that offset).
+* Failures are ``SinkUnavailable`` naming the topic; blocking: run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+
+from router.errors import SinkUnavailable
+from router.kafka_settings import KAFKA_PYTHON, LIBRDKAFKA, translate
+
+from .versions import known_api_version
+
+#: seconds a whole read may take by default
+READ_TIMEOUT = 30.0
+
+
+def read_topic(bootstrap_servers, settings: dict, topic: str, *, library: str = KAFKA_PYTHON,
+               timeout: float = READ_TIMEOUT, committed: bool = False) -> list[tuple]:
+    """Every ``(key, value)`` of ``topic``, partition after partition, in offset order."""
+    try:
+        if library == LIBRDKAFKA and not committed:
+            return _read_rdkafka(bootstrap_servers, settings, topic, timeout)
+        return _read_kafka_python(bootstrap_servers, settings, topic, timeout, committed)
+    except SinkUnavailable:
+        raise
+    except TimeoutError as exc:
+        raise SinkUnavailable(f"timed out reading {topic}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 — whatever the library raises: Kafka is not usable
+        raise SinkUnavailable(f"cannot read {topic}: {exc}") from exc
+
+
+def latest_by_key(pairs: list[tuple]) -> dict:
+    """The newest value of every key (a compacted topic's meaning); records without a key are
+    left out."""
+    return {k: v for k, v in pairs if k}
+
+
+def _read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float) -> list:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from .admin import connection_conf
+
+    conf = connection_conf(bootstrap_servers, settings)
+    conf.pop("request.timeout.ms", None)  # a producer's setting: a consumer ignores it
+    conf.update({"group.id": "pgrouter-reader", "enable.auto.commit": False,
+                 "allow.auto.create.topics": False})
+    consumer = Consumer(conf)
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return []
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                for p in meta.partitions}
+        left = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
+        read: dict[int, list] = {p: [] for p in sorted(left)}
+        deadline = time.monotonic() + timeout
+        while left:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the end was not reached in {timeout} s")
+            for m in consumer.consume(500, 0.05):
+                p = m.partition()
+                if m.error() is not None or p not in left:
+                    continue
+                if m.offset() < ends[p]:
+                    read[p].append((m.key(), m.value()))
+            for tp in consumer.position([TopicPartition(topic, p) for p in left]):
+                if tp.offset >= ends[tp.partition]:
+                    left.discard(tp.partition)
+        return [kv for p in sorted(read) for kv in read[p]]
+    finally:
+        consumer.close()
+
+
+def kafka_python_conf(settings: dict) -> dict:
+    """The connection settings (security, SASL, SSL, client id) a kafka-python consumer
+    shares with the producer, in kafka-python's names."""
+    return {k: v for k, v in translate(dict(settings), KAFKA_PYTHON).items()
+            if k.startswith(("security_", "ssl_", "sasl_")) or k == "client_id"}
+
+
+def _read_kafka_python(bootstrap_servers, settings: dict, topic: str, timeout: float,
+                       committed: bool) -> list:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
+                             enable_auto_commit=False, auto_offset_reset="earliest",
+                             allow_auto_create_topics=False,
+                             isolation_level="read_committed" if committed
+                             else "read_uncommitted",
+                             **kafka_python_conf(settings),
+                             **known_api_version(bootstrap_servers))
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            return []
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        read: dict[int, list] = {tp.partition: [] for tp in tps}
+        deadline = time.monotonic() + timeout
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the end was not reached in {timeout} s")
+            for tp, msgs in consumer.poll(timeout_ms=500).items():
+                read[tp.partition].extend((m.key, m.value) for m in msgs if m.offset < ends[tp])
+        return [kv for p in sorted(read) for kv in read[p]]
+    finally:
+        consumer.close()

@@ -1,0 +1,105 @@
+"""The contracts of the Kafka adapters, as ``typing.Protocol``: what the rest of pgrouter may
+call on a producer client, a transactional one, and a consumer of the applier. The adapters
+(``kafka_python``, ``librdkafka``, ``transactional``, ``consumers``) satisfy them; the
+tests check that each does (``tests/actors/kafka/test_contracts.py``).
+
+Rules:
+
+* Every method blocks; the actors call them from a worker thread
+  (``trio.to_thread.run_sync``), one thread at a time, except ``produce``'s ``on_done``
+  callback, which the client calls from its own thread.
+* Failures are ``router.errors.SinkError`` subclasses (``map_error`` turns a library's
+  exception into one), so a line names what went wrong and whether it is retried.
+* Reading a whole topic (a compacted one: progress, definitions) is not a method: it is
+  ``actors.kafka.compacted.read_topic``, one function for every caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
+
+from router.errors import SinkError
+from router.topics import TopicSpec
+
+#: ``(topic, key, value, headers)``; headers None or a list of ``(name, bytes)``
+Record = tuple
+#: ``on_done(ticket, error, count)``: every record acknowledged (``error`` None, ``count``
+#: the number handed over) or the first failure
+OnDone = Callable[..., None]
+
+
+@runtime_checkable
+class Producer(Protocol):
+    """The sink's client: records handed over in batches, acknowledged per batch."""
+
+    def produce(self, records: list[Record], ticket: int, on_done: OnDone) -> None:
+        """Hand ``records`` over; ``on_done`` is called once, from the client's thread."""
+
+    def produce_sync(self, topic: str, key: bytes, value: bytes,
+                     timeout: float = 60.0) -> None:
+        """One record, returning once it is durable (acks=all)."""
+
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
+        """Create the topics of ``specs`` that do not exist."""
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every record handed over is acknowledged or failed."""
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush within ``timeout``, then release the connection."""
+
+    def map_error(self, exc: BaseException) -> SinkError:
+        """The ``SinkError`` a library's exception means."""
+
+
+@runtime_checkable
+class TransactionalProducer(Producer, Protocol):
+    """A producer whose records become visible only with ``commit``, with the router's
+    exactly-once progress (``router.exactly_once``)."""
+
+    #: the end LSN of the last source transaction Kafka holds committed
+    committed_lsn: int
+
+    def start(self, replication_factor: int = 1) -> int:
+        """Fence predecessors, read the committed progress, return its LSN."""
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a Kafka transaction is open."""
+
+    def commit(self, end_lsn: int) -> None:
+        """Commit the open Kafka transaction with progress up to ``end_lsn``."""
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """The applier's consumer: the transactions topic and the data topics its END records
+    name, assigned by hand (no group, no committed offsets)."""
+
+    transactions_topic: str
+    fetched: int
+
+    def wants(self, topic: str) -> bool:
+        """Whether ``topic`` is one of the data topics configured."""
+
+    def start(self, resume: dict[str, int] | None) -> None:
+        """Seek the partitions named in the stored restart positions."""
+
+    def wait_for_transactions_topic(self, timeout: float = 1.0) -> bool:
+        """Whether the transactions topic exists (waiting up to ``timeout``)."""
+
+    def transactions_end_offset(self) -> int | None:
+        """The transactions topic's end offset (None when it does not exist)."""
+
+    def add_topics(self, topics: list[str], missing_ok: bool = False) -> None:
+        """Assign the partitions of ``topics`` not assigned yet."""
+
+    def poll(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
+        """Records read: ``(topic, partition, [(offset, value)])``."""
+
+    def poll_ready(self) -> list[tuple[str, int, list[tuple[int, bytes | None]]]] | None:
+        """Records already fetched, without waiting (None: nothing there)."""
+
+    def close(self) -> None:
+        """Release the connection."""
