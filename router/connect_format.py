@@ -35,6 +35,7 @@ from decimal import Decimal, InvalidOperation
 import msgspec
 
 from .errors import InternalError, RecordUnencodable
+from .pg_arrays import array_items
 from .schema import ColumnSchema, TableSchema
 
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -151,38 +152,7 @@ _FROM_TEXT = {"int16": int, "int32": int, "int64": int, "float": _float_text,
 def parse_array(text: str) -> list[str | None]:
     """The elements of a one-dimensional PostgreSQL array literal (``{1,"a b",NULL}``);
     nested arrays are returned as their literal text."""
-    if not text.startswith("{") and "=" in text:  # "[1:2]={…}": explicit bounds
-        text = text[text.index("=") + 1:]
-    body = text[1:-1]
-    out: list[str | None] = []
-    i, n = 0, len(body)
-    while i < n:
-        if body[i] == '"':
-            i += 1
-            buf = []
-            while body[i] != '"':
-                if body[i] == "\\":
-                    i += 1
-                buf.append(body[i])
-                i += 1
-            i += 1
-            out.append("".join(buf))
-        elif body[i] == "{":
-            depth, start = 0, i
-            while True:
-                depth += {"{": 1, "}": -1}.get(body[i], 0)
-                i += 1
-                if depth == 0:
-                    break
-            out.append(body[start:i])
-        else:
-            j = body.find(",", i)
-            j = n if j < 0 else j
-            item = body[i:j]
-            out.append(None if item == "NULL" else item)
-            i = j
-        i += 1  # the comma
-    return out
+    return array_items(text, nested=True)
 
 
 _INT = {"int2": "int16", "int4": "int32", "int8": "int64", "oid": "int64"}

@@ -1,8 +1,8 @@
 """The materializer as one zip for ``spark-submit --py-files``: the job's modules under their
 package path, so ``actors/materialize/job.py`` imports them on the driver and the executors.
 
-Rules: only what the job imports goes in (no ``router/``, no msgspec-based ``config``), so
-a cluster needs nothing but pyspark and delta-spark.
+Rules: only what the job imports goes in (of ``router/`` only ``pg_arrays``, which imports
+nothing; no msgspec-based ``config``), so a cluster needs nothing but pyspark and delta-spark.
 
     python -m actors.materialize.bundle dist/pgrouter-materialize.zip
 """
@@ -14,6 +14,8 @@ import sys
 import zipfile
 
 PACKAGE = pathlib.Path(__file__).resolve().parent
+ROUTER = PACKAGE.parent.parent / "router"
+ROUTER_MODULES = ("__init__.py", "pg_arrays.py")
 MODULES = ("__init__.py", "settings.py", "columns.py", "maintenance.py", "toast.py", "tables.py",
            "class_archive.py", "schema_topic.py", "merge.py", "job.py")
 
@@ -23,6 +25,8 @@ def write_bundle(target: str | pathlib.Path) -> pathlib.Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.write(PACKAGE.parent / "__init__.py", "actors/__init__.py")
+        for name in ROUTER_MODULES:  # pure, importing nothing
+            zf.write(ROUTER / name, f"router/{name}")
         for name in MODULES:
             zf.write(PACKAGE / name, f"actors/materialize/{name}")
     return target

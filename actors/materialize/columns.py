@@ -8,6 +8,8 @@ lazily, so the type mapping and the array parser load without a JVM.
 
 from __future__ import annotations
 
+from router.pg_arrays import array_items
+
 _TEXT_TYPES = {"text", "varchar", "bpchar", "name", "char", "uuid", "json", "jsonb", "interval",
                "time", "timetz", "xml", "inet", "cidr", "macaddr", "money", "bit", "varbit"}
 
@@ -73,38 +75,7 @@ def _decimal(t: str) -> tuple[int, int] | None:
 
 def parse_pg_array(text: str | None) -> list[str | None] | None:
     """PostgreSQL's text form of a one-dimensional array -> element texts (NULL -> None)."""
-    if text is None:
-        return None
-    if text.startswith("["):  # explicit bounds: "[0:1]={1,2}"
-        text = text[text.index("=") + 1:]
-    if not (text.startswith("{") and text.endswith("}")):
-        raise ValueError(f"not an array literal: {text[:40]!r}")
-    out: list[str | None] = []
-    i, n = 1, len(text) - 1
-    if n == 1:
-        return out
-    while i <= n:
-        if text[i] == "{":
-            raise ValueError("multi-dimensional arrays are not supported")
-        if text[i] == '"':
-            i += 1
-            buf = []
-            while text[i] != '"':
-                if text[i] == "\\":
-                    i += 1
-                buf.append(text[i])
-                i += 1
-            out.append("".join(buf))
-            i += 1
-        else:
-            j = i
-            while j < n and text[j] != ",":
-                j += 1
-            item = text[i:j].strip()
-            out.append(None if item.upper() == "NULL" else item)
-            i = j
-        i += 1  # the comma (or the closing brace)
-    return out
+    return None if text is None else array_items(text)
 
 
 def convert(raw, col: dict):

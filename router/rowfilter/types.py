@@ -27,6 +27,7 @@ import uuid as _uuid
 from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
 
+from ..pg_arrays import NestedArray, array_items
 from . import temporal
 
 
@@ -246,51 +247,9 @@ def parse_text(typ: PgType, text: str):
 
 
 def parse_array(elem: PgType, text: str) -> tuple:
-    """A one-dimensional array literal ``{1,2,NULL,"a b"}``."""
-    s = text.strip()
-    if s.startswith("["):  # explicit bounds: [1:2]={...}
-        s = s[s.index("=") + 1:].strip()
-    if not (s.startswith("{") and s.endswith("}")):
-        raise ValueError(f'malformed array literal: "{text}"')
-    body = s[1:-1]
-    items: list = []
-    if not body.strip():
-        return ()
-    i, n = 0, len(body)
-    while i <= n:
-        while i < n and body[i].isspace():
-            i += 1
-        if i < n and body[i] == "{":
-            raise NotImplementedError("multidimensional arrays")
-        quoted = i < n and body[i] == '"'
-        buf: list[str] = []
-        if quoted:
-            i += 1
-            while i < n and body[i] != '"':
-                if body[i] == "\\" and i + 1 < n:
-                    i += 1
-                buf.append(body[i])
-                i += 1
-            if i >= n:
-                raise ValueError(f'malformed array literal: "{text}"')
-            i += 1
-            while i < n and body[i].isspace():
-                i += 1
-        else:
-            while i < n and body[i] != ",":
-                if body[i] == "\\" and i + 1 < n:
-                    i += 1
-                elif body[i] in '"{}':
-                    raise ValueError(f'malformed array literal: "{text}"')
-                buf.append(body[i])
-                i += 1
-        raw = "".join(buf)
-        if not quoted:
-            raw = raw.strip()
-            if not raw:
-                raise ValueError(f'malformed array literal: "{text}"')
-        items.append(None if (not quoted and raw.upper() == "NULL") else parse_text(elem, raw))
-        if i < n and body[i] != ",":
-            raise ValueError(f'malformed array literal: "{text}"')
-        i += 1
-    return tuple(items)
+    """A one-dimensional array literal ``{1,2,NULL,"a b"}``, its elements read as ``elem``."""
+    try:
+        items = array_items(text)
+    except NestedArray:
+        raise NotImplementedError("multidimensional arrays") from None
+    return tuple(None if t is None else parse_text(elem, t) for t in items)
