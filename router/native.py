@@ -1,4 +1,4 @@
-"""The optional C accelerator of the per-change hot path (``router/_native/``, one extension module).
+"""The optional C accelerator of the per-change hot path (``router/_native/``, one module).
 
 Rules:
 
@@ -8,6 +8,9 @@ Rules:
 * It is built by ``pip install`` when a C compiler is there (``setup.py``); without one,
   ``NATIVE`` is None and pgrouter runs on its Python code alone.
 * ``PGROUTER_PURE_PYTHON=1`` in the environment turns it off (to compare the two).
+* ``TWINS`` is the one list of fast lanes: every public function and type of
+  ``router._native`` (but ``configure``) with its Python reference, which
+  ``tests/router/test_native_twins.py`` compares it with.
 """
 
 from __future__ import annotations
@@ -27,6 +30,23 @@ def _load():
 
 #: the ``router._native`` module, or None when it is not built or turned off
 NATIVE = _load()
+
+#: the fast lanes: name -> (the Python reference as ``module:attribute``, the attribute of
+#: ``router._native`` that computes the same). Strings, not imports: two references live
+#: in ``actors/``, which router/ never imports.
+TWINS: dict[str, tuple[str, str]] = {
+    "read_tuple": ("router.pgoutput.reader:read_tuple_py", "read_tuple"),
+    "decode_row": ("router.pgoutput.decode:Decoder.decode", "decode_row"),
+    "feed_rows": ("router.short_transactions:feed_row", "feed_rows"),
+    "take_short": ("router.short_transactions:take_short", "take_short"),
+    "row_codec": ("router.envelope:TableEncoder._encode_py", "RowCodec"),
+    "tx_bits": ("router.envelope:TableEncoder._use_tx", "tx_bits"),
+    "recorder": ("router.recorders:PyRecorder", "Recorder"),
+    "record_run": ("router.routing:_record_run_py", "record_run"),
+    "tally": ("router.delivery:PyTally", "Tally"),
+    "drain": ("actors.pipeline.slot_reader:_drain_py", "drain"),
+    "hand_over": ("actors.kafka.librdkafka:_hand_over_py", "hand_over"),
+}
 
 
 def describe() -> str:

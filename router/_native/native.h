@@ -13,20 +13,17 @@
  *
  * Rules these files keep:
  *
- * - It is an accelerator, never the reference. Every function has a Python twin
- *   (router.pgoutput.reader.read_tuple_py, router.short_transactions.feed_row and
- *   take_short, router.envelope.TableEncoder._encode_py and _use_tx,
- *   router.routing._record_run_py, router.recorders.PyRecorder, router.delivery.PyTally,
- *   actors.pipeline.slot_reader._drain_py, actors.kafka.librdkafka._hand_over_py)
- *   and returns None (or stops early) where its input is anything but the plain case it was
- *   written for (malformed bytes, unchanged-TOAST values, binary values, numbers PostgreSQL
- *   did not print canonically...). The caller then runs the Python twin, which raises the
- *   precise error or handles the rare case. So errors, offsets and odd values have exactly
- *   one implementation.
+ * - It is an accelerator, never the reference. Every function and type has a Python twin
+ *   (the one list of them: router.native.TWINS; tests/router/test_native_twins.py compares
+ *   each pair) and returns None (or stops early) where its input is anything but the plain
+ *   case it was written for (malformed bytes, unchanged-TOAST values, binary values, numbers
+ *   PostgreSQL did not print canonically...). The caller then runs the Python twin, which
+ *   raises the precise error or handles the rare case. So errors, offsets and odd values
+ *   have exactly one implementation.
  * - Output bytes equal msgspec's JSON encoding of the dicts the Python code builds: keys in
  *   order, no spaces, strings escaped as msgspec escapes them (control characters, '"'
  *   and '\\'; \b \t \n \f \r short, the others as \u00xx). tests/router/test_native*.py
- *   and tests/actors/test_native_io.py compare the two.
+ *   and tests/actors/kafka/test_native_io.py compare the two.
  * - No I/O; no global state beyond what configure() is given and interned names.
  */
 #ifndef PGROUTER_NATIVE_H
