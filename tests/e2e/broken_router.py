@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from actors.pipeline import progress
+from actors.pipeline import confirmer
 from router.confirmation import ConfirmationTracker
 
 
@@ -24,7 +24,7 @@ class ConfirmOnAccept(ConfirmationTracker):
 
 
 if __name__ == "__main__":
-    progress.ConfirmationTracker = ConfirmOnAccept
+    confirmer.ConfirmationTracker = ConfirmOnAccept
     from actors.cli import main
 
     sys.exit(main())
