@@ -43,12 +43,6 @@ def read_topic(bootstrap_servers, settings: dict, topic: str, *, library: str = 
         raise SinkUnavailable(f"cannot read {topic}: {exc}") from exc
 
 
-def latest_by_key(pairs: list[tuple]) -> dict:
-    """The newest value of every key (a compacted topic's meaning); records without a key are
-    left out."""
-    return {k: v for k, v in pairs if k}
-
-
 def _read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float) -> list:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
