@@ -1,7 +1,7 @@
 # pgrouter — the two commands of the README: `make demo` and `make test` (and `make docs`).
 # Both set up everything on a fresh Debian machine: system packages (PostgreSQL, Java, Maven,
 # gcc and Python's headers for the C hot path, Prometheus for the metrics test) when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
-# Spark jars from Maven Central (fetched by `pgrouter devstack up` into .devstack/cache).
+# Spark jars from Maven Central (fetched by `python -m devstack up` into .devstack/cache).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,7 +13,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # PostgreSQL major version of a new dev stack (15–18; empty: the newest, 18); an existing
 # stack keeps the version it was made with
 PG_VERSION ?=
-STACK  := $(BIN)/pgrouter devstack up --pg-port auto --kafka-port auto $(if $(PG_VERSION),--pg-version $(PG_VERSION))
+STACK  := $(BIN)/python -m devstack up --pg-port auto --kafka-port auto $(if $(PG_VERSION),--pg-version $(PG_VERSION))
 PYTEST_ARGS ?=
 
 .PHONY: test demo docs system venv stack spark-cluster down bench clean materialize-bundle
@@ -24,7 +24,7 @@ test: venv stack
 	PGROUTER_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/router tests/actors
 
 demo: venv stack
-	$(BIN)/python -m actors.demo
+	$(BIN)/python -m devstack.demo
 
 # the documentation site (docs/, mkdocs.yml) into site/; strict: a dead link or a page missing
 # from the nav fails
@@ -50,7 +50,7 @@ system:
 # byte-compiled once here, so a process start does not compile every module again (also
 # where PYTHONDONTWRITEBYTECODE keeps Python from writing its caches; only changed files redo)
 venv: system $(STAMP)
-	@$(BIN)/python -m compileall -q router actors bench >/dev/null
+	@$(BIN)/python -m compileall -q router actors devstack bench >/dev/null
 
 $(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,7 +67,7 @@ spark-cluster: venv
 	$(STACK) --spark --spark-cluster
 
 down:
-	-$(BIN)/pgrouter devstack down
+	-$(BIN)/python -m devstack down
 
 # the Spark job as one zip for spark-submit --py-files (README "Materializing topics")
 materialize-bundle: venv

@@ -1,13 +1,17 @@
 """pgrouter's I/O shells around the pure core in ``router/``, grouped by concern:
 
+* ``runner/``    — ``pgrouter run``'s wiring: the ``supervisor`` (stages, retries, signals,
+  reload) and the ``source`` preflight (find or create the slot, every check once).
+* ``snapshot/``  — initial snapshots and backfills: sources feeding the pipeline's sink.
 * ``pipeline/``  — the streaming actors, in the order data flows: ``slot_reader`` →
-  ``decoder`` → ``origin_filter`` → ``router_actor`` → ``sink`` → ``progress``, with the
-  ``mailbox`` types they exchange and the ``supervisor`` that wires and restarts them.
-* ``kafka/``     — the sink's client contract and its two clients, named after their libraries.
+  ``decoder`` → ``origin_filter`` → ``router_actor`` → ``sink`` → ``confirmer``, with the
+  ``mailbox`` types they exchange.
+* ``kafka/``     — the Kafka adapters: their Protocol contracts, two clients named after their
+  libraries, the compacted-topic reader, the applier's consumers, the API-version knowledge.
 * ``apply/``     — ``pgrouter apply``: topics → another PostgreSQL.
 * ``materialize/`` — ``pgrouter materialize``: topics → Delta tables (Spark).
 * ``services/``  — what every group shares: logs, the retry loop, SQL, the publication catalog.
-* ``devstack/``  — the embedded PostgreSQL + Kafka for tests and the demo.
 * ``cli/``       — the ``pgrouter`` command and one module per subcommand.
-* ``demo/``      — ``make demo``.
+
+The dev stack and ``make demo`` are not here: ``devstack/`` beside this package (not installed).
 """

@@ -231,7 +231,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--profile", help="cProfile output of the first pgrouter round")
     args = ap.parse_args()
-    from actors.devstack import ensure_up
+    from devstack import ensure_up
 
     info = ensure_up(ROOT / ".devstack", extra_postgres=2)
     src_server, dst_server = info.extra_pg["pg2"], info.extra_pg["pg3"]

@@ -89,7 +89,7 @@ def pg_recvlogical(dsn: str) -> str:
                     fetch=True)[0][0])
     if major == 15:
         return "/usr/lib/postgresql/15/bin/pg_recvlogical"
-    from actors.devstack import distributions
+    from devstack import distributions
 
     return str(distributions.client_bindir(ROOT / ".devstack" / "cache") / "pg_recvlogical")
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from kafka import KafkaProducer  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
-from actors.devstack import ensure_up, spark_jars  # noqa: E402
+from devstack import ensure_up, spark_jars  # noqa: E402
 from actors.materialize import class_archive, job  # noqa: E402
 from router.envelope import TableEncoder, TxContext  # noqa: E402
 from router.pgoutput import Relation, RelationColumn  # noqa: E402

@@ -125,7 +125,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
-    from actors.devstack import ensure_up
+    from devstack import ensure_up
 
     info = ensure_up(ROOT / ".devstack")
     dsn, bootstrap = info.pg_dsn, info.kafka_bootstrap

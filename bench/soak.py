@@ -19,7 +19,7 @@ import random
 import sys
 import time
 
-from actors import devstack
+import devstack
 from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, delete_topics,
                                  max_stall, topic_size, verify, wait_for)
 from tests.helpers import ROOT, Pg, kill9, run_router, start_router, unique, write_config

@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 Tests that need PostgreSQL or Kafka take the ``pg_dsn`` / ``kafka_bootstrap`` fixtures, which
-bring up the project's dev stack (``pgrouter devstack up``) once per session. ``PGROUTER_TEST_DSN``
+bring up the project's dev stack (``python -m devstack up``) once per session. ``PGROUTER_TEST_DSN``
 and ``PGROUTER_TEST_KAFKA`` point the tests at already running services instead. A service
 that cannot be started is a test failure, never a skip.
 
@@ -36,7 +36,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def devstack():
-    from actors.devstack import ensure_up
+    from devstack import ensure_up
 
     try:
         return ensure_up(ROOT / ".devstack")
@@ -61,7 +61,7 @@ def _server_version(dsn: str) -> int:
 def version_server(request, version: int) -> str:
     """The DSN of a server of ``version``: the main one when it runs that version, else one
     started beside the dev stack (a server that cannot be started fails the test)."""
-    from actors.devstack import ensure_up
+    from devstack import ensure_up
 
     main = os.environ.get("PGROUTER_TEST_DSN")
     if main and _server_version(main) == version:

@@ -18,7 +18,6 @@ from .version import VersionAction
 #: subcommand name -> module under actors.cli. Imported lazily so ``pgrouter --help``
 #: stays fast and a missing optional extra (pyspark) only matters for its own command.
 COMMANDS: dict[str, str] = {
-    "devstack": "devstack",
     "decode": "decode",
     "run": "run",
     "check": "check",
@@ -31,7 +30,6 @@ COMMANDS: dict[str, str] = {
 }
 
 HELP: dict[str, str] = {
-    "devstack": "start/stop the embedded PostgreSQL + Kafka used by tests and the demo",
     "decode": "decode captured pgoutput messages (LSN<TAB>HEX lines) to JSON",
     "run": "stream a replication slot into Kafka topics",
     "check": "check a config against PostgreSQL and Kafka, printing every problem",

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"pyspark/delta-spark are not installed ({exc.name}); "
                           "pip install 'pgrouter[spark]'") from exc
     if not cfg.jars and "spark.jars" not in cfg.spark_conf:
-        from actors.devstack import spark_jars
+        from actors.materialize.jars import spark_jars
         cfg.jars = spark_jars(args.devstack_dir)
     with tempfile.TemporaryDirectory(prefix="pgrouter-materialize-") as tmp:
         # on a cluster the executors import the job's modules (the array parser) from the

@@ -14,14 +14,12 @@ ACTORS = ROOT / "actors"
 FLOORS = {
     "cli": 5,          # the pgrouter command
     "runner": 4,       # the wiring of `pgrouter run`: supervisor
-    "demo": 4,         # `make demo`
     "snapshot": 3,     # initial snapshots and backfills: sources feeding the pipeline's sink
     "pipeline": 2,     # the streaming actors
     "apply": 2,        # `pgrouter apply`
     "services": 1,     # checks, catalog, SQL, logs, retries, metrics
     "kafka": 0,        # Kafka clients and their API knowledge
-    "materialize": 0,  # the Spark job
-    "devstack": 0,     # the embedded services
+    "materialize": 2,  # the Spark job (its default jars fetched by services.maven)
 }
 
 
@@ -65,3 +63,22 @@ def test_no_import_runs_back_up_or_sideways():
                 wrong.append(f"{path.relative_to(ROOT)} ({package}, floor {FLOORS[package]}) "
                              f"imports actors.{target} (floor {FLOORS[target]})")
     assert wrong == []
+
+
+def test_the_installed_packages_never_import_the_dev_stack():
+    """``devstack/`` (the embedded services and the demo) is not installed with pgrouter:
+    nothing in ``router/`` or ``actors/`` may import it, also inside a function."""
+    wrong = []
+    for folder in (ROOT / "router", ACTORS):
+        for path in folder.rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom)
+                         and not node.level else [])
+                wrong += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                          if n.split(".")[0] == "devstack"]
+    assert wrong == []
+    assert "devstack" not in (ROOT / "pyproject.toml").read_text().split(
+        "[tool.setuptools.packages.find]")[1].split("\n[")[0]

@@ -23,7 +23,7 @@ def pg_nodes(request, pg_version) -> dict[str, str]:
     """In the version matrix (``pg_matrix``) on a version the main stack does not run, the
     three nodes are databases of one server of that version: every test makes its own
     databases and names its origins and slots uniquely, so they do not meet."""
-    from actors.devstack import ensure_up
+    from devstack import ensure_up
 
     if pg_version is not None:
         dsn = request.getfixturevalue("pg_dsn")
@@ -93,7 +93,7 @@ def node_db(pg_nodes):
 @pytest.fixture(scope="session")
 def spark(kafka_bootstrap):
     """One local[2] Spark session with Kafka and Delta for every materializer test."""
-    from actors.devstack import spark_jars
+    from actors.materialize.jars import spark_jars
     from actors.materialize import job
 
     cfg = job.JobConfig(bootstrap_servers=kafka_bootstrap, warehouse="-", checkpoint="-",

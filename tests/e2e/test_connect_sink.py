@@ -10,7 +10,7 @@ import time
 import psycopg2
 import pytest
 
-from actors.devstack.connect import ConnectStandalone
+from devstack.connect import ConnectStandalone
 from tests.helpers import ROOT, Pg, run_router, unique, write_config
 
 pytestmark = pytest.mark.services

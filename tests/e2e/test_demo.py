@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.services, pytest.mark.spark]
 def test_demo_ends_with_identical_tables_and_no_slot_left(devstack):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGROUTER_TEST_")}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-m", "actors.demo"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "devstack.demo"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]

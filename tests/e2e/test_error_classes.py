@@ -3,7 +3,7 @@ permanent problem is one line on stderr naming what is wrong and where, a non-ze
 no traceback, and ``run`` refuses exactly what ``check`` finds (before creating a slot);
 transient ones are retried with a line saying so, and ``--until-caught-up`` gives up after
 ``--retry-timeout``. Roles with password logins and without a walsender entry come from the
-dev stack's pg_hba.conf (``actors.devstack.postgres.ensure_hba``)."""
+dev stack's pg_hba.conf (``devstack.postgres.ensure_hba``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from actors.devstack.postgres import PASSWORD_ROLE
+from devstack.postgres import PASSWORD_ROLE
 from router.dsn import parse
 from tests.helpers import ROOT, Pg, read_topic, router_cmd, unique, write_config
 

@@ -321,7 +321,7 @@ def test_non_transactional_message_after_a_commit_is_not_skipped(table, kafka_bo
 @pytest.fixture(scope="module")
 def own_stack():
     """A dev stack of its own: its broker is restarted under load."""
-    from actors import devstack
+    import devstack
 
     root = ROOT / ".devstack" / "exactly-once"
     try:
@@ -333,7 +333,7 @@ def own_stack():
 
 
 def test_broker_restart_leaves_each_change_once(own_stack, tmp_path):
-    from actors import devstack
+    import devstack
 
     root, info = own_stack
     pg = Pg(info.pg_dsn)

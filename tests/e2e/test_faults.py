@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from actors import devstack
+import devstack
 from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, delete_topics, lsn_int,
                                  max_stall, topic_size, verify, wait_for)
 from tests.helpers import (ROOT, Pg, kill9, read_topic, run_router, start_router, unique,

@@ -7,7 +7,7 @@ process never exits), nothing committed may be lost, and ``confirmed_flush_lsn``
 ~20 ms, must never pass what the brokers held at that moment (``guarantee``). The stall (the
 longest gap between appended records around the kill) is printed.
 
-The cluster runs under ``.devstack/cluster`` (``actors.devstack.kafka_cluster``), beside the
+The cluster runs under ``.devstack/cluster`` (``devstack.kafka_cluster``), beside the
 shared stack whose PostgreSQL it uses.
 """
 
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from actors.devstack.kafka_cluster import KafkaCluster
+from devstack.kafka_cluster import KafkaCluster
 from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, max_stall, topic_size,
                                  verify, wait_for)
 from tests.helpers import ROOT, Pg, run_router, start_router, unique, write_config

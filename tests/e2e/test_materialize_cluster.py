@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from actors.devstack import SparkCluster
+    from devstack import SparkCluster
 
     c = SparkCluster(tmp_path_factory.mktemp("spark"), workers=2, cores=1, memory="1g")
     try:
@@ -47,7 +47,7 @@ def _compare(spark, pg, path: str, table: str) -> int:
 
 def test_cluster_spark_submit_and_pgrouter_materialize(cluster, spark, pg_dsn, kafka_bootstrap,
                                                        tmp_path):
-    from actors.devstack import spark_jars
+    from actors.materialize.jars import spark_jars
     from actors.materialize.bundle import write_bundle
     from tests.helpers import Pg, run_router, unique, write_config
 

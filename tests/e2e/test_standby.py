@@ -21,8 +21,8 @@ import time
 import psycopg2
 import pytest
 
-from actors import devstack
-from actors.devstack.process import pick_port
+import devstack
+from devstack.process import pick_port
 from tests.helpers import (Pg, fold_rows, kill9, read_topic, run_router, start_router, unique,
                            write_config)
 

@@ -111,7 +111,7 @@ def test_kafka_ready_only_when_our_own_broker_answers(devstack, tmp_path):
     import os
     import pathlib
 
-    from actors.devstack.kafka import Kafka
+    from devstack.kafka import Kafka
 
     ours = Kafka(pathlib.Path(devstack.state_dir), devstack.kafka_port,
                  devstack.controller_port, tmp_path)

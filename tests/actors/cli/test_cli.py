@@ -1,9 +1,12 @@
 """The console script works as installed: help, version, unknown commands."""
 
+import pathlib
 import subprocess
 import sys
 
 from router import __version__
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def run(*args):
@@ -20,7 +23,16 @@ def test_version():
 def test_help_lists_subcommands():
     proc = run("--help")
     assert proc.returncode == 0
-    assert "devstack" in proc.stdout
+    for name in ("run", "check", "snapshot", "apply", "materialize", "status"):
+        assert name in proc.stdout
+    assert "devstack" not in proc.stdout  # a checkout's `python -m devstack`, not installed
+
+
+def test_the_dev_stack_runs_from_a_checkout():
+    proc = subprocess.run([sys.executable, "-m", "devstack", "--help"], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "up" in proc.stdout and "--pg-port" in proc.stdout
 
 
 def test_unknown_subcommand_is_a_usage_error_without_traceback():

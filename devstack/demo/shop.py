@@ -121,7 +121,7 @@ def run(info) -> int:
         router = subprocess.Popen([sys.executable, "-m", "router", "run", "-c", str(cfg)],
                                   stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        from actors.demo import spark_tables as spark_demo
+        from devstack.demo import spark_tables as spark_demo
         spark_start = spark_demo.starting_point(info)
     except ImportError:  # pyspark not installed: the demo ends with the topics
         spark_demo = None

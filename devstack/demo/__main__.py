@@ -6,7 +6,8 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from actors import devstack
+import devstack
+from actors.services.maven import MavenError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -14,15 +15,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def main() -> int:
     try:
         info = devstack.ensure_up(ROOT / ".devstack")
-    except devstack.StackError as exc:
+    except (devstack.StackError, MavenError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
     print(f"dev stack is up: postgres {info.pg_dsn}, kafka {info.kafka_bootstrap}")
     try:
-        from actors.demo import shop
+        from devstack.demo import shop
     except ModuleNotFoundError:
         print("demo: the streaming pipeline is not built yet; the stack is left running "
-              "(stop it with `.venv/bin/pgrouter devstack down`).")
+              "(stop it with `.venv/bin/python -m devstack down`).")
         return 0
     return shop.run(info)
 

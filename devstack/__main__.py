@@ -1,4 +1,4 @@
-"""``pgrouter devstack up|down|status``: the embedded PostgreSQL + Kafka."""
+"""``python -m devstack up|down|status``: the embedded PostgreSQL + Kafka."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import argparse
 import pathlib
 import sys
 
-from actors import devstack
-from actors.devstack import distributions
-from actors.devstack.kafka_cluster import KafkaCluster, existing_clusters
+import devstack
+from actors.services.maven import MavenError
+from devstack import distributions
+from devstack.kafka_cluster import KafkaCluster, existing_clusters
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -79,6 +80,18 @@ def run(args: argparse.Namespace) -> int:
                 version = f"  PostgreSQL {s['version']}" if "version" in s else ""
                 print(f"{name:<9} {where}  {'running' if s['running'] else 'stopped'}{version}")
         return 0 if st["running"] else 3
-    except devstack.StackError as exc:
-        print(f"pgrouter devstack: {exc}", file=sys.stderr)
+    except (devstack.StackError, MavenError) as exc:
+        print(f"python -m devstack: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m devstack",
+                                description="start/stop the embedded PostgreSQL + Kafka "
+                                "used by the tests, the benches and the demo")
+    add_parser(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

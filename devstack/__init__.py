@@ -1,4 +1,6 @@
-"""The embedded dev stack shared by the tests and the demo: PostgreSQL + Apache Kafka.
+"""The embedded dev stack shared by the tests, the benches and the demo: PostgreSQL + Apache
+Kafka. Not part of the installed ``pgrouter`` (it lives beside ``router/`` and ``actors/``, imports
+them, and nothing of theirs imports it); run from a checkout: ``python -m devstack up|down|status``.
 
 ``up`` is idempotent: it reuses what runs, starts what does not, and waits until each service
 really answers (a PostgreSQL query, a Kafka metadata request). State (ports, data, logs, the
@@ -10,7 +12,7 @@ version, chosen when the stack is first brought up (``pg_version``; the newest b
 kept after; asking an existing stack for another fails with a message. Servers of other
 versions run beside them as ``v16``, ``v17``… (``versions=``), one per version, for the tests'
 version matrix. ``standby=True`` adds a streaming standby of the main node (``standby``,
-``actors.devstack.standby``); ``kafka=False`` leaves Kafka out (a stack that is only a
+``devstack.standby``); ``kafka=False`` leaves Kafka out (a stack that is only a
 PostgreSQL pair).
 """
 
@@ -18,17 +20,17 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 
 import msgspec
 
-from . import maven
+from actors.services import maven
 from .kafka import Kafka
 from . import distributions
 from . import standby as standbys
 from .postgres import Postgres
 from .process import StackError, locked, pick_port, port_free, wait_until, write_atomic
 from .spark import SparkCluster
+from actors.materialize.jars import spark_jars
 
 __all__ = ["SparkCluster", "StackError", "StackInfo", "ensure_up", "down", "status", "spark_jars",
            "stop_service", "promote_standby"]
@@ -187,7 +189,7 @@ def _ensure_up(root: pathlib.Path, *, pg_port, kafka_port, extra_postgres, spark
         distributions.check_version(pg_version)
     if info is not None and pg_version is not None and pg_version != info.pg_version:
         raise StackError(f"the dev stack in {root} runs PostgreSQL {info.pg_version}, not "
-                         f"{pg_version}; stop it (pgrouter devstack down), remove {root}, or "
+                         f"{pg_version}; stop it (python -m devstack down), remove {root}, or "
                          "use another --dir")
     if info is None:
         pg_p = pick_port(pg_port, 5432, what="PostgreSQL", flag="--pg-port")
@@ -233,21 +235,6 @@ def _ensure_up(root: pathlib.Path, *, pg_port, kafka_port, extra_postgres, spark
     if spark:
         maven.fetch("spark", root / "cache")
     return info
-
-
-def _artifact(jar: pathlib.Path) -> str:
-    """``jackson-core-2.13.5.jar`` -> ``jackson-core``."""
-    return re.sub(r"-\d[\w.\-]*$", "", jar.stem)
-
-
-def spark_jars(root: pathlib.Path) -> list[str]:
-    """The jars Spark needs for Kafka and Delta (fetched on first use), less every artifact
-    pyspark already ships: a second, older copy (jackson, hadoop, scala) breaks Spark."""
-    import pyspark
-
-    folder = maven.fetch("spark", pathlib.Path(root).resolve() / "cache")
-    shipped = {_artifact(p) for p in (pathlib.Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    return sorted(str(p) for p in folder.glob("*.jar") if _artifact(p) not in shipped)
 
 
 def stop_service(root: pathlib.Path, name: str, *, crash: bool = False) -> None:

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from actors.devstack import StackInfo, extra_nodes
-from actors.devstack.process import StackError, pick_port
+from devstack import StackInfo, extra_nodes
+from devstack.process import StackError, pick_port
 
 
 def _listening():
@@ -48,7 +48,7 @@ def test_extra_nodes_get_distinct_ports_when_the_next_port_is_busy():
 
 
 def test_kafka_cluster_ids_never_look_like_an_option():
-    from actors.devstack.kafka import cluster_id
+    from devstack.kafka import cluster_id
     ids = [cluster_id() for _ in range(5000)]  # ~78 would start with '-' without the rule
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
     assert len(set(ids)) == len(ids)

@@ -7,7 +7,7 @@ processes) and waits until every worker is registered with the master; ``down`` 
 processes this folder's pid files name. Executors run the virtual environment's Python (the
 one running this module), so ``--py-files`` bundles import against the same pyspark.
 
-    pgrouter devstack up --spark-cluster        # or: make spark-cluster
+    python -m devstack up --spark-cluster        # or: make spark-cluster
     spark-submit --master spark://127.0.0.1:7077 …
 """
 

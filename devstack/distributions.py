@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tarfile
 
-from . import maven
+from actors.services import maven
 from .process import StackError
 
 VERSIONS = (15, 16, 17, 18)

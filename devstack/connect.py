@@ -20,7 +20,7 @@ import pathlib
 import shutil
 import subprocess
 
-from .maven import KAFKA_VERSION
+from actors.services.maven import KAFKA_VERSION
 from .process import StackError
 
 JDBC_SINK_VERSION = "3.6.0.Final"

@@ -13,7 +13,7 @@ import re
 import subprocess
 import uuid
 
-from . import maven
+from actors.services import maven
 from .process import StackError, port_open, read_pid, spawn, stop_pid, wait_until
 
 

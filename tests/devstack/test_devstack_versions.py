@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from actors.devstack import StackInfo, ensure_up, version_nodes
-from actors.devstack.distributions import VERSIONS, check_version
-from actors.devstack.postgres import Postgres
-from actors.devstack.process import StackError
+from devstack import StackInfo, ensure_up, version_nodes
+from devstack.distributions import VERSIONS, check_version
+from devstack.postgres import Postgres
+from devstack.process import StackError
 
 
 def _info(**kw) -> StackInfo:
