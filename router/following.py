@@ -1,12 +1,17 @@
-"""Routers that follow publication definitions at their WAL positions.
+"""Following publication definitions at their WAL positions: the part of a ``ChangeRouter``
+that holds them (``ChangeRouter.follow``).
 
-``FollowsDefinitions`` is mixed into ``routing.ChangeRouter``: after ``follow(definitions)``
-the router takes its routes from a shared ``router.definitions.Definitions``. A definitions
-message met while routing a transaction is applied there (its state record joins the
-transaction's records) and the router's plans are rebuilt before the next change, exactly
-where pgoutput's relation cache is invalidated; another router of the same pipeline picks the
-new version up at its next transaction. Without ``follow`` such messages are dropped: they
-are never published as op 'm'.
+Rules:
+
+* After ``follow(definitions)`` the router takes its routes from a ``router.definitions.
+  Definitions`` shared by every router of a pipeline (``names`` picks some routes). A
+  definitions message met while routing a transaction is applied there (its state record
+  joins the transaction's records) and the router's plans are rebuilt before the next change,
+  exactly where pgoutput's relation cache is invalidated; another router of the same pipeline
+  picks the new version up at its next transaction (``stale``).
+* Without ``follow`` such messages are dropped: they are never published as op 'm'.
+* This part reads and writes only the definitions; what the router does with new routes is
+  the router's (``ChangeRouter._adopt_definitions``).
 """
 
 from __future__ import annotations
@@ -18,42 +23,33 @@ from .definitions import PREFIX
 DEFINITIONS_ROUTE = ":definitions"
 
 
-class FollowsDefinitions:
-    _definitions = None
-    _definitions_version = -1
-    _route_names: frozenset | None = None
-    #: set when plans changed while routing a transaction (``route`` drops its bound plans)
-    _routes_changed = False
+class DefinitionsFollower:
+    __slots__ = ("definitions", "names", "version")
 
-    def follow(self, definitions, names: frozenset | None = None) -> None:
-        self._definitions, self._route_names = definitions, names
-        self._adopt_definitions()
+    def __init__(self, definitions, names: frozenset | None = None):
+        self.definitions = definitions
+        self.names = names
+        self.version = -1  # of the routes last taken
 
-    def _adopt_definitions(self) -> None:
-        defs, names = self._definitions, self._route_names
-        self.routes = [r for r in defs.routes if names is None or r.name in names]
-        self._definitions_version = defs.version
-        self._pending_routes = None
-        self.forget_plans()
-        self._plan_recorders = (None, {})
-        self._routes_changed = True
+    @property
+    def topic(self) -> str:
+        return self.definitions.topic
 
-    def _check_definitions(self) -> None:
-        defs = self._definitions
-        if defs is not None and defs.version != self._definitions_version:
-            self._adopt_definitions()
+    def take_routes(self) -> list:
+        """The routes of the current version (those named, when ``names``)."""
+        defs, names = self.definitions, self.names
+        self.version = defs.version
+        return [r for r in defs.routes if names is None or r.name in names]
 
-    def _definitions_message(self, change, tx, out: list) -> bool:
-        """True when ``change`` (a message) is a definitions message, applied if followed."""
-        m = change.message
-        if m.prefix != PREFIX:
-            return False
-        defs = self._definitions
-        if defs is not None:
-            out.append(defs.apply(m.content, lsn=change.lsn, commit_lsn=tx.commit_lsn,
-                                  end_lsn=tx.end_lsn))
-            if defs.topic not in self._seen_topics:
-                self._seen_topics.add(defs.topic)
-                self._new_topics.append((defs.topic, DEFINITIONS_ROUTE))
-            self._adopt_definitions()
-        return True
+    def stale(self) -> bool:
+        """Another router applied a definitions message since ``take_routes``."""
+        return self.definitions.version != self.version
+
+    def apply(self, change, tx):
+        """A definitions message of ``tx``: applied; returns its state record."""
+        return self.definitions.apply(change.message.content, lsn=change.lsn,
+                                      commit_lsn=tx.commit_lsn, end_lsn=tx.end_lsn)
+
+
+def is_definitions_message(change) -> bool:
+    return change.message.prefix == PREFIX

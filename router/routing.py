@@ -15,6 +15,18 @@ Rules:
 * Output comes in ``RoutedChunk``s of at most ``CHUNK_RECORDS`` records so a huge
   transaction never sits in memory twice. A chunk lists the table schemas not seen before
   this router started; the sink makes them durable before the chunk's records.
+* Two ways through, one outcome: ``route`` takes a transaction of any size (chunks, spilled
+  changes read back, definitions and TRUNCATE marker messages, filters); ``route_short``
+  gives the one chunk of a transaction that needs none of that — every change in memory and
+  an insert, update or delete — with the same records, schemas and counts, and returns None
+  before it has changed anything for any other transaction (the caller then uses ``route``).
+  Where every plan of a relation publishes an action as it is, both call the plans'
+  recorders directly (``_dispatch_for``'s direct targets; ``record_run`` in C); where some
+  plan has a row filter, a column list or a row map, ``_route_change`` evaluates it.
+* The router is composed of two parts with narrow faces: ``TruncateRoutes``
+  (``router.truncates``: Truncate changes and the statement trigger's markers) and, after
+  ``follow``, a ``DefinitionsFollower`` (``router.following``: routes taken from
+  publication definitions at their WAL positions).
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from typing import Iterator
 
 from .changes import Change
 from .definitions import TRUNCATE_PREFIX
-from .following import FollowsDefinitions
+from .following import DEFINITIONS_ROUTE, DefinitionsFollower, is_definitions_message
 from .native import NATIVE
 from .envelope import TableEncoder, TxContext, encode_message
 from .keys import PrimaryKeys
@@ -31,8 +43,7 @@ from .plans import KINDS, TablePlan, apply_plan, materialize
 from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
-from .short_routes import RoutesShort
-from .truncates import RoutesTruncates
+from .truncates import TruncateRoutes
 from .transactions import NonTransactionalMessage, Transaction
 
 CHUNK_RECORDS = 2000
@@ -81,7 +92,7 @@ def _position(commit_lsn: int, seq: int) -> list[tuple[str, bytes]]:
     return [(_H_LSN, b"%d" % commit_lsn), (_H_SEQ, b"%d" % seq)]
 
 
-class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
+class ChangeRouter:
     def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
                  type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
                  primary_keys: PrimaryKeys | dict[tuple[str, str], tuple[str, ...]] | None = None,
@@ -109,9 +120,11 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
         self.dropped: dict[str, int] = {}
         #: (transaction, {id(plan): (plan, recorder)}) for the plans _route_change used in it
         self._plan_recorders: tuple = (None, {})
-        #: (lsn, seq, table) of the TRUNCATE marker messages not acted on yet in this
-        #: transaction (``_route_truncate``)
-        self._truncate_marks: list = []
+        self._truncates = TruncateRoutes(self)
+        #: set by ``follow``: the routes come from publication definitions in the WAL
+        self._follower: DefinitionsFollower | None = None
+        #: set when plans changed while routing a transaction (``route`` drops its bound plans)
+        self._routes_changed = False
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -161,6 +174,85 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
         """Drop cached plans (route definitions changed, e.g. after SIGHUP)."""
         self._plans.clear()
         self._dispatch.clear()
+
+    # -- definitions in the WAL ----------------------------------------------------------------
+
+    def follow(self, definitions, names: frozenset | None = None) -> None:
+        """Take the routes from ``definitions`` (``router.definitions.Definitions``, shared
+        by a pipeline's routers) from now on, following its messages in the stream."""
+        self._follower = DefinitionsFollower(definitions, names)
+        self._adopt_definitions()
+
+    def _adopt_definitions(self) -> None:
+        self.routes = self._follower.take_routes()
+        self._pending_routes = None
+        self.forget_plans()
+        self._plan_recorders = (None, {})
+        self._routes_changed = True
+
+    def _check_definitions(self) -> None:
+        follower = self._follower
+        if follower is not None and follower.stale():
+            self._adopt_definitions()
+
+    def _definitions_message(self, change: Change, tx: TxContext, out: list) -> bool:
+        """True when ``change`` (a message) is a definitions message, applied if followed."""
+        if not is_definitions_message(change):
+            return False
+        follower = self._follower
+        if follower is not None:
+            out.append(follower.apply(change, tx))
+            if follower.topic not in self._seen_topics:
+                self._seen_topics.add(follower.topic)
+                self._new_topics.append((follower.topic, DEFINITIONS_ROUTE))
+            self._adopt_definitions()
+        return True
+
+    # -- one step: short transactions ----------------------------------------------------------
+
+    def route_short(self, txn):
+        changes = txn.changes.in_memory()
+        if changes is None or self._pending_routes is not None:
+            return None
+        self._check_definitions()
+        dispatch = self._dispatch
+        # checked whole first: a transaction left to route() must leave no trace here
+        for change in changes:
+            op = change.op
+            if op not in KINDS:
+                return None
+            rel = change.relation
+            entry = dispatch.get(rel.relation_id)
+            if entry is None or entry[0] is not rel:
+                self._dispatch_for(rel)
+        tx = TxContext(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time,
+                       txn.origin_name, txn.origin_lsn)
+        lsn_header = (_H_LSN, b"%d" % txn.commit_lsn) if self.position_headers else None
+        records: list = []
+        schemas: list = []
+        seen = self._seen_schemas
+        seq = 0
+        for change in changes:
+            op = change.op
+            entry = dispatch[change.relation.relation_id]
+            targets = entry[4][op]
+            if targets is None:  # some plan filters or maps rows: each one evaluated
+                self._route_change(change, tx, seq, records, schemas, lsn_header)
+                seq += 1
+                continue
+            kind = KINDS[op]
+            for topic, encoder in targets:
+                schema = encoder.schema
+                if schema.schema_id not in seen:
+                    seen.add(schema.schema_id)
+                    schemas.append(schema)
+                records.append(encoder.recorder(tx, topic, lsn_header, _H_SEQ)(
+                    kind, change.lsn, seq, change.old, change.old_is_key, change.new))
+            skip = entry[5][op]
+            if skip:  # routes taking the table but not this action
+                self._count_dropped(skip)
+            seq += 1
+        return self._chunk(txn, records, schemas, True)
 
     def _dispatch_for(self, relation: Relation) -> tuple:
         """(relation, plans, columns, decisions, direct): ``columns`` are the source-row
@@ -219,6 +311,7 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
         # target a recorder bound to this transaction (TableEncoder.recorder)
         bound: dict[int, tuple] = {}  # relation id -> (relation, {op: recorders | None})
         rel = ops = None
+        truncates = self._truncates
         changes = txn.changes
         for batch in (changes.runs() if hasattr(changes, "runs") else [list(changes)]):
             i, n = 0, len(batch)
@@ -227,8 +320,8 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
                 op = change.op
                 if op in KINDS:
                     if change.relation is not rel:
-                        if self._truncate_marks:
-                            self._flush_truncate_marks(tx, records, schemas)
+                        if truncates.marks:
+                            truncates.flush(tx, records, schemas)
                         rel = change.relation
                         ops = bound.get(rel.relation_id)
                         if ops is None or ops[0] is not rel:
@@ -256,15 +349,15 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
                 self._route_change(change, tx, seq, records, schemas, lsn_header)
                 if self._routes_changed:  # a definitions message: plans bound so far are old
                     bound, rel, ops, self._routes_changed = {}, None, None, False
-                elif self._truncate_marks:  # the next row change sends them first
+                elif truncates.marks:  # the next row change sends them first
                     rel = None
                 seq += 1
                 i += 1
                 if len(records) >= limit:
                     yield self._chunk(txn, records, schemas, False)
                     records, schemas = [], []
-        if self._truncate_marks:
-            self._flush_truncate_marks(tx, records, schemas)
+        if truncates.marks:
+            truncates.flush(tx, records, schemas)
         yield self._chunk(txn, records, schemas, True)
 
     def _recorders(self, rel: Relation, op: str, tx: TxContext, lsn_header: tuple,
@@ -317,12 +410,19 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
             self._seen_schemas.add(sid)
             schemas.append(plan.encoder.schema)
 
+    def emit_truncate(self, plan: TablePlan, lsn: int, options: int, tx: TxContext, seq: int,
+                      out: list, schemas: list) -> None:
+        """One TRUNCATE record of ``plan`` (for ``TruncateRoutes``)."""
+        self._schema(plan, schemas)
+        key, value = plan.encoder.encode_truncate(tx, lsn, seq, options)
+        out.append((plan.topic, key, value, self._headers(tx.commit_lsn, seq)))
+
     def _route_change(self, change: Change, tx: TxContext, seq: int, out: list,
                       schemas: list, lsn_header: tuple | None) -> None:
         op = change.op
         if op == "message":
             if change.message.prefix == TRUNCATE_PREFIX:
-                self._truncate_mark(change, seq)
+                self._truncates.mark(change, seq)
                 return
             if self._definitions_message(change, tx, out):
                 return
@@ -334,7 +434,7 @@ class ChangeRouter(RoutesShort, FollowsDefinitions, RoutesTruncates):
                 out.append((self.messages_topic, key, value, self._headers(tx.commit_lsn, seq)))
             return
         if op == "truncate":
-            self._route_truncate(change, tx, seq, out, schemas)
+            self._truncates.route(change, tx, seq, out, schemas)
             return
         rel = change.relation
         entry = self._dispatch.get(rel.relation_id)

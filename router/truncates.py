@@ -1,4 +1,5 @@
-"""TRUNCATE, as pgoutput_truncate sends it, route by route (mixed into ``ChangeRouter``).
+"""TRUNCATE, as pgoutput_truncate sends it, route by route: the part of a ``ChangeRouter``
+that routes Truncate changes and holds the statement trigger's markers (``TruncateRoutes``).
 
 Rules:
 
@@ -16,6 +17,8 @@ Rules:
 * A table sent twice for one statement (named by the stream and marked) is one record.
 * Without the trigger no table is marked: a partitioned table published via its root gets
   no TRUNCATE record (``pgrouter check`` and the start warn).
+* The part uses the router's public face only: ``routes``, ``plans_for`` and
+  ``emit_truncate`` (which encodes, announces the schema and adds the position headers).
 """
 
 from __future__ import annotations
@@ -25,70 +28,69 @@ import msgspec
 from .changes import Change
 from .envelope import TxContext
 from .errors import ProtocolViolation
-from .plans import TablePlan
 
 _decode_mark = msgspec.json.Decoder(tuple[str, str]).decode
 
 
-class RoutesTruncates:
-    _truncate_marks: list
+class TruncateRoutes:
+    __slots__ = ("router", "marks")
 
-    def _route_truncate(self, change: Change, tx: TxContext, seq: int, out: list,
-                        schemas: list) -> None:
+    def __init__(self, router):
+        self.router = router
+        #: (lsn, seq, table) of the markers not acted on yet in this transaction
+        self.marks: list = []
+
+    def route(self, change: Change, tx: TxContext, seq: int, out: list, schemas: list) -> None:
+        """A Truncate change: a record per route publishing a truncated table as itself."""
         # pgoutput_truncate: each relation of the statement is sent for the publications that
         # publish it as itself, never a partition published as an ancestor. A partitioned
         # table is in the stream only when the slot's publications send it via its root;
         # otherwise the marker messages name the partitioned tables the statement truncated
         # (a TRUNCATE of partitions alone names none), and those published as themselves
         # are sent here, with the statement's position and options.
-        marks, self._truncate_marks = self._truncate_marks, []
+        marks, self.marks = self.marks, []
         done: set = set()
+        emit = self.router.emit_truncate
         for rel in change.relations or ():
-            for plan in self.plans_for(rel):
+            for plan in self.router.plans_for(rel):
                 if plan.publish_truncate and not plan.via_ancestor:
                     done.add((plan.topic, plan.route))
-                    self._emit_truncate(plan, change.lsn, change.options, tx, seq, out, schemas)
+                    emit(plan, change.lsn, change.options, tx, seq, out, schemas)
         for _, _, table in marks:
-            self._truncate_marked(table, change.lsn, seq, change.options, tx, out, schemas,
-                                  done)
+            self._marked(table, change.lsn, seq, change.options, tx, out, schemas, done)
 
-    def _truncate_mark(self, change: Change, seq: int) -> None:
+    def mark(self, change: Change, seq: int) -> None:
+        """A marker message of the statement trigger: remembered until its Truncate."""
         try:
             schema, name = _decode_mark(change.message.content)
         except (msgspec.DecodeError, msgspec.ValidationError):
             raise ProtocolViolation(f"TRUNCATE marker message at {change.lsn:X} does not "
                                     f"name a table: {bytes(change.message.content)[:80]!r}") \
                 from None
-        self._truncate_marks.append((change.lsn, seq, (schema, name)))
+        self.marks.append((change.lsn, seq, (schema, name)))
 
-    def _flush_truncate_marks(self, tx: TxContext, out: list, schemas: list) -> None:
+    def flush(self, tx: TxContext, out: list, schemas: list) -> None:
         """Marked tables whose statement sent no Truncate this slot reads (no partition of
         theirs is in the slot's publications with TRUNCATE, or they have none): sent at the
         marker's position, before the next change."""
-        marks, self._truncate_marks = self._truncate_marks, []
+        marks, self.marks = self.marks, []
         done: set = set()
         for lsn, seq, table in marks:
-            self._truncate_marked(table, lsn, seq, 0, tx, out, schemas, done)
+            self._marked(table, lsn, seq, 0, tx, out, schemas, done)
 
-    def _truncate_marked(self, table: tuple[str, str], lsn: int, seq: int, options: int,
-                         tx: TxContext, out: list, schemas: list, done: set) -> None:
+    def _marked(self, table: tuple[str, str], lsn: int, seq: int, options: int,
+                tx: TxContext, out: list, schemas: list, done: set) -> None:
         view = None
         planned = set()
-        for spec in self.routes:
+        for spec in self.router.routes:
             if spec.planner is not None:
                 planned.add(spec.name)
                 if view is None:
                     view = spec.planner.relation_of(table)
         if view is None:
             return
-        for plan in self.plans_for(view):
+        for plan in self.router.plans_for(view):
             if (plan.route in planned and plan.publish_truncate and not plan.via_ancestor
                     and (plan.topic, plan.route) not in done):
                 done.add((plan.topic, plan.route))
-                self._emit_truncate(plan, lsn, options, tx, seq, out, schemas)
-
-    def _emit_truncate(self, plan: TablePlan, lsn: int, options: int, tx: TxContext, seq: int,
-                       out: list, schemas: list) -> None:
-        self._schema(plan, schemas)
-        key, value = plan.encoder.encode_truncate(tx, lsn, seq, options)
-        out.append((plan.topic, key, value, self._headers(tx.commit_lsn, seq)))
+                self.router.emit_truncate(plan, lsn, options, tx, seq, out, schemas)

@@ -34,19 +34,25 @@ def test_scanner_catches_a_forbidden_import(tmp_path):
     assert imported_modules(bad) & FORBIDDEN == {"trio", "kafka"}
 
 
-# --- the layout (DESIGN/STYLE: modules stay small, split by responsibility before 600) -------
+# --- the layout (STYLE: aim at 400 lines, split by responsibility before 600) ----------------
 
 PROJECT = ROOT.parent
-MAX_LINES = 420
-#: modules allowed past MAX_LINES, with the reason (none today)
-LONG_MODULES: dict[str, str] = {}
+#: modules are split by concept, not to pass a count: past AIM a module is listed below with
+#: the concept that holds it together; past MAX_LINES it is split
+AIM = 420
+MAX_LINES = 600
+LONG_MODULES: dict[str, str] = {
+    "router/routing.py": "ChangeRouter: both ways through a transaction (route, route_short) "
+                         "share its plans, dispatch entries and recorders",
+}
 
 
 def test_modules_stay_small():
-    long = {str(p.relative_to(PROJECT)): n
-            for top in ("router", "actors") for p in (PROJECT / top).rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert {k: v for k, v in long.items() if k not in LONG_MODULES} == {}
+    lines = {str(p.relative_to(PROJECT)): len(p.read_text().splitlines())
+             for top in ("router", "actors") for p in (PROJECT / top).rglob("*.py")}
+    assert {k: n for k, n in lines.items() if n > MAX_LINES} == {}
+    assert {k: n for k, n in lines.items() if n > AIM and k not in LONG_MODULES} == {}
+    assert {k for k in LONG_MODULES if lines.get(k, 0) <= AIM} == set()  # no stale reason
 
 
 def test_actors_is_grouped_by_concern():
