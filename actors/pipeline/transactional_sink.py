@@ -117,8 +117,8 @@ def client_for(cfg, stream: Stream, wal_end: int):
 
 
 def plain_client(cfg):
-    """The configured client without transactions (the initial snapshot's: its rows are
-    delivered at-least-once, duplicates identical at the same positions)."""
+    """The configured client without transactions (at-least-once: a record sent twice is
+    identical, at the same position)."""
     from ..kafka import open_producer
 
     return open_producer(cfg)

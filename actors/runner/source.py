@@ -8,7 +8,8 @@ import time
 import trio
 
 from router.config import Config
-from router.errors import ConfigError, PublicationMissing, SlotInUse, SlotMissing
+from router.errors import ConfigError, SlotInUse, SlotMissing
+from router.exactly_once import Stream
 from router.lsn import parse_lsn
 from router.publications import Catalog
 from router.routing import RouteSpec
@@ -47,23 +48,22 @@ def max_proto_version(server_version: int) -> int:
     return ServerFeatures(server_version).max_proto_version
 
 
+async def identity(sql: SqlSession, slot: str) -> tuple[Stream, int]:
+    """The stream a slot of this server carries (what exactly-once progress belongs to) and
+    the server's WAL end now."""
+    system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
+    db = await sql.fetchval("select current_database()")
+    return (Stream(system_id=system_id, db=db, slot=slot),
+            parse_lsn(await sql.fetchval(failover.WAL_END)))
+
+
 async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
-    """The server and the slot as the pipeline starts on them: every check that needs the
-    slot, the slot found (waiting up to ``SLOT_BUSY_WAIT`` for a consumer to let go) or
-    created."""
+    """The server and the slot as the pipeline starts on them: the slot found (waiting up
+    to ``SLOT_BUSY_WAIT`` for a consumer to let go) or created, and checked."""
     src = cfg.source
+    # wal_level, the server's features, the publications and the protocol version were
+    # checked by ``preflight.startup_checks`` just before: each check is made once
     version = int(await sql.fetchval("select current_setting('server_version_num')"))
-    wal_level = await sql.fetchval("select current_setting('wal_level')")
-    if wal_level != "logical":
-        raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
-                          "wal_level=logical (and a restart)", path="source.dsn")
-    await failover.check_server(sql, src, version)
-    found = {r["pubname"] for r in await sql.fetch(
-        "select pubname from pg_publication where pubname = any($1::text[])", src.publications)}
-    missing = [p for p in src.publications if p not in found]
-    if missing:
-        raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
-                                 f"database {await sql.fetchval('select current_database()')}")
     deadline = time.monotonic() + SLOT_BUSY_WAIT
     created = False
     while True:
@@ -93,9 +93,6 @@ async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
                             f"{slot['active_pid']}; stop that consumer first")
         await trio.sleep(0.5)
     proto = src.proto_version or max_proto_version(version)
-    if proto > max_proto_version(version):
-        raise ConfigError(f"PostgreSQL {version // 10000} supports pgoutput protocol "
-                          f"{max_proto_version(version)} at most", path="source.proto_version")
     pks = await load_primary_keys(sql)
     system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
     wal_end = parse_lsn(await sql.fetchval(failover.WAL_END))

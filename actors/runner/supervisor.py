@@ -3,11 +3,16 @@
 Rules:
 
 * Before streaming, what ``pgrouter check`` finds wrong stops the router before a slot or a
-  topic is made (``actors.services.preflight``); then the slot is found or created (pgoutput,
-  not in use — a killed predecessor's walsender is waited for briefly) and dropped again if
-  the run fails before streaming from it (``slot_owner.guarded``).
-* Actors: slot reader → decoder → router → Kafka sink → progress → (flush LSN) → slot reader,
-  joined by small bounded channels, so backpressure reaches the replication socket.
+  topic is made (``actors.services.preflight``, every check once); then the slot is found or
+  created (``runner.source``: pgoutput, not in use — a killed predecessor's walsender is
+  waited for briefly) and dropped again if the run fails before streaming from it
+  (``slot_owner.guarded``). A slot created for an initial snapshot is created with an
+  exported snapshot (``actors.snapshot.initial``) and kept: an interrupted snapshot is
+  finished by backfill.
+* Actors: slot reader → decoder → backfill → origin filter → router → Kafka sink → confirm
+  actor → (flush LSN) → slot reader, joined by small bounded channels, so backpressure
+  reaches the replication socket. The initial snapshot is a source of the same sink: it runs
+  first, and the slot reader starts once Kafka holds it.
 * A failure is retried when ``router.errors.is_retryable`` says so, with capped exponential
   backoff; the pipeline restarts from the slot's confirmed position (PostgreSQL resends
   everything not confirmed; records already in Kafka are sent again, identical, at the same
@@ -29,7 +34,6 @@ import trio_asyncio
 
 from router.config import Config, parse_listen
 from router.following import DEFINITIONS_ROUTE
-from router.exactly_once import Stream
 from router.errors import PgRouterError
 from router import native
 from router.lsn import format_lsn, parse_lsn
@@ -45,7 +49,7 @@ from router.topics import TopicSpec
 
 from ..services import log, preflight as checks
 from ..snapshot.backfill import backfill_stage
-from ..snapshot.initial import ensure_initial_snapshot
+from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted
 from ..services.catalog import load_catalog, load_primary_keys, needs_catalog, route_problems
 from ..services import failover, publication_mode
 from ..pipeline.decoder import DecoderActor
@@ -59,11 +63,11 @@ from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
 from ..pipeline.confirmer import ConfirmActor, Stats
 from ..services.retry import only_cancelled, primary, run_with_retries
-from ..pipeline.transactional_sink import client_for, plain_client, sink_class
+from ..pipeline.transactional_sink import client_for, sink_class
 from ..pipeline.slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from ..pipeline.slot_owner import SlotOwner, guarded
 from ..pipeline.slot_reader import SlotReader, pgoutput_options
-from .source import ServerInfo, prepare_source, route_specs
+from .source import ServerInfo, identity, prepare_source, route_specs
 
 _log = log.get("supervisor")
 
@@ -145,44 +149,53 @@ class Supervisor:
             await checks.startup_checks(sql, cfg, log_warnings=not self._warned)
             self._warned = True
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
-            self.snapshot_pending = await ensure_initial_snapshot(cfg, plain_client if (
-                self.client_factory is client_for) else self.client_factory, self.drain)
-            if self.drain.is_set():  # stopped during the snapshot: it resumes at next start
-                return
-            info = await prepare_source(sql, cfg)
-            self.slot_owner.created |= info.created_slot
-            refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
-            self.publication_mode = await publication_mode.mode(sql, cfg)
-            if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
-                self.catalog = await load_catalog(sql, cfg,
-                                                  strict=self.publication_mode != "wal")
-            if self.until_caught_up and self.until_lsn is None:
-                self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
-        log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
-                  server_version=info.version, proto_version=info.proto_version,
-                  origin_filter=rules_from_config(cfg).filtering_at(info.version),
-                  confirmed_lsn=format_lsn(info.start_lsn),
-                  until_lsn=format_lsn(self.until_lsn) if self.until_lsn is not None else None,
-                  hot_path=native.describe(), kafka_client=self.cfg.kafka.client)
-        if (self.until_lsn is not None and info.start_lsn >= self.until_lsn
-                and not self.snapshot_pending):
-            log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
-            return
-        # the stream its exactly-once progress belongs to, and the server's WAL end
-        stream = Stream(system_id=info.system_id, db=info.db, slot=src.slot)
+            snapshot_wanted = await InitialSnapshot.wanted(sql, cfg)
+            # the stream its exactly-once progress belongs to, and the server's WAL end
+            stream, wal_end = await identity(sql, src.slot)
         client = await trio.to_thread.run_sync(
-            functools.partial(self.client_factory, cfg, stream, info.wal_end))
+            functools.partial(self.client_factory, cfg, stream, wal_end))
+        snapshot = None
         try:
+            if snapshot_wanted:
+                snapshot = InitialSnapshot(cfg, client)
+                await snapshot.create_slot()
+                self.snapshot_pending = []
+            else:
+                self.snapshot_pending = await snapshot_interrupted(cfg, client)
+            async with await SqlSession.connect(src.dsn) as sql:
+                info = await prepare_source(sql, cfg)
+                self.slot_owner.created |= info.created_slot
+                refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
+                self.publication_mode = await publication_mode.mode(sql, cfg)
+                if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
+                    self.catalog = await load_catalog(sql, cfg,
+                                                      strict=self.publication_mode != "wal")
+                if self.until_caught_up and self.until_lsn is None:
+                    self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
+            log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
+                      server_version=info.version, proto_version=info.proto_version,
+                      origin_filter=rules_from_config(cfg).filtering_at(info.version),
+                      confirmed_lsn=format_lsn(info.start_lsn),
+                      until_lsn=(format_lsn(self.until_lsn) if self.until_lsn is not None
+                                 else None),
+                      hot_path=native.describe(), kafka_client=self.cfg.kafka.client)
+            if (self.until_lsn is not None and info.start_lsn >= self.until_lsn
+                    and not self.snapshot_pending and snapshot is None):
+                log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
+                return
             self.definitions = await definitions_state.for_pipeline(
                 self.publication_mode, cfg, client, info.start_lsn)
-            await self._pipeline(info, client)
+            await self._pipeline(info, client, snapshot)
         finally:
+            if snapshot is not None:  # its exported snapshot's connection, if still open
+                await trio.to_thread.run_sync(snapshot.close)
             self._streaming(False, "not streaming (starting, restarting or stopped)")
             with trio.move_on_after(15) as scope:
                 scope.shield = True
                 await trio.to_thread.run_sync(client.close, 10.0)
 
-    async def _pipeline(self, info: ServerInfo, client) -> None:
+    async def _pipeline(self, info: ServerInfo, client,
+                        snapshot: InitialSnapshot | None = None) -> None:
         cfg, src = self.cfg, self.cfg.source
         origins = rules_from_config(cfg)
         wal_tx, wal_rx = trio.open_memory_channel(WAL_BATCHES)
@@ -274,20 +287,31 @@ class Supervisor:
                 reloader.start_soon(definitions_state.PublicationPoller(
                     cfg, lambda: self._reload(state, routers), self.catalog).run)
             reloader.start_soon(DeliveryWatch(self.stats).run)
+            stopped = False
             async with trio.open_nursery() as nursery:
-                await nursery.start(progress.run)
                 await nursery.start(sink.run)
-                await nursery.start(router_actor.run)
-                if origin_filter is not None:
-                    await nursery.start(origin_filter.run)
-                if backfill is not None:
-                    await nursery.start(backfill.run)
-                await nursery.start(decoder.run)
-                await nursery.start(slot.run)
-                self.slot_owner.streamed = True
-                nursery.start_soon(self._drain_when, slot, done)
-                self._streaming(True, "streaming")
+                # the initial snapshot first, into the same sink; the stream starts once
+                # Kafka holds it (the snapshot reads the sink's tickets until then), or not
+                # at all when a drain stopped it (the sink then drains and returns)
+                if snapshot is not None and not await snapshot.run(chunk_tx.clone(), prog_rx,
+                                                                   self.drain):
+                    stopped = True
+                    chunk_tx.close()
+                else:
+                    await nursery.start(progress.run)
+                    await nursery.start(router_actor.run)
+                    if origin_filter is not None:
+                        await nursery.start(origin_filter.run)
+                    if backfill is not None:
+                        await nursery.start(backfill.run)
+                    await nursery.start(decoder.run)
+                    await nursery.start(slot.run)
+                    self.slot_owner.streamed = True
+                    nursery.start_soon(self._drain_when, slot, done)
+                    self._streaming(True, "streaming")
             reloader.cancel_scope.cancel()
+        if stopped:
+            return
         if self.until_lsn is not None and flush.value >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))

@@ -1,27 +1,33 @@
 """The initial snapshot: when the router creates its slot (``[source] create_slot``,
 ``[snapshot] mode = "initial"``), every table the slot streams and some route takes is
-copied into the routes' topics as ``op: "r"`` records before the stream starts.
+copied into the routes' topics as ``op: "r"`` records before the stream starts. It is a
+source of the pipeline, as a backfill is: its chunks go to the pipeline's one sink (plain or
+transactional, the configured record format), under the supervisor.
 
 Rules:
 
-* The slot is created on a replication connection with ``SNAPSHOT 'export'``: its
-  consistent point and the exported snapshot describe the same instant — every transaction
-  committed before it is in the snapshot, every later one is streamed. That connection
-  stays open (and idle) until every reader imported the snapshot and finished.
-* Readers (``[snapshot] parallel`` sessions) import the snapshot (REPEATABLE READ) and
-  take tables from a shared queue; rows go through the same route semantics as changes
-  (``router.snapshot_rows``) and to Kafka through a ``SinkActor`` of their own, with
-  positions before the consistent point (``router.snapshot``).
-* SnapshotState (``actors.snapshot.store``): ``started`` is written before the slot is created,
-  ``done`` after Kafka acknowledged every snapshot record; only then does the stream start
-  (from the consistent point: nothing missed, nothing read twice). The slot's position is
-  not confirmed by anything here.
-* A table whose records Kafka acknowledged is recorded done, per route. A start that finds
-  its slot with an initial snapshot ``started`` but not ``done`` (the router was killed
-  while copying) finishes it as a backfill of the routed tables not recorded done
-  (``actors.snapshot.backfill``): the slot streams from its consistent point, so every change
-  since the rows already written is in the stream, and those tables are read again by key
-  chunks between watermarks (rows of the tables in flight are written twice).
+* ``InitialSnapshot.wanted``: the mode asks for it and the slot does not exist yet.
+  ``create_slot`` records ``started`` in the state topic (``actors.snapshot.store``), then
+  creates the slot on a replication connection with ``SNAPSHOT 'export'``: its consistent
+  point and the exported snapshot describe the same instant — every transaction committed
+  before it is in the snapshot, every later one is streamed. That connection stays open (and
+  idle) until every reader imported the snapshot and finished (``close``).
+* ``run`` (the supervisor calls it in the pipeline, after the sink started and before the
+  slot reader does): readers (``[snapshot] parallel`` sessions) import the snapshot
+  (REPEATABLE READ) and take tables from a shared queue; rows go through the same route
+  semantics as changes (``router.snapshot_rows``) into the sink's inbox, with positions
+  before the consistent point (``router.snapshot``). It reads the sink's tickets itself
+  until Kafka acknowledged every snapshot record (in exactly-once mode: until the Kafka
+  transactions holding them committed); only then does the stream start, from the
+  consistent point: nothing missed, nothing read twice. It confirms nothing.
+* A table whose records Kafka acknowledged is recorded done, per route; ``done`` is recorded
+  for the snapshot once every table is.
+* A start that finds its slot with an initial snapshot ``started`` but not ``done`` (the
+  router was killed or drained while copying: ``interrupted``) finishes it as a backfill of
+  the routed tables not recorded done (``actors.snapshot.backfill``): the slot streams from
+  its consistent point, so every change since the rows already written is in the stream,
+  and those tables are read again by key chunks between watermarks (rows of the tables in
+  flight are written twice).
 """
 
 from __future__ import annotations
@@ -35,18 +41,13 @@ import trio
 
 from router.config import Config
 from router.envelope import TxContext
-from router.errors import (ConfigError, PublicationMissing, SlotInUse, SourceError,
-                           SourceUnavailable)
+from router.errors import SlotInUse, SourceError, SourceUnavailable
 from router.lsn import format_lsn, parse_lsn
 from router.routing import ChangeRouter
 from router.snapshot import SnapshotState, TABLE_SHIFT, initial_position
 from router.snapshot_rows import SnapshotRows
 
-from router.topics import TopicSpec
-
-from ..services import failover
-from ..pipeline.mailbox import CHUNKS, Acked
-from ..pipeline.sink import SinkActor, record_reshaper
+from ..pipeline.mailbox import Acked, Keepalive, Registered
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
@@ -101,114 +102,108 @@ async def type_names(sql: SqlSession, tables: list[SnapshotTable]) -> dict[int, 
     return names
 
 
-def topic_specs(cfg: Config) -> dict[str, TopicSpec]:
-    specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
-                               r.topic_settings.replication_factor, r.topic_settings.configs)
-             for r in cfg.routes}
-    specs[""] = TopicSpec("", 1, max((s.replication_factor for s in specs.values()), default=1))
-    return specs
+class InitialSnapshot:
+    """One initial snapshot: its slot created with an exported snapshot, then its tables
+    copied into the pipeline's sink."""
+
+    def __init__(self, cfg: Config, client):
+        self.cfg = cfg
+        self.store = StateStore(cfg, client)
+        self.slot: ExportedSlot | None = None
+
+    @staticmethod
+    async def wanted(sql: SqlSession, cfg: Config) -> bool:
+        """The config asks for an initial snapshot and the slot is still to be created."""
+        src = cfg.source
+        if cfg.snapshot.mode != "initial" or not src.create_slot:
+            return False
+        return not await sql.fetchval("select exists (select 1 from pg_replication_slots "
+                                      "where slot_name = $1)", src.slot)
+
+    async def create_slot(self) -> None:
+        """``started`` recorded, then the slot created with an exported snapshot."""
+        src = self.cfg.source
+        await self.store.aload()
+        await self.store.aput(SnapshotState("initial", src.slot, "started"))
+        self.slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot,
+                                                  src.two_phase, src.failover)
+        log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
+                  consistent_point=format_lsn(self.slot.consistent_point),
+                  snapshot=self.slot.snapshot)
+
+    def close(self) -> None:
+        if self.slot is not None:
+            self.slot.close()
+
+    async def run(self, out: trio.MemorySendChannel, acks: trio.MemoryReceiveChannel,
+                  stop: trio.Event) -> bool:
+        """Every routed table into ``out`` (the sink's inbox; closed on return), returning
+        once Kafka acknowledged every record (``acks``: the sink's tickets). Returns whether
+        the snapshot is done; ``stop`` set (a drain) stops the copy: what was read is still
+        delivered, tables whose records are all acknowledged are recorded done, and the
+        snapshot stays "started", so the next start finishes it by backfill, as after a
+        crash, but without copying twice."""
+        cfg, src, slot = self.cfg, self.cfg.source, self.slot
+        with out:
+            try:
+                async with session(src.dsn) as sql:
+                    catalog = await load_catalog(sql, cfg)
+                    db = await sql.fetchval("select current_database()")
+                    tables = slot_tables(cfg, catalog)
+                    names = await type_names(sql, tables)
+                    pks = await load_primary_keys(sql)
+                # records keyed as the stream keys them (the primary key whenever there is one)
+                rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
+                                                 type_names=names, primary_keys=pks),
+                                    position_headers=cfg.kafka.position_headers)
+                tables = [t for t in tables if rows.routed(t.relation)]
+                complete = await copy_tables(cfg, out, acks, tables, rows, slot, self.store,
+                                             stop)
+            finally:
+                await trio.to_thread.run_sync(self.close)
+        if not complete:
+            log.event(_log, "initial snapshot stopped by the drain; the next start finishes "
+                      "it by backfill", slot=src.slot)
+            return False
+        await self.store.aput(SnapshotState("initial", src.slot, "done"))
+        log.event(_log, "initial snapshot done; streaming from the consistent point",
+                  slot=src.slot, consistent_point=format_lsn(slot.consistent_point))
+        return True
 
 
-async def ensure_initial_snapshot(cfg: Config, client_factory,
-                                  stop: trio.Event | None = None) -> list[str]:
-    """Runs before the stream starts. Returns the tables ("schema.table") an interrupted
-    initial snapshot left unfinished (to be finished by backfill), usually none. ``stop``
-    set (a drain: SIGTERM) stops the copy: what was read is flushed to Kafka, tables whose
-    records are all acknowledged are recorded done, and the snapshot stays "started", so the
-    next start finishes it by backfill, as after a crash, but without copying twice."""
-    src = cfg.source
-    if cfg.snapshot.mode != "initial" or not src.create_slot:
+async def interrupted(cfg: Config, client) -> list[str]:
+    """``["*"]`` when the slot's initial snapshot was started and not done (to be finished
+    by backfill), else none. The slot exists (``InitialSnapshot.wanted`` said no)."""
+    if cfg.snapshot.mode != "initial" or not cfg.source.create_slot:
         return []
-    async with session(src.dsn) as sql:
-        exists = await sql.fetchval("select exists (select 1 from pg_replication_slots "
-                                    "where slot_name = $1)", src.slot)
-        client = await trio.to_thread.run_sync(client_factory, cfg)
-        try:
-            store = StateStore(cfg, client)
-            await store.aload()
-            state = store.get(SnapshotState("initial", src.slot, ""))
-            if exists:
-                if state is None or state.state == "done":
-                    return []
-                log.event(_log, "initial snapshot was interrupted; finishing it by backfill",
-                          slot=src.slot)
-                return ["*"]
-            await store.aput(SnapshotState("initial", src.slot, "started"))
-            await _snapshot(cfg, sql, client, store, stop if stop is not None else trio.Event())
-            return []
-        finally:
-            with trio.move_on_after(15) as scope:
-                scope.shield = True
-                await trio.to_thread.run_sync(client.close, 10.0)
+    store = StateStore(cfg, client)
+    await store.aload()
+    state = store.get(SnapshotState("initial", cfg.source.slot, ""))
+    if state is None or state.state == "done":
+        return []
+    log.event(_log, "initial snapshot was interrupted; finishing it by backfill",
+              slot=cfg.source.slot)
+    return ["*"]
 
 
-async def _snapshot(cfg: Config, sql: SqlSession, client, store: StateStore,
-                    stop: trio.Event) -> None:
-    src = cfg.source
-    catalog = await load_catalog(sql, cfg)
-    db = await sql.fetchval("select current_database()")
-    # what preflight refuses, refused before the slot exists (a slot made without them would
-    # start with an empty snapshot recorded done)
-    wal_level = await sql.fetchval("select current_setting('wal_level')")
-    if wal_level != "logical":
-        raise ConfigError(f"the server has wal_level={wal_level}; logical decoding needs "
-                          "wal_level=logical (and a restart)", path="source.dsn")
-    missing = [p for p in src.publications if p not in catalog.publications]
-    if missing:
-        raise PublicationMissing(f"publication(s) {', '.join(missing)} do not exist in "
-                                 f"database {db}")
-    await failover.check_server(sql, src, int(await sql.fetchval(
-        "select current_setting('server_version_num')")))
-    slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot, src.two_phase,
-                                         src.failover)
-    log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
-              consistent_point=format_lsn(slot.consistent_point), snapshot=slot.snapshot)
-    try:
-        tables = slot_tables(cfg, catalog)
-        names = await type_names(sql, tables)
-        # records keyed as the stream keys them (the primary key whenever there is one)
-        rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db, type_names=names,
-                                         primary_keys=await load_primary_keys(sql)),
-                            position_headers=cfg.kafka.position_headers)
-        tables = [t for t in tables if rows.routed(t.relation)]
-        complete = await copy_tables(cfg, client, tables, rows, slot, store, stop)
-    finally:
-        await trio.to_thread.run_sync(slot.close)
-    if not complete:
-        log.event(_log, "initial snapshot stopped by the drain; the next start finishes it by "
-                  "backfill", slot=src.slot)
-        return
-    await store.aput(SnapshotState("initial", src.slot, "done"))
-    log.event(_log, "initial snapshot done; streaming from the consistent point",
-              slot=src.slot, consistent_point=format_lsn(slot.consistent_point))
-
-
-async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: SnapshotRows,
-                      slot: ExportedSlot, store: StateStore,
+async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
+                      acks: trio.MemoryReceiveChannel, tables: list[SnapshotTable],
+                      rows: SnapshotRows, slot: ExportedSlot, store: StateStore,
                       stop: trio.Event | None = None) -> bool:
-    """Every table of ``tables`` into Kafka, read in ``parallel`` sessions on the exported
-    snapshot; returns once Kafka acknowledged every record. A table whose records are all
-    acknowledged is recorded done (per route) in the progress topic: if the snapshot is
+    """Every table of ``tables`` into ``out``, read in ``parallel`` sessions on the exported
+    snapshot; returns once Kafka acknowledged every record (``acks``). A table whose records
+    are all acknowledged is recorded done (per route) in the state topic: if the snapshot is
     interrupted, finishing it by backfill leaves that table alone. ``stop`` set stops the
-    reading where it is (what was read is still flushed and acknowledged); returns whether
+    reading where it is (what was read is still delivered and acknowledged); returns whether
     every table was read."""
     cp = slot.consistent_point
     tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
                    commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
     report = Reporter("initial snapshot", cfg.log.progress_interval)
-    chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
-    prog_tx, prog_rx = trio.open_memory_channel(CHUNKS * 4)
-    sink = SinkActor(client=client, inbox=chunk_rx, progress=prog_tx,
-                     schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
-                     create_topics=cfg.kafka.create_topics)
-    sink.reshape = record_reshaper(cfg)  # one encoding for every record source
     queue = list(enumerate(tables))
     queue.reverse()
-    # the sink numbers chunks in the order they reach it, one ticket each (every chunk is
-    # final): ``order[ticket]`` is the chunk's table. Nothing awaits between the append and
-    # the send, and blocked senders are served in order, so the channel keeps that order.
-    order: list[str] = []
-    pending = {t.name: 0 for t in tables}
+    acked = _AckedPrefix()
+    pending = {t.name: 0 for t in tables}  # chunks sent and not known durable, per table
     read: set[str] = set()
     routes_of = {t.name: sorted({p.route for p in rows.router.plans_for(t.relation)})
                  for t in tables}
@@ -232,9 +227,17 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
                         chunk = rows.chunk(table.relation, batch, tx, seq[0])
                         seq[0] += len(batch)
                         report.add(table.name, len(batch))
-                        order.append(table.name)
+                        # nothing awaits between the entry and the send, and blocked senders
+                        # are served in order: the entries are in the sink's order
+                        entry = acked.sending(table.name, len(chunk.records))
                         pending[table.name] += 1
-                        await out.send([chunk])
+                        try:
+                            await out.send([chunk])
+                        except BaseException:
+                            # a send that raised (cancelled by the drain) delivered nothing
+                            acked.unsent(entry)
+                            pending[table.name] -= 1
+                            raise
 
                     n = await r.copy(table.select(), deliver, f"copying {table.name}")
                     if n >= 1 << TABLE_SHIFT:
@@ -246,14 +249,17 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
         finally:
             await r.close()
 
-    async def acks() -> None:
-        async for events in prog_rx:
-            for ev in events:
-                if type(ev) is Acked:
-                    name = order[ev.ticket]
-                    pending[name] -= 1
-                    if not pending[name] and name in read:
-                        await durable(name)
+    async def await_acks() -> None:
+        while not acked.all_durable():
+            for ev in await acks.receive():
+                kind = type(ev)
+                if kind is Registered:
+                    acked.registered(ev.ticket)
+                elif kind is Acked:
+                    for name in acked.done(ev.ticket, ev.records):
+                        pending[name] -= 1
+                        if not pending[name] and name in read:
+                            await durable(name)
 
     reading = trio.CancelScope()
 
@@ -266,15 +272,66 @@ async def copy_tables(cfg: Config, client, tables: list[SnapshotTable], rows: Sn
         outer.start_soon(report.run)
         outer.start_soon(stop_reading)
         async with trio.open_nursery() as work:
-            work.start_soon(acks)
-            await work.start(sink.run)
-            async with chunk_tx:
-                with reading:
-                    async with trio.open_nursery() as readers:
-                        for _ in range(max(1, min(cfg.snapshot.parallel, len(tables)))):
-                            readers.start_soon(reader, chunk_tx.clone())
-            # the readers are done (or stopped); the sink drains and returns once Kafka
-            # acknowledged every record it was given (or raises)
+            work.start_soon(await_acks)
+            with reading:
+                async with trio.open_nursery() as readers:
+                    for _ in range(max(1, min(cfg.snapshot.parallel, len(tables)))):
+                        readers.start_soon(reader, out.clone())
+            # the readers are done (or stopped): a position with nothing after it lets the
+            # sink close its last ticket; what they sent is acknowledged next (or the sink
+            # fails the pipeline)
+            acked.all_sent = True
+            await out.send([Keepalive(cp)])
         outer.cancel_scope.cancel()
     report.summary()
     return not reading.cancelled_caught and len(read) == len(tables)
+
+
+class _AckedPrefix:
+    """Which snapshot chunks Kafka holds, from the sink's tickets. The sink may put several
+    consecutive chunks under one ticket (tickets are consecutive and cover consecutive
+    chunks), so a chunk is durable once every ticket up to the one holding it is: the
+    records of that prefix of tickets reach past the chunk's last record."""
+
+    def __init__(self):
+        self.entries: list[list] = []  # [table, records] per chunk, in the sink's order
+        self.first = 0                 # entries before it are known durable
+        self.through = 0               # records of those entries
+        self.durable_records = 0       # records of the acknowledged prefix of tickets
+        self.next_ticket: int | None = None
+        self.out_of_order: dict[int, int] = {}  # acknowledged after a gap: ticket -> records
+        self.all_sent = False
+
+    def sending(self, table: str, records: int) -> list:
+        entry = [table, records]
+        self.entries.append(entry)
+        return entry
+
+    def unsent(self, entry: list) -> None:
+        for i in range(len(self.entries) - 1, self.first - 1, -1):
+            if self.entries[i] is entry:
+                del self.entries[i]
+                return
+
+    def registered(self, ticket: int) -> None:
+        if self.next_ticket is None:
+            self.next_ticket = ticket
+
+    def done(self, ticket: int, records: int) -> list[str]:
+        """A ticket acknowledged: the tables of the chunks now known durable (one name per
+        chunk)."""
+        self.out_of_order[ticket] = records
+        while self.next_ticket in self.out_of_order:
+            self.durable_records += self.out_of_order.pop(self.next_ticket)
+            self.next_ticket += 1
+        names = []
+        entries = self.entries
+        while self.first < len(entries) and (
+                self.through + entries[self.first][1] <= self.durable_records):
+            self.through += entries[self.first][1]
+            names.append(entries[self.first][0])
+            self.first += 1
+        return names
+
+    def all_durable(self) -> bool:
+        return self.all_sent and self.first == len(self.entries) and not self.out_of_order
