@@ -285,10 +285,9 @@ def test_until_caught_up_gives_up_after_the_retry_timeout(setup):
 # --- item 10: a slot this run created does not outlive a failed start -----------------------
 
 
-def test_slot_created_by_a_failed_start_is_dropped(setup):
-    """librdkafka refuses a setting outside its range when the producer is built, after
-    the slot was created and before anything streamed from it. (An initial snapshot's slot
-    is kept on failure: the next run finishes the snapshot by backfill.)"""
+def test_a_refused_kafka_setting_creates_no_slot(setup):
+    """librdkafka refuses a setting outside its range when the producer is built, which is
+    before the slot is made: nothing is left behind."""
     pg, name = setup.pg, setup.name
     cfg = setup(kafka_extra='client = "librdkafka"\n[kafka.settings]\nlinger_ms = 1000000\n',
                 extra='[snapshot]\nmode = "never"\n')
@@ -296,6 +295,36 @@ def test_slot_created_by_a_failed_start_is_dropped(setup):
     assert proc.returncode == 2
     line = error_line(proc)
     assert "kafka.settings" in line and "queue.buffering.max.ms" in line
+    assert "replication slot created" not in proc.stderr
+    assert not slot_exists(pg, name)
+
+
+#: ``pgrouter`` with one start-up step after the slot is made failing, injected from the
+#: test side (no setting of pgrouter's can make it fail)
+FAILING_AFTER_THE_SLOT = """
+import sys
+from router.errors import ConfigError
+from actors.pipeline import definitions_state
+
+async def refuse(*args, **kwargs):
+    raise ConfigError("refused after the slot was made (injected)", path="kafka.settings")
+
+definitions_state.for_pipeline = refuse
+from actors.cli import main
+sys.exit(main())
+"""
+
+
+def test_slot_created_by_a_failed_start_is_dropped(setup):
+    """A start that fails after it created the slot, before anything streamed from it,
+    drops the slot again. (An initial snapshot's slot is kept on failure: the next run
+    finishes the snapshot by backfill.)"""
+    pg, name = setup.pg, setup.name
+    cfg = setup(extra='[snapshot]\nmode = "never"\n')
+    proc = subprocess.run([sys.executable, "-c", FAILING_AFTER_THE_SLOT, "run", "-c", str(cfg)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "injected" in error_line(proc)
     assert "replication slot created" in proc.stderr
     assert "dropped the replication slot this run created" in proc.stderr
     assert not slot_exists(pg, name)

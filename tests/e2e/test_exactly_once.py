@@ -236,7 +236,7 @@ def wait_for_line(log, text: str, proc, timeout: float = 60) -> None:
 def test_a_second_slot_on_the_same_transactional_id_is_refused(table, tmp_path):
     """Two slots on one transactional id would skip each other's transactions (the progress
     of one taken for the other's): the second is refused with one line, before it registers
-    the id, so the running router is not fenced."""
+    the id (so the running router is not fenced) and before it creates its slot."""
     pg, name, config = table
     first = config("librdkafka", tid=f"{name}-tid")
     second = config("kafka-python", slot=f"{name}_b", tid=f"{name}-tid")
@@ -247,10 +247,11 @@ def test_a_second_slot_on_the_same_transactional_id_is_refused(table, tmp_path):
     proc = start_router(first, log)
     try:
         wait_for_line(log, "streaming started", proc)
-        run_router(second)  # its slot (nothing to send yet: no Kafka client)
         pg.run(f"update {name} set n = n + 1 where id = 2")
         with pytest.raises(AssertionError) as info:
             run_router(second)
+        assert not pg.run("select 1 from pg_replication_slots where slot_name = %s",
+                          f"{name}_b"), "a refused start created its slot"
         text = str(info.value)
         assert "transactional id" in text and f"slot '{name}_b'" in text, text
         assert f"holds the progress of slot '{name}'" in text, text
