@@ -25,6 +25,10 @@ def _load():
         from . import _native
     except ImportError:
         return None
+    if not hasattr(_native, "configure"):
+        # not built: ``router/_native/`` (its C sources) imports as an empty namespace
+        # package from a checkout, which is no accelerator
+        return None
     return _native  # router.pgoutput.reader configures it (UNCHANGED_TOAST, MAX_COLUMNS)
 
 

@@ -139,17 +139,6 @@ def check_read_tuple(data: bytes, pos: int) -> bool:
 
 
 @native
-def test_read_tuple_on_golden_and_generated_tuples():
-    rng = random.Random(1)
-    cases = list(golden_tuples())
-    for _ in range(400):
-        pos = rng.choice([0, 1, 6])
-        cases.append((rng.randbytes(pos) + tuple_data(rand_tuple(rng)), pos))
-    assert len(cases) > 2000
-    assert all(check_read_tuple(data, pos) for data, pos in cases)
-
-
-@native
 def test_read_tuple_on_truncated_and_mutated_tuples():
     rng = random.Random(2)
     golden = golden_tuples()

@@ -246,19 +246,6 @@ def tally_run(cls, count: int, steps) -> list:
     return trace
 
 
-@native
-def test_tally_equals_py_tally():
-    rng = random.Random(6)
-    for count in [0, 1, 2, 3, 5, 40]:
-        for _ in range(200):
-            steps = rng.choices(list(TALLY_STEPS), weights=[8, 2, 1, 4, 1, 1, 1, 1],
-                                k=rng.randint(0, count + 3))
-            want = tally_run(PyTally, count, steps)
-            assert tally_run(NATIVE.Tally, count, steps) == want, (count, steps)
-    assert tally_run(NATIVE.Tally, 2, ["ack", "call ok"])[-1][2] == [("ticket", None, 2)]
-    assert tally_run(NATIVE.Tally, 2, ["ack", "fail", "ack"])[-1][2] == [("ticket", ERROR, 0)]
-
-
 @pytest.mark.parametrize("cls", [PyTally, pytest.param("native", marks=native)])
 def test_tally_names_the_largest_failed_record_once_every_record_is_reported(cls):
     """librdkafka fails every record of a batch the broker refused as too large: the Tally
@@ -303,41 +290,6 @@ def test_encoders_with_recorders_are_freed():
     del enc
     gc.collect()
     assert sum(type(o) is TableEncoder for o in gc.get_objects()) == before
-
-
-def _py_bits(tx: TxContext, route_part: bytes) -> tuple[bytes, bytes]:
-    commit_lsn, xid, commit_time, origin, origin_lsn, ts_ms = envelope._tx_json(tx)
-    return (b',"commit_lsn":' + commit_lsn + b',"seq":',
-            b',"xid":' + xid + b',"commit_time":' + commit_time + b',"origin":' + origin
-            + b',"origin_lsn":' + origin_lsn + route_part + b'},"ts_ms":' + ts_ms + b'}')
-
-
-@native
-def test_tx_bits_equal_the_python_source_fields():
-    """router._native.tx_bits: byte for byte what TableEncoder._use_tx builds in Python, or
-    None (the Python code runs) for an origin or a time outside years 1-9999."""
-    rng = random.Random(11)
-    day = 86_400_000_000
-    times = [0, -1, 1, 999_999, 1_000_000, -1_000_000, -946_684_800_000_000,  # 1970
-             -730_119 * day, -730_120 * day + 1, 2_914_603 * day, 2_914_604 * day - 1,
-             59 * day, 60 * day, 1_520 * day, 0x7FFFFFFFFFFFFFFF, -0x8000000000000000,
-             -730_120 * day - 1, 2_914_604 * day]  # year 1 / 9999 bounds, 2000-02-29, …
-    times += [rng.randint(-730_000 * day, 2_900_000 * day) for _ in range(3000)]
-    route_part = b',"route":"r","schema_id":"abc"'
-    taken = 0
-    for t in times:
-        origin_lsn = rng.choice([None, 0, rng.randint(1, 2**64 - 1)])
-        tx = TxContext(xid=rng.randint(0, 2**32 - 1), commit_lsn=rng.randint(0, 2**64 - 1),
-                       end_lsn=1, commit_time=t, origin_lsn=origin_lsn)
-        got = NATIVE.tx_bits(tx.commit_lsn, tx.xid, t, None, origin_lsn, route_part)
-        iso = envelope.pg_time_to_iso(t)
-        in_range = len(iso) == 32 and iso[0] != "-"
-        assert (got is not None) is in_range, (t, iso)
-        if got is not None:
-            taken += 1
-            assert got == _py_bits(tx, route_part), t
-    assert taken > 3000
-    assert NATIVE.tx_bits(1, 2, 0, "origin", None, route_part) is None
 
 
 def test_recorder_is_bound_to_each_transaction_in_turn():

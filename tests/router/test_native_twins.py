@@ -374,7 +374,9 @@ DAY = 86_400_000_000
 
 def golden_tx_bits():
     enc = TableEncoder(REL_B, route='r"%', db="d")
-    same = [0, -1, 999_999, -730_119 * DAY, 2_921_940 * DAY - 1, 59 * DAY, 60 * DAY]
+    same = [0, -1, 1, 999_999, 1_000_000, -1_000_000, -946_684_800_000_000,  # 1970
+            -730_119 * DAY, -730_119 * DAY + 1, 2_921_940 * DAY - 1, 59 * DAY, 60 * DAY,
+            1_520 * DAY]  # year 1 and 9999 bounds, 2000-02-29, 2004-02-29
     cases = [(SAME, (enc, TxContext(xid=1, commit_lsn=2, end_lsn=3, commit_time=t)))
              for t in same]
     cases += [(DECLINED, (enc, TxContext(xid=1, commit_lsn=2, end_lsn=3, commit_time=t)))
