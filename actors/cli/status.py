@@ -26,16 +26,10 @@ from router.errors import PgRouterError
 from router.lsn import format_lsn
 
 from ..pipeline.slot_monitor import sample_slot
-from ..kafka.versions import known_api_version
+from ..kafka.survey import survey
 from ..services.preflight import probe_kafka
 from ..services.sql import SqlSession
 from .config_file import load
-
-KAFKA_TIMEOUT = 10.0
-#: offsets read back from each partition's end of a transactional topic for the newest commit
-#: time (a Kafka transaction ends with a marker per partition)
-TAIL = 20
-
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", required=True, help="TOML config file")
@@ -74,59 +68,10 @@ def topic_pattern(template: str, route: str) -> re.Pattern:
 def kafka_status(cfg: Config) -> dict[str, list[dict]]:
     """route name -> its topics with offsets (record counts without exactly-once) and the
     newest record's commit time."""
-    from kafka import KafkaConsumer, TopicPartition
-
     probe_kafka(cfg.kafka.bootstrap_servers)  # an unreachable Kafka says so within seconds
-    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers,
-                             enable_auto_commit=False, request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
-                             consumer_timeout_ms=2000, isolation_level="read_committed",
-                             **known_api_version(cfg.kafka.bootstrap_servers))
-    try:
-        topics = sorted(consumer.topics())
-        out: dict[str, list[dict]] = {}
-        for route in cfg.routes:
-            pattern = topic_pattern(route.topic, route.name)
-            out[route.name] = [_topic(consumer, TopicPartition, t, cfg.kafka.exactly_once)
-                               for t in topics if pattern.match(t)]
-        return out
-    finally:
-        consumer.close()
-
-
-def _commit_time(value: bytes | None) -> str | None:
-    """``source.commit_time`` of a record in pgrouter's format or Kafka Connect's."""
-    try:
-        doc = json.loads(value)
-        source = (doc["payload"] if "payload" in doc and "schema" in doc else doc)["source"]
-        return source.get("commit_time")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _topic(consumer, TopicPartition, topic: str, transactional: bool) -> dict:
-    """Offsets, records (``None`` when Kafka transactions write the topic: their commit
-    markers take offsets too) and the newest commit time among each partition's last
-    records (the last offsets of a transactional topic are markers, not records)."""
-    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-    if not tps:
-        return {"topic": topic, "offsets": 0, "records": 0, "last_commit_time": None}
-    ends = consumer.end_offsets(tps)
-    begins = consumer.beginning_offsets(tps)
-    consumer.assign(tps)
-    last = None
-    for tp in tps:
-        consumer.seek(tp, max(begins[tp], ends[tp] - (TAIL if transactional else 1)))
-    for _ in range(10):
-        for msgs in consumer.poll(timeout_ms=500).values():
-            for m in msgs:
-                t = _commit_time(m.value)
-                if t is not None and (last is None or t > last):
-                    last = t
-        if all(consumer.position(tp) >= ends[tp] for tp in tps):
-            break
-    offsets = sum(ends[tp] - begins[tp] for tp in tps)
-    return {"topic": topic, "offsets": offsets, "records": None if transactional else offsets,
-            "last_commit_time": last}
+    return survey(cfg.kafka.bootstrap_servers,
+                  {r.name: topic_pattern(r.topic, r.name).match for r in cfg.routes},
+                  cfg.kafka.exactly_once)
 
 
 async def _gather(cfg: Config) -> tuple[dict, list[str]]:

@@ -1,6 +1,7 @@
 """Reading a topic whole: every record from the beginning to the end the topic had when
 asked. The one reader of the router's compacted topics (snapshot progress, publication
-definitions, exactly-once progress, the demo's and ``status``'s looks at a topic).
+definitions, exactly-once progress). Looks at a topic's offsets and newest records are
+``actors.kafka.survey``'s.
 
 Rules:
 

@@ -10,9 +10,9 @@ import sys
 
 import psycopg2
 
-from actors.materialize.jars import spark_jars
-
+from actors.kafka.survey import end_offsets
 from actors.materialize import job
+from actors.materialize.jars import spark_jars
 
 TABLES = {"customers": "id", "orders": "id"}
 ROUTE = "cdc"
@@ -21,19 +21,9 @@ ROUTE = "cdc"
 def _end_offsets(bootstrap: str, topics: list[str]) -> str:
     """Spark ``startingOffsets`` JSON at today's end of each topic: the demo materializes only
     this run's records (the topics keep earlier runs')."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        out: dict = {}
-        for topic in topics:
-            parts = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in parts]
-            ends = consumer.end_offsets(tps) if tps else {}
-            out[topic] = {str(tp.partition): off for tp, off in ends.items()} or {"0": -2}
-        return json.dumps(out)
-    finally:
-        consumer.close()
+    ends = end_offsets(bootstrap, topics)
+    return json.dumps({topic: {str(p): off for p, off in parts.items()} or {"0": -2}
+                       for topic, parts in ends.items()})
 
 
 def starting_point(info) -> str:

@@ -1,0 +1,102 @@
+"""Looking at topics from outside the pipeline: each topic's offsets and the commit time of
+its newest record (``pgrouter status``), and today's end offsets (the demo's starting point).
+One kafka-python consumer per look, without a group, reading committed records only.
+
+Rules:
+
+* A topic written in Kafka transactions ends each partition with a commit marker, which
+  takes an offset but is never delivered: its record count is unknown (``records`` None)
+  and its newest record is looked for among the last ``TAIL`` offsets.
+* Blocking: run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from .versions import known_api_version
+
+KAFKA_TIMEOUT = 10.0
+#: offsets read back from each partition's end of a transactional topic for the newest commit
+#: time (a Kafka transaction ends with a marker per partition)
+TAIL = 20
+
+
+def _consumer(bootstrap_servers, **extra):
+    from kafka import KafkaConsumer
+
+    return KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                         request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
+                         isolation_level="read_committed",
+                         **known_api_version(bootstrap_servers), **extra)
+
+
+def survey(bootstrap_servers, groups: dict[str, Callable[[str], bool]],
+           transactional: bool) -> dict[str, list[dict]]:
+    """group name -> the topics it selects, each with its offsets, records and the newest
+    record's commit time."""
+    from kafka import TopicPartition
+
+    consumer = _consumer(bootstrap_servers, consumer_timeout_ms=2000)
+    try:
+        topics = sorted(consumer.topics())
+        return {name: [_topic(consumer, TopicPartition, t, transactional)
+                       for t in topics if selects(t)]
+                for name, selects in groups.items()}
+    finally:
+        consumer.close()
+
+
+def end_offsets(bootstrap_servers, topics: list[str]) -> dict[str, dict[int, int]]:
+    """topic -> partition -> end offset now (a topic that does not exist: none)."""
+    from kafka import TopicPartition
+
+    consumer = _consumer(bootstrap_servers)
+    try:
+        out: dict = {}
+        for topic in topics:
+            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            out[topic] = ({tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+                          if tps else {})
+        return out
+    finally:
+        consumer.close()
+
+
+def _commit_time(value: bytes | None) -> str | None:
+    """``source.commit_time`` of a record in pgrouter's format or Kafka Connect's."""
+    try:
+        doc = json.loads(value)
+        source = (doc["payload"] if "payload" in doc and "schema" in doc else doc)["source"]
+        return source.get("commit_time")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _topic(consumer, TopicPartition, topic: str, transactional: bool) -> dict:
+    """Offsets, records (``None`` when Kafka transactions write the topic: their commit
+    markers take offsets too) and the newest commit time among each partition's last
+    records (the last offsets of a transactional topic are markers, not records)."""
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    if not tps:
+        return {"topic": topic, "offsets": 0, "records": 0, "last_commit_time": None}
+    ends = consumer.end_offsets(tps)
+    begins = consumer.beginning_offsets(tps)
+    consumer.assign(tps)
+    last = None
+    for tp in tps:
+        consumer.seek(tp, max(begins[tp], ends[tp] - (TAIL if transactional else 1)))
+    for _ in range(10):
+        for msgs in consumer.poll(timeout_ms=500).values():
+            for m in msgs:
+                t = _commit_time(m.value)
+                if t is not None and (last is None or t > last):
+                    last = t
+        if all(consumer.position(tp) >= ends[tp] for tp in tps):
+            break
+    offsets = sum(ends[tp] - begins[tp] for tp in tps)
+    return {"topic": topic, "offsets": offsets, "records": None if transactional else offsets,
+            "last_commit_time": last}
+
+
