@@ -182,9 +182,9 @@ progress_interval = 600
         sql(dsn, "select pg_replication_origin_create(%s)", origin)
         prog = Progress(dsn, f"select pg_replication_origin_progress('{origin}', false) - "
                              "'0/0'::pg_lsn")
-        cmd = [sys.executable, "-m", "router", "apply", "-c", cfg.name, "--until-caught-up"]
+        cmd = [sys.executable, "-m", "actors.cli", "apply", "-c", cfg.name, "--until-caught-up"]
         if profile:
-            cmd = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "router", "apply",
+            cmd = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "actors.cli", "apply",
                    "-c", cfg.name, "--until-caught-up"]
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -275,7 +275,7 @@ topic = "{prefix}.{{schema}}.{{table}}"
 """)
         cfg.close()
         t = time.monotonic()
-        subprocess.run([sys.executable, "-m", "router", "run", "-c", cfg.name,
+        subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", cfg.name,
                         "--until-caught-up"], cwd=ROOT, check=True, capture_output=True)
         print(f"router wrote the topics in {time.monotonic() - t:.1f}s", file=sys.stderr)
         ends = transaction_ends(info.kafka_bootstrap, tx_topic)

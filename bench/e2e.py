@@ -223,7 +223,7 @@ def run_router(cfg_path: str, profile: str | None, null: bool = False) -> tuple[
     if null:
         cmd += [__file__, "--null-router", cfg_path]
     else:
-        cmd += ["-m", "router", "run", "-c", cfg_path, "--until-caught-up"]
+        cmd += ["-m", "actors.cli", "run", "-c", cfg_path, "--until-caught-up"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     elapsed = time.perf_counter() - start

@@ -51,7 +51,7 @@ def drain(cfg: pathlib.Path, profile: str | None = None) -> float:
     cmd = [sys.executable]
     if profile:
         cmd += ["-m", "cProfile", "-o", profile]
-    cmd += ["-m", "router", "run", "-c", str(cfg), "--until-caught-up"]
+    cmd += ["-m", "actors.cli", "run", "-c", str(cfg), "--until-caught-up"]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     elapsed = time.monotonic() - started

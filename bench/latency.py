@@ -189,7 +189,7 @@ def main() -> None:
             cfg.write_text(config(args.dsn, args.bootstrap, slot, pub, table, args.client,
                                   topic, prefix, settings))
             log = open(pathlib.Path(tmp) / "router.log", "w+")
-            router = subprocess.Popen([sys.executable, "-m", "router", "run", "-c", str(cfg)],
+            router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg)],
                                       cwd=ROOT, stderr=log, stdout=log)
             # the first row creates the topic; the consumer starts once it exists
             deadline = time.time() + 60

@@ -118,7 +118,7 @@ def measure_one(dsn: str, bootstrap: str, client: str, rows: int,
                 fh.write(config(dsn, bootstrap, slot, pub, table, client, route, schema_topic,
                                 memory_limit, tmp))
             rss, elapsed, code, log = peak_rss(
-                [sys.executable, "-m", "router", "run", "-c", cfg, "--until-caught-up"])
+                [sys.executable, "-m", "actors.cli", "run", "-c", cfg, "--until-caught-up"])
         if code != 0:
             raise SystemExit(f"pgrouter failed ({code}):\n{log[-3000:]}")
         acked = _ACKED.findall(log)

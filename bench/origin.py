@@ -154,7 +154,7 @@ def main() -> None:
                 cfg.write_text(config(dsn, bootstrap, slots[(policy, rep)], table, topic, policy))
                 t0 = time.monotonic()
                 r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                proc = subprocess.run([sys.executable, "-m", "router", "run", "-c", str(cfg),
+                proc = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
                                        "--until-caught-up"], cwd=ROOT, capture_output=True,
                                       text=True)
                 elapsed = time.monotonic() - t0

@@ -72,7 +72,7 @@ progress_interval = 30
 name = "{slot}"
 tables = {json.dumps(tables)}
 """)
-        proc = subprocess.run([sys.executable, "-m", "router", "run", "-c", str(cfg),
+        proc = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
                                "--until-caught-up"], cwd=ROOT, capture_output=True, text=True,
                               timeout=3600)
     if proc.returncode != 0:

@@ -105,7 +105,7 @@ def route_to_delta(tmp: pathlib.Path, *, dsn: str, bootstrap: str, name: str, ta
                                  checkpoint=str(tmp / "ck"))
 
 
-def router_cmd(config: pathlib.Path, *extra: str, module: str = "router") -> list[str]:
+def router_cmd(config: pathlib.Path, *extra: str, module: str = "actors.cli") -> list[str]:
     return [sys.executable, "-m", module, "run", "-c", str(config), *extra]
 
 
@@ -118,7 +118,7 @@ def run_router(config: pathlib.Path, *, timeout: float = 120) -> subprocess.Comp
 
 
 def start_router(config: pathlib.Path, log: pathlib.Path, *,
-                 module: str = "router") -> subprocess.Popen:
+                 module: str = "actors.cli") -> subprocess.Popen:
     """``pgrouter run`` in the background (``module``: another entry point with the same
     command line, such as a test's deliberately broken router)."""
     fh = open(log, "ab")

@@ -118,7 +118,7 @@ def run(info) -> int:
     print(f"\n2. the router, streaming slot pgrouter_demo (config {cfg.relative_to(ROOT)})")
     log = ROOT / ".devstack" / "demo-router.log"
     with open(log, "wb") as fh:
-        router = subprocess.Popen([sys.executable, "-m", "router", "run", "-c", str(cfg)],
+        router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg)],
                                   stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         from devstack.demo import spark_tables as spark_demo

@@ -43,8 +43,8 @@ PyInit__native(void)
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL)
         return NULL;
-    if (pgoutput_setup(m) < 0 || codec_setup(m) < 0 || records_setup(m) < 0 ||
-        delivery_setup(m) < 0) {
+    if (pgoutput_setup(m) < 0 || short_setup(m) < 0 || codec_setup(m) < 0 ||
+        records_setup(m) < 0 || delivery_setup(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -44,7 +44,7 @@ int pgoutput_setup(PyObject *module);
 int codec_setup(PyObject *module);
 int records_setup(PyObject *module);
 int delivery_setup(PyObject *module);
-int short_setup(PyObject *module); /* short.c, readied by pgoutput_setup */
+int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 
 /* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case

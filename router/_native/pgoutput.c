@@ -390,7 +390,5 @@ pgoutput_setup(PyObject *module)
     str_data_start = PyUnicode_InternFromString("data_start");
     if (!op_insert || !op_update || !op_delete || !str_payload || !str_data_start)
         return -1;
-    if (short_setup(module) < 0)
-        return -1;
     return PyModule_AddFunctions(module, pgoutput_methods);
 }

@@ -65,7 +65,7 @@ def test_transaction_larger_than_memory_limit(node_db, kafka_bootstrap, tmp_path
     until_caught_up("run", a.router_config('origin = "none"'))
     cfg = b.apply_config(a)
     cfg.write_text(cfg.read_text().replace("[target]", "[target]\nmemory_limit = 1048576"))
-    proc = subprocess.Popen([sys.executable, "-m", "router", "apply", "-c", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "apply", "-c", str(cfg),
                              "--until-caught-up"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         _, status, usage = os.wait4(proc.pid, 0)
@@ -131,7 +131,7 @@ def test_apply_metrics_count_what_was_applied(node_db, kafka_bootstrap, tmp_path
     one_row_transactions(a.dsn, 1, 40)
     until_caught_up("run", ra)
     started = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "router", "apply", "-c", str(ab)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "apply", "-c", str(ab)], cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: status_of(port, "/readyz") == 200, "the applier applying", 90)
@@ -170,7 +170,7 @@ def test_initial_snapshot_and_backfill_are_applied(node_db, kafka_bootstrap, tmp
     # the target drifts; a backfill of the route puts the source's rows back
     sql(b.dsn, "delete from t where id = 1")
     sql(b.dsn, "update t set v = 'drifted' where id = 3")
-    asked = subprocess.run([sys.executable, "-m", "router", "snapshot", "-c", str(ra),
+    asked = subprocess.run([sys.executable, "-m", "actors.cli", "snapshot", "-c", str(ra),
                             "--route", "r", "--table", "public.t"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert asked.returncode == 0, asked.stderr

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.services
 
 
 def apply_run(cfg, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "router", "apply", "-c", str(cfg),
+    return subprocess.run([sys.executable, "-m", "actors.cli", "apply", "-c", str(cfg),
                            "--until-caught-up", "--retry-timeout", "20"], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -299,7 +299,7 @@ def test_commit_failure_after_the_origin_setup_puts_the_origin_back(
     sql(a.dsn, "insert into users values (1, 'dup@x')")
     until_caught_up("run", ra)
     ab = b.apply_config(a)
-    proc = subprocess.Popen([sys.executable, "-m", "router", "apply", "-c", str(ab)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "apply", "-c", str(ab)], cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

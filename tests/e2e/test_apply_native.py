@@ -133,7 +133,7 @@ dsn = "{dst}"
 origin = "{origin}"
 conflict = "{policy}"
 """)
-    proc = subprocess.run([sys.executable, "-m", "router", "apply", "-c", str(cfg),
+    proc = subprocess.run([sys.executable, "-m", "actors.cli", "apply", "-c", str(cfg),
                            "--until-caught-up", "--retry-timeout", "20"], cwd=ROOT,
                           capture_output=True, text=True, timeout=DEADLINE)
     stopped = proc.returncode != 0

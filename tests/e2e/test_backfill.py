@@ -82,7 +82,7 @@ def wait_for(what: str, cond, log, timeout: float = DEADLINE):
 
 
 def snapshot_cmd(cfg, route: str, table: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "router", "snapshot", "-c", str(cfg),
+    return subprocess.run([sys.executable, "-m", "actors.cli", "snapshot", "-c", str(cfg),
                            "--route", route, "--table", table], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)
 
@@ -230,7 +230,7 @@ def test_snapshot_requests_no_router_would_read_are_refused(pg_dsn, kafka_bootst
 
         from tests.helpers import run_router
         run_router(cfg)  # the slot now exists
-        asked = subprocess.run([sys.executable, "-m", "router", "snapshot", "-c", str(cfg),
+        asked = subprocess.run([sys.executable, "-m", "actors.cli", "snapshot", "-c", str(cfg),
                                 "--route", f"r_{u}", "--table", a, "--table", b],
                                capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert asked.returncode == 1, asked.stdout + asked.stderr

@@ -25,7 +25,7 @@ PASSWORD = "s3cr et'\\pw"  # a space, a quote and a backslash: libpq's quoting r
 
 
 def pgrouter(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.services
 
 
 def pgrouter(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], capture_output=True,
                           text=True, timeout=180, cwd=cwd)
 
 

@@ -112,7 +112,7 @@ progress_interval = 60
 
 
 def until_caught_up(kind: str, cfg: pathlib.Path, timeout: float = 60) -> str:
-    proc = subprocess.run([sys.executable, "-m", "router", kind, "-c", str(cfg),
+    proc = subprocess.run([sys.executable, "-m", "actors.cli", kind, "-c", str(cfg),
                            "--until-caught-up"], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -128,7 +128,7 @@ class Processes:
 
     def start(self, kind: str, cfg: pathlib.Path) -> subprocess.Popen:
         logf = self.tmp / f"{cfg.stem}.{len(self.procs)}.log"
-        proc = subprocess.Popen([sys.executable, "-m", "router", kind, "-c", str(cfg)], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "actors.cli", kind, "-c", str(cfg)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=open(logf, "w"))
         self.procs.append((proc, logf))
         return proc

@@ -66,7 +66,7 @@ def test_partition_truncates_match_what_postgresql_sends(pg_dsn, kafka_bootstrap
                            bootstrap=kafka_bootstrap, routes=routes,
                            source_extra=f'publication_changes = "{changes}"\n',
                            extra='[snapshot]\nmode = "never"\n')
-        setup = subprocess.run([sys.executable, "-m", "router", "setup", "-c", str(cfg)],
+        setup = subprocess.run([sys.executable, "-m", "actors.cli", "setup", "-c", str(cfg)],
                                capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert setup.returncode == 0, setup.stderr
         assert pg.one("select count(*) from pg_trigger where tgname = 'pgrouter_truncate'") == 6

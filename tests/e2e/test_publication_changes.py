@@ -186,7 +186,7 @@ def trigger_installed(pg_dsn, kafka_bootstrap, tmp_path):
                        routes='[[routes]]\nname = "none"\nall_tables = true\n',
                        source_extra="create_slot = false")
     cfg.write_text(cfg.read_text().replace("create_slot = true\n", ""))
-    setup = [sys.executable, "-m", "router", "setup", "-c", str(cfg)]
+    setup = [sys.executable, "-m", "actors.cli", "setup", "-c", str(cfg)]
     done = subprocess.run(setup, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "event trigger installed" in done.stdout
@@ -299,7 +299,7 @@ def test_without_the_trigger_changes_are_polled_with_a_warning(pg_dsn, kafka_boo
         bootstrap=kafka_bootstrap, source_extra="publication_poll_interval = 0.3",
         routes=f'[[routes]]\nname = "r_{u}"\npublication = "pf_{u}"\n')
         for name, dsn in (("router", role_dsn), ("super", pg_dsn)))
-    pgrouter = [sys.executable, "-m", "router"]
+    pgrouter = [sys.executable, "-m", "actors.cli"]
     proc = None
     try:  # a superuser's router installs the trigger itself: start without it
         done = subprocess.run([*pgrouter, "setup", "-c", str(super_cfg), "--uninstall"],

@@ -26,7 +26,7 @@ def test_a_route_on_a_missing_publication_is_one_line(pg_dsn, kafka_bootstrap, t
                            bootstrap=kafka_bootstrap,
                            routes=f'[[routes]]\nname = "r_{name}"\npublication = "{name}_nosuch"\n'
                                   f'topic = "{name}"\n')
-        done = subprocess.run([sys.executable, "-m", "router", *command[:1], "-c", str(cfg),
+        done = subprocess.run([sys.executable, "-m", "actors.cli", *command[:1], "-c", str(cfg),
                                *command[1:]], capture_output=True, text=True, timeout=120,
                               cwd=ROOT)
         out = done.stdout + done.stderr

@@ -23,7 +23,7 @@ def test_binary_mode_is_refused_by_check_and_run(command, pg_dsn, kafka_bootstra
         cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
                            bootstrap=kafka_bootstrap, source_extra="binary = true",
                            routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
-        proc = subprocess.run([sys.executable, "-m", "router", *command[:1], "-c", str(cfg),
+        proc = subprocess.run([sys.executable, "-m", "actors.cli", *command[:1], "-c", str(cfg),
                                *command[1:]], capture_output=True, text=True, timeout=120,
                               cwd=ROOT)
         assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.services
 
 
 def pgrouter(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 
 

@@ -92,7 +92,7 @@ def test_check_names_what_the_server_version_lacks(request, kafka_bootstrap, tmp
     cfg = write_config(tmp_path / "r.toml", dsn=dsn, slot=unique("ck"), publications=["p"],
                        bootstrap=kafka_bootstrap, source_extra="failover = true",
                        routes='[[routes]]\nname = "r"\ntables = ["public.t"]\n')
-    proc = subprocess.run([sys.executable, "-m", "router", "check", "-c", str(cfg)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c", str(cfg)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in out

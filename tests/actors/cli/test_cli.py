@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], capture_output=True, text=True,
                           timeout=60)
 
 

@@ -19,7 +19,7 @@ def version_lines(pure: bool) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "PGROUTER_PURE_PYTHON"}
     if pure:
         env["PGROUTER_PURE_PYTHON"] = "1"
-    done = subprocess.run([sys.executable, "-m", "router", "--version"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "actors.cli", "--version"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT, env=env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     return done.stdout.splitlines()
