@@ -110,6 +110,8 @@ class InitialSnapshot:
         self.cfg = cfg
         self.store = StateStore(cfg, client)
         self.slot: ExportedSlot | None = None
+        self.rows: SnapshotRows | None = None
+        self.tables: list[SnapshotTable] = []
 
     @staticmethod
     async def wanted(sql: SqlSession, cfg: Config) -> bool:
@@ -121,8 +123,21 @@ class InitialSnapshot:
                                       "where slot_name = $1)", src.slot)
 
     async def create_slot(self) -> None:
-        """``started`` recorded, then the slot created with an exported snapshot."""
-        src = self.cfg.source
+        """The tables to copy read (a config the catalog refuses stops here, before any
+        slot exists), ``started`` recorded, then the slot created with an exported
+        snapshot."""
+        cfg, src = self.cfg, self.cfg.source
+        async with session(src.dsn) as sql:
+            catalog = await load_catalog(sql, cfg)
+            db = await sql.fetchval("select current_database()")
+            tables = slot_tables(cfg, catalog)
+            names = await type_names(sql, tables)
+            pks = await load_primary_keys(sql)
+        # records keyed as the stream keys them (the primary key whenever there is one)
+        self.rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
+                                              type_names=names, primary_keys=pks),
+                                 position_headers=cfg.kafka.position_headers)
+        self.tables = [t for t in tables if self.rows.routed(t.relation)]
         await self.store.aload()
         await self.store.aput(SnapshotState("initial", src.slot, "started"))
         self.slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot,
@@ -146,19 +161,8 @@ class InitialSnapshot:
         cfg, src, slot = self.cfg, self.cfg.source, self.slot
         with out:
             try:
-                async with session(src.dsn) as sql:
-                    catalog = await load_catalog(sql, cfg)
-                    db = await sql.fetchval("select current_database()")
-                    tables = slot_tables(cfg, catalog)
-                    names = await type_names(sql, tables)
-                    pks = await load_primary_keys(sql)
-                # records keyed as the stream keys them (the primary key whenever there is one)
-                rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
-                                                 type_names=names, primary_keys=pks),
-                                    position_headers=cfg.kafka.position_headers)
-                tables = [t for t in tables if rows.routed(t.relation)]
-                complete = await copy_tables(cfg, out, acks, tables, rows, slot, self.store,
-                                             stop)
+                complete = await copy_tables(cfg, out, acks, self.tables, self.rows, slot,
+                                             self.store, stop)
             finally:
                 await trio.to_thread.run_sync(self.close)
         if not complete:

@@ -118,10 +118,13 @@ def test_second_signal_aborts_without_confirming_past_kafka(source, kafka_bootst
     sampler.start()
     load = Load(pg.dsn, name, 50000)
     load.start()
+    start = confirmed(pg, name)
     proc = start_router(config(), tmp_path / "r.log")
     try:
-        wait_for(lambda: topic_size(kafka_bootstrap, name) > 2000, timeout=120,
-                 what="records in Kafka")
+        # the abort must meet confirmations to check: records in Kafka and the slot moved
+        wait_for(lambda: topic_size(kafka_bootstrap, name) > 2000
+                 and confirmed(pg, name) != start, timeout=120,
+                 what="records in Kafka and a confirmed position")
         proc.send_signal(signal.SIGINT)
         # the second signal once the first was seen (two pending ones would merge)
         wait_for(lambda: "draining" in (tmp_path / "r.log").read_text(), timeout=30,
