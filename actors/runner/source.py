@@ -27,9 +27,7 @@ SLOT_BUSY_WAIT = 30.0
 class ServerInfo:
     def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
                  primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
-                 created_slot: bool = False, system_id: str = "", wal_end: int = 0):
-        self.system_id = system_id  # pg_control_system().system_identifier
-        self.wal_end = wal_end  # the server's WAL end when the router started
+                 created_slot: bool = False):
         self.version = version
         self.db = db
         self.start_lsn = start_lsn
@@ -94,7 +92,5 @@ async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
         await trio.sleep(0.5)
     proto = src.proto_version or max_proto_version(version)
     pks = await load_primary_keys(sql)
-    system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
-    wal_end = parse_lsn(await sql.fetchval(failover.WAL_END))
     return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,
-                      created, system_id=system_id, wal_end=wal_end)
+                      created)
