@@ -76,6 +76,33 @@ class TopicSettings(_Base):
     configs: dict[str, str] = {}
 
 
+class RegistryConfig(_Base):
+    """``[kafka.registry]``: the schema registry of ``format = "avro"`` (its Confluent-
+    compatible API: Confluent Schema Registry, Apicurio's ``/apis/ccompat/v7``, Karapace,
+    Redpanda)."""
+
+    #: base URL of the Confluent-compatible API
+    url: str
+    #: HTTP basic auth (``password`` is masked wherever the config is shown)
+    username: str = ""
+    password: str = ""
+    #: TLS: CA bundle to trust, and a client certificate and key for mutual TLS
+    ssl_ca_location: str = ""
+    ssl_certificate_location: str = ""
+    ssl_key_location: str = ""
+    #: subject of a topic's schemas: "topic" (``<topic>-key``/``-value``, the default),
+    #: "record" (the record's full name) or "topic_record" (``<topic>-<full name>``)
+    subject_naming: Literal["topic", "record", "topic_record"] = "topic"
+    #: compatibility level set on each subject before its first registration ("" = leave
+    #: the registry's default)
+    compatibility: Literal["", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD",
+                           "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE"] = ""
+    #: register new schemas (false: they must exist already; the router stops otherwise)
+    auto_register: bool = True
+    #: seconds one HTTP request may take
+    timeout: Positive = 10.0
+
+
 class KafkaConfig(_Base):
     bootstrap_servers: str | list[str]
     #: "auto" (the default) is resolved when the config is parsed: librdkafka when
@@ -111,9 +138,12 @@ class KafkaConfig(_Base):
     #: a Kafka transaction is committed at a source transaction's end once this much time
     #: has passed since it began, or when nothing more is waiting
     transaction_interval_ms: int = 100
-    #: record format: "json" (Debezium-shaped JSON) or "connect" (Kafka Connect JSON with
-    #: schema + payload, as Debezium's JsonConverter writes it; router.connect_format)
-    format: Literal["json", "connect"] = "json"
+    #: record format: "json" (Debezium-shaped JSON), "connect" (Kafka Connect JSON with
+    #: schema + payload, as Debezium's JsonConverter writes it; router.connect_format) or
+    #: "avro" (Avro in the Confluent wire format with a schema registry; router.avro)
+    format: Literal["json", "connect", "avro"] = "json"
+    #: the schema registry (needed by format = "avro")
+    registry: RegistryConfig | None = None
 
 
 class RouteConfig(_Base):
@@ -304,6 +334,13 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         parse_bootstrap_servers(cfg.kafka.bootstrap_servers)
     except ConfigError as exc:
         raise ConfigError(str(exc), source=source) from exc
+    if cfg.kafka.format == "avro" and cfg.kafka.registry is None:
+        raise ConfigError('format = "avro" needs a schema registry: a [kafka.registry] table '
+                          'with its url', path="kafka.registry", source=source)
+    if cfg.kafka.registry is not None and not cfg.kafka.registry.url.startswith(
+            ("http://", "https://")):
+        raise ConfigError("the registry url must start with http:// or https://",
+                          path="kafka.registry.url", source=source)
     if not cfg.routes:
         raise ConfigError("at least one [[routes]] entry is needed", path="routes", source=source)
     if cfg.source.binary:

@@ -17,6 +17,10 @@ Rules (the delivery contract, whichever Kafka client is behind it):
   partitions, replication factor and configs; the schema topic is compacted.
 * A failed delivery fails the sink with a typed ``SinkError`` (the supervisor decides on a
   retry); nothing after it is reported done.
+* With ``format = "avro"`` a chunk's records are converted before they are queued; schemas
+  without a registry id are registered first (in a worker thread; an unreachable registry
+  is retried in place with a line every attempt, a refused schema stops the sink), so no
+  record is sent, and no position confirmed, ahead of its schema's id.
 * The client's blocking calls run in a worker thread; delivery callbacks arrive on the
   client's own thread and are handed to trio with ``run_sync_soon``.
 * Chunks already waiting in the inbox are taken together (a stream of small transactions
@@ -31,18 +35,21 @@ Rules (the delivery contract, whichever Kafka client is behind it):
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from time import perf_counter
 
 import trio
 
+from router.avro import AvroFormat, SchemasNeeded, Subject
 from router.connect_format import ConnectFormat
 from router.errors import SinkError
 from router.routing import RoutedChunk
 from router.schema import encode_schema
 from router.topics import TopicSpec
 
+from ..kafka.registry import RegistryClient, RegistryUnavailable, SchemaIncompatible
 from ..services import log
 from .mailbox import Registered, Acked, Hold, Keepalive
 
@@ -93,6 +100,13 @@ class SinkActor:
         self._joinable = False  # the last records queued were whole transactions'
         #: ``_plain_chunk`` where ``_chunk`` is this class's (a subclass may add to it)
         self._plain = (self._plain_chunk if type(self)._chunk is SinkActor._chunk else None)
+
+    def set_reshape(self, reshape) -> None:
+        """Records encoded by ``reshape`` (``record_reshaper``); one that needs schema ids
+        (Avro) takes every chunk through ``_chunk``, where they are registered."""
+        self.reshape = reshape
+        if getattr(reshape, "registers", False):
+            self._plain = None
 
     # -- delivery callbacks (client thread) ---------------------------------------------------
 
@@ -246,7 +260,28 @@ class SinkActor:
         whole = chunk.last and not self._in_txn
         self._register(chunk)
         await self._needs(chunk, batch)
+        if getattr(self.reshape, "registers", False) and chunk.records:
+            records = await self._registered(chunk)
+            self._queue(chunk, batch, whole, records)
+            return
         self._queue(chunk, batch, whole)
+
+    async def _registered(self, chunk: RoutedChunk) -> list:
+        """The chunk's records encoded, their schemas registered first where needed."""
+        delay = 0.5
+        while True:
+            try:
+                return self.reshape(chunk)
+            except SchemasNeeded as need:
+                subjects = need.subjects
+            try:
+                await trio.to_thread.run_sync(self.reshape.register, subjects)
+                delay = 0.5
+            except RegistryUnavailable as exc:
+                log.event(_log, "schema registry unavailable, retrying", error=str(exc),
+                          retry_in=f"{delay:g}s", level=logging.WARNING)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
     def _plain_chunk(self, chunk: RoutedChunk, batch: list) -> None:
         """``_chunk`` for a chunk that needs no topic and no schema made ready first."""
@@ -290,14 +325,16 @@ class SinkActor:
             await self._produce(batch)
             await self._send_schemas(chunk.schemas)
 
-    def _queue(self, chunk: RoutedChunk, batch: list, whole: bool) -> None:
+    def _queue(self, chunk: RoutedChunk, batch: list, whole: bool,
+               records: list | None = None) -> None:
         """The chunk's records into ``batch``. Consecutive transactions of one chunk each
         (``whole``) that share a ticket go to the client in one hand-over; the chunks of a
         larger transaction each in their own, so its acknowledged records are counted as
         they come."""
         ticket = self._current
         if chunk.records:
-            records = chunk.records if self.reshape is None else self.reshape(chunk)
+            if records is None:
+                records = chunk.records if self.reshape is None else self.reshape(chunk)
             with self._lock:
                 self._txns[ticket].sent += len(records)
             self._sent_records += len(records)
@@ -328,11 +365,61 @@ class SinkActor:
 def record_reshaper(cfg):
     """How every sink encodes records for ``cfg``, whatever their source (stream, initial
     snapshot, backfill, exactly-once): None for pgrouter's JSON, else ``chunk -> records`` in
-    Kafka Connect's JSON (``[kafka] format = "connect"``; key and value reshaped alike, so a
-    row's snapshot record and its changes share key bytes and partition)."""
+    Kafka Connect's JSON (``[kafka] format = "connect"``) or Avro with the schema registry
+    (``"avro"``; ``AvroRecords``). Key and value are reshaped alike, so a row's snapshot
+    record and its changes share key bytes and partition."""
+    if cfg.kafka.format == "avro":
+        return AvroRecords(cfg.kafka.registry)
     if cfg.kafka.format != "connect":
         return None
     return connect_records(ConnectFormat())
+
+
+class AvroRecords:
+    """``chunk -> records`` in Avro (``router.avro``), raising ``SchemasNeeded`` for schemas
+    without an id; ``register`` (blocking: a worker thread's) asks the registry for them."""
+
+    registers = True
+
+    def __init__(self, registry_cfg, client=None):
+        self.format = AvroFormat(registry_cfg.subject_naming)
+        self.client = client or RegistryClient(registry_cfg)
+        self._last: dict[str, Subject] = {}  # subject -> the layout last registered there
+
+    def __call__(self, chunk) -> list:
+        for schema in chunk.schemas:
+            self.format.learn(schema)
+        return self.format.convert_all(chunk.records)
+
+    def register(self, subjects) -> None:
+        for subject in subjects:
+            try:
+                schema_id = self.client.register(subject.subject, subject.schema)
+            except SchemaIncompatible as exc:
+                raise SchemaIncompatible(incompatible_line(subject, self._last.get(
+                    subject.subject), exc), subject=exc.subject, level=exc.level) from None
+            self.format.set_id(subject, schema_id)
+            self._last[subject.subject] = subject
+            log.event(_log, "schema registered", subject=subject.subject, id=schema_id,
+                      table=subject.table or None)
+
+
+def incompatible_line(subject: Subject, before: Subject | None, exc) -> str:
+    """One line for a schema the registry refused: table, columns that changed, subject and
+    compatibility level."""
+    if before is not None:
+        old, new = dict(before.columns), dict(subject.columns)
+        changes = ([f"column {c} added ({t})" for c, t in new.items() if c not in old]
+                   + [f"column {c} dropped" for c in old if c not in new]
+                   + [f"column {c} retyped {old[c]} -> {t}" for c, t in new.items()
+                      if c in old and old[c] != t])
+    else:
+        changes = [f"columns {', '.join(f'{c} {t}' for c, t in subject.columns)}"]
+    what = "; ".join(changes) or "the layout changed"
+    return (f"table {subject.table}: {what}: the schema registry refused the new {subject.kind} "
+            f"schema for subject {exc.subject!r} under compatibility {exc.level} ({exc}); "
+            "nothing after the last delivered record is confirmed: relax the subject's "
+            "compatibility (or register a compatible schema) and start the router again")
 
 
 def connect_records(fmt: ConnectFormat):

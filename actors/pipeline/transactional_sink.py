@@ -92,18 +92,18 @@ class TransactionalSinkActor(SinkActor):
 
 def sink_class(cfg):
     """The sink actor for ``cfg``: at-least-once unless ``[kafka] exactly_once``; records
-    reshaped to Kafka Connect's JSON with ``[kafka] format = "connect"``."""
+    reshaped to Kafka Connect's JSON or Avro with ``[kafka] format = "connect"``/``"avro"``."""
     if cfg.kafka.exactly_once:
         cls = functools.partial(TransactionalSinkActor,
                                 interval=cfg.kafka.transaction_interval_ms / 1000)
     else:
         cls = SinkActor
-    if cfg.kafka.format != "connect":
+    if cfg.kafka.format not in ("connect", "avro"):
         return cls
 
     def build(**kwargs):
         sink = cls(**kwargs)
-        sink.reshape = record_reshaper(cfg)
+        sink.set_reshape(record_reshaper(cfg))
         return sink
     return build
 

@@ -92,7 +92,8 @@ def test_fenced_is_never_retried():
     ('progress_topic = "bad topic"', "kafka.committed_lsn_topic"),
     ("transaction_interval_ms = -1", "kafka.transaction_interval_ms"),
     ("transaction_interval_ms = 75000", "kafka.transaction_interval_ms"),
-    ('format = "avro"', "kafka.format"),
+    ('format = "avro"', "kafka.registry"),
+    ('format = "xml"', "kafka.format"),
 ])
 def test_bad_settings_name_their_key(extra, path):
     with pytest.raises(ConfigError, match=path.replace(".", r"\.")):

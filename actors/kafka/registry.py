@@ -1,0 +1,172 @@
+"""The schema registry of ``[kafka] format = "avro"``, over its Confluent-compatible REST API
+(Confluent Schema Registry, Apicurio Registry's ``/apis/ccompat/v7``, Karapace, Redpanda).
+
+Rules:
+
+* Blocking calls (``urllib``), run in a worker thread by the sink; each request has the
+  configured timeout. Basic auth and TLS (CA bundle, client certificate) as configured.
+* ``register`` returns the schema's id under the subject (registering it when
+  ``auto_register``; else looking it up, ``SchemaNotRegistered`` when absent). Before a
+  subject's first registration its compatibility level is set when one is configured.
+* A 409 (the registry refuses the schema as incompatible) raises ``SchemaIncompatible`` with
+  the subject's compatibility level; 401/403 raise ``RegistryRejected``; anything the
+  network or a 5xx does raises ``RegistryUnavailable`` (the sink retries those).
+* Messages name the registry by its URL without credentials.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from router.errors import SinkError, SinkRejected, SinkUnavailable
+
+
+class RegistryUnavailable(SinkUnavailable):
+    """The registry did not answer (network, timeout, 5xx): retried."""
+
+
+class RegistryRejected(SinkRejected):
+    """The registry refused the request (authentication, permission, a bad schema)."""
+
+
+class SchemaIncompatible(RegistryRejected):
+    def __init__(self, message: str, *, subject: str, level: str):
+        super().__init__(message)
+        self.subject = subject
+        self.level = level
+
+
+class SchemaNotRegistered(RegistryRejected):
+    """``auto_register = false`` and the subject does not hold the schema."""
+
+
+def _where(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+class RegistryClient:
+    def __init__(self, cfg):
+        """``cfg``: the ``[kafka.registry]`` table (``router.config.RegistryConfig``)."""
+        self.base = cfg.url.rstrip("/")
+        self.where = _where(self.base)
+        self.timeout = cfg.timeout
+        self.auto_register = cfg.auto_register
+        self.compatibility = cfg.compatibility
+        self._headers = {"Content-Type": "application/vnd.schemaregistry.v1+json",
+                         "Accept": "application/vnd.schemaregistry.v1+json, application/json"}
+        if cfg.username or cfg.password:
+            token = base64.b64encode(f"{cfg.username}:{cfg.password}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {token}"
+        self._context = None
+        if self.base.startswith("https://"):
+            self._context = ssl.create_default_context(cafile=cfg.ssl_ca_location or None)
+            if cfg.ssl_certificate_location:
+                self._context.load_cert_chain(cfg.ssl_certificate_location,
+                                              cfg.ssl_key_location or None)
+        self._configured: set[str] = set()
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: dict | None = None):
+        """(status, decoded JSON body or None)."""
+        url = self.base + path
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method, headers=self._headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as r:
+                return r.status, _json(r.read())
+        except urllib.error.HTTPError as exc:
+            status, answer = exc.code, _json(exc.read())
+            if status >= 500:
+                raise RegistryUnavailable(f"schema registry {self.where} answered {status} to "
+                                          f"{method} {path}: {_message(answer)}") from None
+            if status in (401, 403):
+                raise RegistryRejected(f"schema registry {self.where} refused the credentials "
+                                       f"({status}): {_message(answer)}") from None
+            return status, answer
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RegistryUnavailable(f"schema registry {self.where} unreachable: "
+                                      f"{reason}") from None
+
+    # -- API --------------------------------------------------------------------------------
+
+    def register(self, subject: str, schema: str) -> int:
+        """The id of the Avro ``schema`` (JSON text) under ``subject``."""
+        path = "/subjects/" + urllib.parse.quote(subject, safe="")
+        if not self.auto_register:
+            status, answer = self._call("POST", path, {"schema": schema, "schemaType": "AVRO"})
+            if status == 200 and isinstance(answer, dict) and "id" in answer:
+                return int(answer["id"])
+            raise SchemaNotRegistered(
+                f"subject {subject!r} of schema registry {self.where} does not hold the "
+                "schema pgrouter writes and auto_register = false: register it first "
+                f"({_message(answer)})")
+        if self.compatibility and subject not in self._configured:
+            status, answer = self._call("PUT", "/config/" + urllib.parse.quote(
+                subject, safe=""), {"compatibility": self.compatibility})
+            if status != 200:
+                raise RegistryRejected(f"schema registry {self.where} refused compatibility "
+                                       f"{self.compatibility} for {subject!r}: "
+                                       f"{_message(answer)}")
+            self._configured.add(subject)
+        status, answer = self._call("POST", path + "/versions",
+                                    {"schema": schema, "schemaType": "AVRO"})
+        if status == 200 and isinstance(answer, dict) and "id" in answer:
+            return int(answer["id"])
+        if status == 409:
+            level = self.compatibility_of(subject)
+            raise SchemaIncompatible(f"{_message(answer)}", subject=subject, level=level)
+        raise RegistryRejected(f"schema registry {self.where} refused a schema for "
+                               f"{subject!r} ({status}): {_message(answer)}")
+
+    def compatibility_of(self, subject: str) -> str:
+        """The subject's compatibility level (the registry's default when it has none)."""
+        for path in ("/config/" + urllib.parse.quote(subject, safe="") + "?defaultToGlobal=true",
+                     "/config"):
+            try:
+                status, answer = self._call("GET", path)
+            except SinkError:
+                return "unknown"
+            if status == 200 and isinstance(answer, dict):
+                level = answer.get("compatibilityLevel") or answer.get("compatibility")
+                if level:
+                    return level
+        return "unknown"
+
+    def schema(self, schema_id: int) -> str:
+        """The schema text with this id (for readers: decode, apply, materialize)."""
+        status, answer = self._call("GET", f"/schemas/ids/{int(schema_id)}")
+        if status == 200 and isinstance(answer, dict) and "schema" in answer:
+            return answer["schema"]
+        raise RegistryRejected(f"schema registry {self.where} has no schema with id "
+                               f"{schema_id} ({status}: {_message(answer)})")
+
+    def ping(self) -> None:
+        """Raises unless the registry answers (the preflight's check)."""
+        status, answer = self._call("GET", "/subjects")
+        if status != 200:
+            raise RegistryRejected(f"schema registry {self.where} answered {status} to GET "
+                                   f"/subjects: {_message(answer)}; is the url its "
+                                   "Confluent-compatible API (Apicurio: /apis/ccompat/v7)?")
+
+
+def _json(raw: bytes):
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return raw[:200].decode(errors="replace")
+
+
+def _message(answer) -> str:
+    if isinstance(answer, dict):
+        return str(answer.get("message") or answer.get("detail") or answer)[:300]
+    return str(answer)[:300]

@@ -1,0 +1,408 @@
+"""Avro records with a schema registry (``[kafka] format = "avro"``): the Debezium envelope as
+Debezium's connector writes it through Confluent's (or Apicurio's) ``AvroConverter``, in the
+Confluent wire format, so registry-aware consumers (Kafka Connect sinks, ksqlDB, Flink,
+Spark's ``from_avro``, confluent-kafka's ``AvroDeserializer``) read pgrouter's topics as they
+are.
+
+Rules:
+
+* A record's key and value are ``0x00``, the schema's registry id (4 bytes, big-endian) and
+  the Avro binary encoding of the datum (the Confluent wire format).
+* The value schema is the record ``Envelope`` (namespace: the topic, made a valid Avro name)
+  with ``before`` and ``after`` (the optional row record ``Value``), ``source`` (the record
+  ``io.pgrouter.Source``: the JSON envelope's source fields), ``op``, ``ts_ms``,
+  ``unchanged_toast`` (optional array of column names) and ``truncate`` (optional record of
+  a truncate's options). The key schema is the record ``Key`` of the key columns; a table
+  without key columns writes a null key.
+* Every column is an optional field (``["null", T]``, default null), as Debezium writes
+  them. Types follow the Kafka Connect format's mapping (``router.connect_format``), written
+  as Confluent's ``AvroData`` writes Connect schemas (``connect.name``,
+  ``connect.parameters``, ``connect.type`` properties), with Avro's logical types where one
+  fits: numeric(p,s) → ``bytes`` ``decimal`` (precision p, scale s; a negative scale is
+  scale 0 with precision p−s), unconstrained numeric → Debezium's ``VariableScaleDecimal``
+  record, numeric NaN/±Infinity → null; timestamp → ``long`` ``local-timestamp-micros``
+  (``-millis`` for precision ≤ 3), timestamptz → ``long`` ``timestamp-micros`` (UTC),
+  date → ``int`` ``date``, time → ``long`` ``time-micros`` (``int`` ``time-millis`` for
+  precision ≤ 3), uuid → ``string`` ``uuid``, bytea → ``bytes``; a date or timestamp
+  ``infinity`` (or a BC date) → null; arrays → Avro arrays of optional elements; json,
+  jsonb, timetz, interval, enums, domains, composite values and every other type → their
+  PostgreSQL text form as ``string``. ``docs/record-formats.md`` has the table.
+* An unchanged TOAST value is Debezium's placeholder ``__debezium_unavailable_value`` in
+  string columns (bytes columns: its UTF-8 bytes), null otherwise, and the column is named in
+  ``unchanged_toast``.
+* An update that changes the key is a delete of the old key and a create of the new one,
+  both at the update's position (as the Connect format and Debezium write it).
+* Logical decoding messages (``op: m``) have their own fixed schema ``io.pgrouter.Message``.
+* Subjects: ``<topic>-key`` / ``<topic>-value`` (``topic``, the default),
+  ``<record full name>`` (``record``) or ``<topic>-<record full name>`` (``topic_record``).
+  Ids come from the registry; ``AvroFormat`` asks for each (subject, schema) once and keeps
+  the id (``SchemasNeeded`` lists the ones it does not know yet; the caller registers them
+  and converts again). This module does no I/O.
+* The conversion works on the JSON record pgrouter already encoded and the ``TableSchema``
+  the router published for it (``source.schema_id``).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import msgspec
+
+from .avro_types import _long, _optional, _w_bytes, _w_string, column_type
+from .errors import InternalError, RecordUnencodable
+from .schema import TableSchema
+
+NAMING = ("topic", "record", "topic_record")
+MAGIC = b"\x00"
+_decode = msgspec.json.decode
+_schema_json = msgspec.json.Encoder().encode
+
+
+# -- schemas ----------------------------------------------------------------------------------
+
+_NAME_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def avro_namespace(topic: str) -> str:
+    """``topic`` as an Avro namespace: each dot-separated part a valid name (other characters
+    become ``_``; a part starting with a digit gets a leading ``_``)."""
+    parts = []
+    for part in topic.split("."):
+        part = re.sub(r"[^A-Za-z0-9_]", "_", part) or "_"
+        parts.append(part if _NAME_OK.match(part) else "_" + part)
+    return ".".join(parts)
+
+
+_SOURCE_FIELDS = [("db", "string", False), ("schema", "string", True),
+                  ("table", "string", True), ("lsn", "long", True),
+                  ("commit_lsn", "long", True), ("seq", "long", True), ("xid", "long", True),
+                  ("commit_time", "string", True), ("origin", "string", True),
+                  ("origin_lsn", "long", True), ("route", "string", True),
+                  ("schema_id", "string", True)]
+_PLAIN_WRITERS = {"string": _w_string, "long": _long}
+
+
+def _field(name: str, schema, optional: bool):
+    if optional:
+        return {"name": name, "type": ["null", schema], "default": None}
+    return {"name": name, "type": schema}
+
+
+def _source_schema() -> dict:
+    return {"type": "record", "name": "Source", "namespace": "io.pgrouter",
+            "fields": [_field(n, t, o) for n, t, o in _SOURCE_FIELDS]}
+
+
+def _source_writer():
+    writers = [(n, _optional(_PLAIN_WRITERS[t]) if o else _PLAIN_WRITERS[t])
+               for n, t, o in _SOURCE_FIELDS]
+
+    def write(out: bytearray, source: dict) -> None:
+        for name, w in writers:
+            w(out, source.get(name))
+    return write
+
+
+_write_source = _source_writer()
+_write_opt_long = _optional(_long)
+_TRUNCATE_SCHEMA = {"type": "record", "name": "Truncate", "namespace": "io.pgrouter",
+                    "fields": [{"name": "cascade", "type": "boolean"},
+                               {"name": "restart_identity", "type": "boolean"}]}
+
+
+def _w_names(out: bytearray, names: list) -> None:
+    if names:
+        _long(out, len(names))
+        for n in names:
+            _w_string(out, n)
+    out.append(0)
+
+
+_write_toast = _optional(_w_names)
+
+
+def _w_truncate(out: bytearray, t: dict) -> None:
+    out.append(1 if t.get("cascade") else 0)
+    out.append(1 if t.get("restart_identity") else 0)
+
+
+_write_truncate = _optional(_w_truncate)
+
+
+def _envelope_fields(row_schema: dict, namespace: str) -> list:
+    # the row record is defined in ``before`` and named in ``after``
+    return [_field("before", row_schema, True),
+            _field("after", namespace + ".Value", True),
+            {"name": "source", "type": _source_schema()},
+            {"name": "op", "type": "string"},
+            _field("ts_ms", "long", True),
+            _field("unchanged_toast", {"type": "array", "items": "string"}, True),
+            _field("truncate", _TRUNCATE_SCHEMA, True)]
+
+
+MESSAGE_SCHEMA = {
+    "type": "record", "name": "Message", "namespace": "io.pgrouter",
+    "fields": [{"name": "op", "type": "string"}, {"name": "source", "type": _source_schema()},
+               _field("ts_ms", "long", True),
+               {"name": "message", "type": {
+                   "type": "record", "name": "Content", "namespace": "io.pgrouter",
+                   "fields": [{"name": "prefix", "type": "string"},
+                              {"name": "transactional", "type": "boolean"},
+                              {"name": "content", "type": "bytes"}]}}]}
+
+
+class Subject(msgspec.Struct, frozen=True):
+    """One schema to register: where (``subject``), what (``schema``, Avro JSON text), and
+    for error lines which table and topic it serves."""
+
+    subject: str
+    schema: str
+    topic: str
+    table: str = ""
+    kind: str = "value"  # key | value
+    columns: tuple = ()  # (name, PostgreSQL type) of the table layout
+
+
+class SchemasNeeded(Exception):
+    """``convert`` met schemas without a registry id: register ``subjects``, ``set_id`` each,
+    and convert again."""
+
+    def __init__(self, subjects: list[Subject]):
+        super().__init__(f"{len(subjects)} schema(s) to register")
+        self.subjects = subjects
+
+
+def subject_name(naming: str, topic: str, kind: str, full_name: str) -> str:
+    if naming == "record":
+        return full_name
+    if naming == "topic_record":
+        return f"{topic}-{full_name}"
+    return f"{topic}-{kind}"
+
+
+class _Table:
+    """Schemas, converters and writers of one table layout (``schema_id``) on one topic."""
+
+    def __init__(self, schema: TableSchema, topic: str, naming: str):
+        ns = avro_namespace(topic)
+        self.table = f"{schema.schema}.{schema.table}"
+        self.columns = {c.name: c for c in schema.columns}
+        defined: set = set()
+        fields, self.convs, self.writers, self.placeholders = [], [], [], {}
+        for col in schema.columns:
+            t = column_type(col, defined)
+            fields.append(_field(col.name, t.schema, True))
+            self.convs.append((col.name, t.convert))
+            self.writers.append(_optional(t.write))
+            self.placeholders[col.name] = t.placeholder
+        row = {"type": "record", "name": "Value", "namespace": ns, "fields": fields,
+               "connect.name": f"{ns}.Value"}
+        self.value_schema = {"type": "record", "name": "Envelope", "namespace": ns,
+                             "fields": _envelope_fields(row, ns),
+                             "connect.name": f"{ns}.Envelope", "connect.version": 1}
+        self.key_names = tuple(schema.key_columns)
+        key_defined: set = set()
+        key_fields, self.key_convs, self.key_writers = [], [], []
+        for name in self.key_names:
+            t = column_type(self.columns[name], key_defined)
+            key_fields.append(_field(name, t.schema, False))
+            self.key_convs.append((name, t.convert))
+            self.key_writers.append(t.write)
+        self.key_schema = ({"type": "record", "name": "Key", "namespace": ns,
+                            "fields": key_fields, "connect.name": f"{ns}.Key"}
+                           if self.key_names else None)
+        cols = tuple((c.name, c.type) for c in schema.columns)
+        self.value_subject = Subject(subject_name(naming, topic, "value", f"{ns}.Envelope"),
+                                     _schema_json(self.value_schema).decode(), topic,
+                                     self.table, "value", cols)
+        self.key_subject = (None if self.key_schema is None else Subject(
+            subject_name(naming, topic, "key", f"{ns}.Key"),
+            _schema_json(self.key_schema).decode(), topic, self.table, "key", cols))
+        self.value_header = self.key_header = None  # MAGIC + id, once known
+
+    # each value of a row converted; None where the row has none or Avro cannot hold it
+    def _datums(self, row: dict, convs) -> list:
+        out = []
+        for name, conv in convs:
+            v = row.get(name)
+            if v is None:
+                out.append(None)
+                continue
+            try:
+                out.append(conv(v))
+            except (ValueError, TypeError, IndexError, OverflowError) as exc:
+                raise RecordUnencodable(self._unencodable(name, v)) from exc
+        return out
+
+    def write_row(self, out: bytearray, row: dict | None, toast: list | None = None) -> None:
+        if row is None:
+            out.append(0)
+            return
+        out.append(2)
+        datums = self._datums(row, self.convs)
+        if toast:
+            names = [n for n, _ in self.convs]
+            for name in toast:
+                datums[names.index(name)] = self.placeholders.get(name)
+        for w, d in zip(self.writers, datums):
+            w(out, d)
+
+    def key(self, key: dict | None) -> bytes | None:
+        if key is None or self.key_schema is None:
+            return None
+        out = bytearray(self.key_header)
+        for (name, _), w, d in zip(self.key_convs, self.key_writers,
+                                   self._datums(key, self.key_convs)):
+            if d is None:
+                raise RecordUnencodable(f"{self.table}: key column {name!r} value "
+                                        f"{key.get(name)!r} has no Avro form (a key field "
+                                        "cannot be null)")
+            w(out, d)
+        return bytes(out)
+
+    def _unencodable(self, name: str, value) -> str:
+        col = self.columns[name]
+        text = str(value)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        why = (" (a multi-dimensional array: Avro arrays have one element type)"
+               if col.element is not None and "{{" in str(value) else "")
+        return (f"{self.table}: column {name!r} ({col.type}) value {text!r} cannot be written "
+                f"as an Avro record{why}; format = \"json\" carries it as text")
+
+
+class AvroFormat:
+    """Turns pgrouter's JSON records into Avro records in the Confluent wire format.
+    ``learn`` each published ``TableSchema`` before a record naming it is converted (the sink
+    sees schemas first); ``set_id`` the registry's id of each ``Subject`` that
+    ``SchemasNeeded`` lists."""
+
+    def __init__(self, naming: str = "topic"):
+        if naming not in NAMING:
+            raise ValueError(f"subject naming {naming!r}: one of {', '.join(NAMING)}")
+        self.naming = naming
+        self._schemas: dict[str, TableSchema] = {}
+        self._tables: dict[tuple[str, str], _Table] = {}
+        self._ids: dict[tuple[str, str], int] = {}  # (subject, schema text) -> id
+        self._messages: dict[str, bytes] = {}  # topic -> header of the message schema
+
+    def learn(self, schema: TableSchema) -> None:
+        self._schemas[schema.schema_id] = schema
+
+    def set_id(self, subject: Subject, schema_id: int) -> None:
+        self._ids[(subject.subject, subject.schema)] = schema_id
+
+    def schema_of(self, schema_id: str) -> TableSchema | None:
+        return self._schemas.get(schema_id)
+
+    def _header(self, subject: Subject) -> bytes | None:
+        sid = self._ids.get((subject.subject, subject.schema))
+        return None if sid is None else MAGIC + sid.to_bytes(4, "big")
+
+    def _table(self, schema_id: str, topic: str, missing: list) -> _Table | None:
+        table = self._tables.get((schema_id, topic))
+        if table is None:
+            schema = self._schemas.get(schema_id)
+            if schema is None:
+                raise InternalError(f"record for {topic} names schema {schema_id}, which was "
+                                    "not published before it")
+            table = self._tables[(schema_id, topic)] = _Table(schema, topic, self.naming)
+        if table.value_header is None:
+            table.value_header = self._header(table.value_subject)
+            if table.key_subject is not None:
+                table.key_header = self._header(table.key_subject)
+            if table.value_header is None or (table.key_subject is not None
+                                              and table.key_header is None):
+                if table.value_header is None:
+                    missing.append(table.value_subject)
+                if table.key_subject is not None and table.key_header is None:
+                    missing.append(table.key_subject)
+                table.value_header = table.key_header = None
+                return None
+        return table
+
+    def _message(self, topic: str, env: dict, headers, missing: list):
+        header = self._messages.get(topic)
+        if header is None:
+            subject = Subject(subject_name(self.naming, topic, "value", "io.pgrouter.Message"),
+                              _schema_json(MESSAGE_SCHEMA).decode(), topic)
+            header = self._header(subject)
+            if header is None:
+                missing.append(subject)
+                return None
+            self._messages[topic] = header
+        out = bytearray(header)
+        _w_string(out, env["op"])
+        _write_source(out, env["source"])
+        _write_opt_long(out, env.get("ts_ms"))
+        msg = env["message"]
+        _w_string(out, msg["prefix"])
+        out.append(1 if msg["transactional"] else 0)
+        _w_bytes(out, base64.b64decode(msg["content"]))
+        return (topic, None, bytes(out), headers)
+
+    def convert(self, record: tuple, missing: list):
+        """One record in Avro (a list of two for a key change), or None when a schema it
+        needs has no id yet (appended to ``missing``)."""
+        topic, key, value, headers = record
+        env = _decode(value)
+        source = env.get("source")
+        schema_id = source.get("schema_id")
+        if not schema_id:
+            if env.get("op") == "m":
+                return self._message(topic, env, headers, missing)
+            raise InternalError(f"record for {topic} has no schema_id: "
+                                f"{value[:80].decode(errors='replace')}")
+        table = self._table(schema_id, topic, missing)
+        if table is None:
+            return None
+        op = env["op"]
+        before, after = env.get("before"), env.get("after")
+        toast = env.get("unchanged_toast")
+        if op == "u" and before is not None and table.key_names and any(
+                before.get(k) != after.get(k) for k in table.key_names):
+            # a key change is a delete of the old key and a create of the new one, as
+            # Debezium writes it (a sink upserting by key would keep the old row otherwise)
+            return [(topic, table.key(before), self._value(table, before, None, source, "d",
+                                                           env, None), headers),
+                    (topic, table.key(after), self._value(table, None, after, source, "c",
+                                                          env, toast), headers)]
+        key_bytes = None if key is None else table.key(_decode(key))
+        return (topic, key_bytes, self._value(table, before, after, source, op, env, toast),
+                headers)
+
+    @staticmethod
+    def _value(table: _Table, before, after, source, op, env, toast) -> bytes:
+        out = bytearray(table.value_header)
+        table.write_row(out, before)
+        table.write_row(out, after, toast)
+        _write_source(out, source)
+        _w_string(out, op)
+        _write_opt_long(out, env.get("ts_ms"))
+        _write_toast(out, toast)
+        _write_truncate(out, env.get("truncate"))
+        return bytes(out)
+
+    def convert_all(self, records: list) -> list:
+        """Every record converted (a key change becomes two records); raises
+        ``SchemasNeeded`` listing every schema of ``records`` without an id."""
+        out, missing = [], []
+        convert = self.convert
+        for record in records:
+            converted = convert(record, missing)
+            if converted is None:
+                continue
+            if type(converted) is list:
+                out.extend(converted)
+            else:
+                out.append(converted)
+        if missing:
+            raise SchemasNeeded(list(dict.fromkeys(missing)))
+        return out
+
+
+def split_header(data: bytes) -> tuple[int, bytes]:
+    """(schema id, Avro body) of a Confluent wire-format record."""
+    if len(data) < 5 or data[:1] != MAGIC:
+        raise ValueError("not a Confluent wire-format record (no magic byte 0 and schema id)")
+    return int.from_bytes(data[1:5], "big"), data[5:]

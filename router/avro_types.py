@@ -1,0 +1,294 @@
+"""Avro types of PostgreSQL columns for ``router.avro``: each column type's Avro schema (as
+Confluent's ``AvroData`` writes the Kafka Connect type Debezium gives it, with Avro's logical
+type where one fits), how a value of pgrouter's JSON envelope becomes its datum, and the
+Avro binary writer of that datum.
+
+Rules: the mapping table is in ``router.avro``'s rules and ``docs/record-formats.md``; a value
+Avro's type cannot hold (numeric NaN, a date ``infinity``) converts to None and is written as
+null; a value that cannot be converted at all raises (``ValueError`` & co., turned into
+``RecordUnencodable`` by the caller). No I/O, no state.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import struct
+from decimal import Decimal, InvalidOperation
+
+import msgspec
+
+from .connect_format import PLACEHOLDER, _micro_time, _parse_ts, parse_array
+from .schema import ColumnSchema
+
+_EPOCH = dt.date(1970, 1, 1)
+_EPOCH_DT = dt.datetime(1970, 1, 1)
+_UTC = dt.timezone.utc
+_pack_float = struct.Struct("<f").pack
+_pack_double = struct.Struct("<d").pack
+_NONFINITE = frozenset({"NaN", "Infinity", "-Infinity"})
+
+
+# -- Avro binary encoding -------------------------------------------------------------------
+
+def _long(out: bytearray, n: int) -> None:
+    n = (n << 1) ^ (n >> 63)
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _long_bytes(n: int) -> bytes:
+    out = bytearray()
+    _long(out, n)
+    return bytes(out)
+
+
+def _w_string(out: bytearray, v: str) -> None:
+    b = v.encode()
+    _long(out, len(b))
+    out += b
+
+
+def _w_bytes(out: bytearray, v: bytes) -> None:
+    _long(out, len(v))
+    out += v
+
+
+def _w_bool(out: bytearray, v: bool) -> None:
+    out.append(1 if v else 0)
+
+
+def _w_float(out: bytearray, v: float) -> None:
+    out += _pack_float(v)
+
+
+def _w_double(out: bytearray, v: float) -> None:
+    out += _pack_double(v)
+
+
+def _optional(write):
+    """Writer of ``["null", T]``: union index 0 for None, 1 and the value otherwise."""
+    def w(out: bytearray, v) -> None:
+        if v is None:
+            out.append(0)
+        else:
+            out.append(2)
+            write(out, v)
+    return w
+
+
+# -- PostgreSQL values (JSON envelope form) → Avro datums ------------------------------------
+# Each converter takes the JSON value of a non-null column and returns the datum to write,
+# or None when Avro's type cannot hold it (it is written as null, as the rules say).
+
+def _int(v):
+    return int(v)
+
+
+def _float(v):
+    if isinstance(v, str):
+        return None if v in _NONFINITE else float(v)
+    return float(v)
+
+
+def _bool(v):
+    return v if isinstance(v, bool) else v == "t"
+
+
+def _text(v):
+    return v if isinstance(v, str) else msgspec.json.encode(v).decode()
+
+
+def _bytea(v: str) -> bytes:
+    # text form of bytea is \x + hex (bytea_output = hex, the default)
+    return bytes.fromhex(v[2:]) if v.startswith("\\x") else v.encode()
+
+
+def _unscaled(v: str, scale: int) -> bytes | None:
+    try:
+        d = Decimal(v)
+    except InvalidOperation:
+        return None
+    if not d.is_finite():
+        return None
+    n = int(d.scaleb(scale).to_integral_value())
+    return n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)
+
+
+def _decimal(scale: int):
+    return lambda v: _unscaled(v if isinstance(v, str) else str(v), scale)
+
+
+def _variable_decimal(v):
+    v = v if isinstance(v, str) else str(v)
+    try:
+        d = Decimal(v)
+    except InvalidOperation:
+        return None
+    if not d.is_finite():
+        return None
+    scale = max(0, -d.as_tuple().exponent)
+    return (scale, _unscaled(v, scale))
+
+
+def _date(v: str):
+    try:
+        return (dt.date.fromisoformat(v) - _EPOCH).days
+    except ValueError:
+        return None  # infinity, BC dates
+
+
+def _micros(d: dt.datetime) -> int:
+    delta = d - _EPOCH_DT
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _local_micros(v: str):
+    d = _parse_ts(v)
+    return None if d is None else _micros(d)
+
+
+def _local_millis(v: str):
+    m = _local_micros(v)
+    return None if m is None else m // 1000
+
+
+def _utc_micros(v: str):
+    if len(v) > 3 and v[-3] in "+-" and v[-3:].lstrip("+-").isdigit():
+        v += ":00"
+    d = _parse_ts(v)
+    if d is None:
+        return None
+    if d.tzinfo is not None:
+        d = d.astimezone(_UTC).replace(tzinfo=None)
+    return _micros(d)
+
+
+def _utc_millis(v: str):
+    m = _utc_micros(v)
+    return None if m is None else m // 1000
+
+
+def _time_millis(v: str):
+    m = _micro_time(v)
+    return None if m is None else m // 1000
+
+
+_INT = {"int2": ("int", "int16"), "int4": ("int", None), "int8": ("long", None),
+        "oid": ("long", None)}
+_NAMED_STRINGS = {"json": "io.debezium.data.Json", "jsonb": "io.debezium.data.Json",
+                  "timetz": "io.debezium.time.ZonedTime", "xml": "io.debezium.data.Xml"}
+_VSD = "io.debezium.data.VariableScaleDecimal"
+
+
+class _Type(msgspec.Struct, frozen=True):
+    """One column type: its Avro schema, how a JSON value becomes a datum, how it is written,
+    and whether an unchanged TOAST value has a placeholder of that type."""
+
+    schema: object
+    convert: object
+    write: object
+    placeholder: object = None
+
+
+def _named_vsd(defined: set) -> object:
+    if _VSD in defined:
+        return _VSD
+    defined.add(_VSD)
+    return {"type": "record", "name": "VariableScaleDecimal", "namespace": "io.debezium.data",
+            "fields": [{"name": "scale", "type": "int"}, {"name": "value", "type": "bytes"}],
+            "connect.name": _VSD, "connect.version": 1,
+            "connect.doc": "Variable scaled decimal"}
+
+
+def _w_vsd(out: bytearray, v) -> None:
+    _long(out, v[0])
+    _w_bytes(out, v[1])
+
+
+def _column_type(type_name: str, precision: int | None, scale: int | None,
+                 defined: set) -> _Type:
+    if type_name == "bool":
+        return _Type("boolean", _bool, _w_bool)
+    if type_name in _INT:
+        avro, connect_type = _INT[type_name]
+        schema = {"type": avro, "connect.type": connect_type} if connect_type else avro
+        return _Type(schema, _int, _long)
+    if type_name in ("float4", "float8"):
+        return (_Type("float", _float, _w_float) if type_name == "float4"
+                else _Type("double", _float, _w_double))
+    if type_name == "numeric":
+        if scale is not None and precision:
+            s = max(scale, 0)
+            p = max(precision - min(scale, 0), s)  # Avro: precision ≥ scale ≥ 0
+            params = {"scale": str(s), "connect.decimal.precision": str(p)}
+            return _Type({"type": "bytes", "logicalType": "decimal", "precision": p,
+                          "scale": s, "connect.version": 1, "connect.parameters": params,
+                          "connect.name": "org.apache.kafka.connect.data.Decimal"},
+                         _decimal(s), _w_bytes)
+        return _Type(_named_vsd(defined), _variable_decimal, _w_vsd)
+    if type_name == "bytea":
+        return _Type("bytes", _bytea, _w_bytes, PLACEHOLDER.encode())
+    if type_name == "date":
+        return _Type({"type": "int", "logicalType": "date", "connect.version": 1,
+                      "connect.name": "io.debezium.time.Date"}, _date, _long)
+    if type_name in ("timestamp", "timestamptz"):
+        millis = precision is not None and precision <= 3
+        local = type_name == "timestamp"
+        logical = ("local-" if local else "") + ("timestamp-millis" if millis else
+                                                 "timestamp-micros")
+        name = "io.debezium.time." + ("Timestamp" if millis else "MicroTimestamp")
+        conv = ((_local_millis if millis else _local_micros) if local else
+                (_utc_millis if millis else _utc_micros))
+        return _Type({"type": "long", "logicalType": logical, "connect.version": 1,
+                      "connect.name": name}, conv, _long)
+    if type_name == "time":
+        if precision is not None and precision <= 3:
+            return _Type({"type": "int", "logicalType": "time-millis", "connect.version": 1,
+                          "connect.name": "io.debezium.time.Time"}, _time_millis, _long)
+        return _Type({"type": "long", "logicalType": "time-micros", "connect.version": 1,
+                      "connect.name": "io.debezium.time.MicroTime"}, _micro_time, _long)
+    if type_name == "uuid":
+        return _Type({"type": "string", "logicalType": "uuid", "connect.version": 1,
+                      "connect.name": "io.debezium.data.Uuid"}, _text, _w_string, PLACEHOLDER)
+    if type_name in _NAMED_STRINGS:
+        return _Type({"type": "string", "connect.version": 1,
+                      "connect.name": _NAMED_STRINGS[type_name]}, _text, _w_string, PLACEHOLDER)
+    return _Type("string", _text, _w_string, PLACEHOLDER)
+
+
+_FROM_TEXT = {_int: int, _float: _float, _bool: lambda v: v == "t"}
+
+
+def _array_type(col: ColumnSchema, defined: set) -> _Type:
+    item = _column_type(col.element, None, None, defined)
+    conv = _FROM_TEXT.get(item.convert, item.convert)
+    nested_ok = item.write is _w_string  # inner arrays of a text array stay text
+    write_item = _optional(item.write)
+
+    def convert(v):
+        out = []
+        for e in parse_array(v):
+            if e is None:
+                out.append(None)
+            elif e[:1] == "{" and not nested_ok:
+                raise ValueError("multi-dimensional array")
+            else:
+                out.append(conv(e))
+        return out
+
+    def write(out: bytearray, items: list) -> None:
+        if items:
+            _long(out, len(items))
+            for e in items:
+                write_item(out, e)
+        out.append(0)
+    return _Type({"type": "array", "items": ["null", item.schema]}, convert, write)
+
+
+def column_type(col: ColumnSchema, defined: set) -> _Type:
+    """The Avro type of a column (``defined``: named types already in the schema)."""
+    if col.element is not None:
+        return _array_type(col, defined)
+    return _column_type(col.type, col.precision, col.scale, defined)
