@@ -93,8 +93,8 @@ class RegistryConfig(_Base):
     #: subject of a topic's schemas: "topic" (``<topic>-key``/``-value``, the default),
     #: "record" (the record's full name) or "topic_record" (``<topic>-<full name>``)
     subject_naming: Literal["topic", "record", "topic_record"] = "topic"
-    #: compatibility level set on each subject before its first registration ("" = leave
-    #: the registry's default)
+    #: compatibility level set on each subject that has none of its own, before the first
+    #: registration there ("" = leave the registry's default; an operator's level is kept)
     compatibility: Literal["", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD",
                            "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE"] = ""
     #: register new schemas (false: they must exist already; the router stops otherwise)

@@ -135,10 +135,11 @@ def kill9(proc: subprocess.Popen) -> None:
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,
-               missing_ok: bool = False) -> list[dict]:
+               missing_ok: bool = False, decode: bool = True) -> list[dict]:
     """Every record of ``topic`` (all partitions) up to its end offsets at call time, as
     dicts with key, value (decoded JSON), headers, partition, offset, timestamp (ms) and
-    timestamp_type (1: the broker's append time). A topic that does not exist fails the test
+    timestamp_type (1: the broker's append time); ``decode=False``: key and value as bytes
+    (Avro). A topic that does not exist fails the test
     (a wrong name must not read as "no records") unless ``missing_ok``: then it has none."""
     from kafka import KafkaConsumer, TopicPartition
 
@@ -170,8 +171,9 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,
             for tp, msgs in consumer.poll(timeout_ms=500).items():
                 for m in msgs:
                     if m.offset < ends[tp]:
-                        out.append({"key": json.loads(m.key) if m.key else None,
-                                    "value": json.loads(m.value), "headers": dict(m.headers),
+                        load = json.loads if decode else (lambda b: b)
+                        out.append({"key": load(m.key) if m.key else None,
+                                    "value": load(m.value), "headers": dict(m.headers),
                                     "partition": m.partition, "offset": m.offset,
                                     "timestamp": m.timestamp,
                                     "timestamp_type": m.timestamp_type,

@@ -82,6 +82,7 @@ async def _check(cfg: Config, modes: list) -> list[preflight.Finding]:
     findings, catalog = await _source(cfg, modes)
     findings += preflight.local_findings(cfg)
     findings += await trio.to_thread.run_sync(_kafka, cfg, catalog)
+    findings += await trio.to_thread.run_sync(preflight.registry_findings, cfg)
     return findings
 
 

@@ -26,6 +26,7 @@ from router.errors import PgRouterError
 from router.lsn import format_lsn
 
 from ..pipeline.slot_monitor import sample_slot
+from ..kafka.registry import decoder_for
 from ..kafka.survey import survey
 from ..services.preflight import probe_kafka
 from ..services.sql import SqlSession
@@ -71,7 +72,7 @@ def kafka_status(cfg: Config) -> dict[str, list[dict]]:
     probe_kafka(cfg.kafka.bootstrap_servers)  # an unreachable Kafka says so within seconds
     return survey(cfg.kafka.bootstrap_servers,
                   {r.name: topic_pattern(r.topic, r.name).match for r in cfg.routes},
-                  cfg.kafka.exactly_once)
+                  cfg.kafka.exactly_once, decoder=decoder_for(cfg.kafka.registry))
 
 
 async def _gather(cfg: Config) -> tuple[dict, list[str]]:

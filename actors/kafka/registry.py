@@ -7,7 +7,8 @@ Rules:
   configured timeout. Basic auth and TLS (CA bundle, client certificate) as configured.
 * ``register`` returns the schema's id under the subject (registering it when
   ``auto_register``; else looking it up, ``SchemaNotRegistered`` when absent). Before a
-  subject's first registration its compatibility level is set when one is configured.
+  subject's first registration its compatibility level is set when one is configured and
+  the subject has none of its own (a level an operator set is kept).
 * A 409 (the registry refuses the schema as incompatible) raises ``SchemaIncompatible`` with
   the subject's compatibility level; 401/403 raise ``RegistryRejected``; anything the
   network or a 5xx does raises ``RegistryUnavailable`` (the sink retries those).
@@ -111,13 +112,18 @@ class RegistryClient:
                 "schema pgrouter writes and auto_register = false: register it first "
                 f"({_message(answer)})")
         if self.compatibility and subject not in self._configured:
-            status, answer = self._call("PUT", "/config/" + urllib.parse.quote(
-                subject, safe=""), {"compatibility": self.compatibility})
-            if status != 200:
+            self._configured.add(subject)
+            config = "/config/" + urllib.parse.quote(subject, safe="")
+            status, answer = self._call("GET", config)
+            if status == 200:  # the subject has a level of its own: an operator's, kept
+                status = None
+            else:
+                status, answer = self._call("PUT", config,
+                                            {"compatibility": self.compatibility})
+            if status not in (None, 200):
                 raise RegistryRejected(f"schema registry {self.where} refused compatibility "
                                        f"{self.compatibility} for {subject!r}: "
                                        f"{_message(answer)}")
-            self._configured.add(subject)
         status, answer = self._call("POST", path + "/versions",
                                     {"schema": schema, "schemaType": "AVRO"})
         if status == 200 and isinstance(answer, dict) and "id" in answer:
@@ -170,3 +176,38 @@ def _message(answer) -> str:
     if isinstance(answer, dict):
         return str(answer.get("message") or answer.get("detail") or answer)[:300]
     return str(answer)[:300]
+
+
+class AvroDecoder:
+    """pgrouter's Avro records as its JSON envelope (``router.avro_read``), each schema fetched
+    from the registry by id once. Values that are not Avro pass through as they are."""
+
+    def __init__(self, client: RegistryClient):
+        from router.avro_read import AvroReader
+
+        self.client = client
+        self.reader = AvroReader()
+
+    def _learn(self, value: bytes) -> None:
+        from router.avro_read import schema_id
+
+        sid = schema_id(value)
+        if not self.reader.knows(sid):
+            self.reader.learn(sid, self.client.schema(sid))
+
+    def envelope(self, value: bytes) -> dict:
+        self._learn(value)
+        return self.reader.envelope(value)
+
+    def to_json(self, value: bytes | None) -> bytes | None:
+        from router.avro_read import is_avro
+
+        if not is_avro(value):
+            return value
+        self._learn(value)
+        return self.reader.to_json(value)
+
+
+def decoder_for(registry_cfg) -> AvroDecoder | None:
+    """The decoder readers use for ``[kafka.registry]`` (None when there is none)."""
+    return None if registry_cfg is None else AvroDecoder(RegistryClient(registry_cfg))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from router.errors import PgRouterError
+
 from .versions import known_api_version
 
 KAFKA_TIMEOUT = 10.0
@@ -33,15 +35,15 @@ def _consumer(bootstrap_servers, **extra):
 
 
 def survey(bootstrap_servers, groups: dict[str, Callable[[str], bool]],
-           transactional: bool) -> dict[str, list[dict]]:
+           transactional: bool, decoder=None) -> dict[str, list[dict]]:
     """group name -> the topics it selects, each with its offsets, records and the newest
-    record's commit time."""
+    record's commit time (``decoder``: ``registry.AvroDecoder`` for Avro topics)."""
     from kafka import TopicPartition
 
     consumer = _consumer(bootstrap_servers, consumer_timeout_ms=2000)
     try:
         topics = sorted(consumer.topics())
-        return {name: [_topic(consumer, TopicPartition, t, transactional)
+        return {name: [_topic(consumer, TopicPartition, t, transactional, decoder)
                        for t in topics if selects(t)]
                 for name, selects in groups.items()}
     finally:
@@ -64,17 +66,19 @@ def end_offsets(bootstrap_servers, topics: list[str]) -> dict[str, dict[int, int
         consumer.close()
 
 
-def _commit_time(value: bytes | None) -> str | None:
-    """``source.commit_time`` of a record in pgrouter's format or Kafka Connect's."""
+def _commit_time(value: bytes | None, decoder=None) -> str | None:
+    """``source.commit_time`` of a record in pgrouter's format, Kafka Connect's or Avro."""
     try:
+        if decoder is not None and value and value[:1] == b"\x00":
+            return decoder.envelope(value)["source"].get("commit_time")
         doc = json.loads(value)
         source = (doc["payload"] if "payload" in doc and "schema" in doc else doc)["source"]
         return source.get("commit_time")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, PgRouterError):
         return None
 
 
-def _topic(consumer, TopicPartition, topic: str, transactional: bool) -> dict:
+def _topic(consumer, TopicPartition, topic: str, transactional: bool, decoder=None) -> dict:
     """Offsets, records (``None`` when Kafka transactions write the topic: their commit
     markers take offsets too) and the newest commit time among each partition's last
     records (the last offsets of a transactional topic are markers, not records)."""
@@ -90,7 +94,7 @@ def _topic(consumer, TopicPartition, topic: str, transactional: bool) -> dict:
     for _ in range(10):
         for msgs in consumer.poll(timeout_ms=500).values():
             for m in msgs:
-                t = _commit_time(m.value)
+                t = _commit_time(m.value, decoder)
                 if t is not None and (last is None or t > last):
                     last = t
         if all(consumer.position(tp) >= ends[tp] for tp in tps):

@@ -37,7 +37,7 @@ import asyncpg
 import trio
 from router.config import Config
 from router.errors import (ConfigError, PgRouterError, PrivilegeMissing, PublicationMissing,
-                           SinkUnavailable, SlotMissing)
+                           SinkError, SinkUnavailable, SlotMissing)
 from router.kafka_settings import KAFKA_PYTHON, parse_bootstrap_servers, translate
 from router.publications import Catalog
 
@@ -85,6 +85,7 @@ async def startup_checks(sql: SqlSession, cfg: Config, *, log_warnings: bool) ->
     findings += local_findings(cfg)
     refuse(findings)  # before asking Kafka about topics that may not even have legal names
     findings += await trio.to_thread.run_sync(kafka_findings, cfg, planned_topics(cfg, catalog))
+    findings += await trio.to_thread.run_sync(registry_findings, cfg)
     refuse(findings)
     for f in findings if log_warnings else ():
         log.event(_log, "warning", level=logging.WARNING, path=f.path, problem=f.message)
@@ -292,6 +293,22 @@ def probe_kafka(bootstrap_servers) -> None:
         except OSError as exc:
             errors.append(f"{host}:{port}: {exc.strerror or exc}")
     raise SinkUnavailable(f"kafka.bootstrap_servers: Kafka not reachable: {'; '.join(errors)}")
+
+
+def registry_findings(cfg: Config) -> list[Finding]:
+    """``format = "avro"``: the schema registry answers (unreachable: retried like Kafka;
+    credentials or URL refused: an error)."""
+    if cfg.kafka.format != "avro" or cfg.kafka.registry is None:
+        return []
+    from ..kafka.registry import RegistryClient
+
+    try:
+        RegistryClient(cfg.kafka.registry).ping()
+    except SinkError as exc:
+        return [Finding("kafka.registry.url", str(exc), type(exc))]
+    except (OSError, ValueError) as exc:  # TLS files that cannot be read
+        return [Finding("kafka.registry", f"schema registry client: {exc}")]
+    return []
 
 
 def kafka_findings(cfg: Config, topics: list[Topic]) -> list[Finding]:

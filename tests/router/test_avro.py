@@ -270,3 +270,57 @@ def test_topics_become_valid_namespaces(topic, ns, reg):
 def test_unknown_subject_naming_is_refused():
     with pytest.raises(ValueError, match="subject naming"):
         AvroFormat("bogus")
+
+
+# -- reading back as the JSON envelope (router.avro_read) ------------------------------------
+
+from router.avro_read import AvroReader, is_avro  # noqa: E402
+
+
+def test_records_read_back_as_the_json_envelope(fmt, reg):
+    columns = [col("id", "int8", key=True)] + [c for c, _, _ in CORPUS]
+    fmt.learn(table(*columns))
+    after = {"id": 1, **{c.name: v for c, v, _ in CORPUS}}
+    [out] = convert(fmt, reg, [record(after=after, key={"id": 1})])
+    reader = AvroReader()
+    for sid, text in reg.texts.items():
+        reader.learn(sid, text)
+    assert is_avro(out[2]) and not is_avro(b'{"op":"c"}')
+    env = msgspec.json.decode(reader.to_json(out[2]))
+    assert reader.key(out[1]) == {"id": 1}
+    got = env["after"]
+    assert (env["op"], env["source"], env["ts_ms"]) == ("c", SOURCE, 17)
+    assert got["n"] == "-12345678.90" and got["nneg"] == "1234500"
+    assert got["v"] == "-0.00123" and got["by"] == "\\x00ff10"
+    assert got["ts"] == "2024-01-02 03:04:05.123456"
+    assert got["tz"] == "2024-01-02 01:04:05.500000+00:00"
+    assert got["d"] == "2024-02-29" and got["tm"] == "13:14:15.000016"
+    assert got["ai"] == '{"1",NULL,"-3"}' and got["at"] == '{"a b",NULL,"{x}"}'
+    assert got["ab"] == '{"t","f"}' and got["ae"] == "{}"
+    assert got["u"] == "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+    assert (got["i8"], got["f8"], got["b"], got["f8n"], got["nnan"]) == (
+        -9223372036854775808, -2.25e300, True, None, None)
+
+
+def test_unchanged_toast_columns_are_left_out_of_after_again(fmt, reg):
+    fmt.learn(table(col("id", "int8", key=True), col("t", "text")))
+    [out] = convert(fmt, reg, [record("u", after={"id": 1}, key={"id": 1},
+                                      unchanged_toast=["t"])])
+    reader = AvroReader()
+    for sid, text in reg.texts.items():
+        reader.learn(sid, text)
+    env = reader.envelope(out[2])
+    assert env["after"] == {"id": 1} and env["unchanged_toast"] == ["t"]
+
+
+def test_a_body_that_does_not_decode_is_a_decode_error(fmt, reg):
+    from router.errors import DecodeError
+    fmt.learn(table(col("id", "int8", key=True), col("t", "text")))
+    [out] = convert(fmt, reg, [record(after={"id": 1, "t": "x" * 50}, key={"id": 1})])
+    reader = AvroReader()
+    for sid, text in reg.texts.items():
+        reader.learn(sid, text)
+    with pytest.raises(DecodeError, match="does not decode"):
+        reader.envelope(out[2][:20])
+    with pytest.raises(DecodeError, match="not fetched"):
+        reader.envelope(b"\x00\x00\x00\x00\x63" + out[2][5:])
