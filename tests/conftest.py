@@ -5,6 +5,10 @@ bring up the project's dev stack (``python -m devstack up``) once per session. `
 and ``PGROUTER_TEST_KAFKA`` point the tests at already running services instead. A service
 that cannot be started is a test failure, never a skip.
 
+Tests that need a schema registry take ``registry_url``: the Confluent-compatible API
+(``http://…/apis/ccompat/v7``) of the dev stack's Apicurio Registry, or of the registry
+``PGROUTER_TEST_REGISTRY`` names.
+
 The version matrix: a test marked ``pg_matrix`` runs once per PostgreSQL major version of
 ``MATRIX`` (ids ``[pg15]`` … ``[pg18]``). Its ``pg_dsn`` (and ``pg_nodes``) then point at a
 server of that version: the main stack's server when it runs that version, else a server of
@@ -88,3 +92,11 @@ def kafka_bootstrap(request) -> str:
     if os.environ.get("PGROUTER_TEST_KAFKA"):
         return os.environ["PGROUTER_TEST_KAFKA"]
     return request.getfixturevalue("devstack").kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def registry_url(request) -> str:
+    """The schema registry's Confluent-compatible API (a URL ending in ``/apis/ccompat/v7``)."""
+    if os.environ.get("PGROUTER_TEST_REGISTRY"):
+        return os.environ["PGROUTER_TEST_REGISTRY"]
+    return request.getfixturevalue("devstack").registry_url
