@@ -1,7 +1,7 @@
 # pgrouter — the two commands of the README: `make demo` and `make test` (and `make docs`).
 # Both set up everything on a fresh Debian machine: system packages (PostgreSQL, Java, Maven,
 # gcc and Python's headers for the C hot path, Prometheus for the metrics test) when missing, a virtual environment in .venv/ with the Python packages, and the Kafka and
-# Spark jars from Maven Central (fetched by `python -m devstack up` into .devstack/cache).
+# Spark jars and the schema registry from Maven Central (fetched by `python -m devstack up` into .devstack/cache).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -55,7 +55,7 @@ venv: system $(STAMP)
 $(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,spark,librdkafka,postgres,docs]'
+	$(BIN)/pip install -q -e '.[dev,spark,librdkafka,postgres,docs,avro]'
 	rm -f $(VENV)/.installed-*; touch $@
 
 stack: venv

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     root = ROOT / ".devstack" / "soak"
-    info = devstack.ensure_up(root)
+    info = devstack.ensure_up(root, registry=False)
     pg = Pg(info.pg_dsn)
     name = unique("soak")
     pg.run(f"create table {name} (id bigint primary key, batch int, payload text)")
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                     pg.close()
                 devstack.stop_service(root, service)
                 time.sleep(rng.uniform(1, 5))
-                devstack.ensure_up(root)
+                devstack.ensure_up(root, registry=False)
                 if service == "pg":
                     pg = Pg(info.pg_dsn)
             wait_for(lambda: topic_size(bootstrap, name) > size, timeout=180,

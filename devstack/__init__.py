@@ -1,11 +1,12 @@
 """The embedded dev stack shared by the tests, the benches and the demo: PostgreSQL + Apache
-Kafka. Not part of the installed ``pgrouter`` (it lives beside ``router/`` and ``actors/``, imports
-them, and nothing of theirs imports it); run from a checkout: ``python -m devstack up|down|status``.
+Kafka + a schema registry. Not part of the installed ``pgrouter`` (it lives beside ``router/``
+and ``actors/``, imports them, and nothing of theirs imports it); run from a checkout:
+``python -m devstack up|down|status``.
 
 ``up`` is idempotent: it reuses what runs, starts what does not, and waits until each service
-really answers (a PostgreSQL query, a Kafka metadata request). State (ports, data, logs, the
-jar cache) lives under one ignored folder, ``.devstack/`` by default. ``down`` stops only
-processes this folder's pid files name.
+really answers (a PostgreSQL query, a Kafka metadata request, the registry's
+``GET /subjects``). State (ports, data, logs, the jar cache) lives under one ignored folder,
+``.devstack/`` by default. ``down`` stops only processes this folder's pid files name.
 
 PostgreSQL versions: the main node (``pg``) and its extra nodes (``pg2``…) run one major
 version, chosen when the stack is first brought up (``pg_version``; the newest by default) and
@@ -14,6 +15,11 @@ versions run beside them as ``v16``, ``v17``… (``versions=``), one per version
 version matrix. ``standby=True`` adds a streaming standby of the main node (``standby``,
 ``devstack.standby``); ``kafka=False`` leaves Kafka out (a stack that is only a
 PostgreSQL pair).
+
+The schema registry (Apicurio, ``devstack.registry``; its Confluent-compatible API at
+``StackInfo.registry_url``) runs beside Kafka and keeps its schemas in the main PostgreSQL;
+``registry=False`` leaves it out (side stacks of fault tests and benches). A stack whose
+registry was left out and is not running forgets its port, so ``status`` does not report it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from .kafka import Kafka
 from . import distributions
 from . import standby as standbys
 from .postgres import Postgres
+from .registry import Registry
 from .process import StackError, locked, pick_port, port_free, wait_until, write_atomic
 from .spark import SparkCluster
 from actors.materialize.jars import spark_jars
@@ -51,6 +58,15 @@ class StackInfo(msgspec.Struct, frozen=True):
     version_pg: dict[str, str] = {}
     #: DSN of the main node's streaming standby (node ``standby``), "" when there is none
     standby_pg: str = ""
+    #: HTTP port of the schema registry (``devstack.registry``), 0 when there is none
+    registry_port: int = 0
+
+    @property
+    def registry_url(self) -> str:
+        """The schema registry's Confluent-compatible API ("" when there is none)."""
+        if not self.registry_port:
+            return ""
+        return f"http://127.0.0.1:{self.registry_port}/apis/ccompat/v7"
 
     def dsn_for(self, version: int) -> str:
         """The DSN of a server of ``version`` in this stack (KeyError when none runs)."""
@@ -95,14 +111,28 @@ def _components(root: pathlib.Path, info: StackInfo):
     return pg, kafka, extras
 
 
+def _registry(root: pathlib.Path, info: StackInfo) -> Registry | None:
+    if not info.registry_port:
+        return None
+    return Registry(root, info.registry_port, info.pg_port, root / "cache")
+
+
+def _ports(info: StackInfo) -> set[int]:
+    """Every port the stack gives one of its services (listening or not yet)."""
+    return {info.pg_port, info.kafka_port, info.controller_port,
+            *(_port(dsn) for dsn in (*info.extra_pg.values(), *info.version_pg.values())),
+            *([_port(info.standby_pg)] if info.standby_pg else []),
+            *([info.registry_port] if info.registry_port else [])}
+
+
 def _move_stopped_off_taken_ports(root: pathlib.Path, info: StackInfo) -> StackInfo:
     """A stopped service whose remembered port another process took meanwhile (another
     checkout's stack, a system PostgreSQL) moves to a free port instead of failing; never to
     a port this stack already gives another of its services."""
     pg, kafka, extras = _components(root, info)
+    registry = _registry(root, info)
     replace = msgspec.structs.replace
-    taken = {info.pg_port, info.kafka_port, info.controller_port,
-             *(node.port for node in extras.values())}
+    taken = _ports(info)
     if pg.pid() is None and not port_free(info.pg_port):
         port = pick_port("auto", info.pg_port + 1, what="PostgreSQL", flag="--pg-port",
                          taken=taken)
@@ -119,6 +149,11 @@ def _move_stopped_off_taken_ports(root: pathlib.Path, info: StackInfo) -> StackI
         taken.add(ctl)
         info = replace(info, kafka_port=port, controller_port=ctl,
                        kafka_bootstrap=f"127.0.0.1:{port}")
+    if registry is not None and registry.pid() is None and not port_free(info.registry_port):
+        port = pick_port("auto", info.registry_port + 1, what="the schema registry",
+                         flag="--no-registry", taken=taken)
+        taken.add(port)
+        info = replace(info, registry_port=port)
     extra, versioned = dict(info.extra_pg), dict(info.version_pg)
     for name, node in extras.items():
         if node.pid() is None and not port_free(node.port):
@@ -138,8 +173,7 @@ def extra_nodes(info: StackInfo, count: int) -> dict[str, str]:
     """``info.extra_pg`` grown to ``count`` extra PostgreSQL nodes (pg2, pg3, …) on free
     ports. The ports handed out here are not listening yet: none is given twice."""
     extra = dict(info.extra_pg)
-    taken = {info.pg_port, info.kafka_port, info.controller_port,
-             *(_port(dsn) for dsn in (*extra.values(), *info.version_pg.values()))}
+    taken = _ports(info)
     for i in range(len(extra), count):
         name = f"pg{i + 2}"
         port = pick_port("auto", info.pg_port + 1 + i, what=f"PostgreSQL {name}",
@@ -153,8 +187,7 @@ def version_nodes(info: StackInfo, versions) -> dict[str, str]:
     """``info.version_pg`` grown by a server for each of ``versions`` the main node does not
     run, on free ports (none handed out twice)."""
     versioned = dict(info.version_pg)
-    taken = {info.pg_port, info.kafka_port, info.controller_port,
-             *(_port(dsn) for dsn in (*info.extra_pg.values(), *versioned.values()))}
+    taken = _ports(info)
     for version in sorted(set(versions)):
         distributions.check_version(version)
         if version == info.pg_version or str(version) in versioned:
@@ -168,22 +201,24 @@ def version_nodes(info: StackInfo, versions) -> dict[str, str]:
 
 def ensure_up(root: pathlib.Path, *, pg_port: str | int = "auto", kafka_port: str | int = "auto",
               extra_postgres: int = 0, spark: bool = False, pg_version: int | None = None,
-              versions=(), standby: bool = False, kafka: bool = True) -> StackInfo:
+              versions=(), standby: bool = False, kafka: bool = True,
+              registry: bool = True) -> StackInfo:
     """Bring the stack up (or find it up) and return where its services listen. Concurrent
     calls on one folder take turns (a file lock): the second finds the first's services.
 
     ``pg_version`` is the main node's major version (None: the existing stack's, or
     ``distributions.DEFAULT_VERSION`` for a new one); ``versions`` adds a server of each of
-    those versions beside it."""
+    those versions beside it; ``registry`` runs the schema registry when Kafka runs."""
     root = pathlib.Path(root).resolve()
     with locked(root):
         return _ensure_up(root, pg_port=pg_port, kafka_port=kafka_port,
                           extra_postgres=extra_postgres, spark=spark, pg_version=pg_version,
-                          versions=versions, standby=standby, kafka=kafka)
+                          versions=versions, standby=standby, kafka=kafka,
+                          registry=registry)
 
 
 def _ensure_up(root: pathlib.Path, *, pg_port, kafka_port, extra_postgres, spark, pg_version,
-               versions, standby, kafka) -> StackInfo:
+               versions, standby, kafka, registry) -> StackInfo:
     info = _load(root)
     if pg_version is not None:
         distributions.check_version(pg_version)
@@ -204,11 +239,10 @@ def _ensure_up(root: pathlib.Path, *, pg_port, kafka_port, extra_postgres, spark
     info = msgspec.structs.replace(info, extra_pg=extra,
                                    version_pg=version_nodes(info, versions))
     if standby and not info.standby_pg:
-        taken = {info.pg_port, info.kafka_port, info.controller_port,
-                 *(_port(d) for d in (*info.extra_pg.values(), *info.version_pg.values()))}
         info = msgspec.structs.replace(info, standby_pg=_dsn(pick_port(
             "auto", info.pg_port + 30, what="PostgreSQL standby", flag="--pg-port",
-            taken=taken)))
+            taken=_ports(info))))
+    info = _with_registry_port(root, info, kafka and registry)
     info = _move_stopped_off_taken_ports(root, info)
     write_atomic(_state_file(root), msgspec.json.encode(info))
 
@@ -232,20 +266,45 @@ def _ensure_up(root: pathlib.Path, *, pg_port, kafka_port, extra_postgres, spark
         else:  # ours runs (maybe still starting): it must be the one that answers
             wait_until(kafka_node.ready, timeout=120, what=f"Kafka on port {kafka_node.port}",
                        log=kafka_node.log, alive=lambda: kafka_node.pid() is not None)
+    if kafka and registry:
+        node = _registry(root, info)
+        argv = node.init(info.pg_dsn)
+        if node.pid() is None:
+            node.start(argv)
+        else:  # ours runs (maybe still starting)
+            node.wait()
     if spark:
         maven.fetch("spark", root / "cache")
     return info
 
 
+def _with_registry_port(root: pathlib.Path, info: StackInfo, wanted: bool) -> StackInfo:
+    """A port for the schema registry when it is wanted and has none; a registry that is
+    not wanted and not running gives its port up."""
+    if wanted and not info.registry_port:
+        return msgspec.structs.replace(info, registry_port=pick_port(
+            "auto", 8081, what="the schema registry", flag="--no-registry",
+            taken=_ports(info)))
+    node = _registry(root, info)
+    if not wanted and node is not None and node.pid() is None:
+        return msgspec.structs.replace(info, registry_port=0)
+    return info
+
+
 def stop_service(root: pathlib.Path, name: str, *, crash: bool = False) -> None:
-    """Stop one service of a running stack (``kafka``, ``pg``, ``pg2``, ``standby``…), e.g. for
-    fault tests; ``crash`` kills a PostgreSQL postmaster with SIGKILL instead."""
+    """Stop one service of a running stack (``kafka``, ``registry``, ``pg``, ``pg2``,
+    ``standby``…), e.g. for fault tests; ``crash`` kills a PostgreSQL postmaster with SIGKILL
+    instead."""
     root = pathlib.Path(root).resolve()
     info = _load(root)
     if info is None:
         raise StackError(f"no dev stack in {root}")
     pg, kafka, extras = _components(root, info)
-    node = {"kafka": kafka, "pg": pg, **extras}[name]
+    registry = _registry(root, info)
+    node = {"kafka": kafka, "pg": pg, **extras,
+            **({"registry": registry} if registry else {})}.get(name)
+    if node is None:
+        raise StackError(f"the dev stack in {root} has no service {name!r}")
     if crash and isinstance(node, Postgres):
         standbys.kill(node)
     else:
@@ -280,6 +339,9 @@ def status(root: pathlib.Path) -> dict[str, object]:
                      "version": node.version}
     if "kafka" in out and not out["kafka"]["running"] and not (root / "kafka").exists():
         del out["kafka"]  # a PostgreSQL-only stack (kafka=False)
+    registry = _registry(root, info)
+    if registry is not None:
+        out["registry"] = {"url": info.registry_url, "running": registry.pid() is not None}
     cluster = SparkCluster(root)
     if cluster.running():
         out["spark"] = {"master": cluster.master_url, "running": True}
@@ -301,6 +363,10 @@ def _down(root: pathlib.Path) -> list[str]:
         return []
     pg, kafka, extras = _components(root, info)
     stopped = SparkCluster(root).down()
+    registry = _registry(root, info)
+    if registry is not None and registry.pid() is not None:
+        registry.stop()  # before the PostgreSQL that holds its storage
+        stopped.append("registry")
     if kafka.pid() is not None:
         kafka.stop()
         stopped.append("kafka")

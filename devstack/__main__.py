@@ -1,4 +1,4 @@
-"""``python -m devstack up|down|status``: the embedded PostgreSQL + Kafka."""
+"""``python -m devstack up|down|status``: the embedded PostgreSQL + Kafka + schema registry."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--standby", action="store_true",
                    help="also run a streaming standby of the main PostgreSQL (hot_standby_feedback; "
                    "on 17+ failover slots are synchronised to it)")
+    p.add_argument("--no-registry", dest="registry", action="store_false",
+                   help="leave the schema registry (Apicurio, Confluent-compatible API) out")
     p.add_argument("--spark", action="store_true", help="also fetch the Spark Kafka/Delta jars")
     p.add_argument("--kafka-brokers", type=int, default=1, metavar="N",
                    help="also run a Kafka cluster of N KRaft nodes (replication factor "
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
                                       extra_postgres=args.extra_postgres,
                                       spark=args.spark or args.spark_cluster,
                                       pg_version=args.pg_version,
-                                      versions=args.with_pg_version, standby=args.standby)
+                                      versions=args.with_pg_version, standby=args.standby,
+                                      registry=args.registry)
             print(f"postgres  {info.pg_dsn}  (PostgreSQL {info.pg_version})")
             for name, dsn in info.extra_pg.items():
                 print(f"{name:<9} {dsn}  (PostgreSQL {info.pg_version})")
@@ -58,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
             for version, dsn in info.version_pg.items():
                 print(f"{'v' + version:<9} {dsn}  (PostgreSQL {version})")
             print(f"kafka     {info.kafka_bootstrap}")
+            if info.registry_url:
+                print(f"registry  {info.registry_url}")
             if args.kafka_brokers > 1:
                 cluster = KafkaCluster(args.dir, brokers=args.kafka_brokers)
                 print(f"kafka-cluster {cluster.up()}")
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             return 3
         for name, s in st.items():
             if isinstance(s, dict):
-                where = s.get("dsn") or s.get("bootstrap") or s.get("master")
+                where = s.get("dsn") or s.get("bootstrap") or s.get("url") or s.get("master")
                 version = f"  PostgreSQL {s['version']}" if "version" in s else ""
                 print(f"{name:<9} {where}  {'running' if s['running'] else 'stopped'}{version}")
         return 0 if st["running"] else 3
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devstack",
                                 description="start/stop the embedded PostgreSQL + Kafka "
-                                "used by the tests, the benches and the demo")
+                                "+ schema registry used by the tests, the benches and the demo")
     add_parser(p)
     return run(p.parse_args(argv))
 

