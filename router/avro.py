@@ -11,8 +11,8 @@ Rules:
 * The value schema is the record ``Envelope`` (namespace: the topic, made a valid Avro name)
   with ``before`` and ``after`` (the optional row record ``Value``), ``source`` (the record
   ``io.pgrouter.Source``: the JSON envelope's source fields), ``op``, ``ts_ms``,
-  ``unchanged_toast`` (optional array of column names) and ``truncate`` (optional record of
-  a truncate's options). The key schema is the record ``Key`` of the key columns; a table
+  ``unchanged_toast`` (optional array of column names), ``truncate`` (optional record of
+  a truncate's options) and ``key_change`` (optional string). The key schema is the record ``Key`` of the key columns; a table
   without key columns writes a null key.
 * Every column is an optional field (``["null", T]``, default null), as Debezium writes
   them. Types follow the Kafka Connect format's mapping (``router.connect_format``), written
@@ -31,7 +31,10 @@ Rules:
   string columns (bytes columns: its UTF-8 bytes), null otherwise, and the column is named in
   ``unchanged_toast``.
 * An update that changes the key is a delete of the old key and a create of the new one,
-  both at the update's position (as the Connect format and Debezium write it).
+  both at the update's position (as the Connect format and Debezium write it); the pair is
+  marked in ``key_change`` (``delete_old``, ``create_new``; null on every other record) and
+  the create keeps the old row in ``before``, so a reader can make the update of it again
+  (``router.avro_read``, for ``pgrouter apply``).
 * Logical decoding messages (``op: m``) have their own fixed schema ``io.pgrouter.Message``.
 * Subjects: ``<topic>-key`` / ``<topic>-value`` (``topic``, the default),
   ``<record full name>`` (``record``) or ``<topic>-<record full name>`` (``topic_record``).
@@ -128,6 +131,7 @@ def _w_truncate(out: bytearray, t: dict) -> None:
 
 
 _write_truncate = _optional(_w_truncate)
+_write_opt_string = _optional(_w_string)
 
 
 def _envelope_fields(row_schema: dict, namespace: str) -> list:
@@ -138,7 +142,8 @@ def _envelope_fields(row_schema: dict, namespace: str) -> list:
             {"name": "op", "type": "string"},
             _field("ts_ms", "long", True),
             _field("unchanged_toast", {"type": "array", "items": "string"}, True),
-            _field("truncate", _TRUNCATE_SCHEMA, True)]
+            _field("truncate", _TRUNCATE_SCHEMA, True),
+            _field("key_change", "string", True)]
 
 
 MESSAGE_SCHEMA = {
@@ -364,15 +369,16 @@ class AvroFormat:
             # a key change is a delete of the old key and a create of the new one, as
             # Debezium writes it (a sink upserting by key would keep the old row otherwise)
             return [(topic, table.key(before), self._value(table, before, None, source, "d",
-                                                           env, None), headers),
-                    (topic, table.key(after), self._value(table, None, after, source, "c",
-                                                          env, toast), headers)]
+                                                           env, None, "delete_old"), headers),
+                    (topic, table.key(after), self._value(table, before, after, source, "c",
+                                                          env, toast, "create_new"), headers)]
         key_bytes = None if key is None else table.key(_decode(key))
         return (topic, key_bytes, self._value(table, before, after, source, op, env, toast),
                 headers)
 
     @staticmethod
-    def _value(table: _Table, before, after, source, op, env, toast) -> bytes:
+    def _value(table: _Table, before, after, source, op, env, toast,
+               key_change: str | None = None) -> bytes:
         out = bytearray(table.value_header)
         table.write_row(out, before)
         table.write_row(out, after, toast)
@@ -381,6 +387,7 @@ class AvroFormat:
         _write_opt_long(out, env.get("ts_ms"))
         _write_toast(out, toast)
         _write_truncate(out, env.get("truncate"))
+        _write_opt_string(out, key_change)
         return bytes(out)
 
     def convert_all(self, records: list) -> list:

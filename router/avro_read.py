@@ -121,13 +121,21 @@ class AvroReader:
             raise DecodeError(f"Avro record with schema id {sid} does not decode: "
                               f"{type(exc).__name__}: {exc}") from exc
 
-    def envelope(self, value: bytes) -> dict:
-        """The record as pgrouter's JSON envelope (a dict)."""
+    def envelope(self, value: bytes, *, updates: bool = False) -> dict | None:
+        """The record as pgrouter's JSON envelope (a dict). With ``updates``, a key change is
+        one update again, as the JSON format writes it: its ``create_new`` half becomes the
+        update and its ``delete_old`` half is None (for ``pgrouter apply``, whose
+        transaction counts are the JSON format's)."""
         d = self.datum(value)
         if not isinstance(d, dict) or "op" not in d or "source" not in d:
             raise DecodeError("Avro record is not a pgrouter envelope (no op/source)")
+        op = d["op"]
+        if updates and d.get("key_change") == "delete_old":
+            return None
+        if updates and d.get("key_change") == "create_new":
+            op = "u"
         toast = d.get("unchanged_toast")
-        env = {"op": d["op"], "before": _row(d.get("before"), None),
+        env = {"op": op, "before": _row(d.get("before"), None),
                "after": _row(d.get("after"), toast), "source": d["source"],
                "ts_ms": d.get("ts_ms")}
         if toast:
@@ -144,5 +152,6 @@ class AvroReader:
         d = self.datum(value)
         return {k: json_value(v) for k, v in d.items()}
 
-    def to_json(self, value: bytes) -> bytes:
-        return msgspec.json.encode(self.envelope(value))
+    def to_json(self, value: bytes, *, updates: bool = False) -> bytes | None:
+        env = self.envelope(value, updates=updates)
+        return None if env is None else msgspec.json.encode(env)

@@ -15,6 +15,7 @@ import pytest
 
 from router.avro import (AvroFormat, SchemasNeeded, Subject, avro_namespace, split_header,
                          subject_name)
+from router.avro_read import AvroReader, is_avro
 from router.errors import InternalError, RecordUnencodable
 from router.schema import ColumnSchema, TableSchema
 
@@ -198,8 +199,18 @@ def test_a_key_change_is_a_delete_and_a_create(fmt, reg):
                                     key={"id": 2})])
     assert [reg.read(r[1]) for r in out] == [{"id": 1}, {"id": 2}]
     values = [reg.read(r[2]) for r in out]
-    assert [(v["op"], v["before"], v["after"]) for v in values] == [
-        ("d", {"id": 1, "x": "a"}, None), ("c", None, {"id": 2, "x": "b"})]
+    assert [(v["op"], v["before"], v["after"], v["key_change"]) for v in values] == [
+        ("d", {"id": 1, "x": "a"}, None, "delete_old"),
+        ("c", {"id": 1, "x": "a"}, {"id": 2, "x": "b"}, "create_new")]
+    reader = AvroReader()
+    for sid, text in reg.texts.items():
+        reader.learn(sid, text)
+    # read back for the applier: one update again, as the JSON format has it
+    assert reader.envelope(out[0][2], updates=True) is None
+    again = reader.envelope(out[1][2], updates=True)
+    assert (again["op"], again["before"], again["after"]) == (
+        "u", {"id": 1, "x": "a"}, {"id": 2, "x": "b"})
+    assert reader.envelope(out[0][2])["op"] == "d"
 
 
 def test_unchanged_toast_has_the_placeholder_where_the_type_holds_it(fmt, reg):
@@ -273,8 +284,6 @@ def test_unknown_subject_naming_is_refused():
 
 
 # -- reading back as the JSON envelope (router.avro_read) ------------------------------------
-
-from router.avro_read import AvroReader, is_avro  # noqa: E402
 
 
 def test_records_read_back_as_the_json_envelope(fmt, reg):
