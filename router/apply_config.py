@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from . import dsn as dsns
-from .config import LogConfig, decode_toml, parse_listen, read_config_text
+from .config import LogConfig, RegistryConfig, decode_toml, parse_listen, read_config_text
 from .errors import ConfigError
 from .kafka_settings import parse_bootstrap_servers
 
@@ -46,6 +46,9 @@ class ApplyKafka(_Base):
     settings: dict[str, str | int | float | bool] = {}
     #: seconds a poll waits for records
     poll_timeout: Annotated[float, msgspec.Meta(gt=0)] = 0.2
+    #: the schema registry of data topics the router writes with ``format = "avro"`` (the
+    #: router's ``[kafka.registry]``); records are told apart by their first byte
+    registry: RegistryConfig | None = None
 
 
 class ApplyTarget(_Base):

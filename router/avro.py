@@ -36,6 +36,8 @@ Rules:
   the create keeps the old row in ``before``, so a reader can make the update of it again
   (``router.avro_read``, for ``pgrouter apply``).
 * Logical decoding messages (``op: m``) have their own fixed schema ``io.pgrouter.Message``.
+  Transaction metadata records (``router.transaction_meta``) stay JSON, as pgrouter's own
+  topics do.
 * Subjects: ``<topic>-key`` / ``<topic>-value`` (``topic``, the default),
   ``<record full name>`` (``record``) or ``<topic>-<record full name>`` (``topic_record``).
   Ids come from the registry; ``AvroFormat`` asks for each (subject, schema) once and keeps
@@ -351,6 +353,8 @@ class AvroFormat:
         needs has no id yet (appended to ``missing``)."""
         topic, key, value, headers = record
         env = _decode(value)
+        if "op" not in env:  # transaction metadata (BEGIN/END): it stays JSON
+            return record
         source = env.get("source")
         schema_id = source.get("schema_id")
         if not schema_id:

@@ -43,6 +43,7 @@ from ..services.sql import SqlSession
 from .metrics import registry_for
 from .target import setup_session
 from ..kafka.consumers import TopicReader, client_name, open_reader
+from ..kafka.registry import decoder_for
 from .writer import CAUGHT_UP, ApplyStats, WriterActor
 
 _log = log.get("applier")
@@ -54,8 +55,11 @@ RELEASES = 4
 class ConsumerActor:
     def __init__(self, *, reader: TopicReader, reassembler: Reassembler,
                  out: trio.MemorySendChannel, until_caught_up: bool = False,
-                 stop: trio.Event | None = None, resume: dict[str, int] | None = None):
+                 stop: trio.Event | None = None, resume: dict[str, int] | None = None,
+                 decoder=None):
         self.reader = reader
+        #: ``actors.kafka.registry.AvroDecoder`` for Avro data topics, or None
+        self.decoder = decoder
         self.reassembler = reassembler
         self.out = out
         self.until_caught_up = until_caught_up
@@ -63,6 +67,15 @@ class ConsumerActor:
         self.resume = resume
         self.poll_s = 0.0  # seconds waiting for Kafka
         self.send_s = 0.0  # seconds waiting for the writer
+
+    async def _from_avro(self, records: list) -> list:
+        """Avro records as pgrouter's JSON envelope (a key change one update again, as the
+        transaction topic counts it); schemas the decoder lacks fetched in a thread first."""
+        decoder = self.decoder
+        missing = decoder.unknown([v for _, v in records])
+        if missing:
+            await trio.to_thread.run_sync(decoder.fetch, missing)
+        return [(o, decoder.to_json(v, updates=True)) for o, v in records]
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         reader, ra = self.reader, self.reassembler
@@ -99,6 +112,8 @@ class ConsumerActor:
                             new_topics += add_tx(value, offset)
                         tx_position = records[-1][0] + 1
                     else:
+                        if self.decoder is not None:
+                            records = await self._from_avro(records)
                         add_records(topic, partition, records)
                 if new_topics:
                     await trio.to_thread.run_sync(reader.add_topics, new_topics)
@@ -213,7 +228,8 @@ class Applier:
                 tx, rx = trio.open_memory_channel(RELEASES)
                 consumer = ConsumerActor(reader=reader, reassembler=ra, out=tx,
                                          until_caught_up=self.until_caught_up,
-                                         stop=self.stop, resume=resume)
+                                         stop=self.stop, resume=resume,
+                                         decoder=decoder_for(cfg.kafka.registry))
                 writer = WriterActor(sql=sql, cfg=cfg, inbox=rx, stats=self.stats,
                                      progress_lsn=progress)
                 async with trio.open_nursery() as nursery:

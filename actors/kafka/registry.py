@@ -199,13 +199,26 @@ class AvroDecoder:
         self._learn(value)
         return self.reader.envelope(value)
 
-    def to_json(self, value: bytes | None) -> bytes | None:
+    def unknown(self, values) -> set[int]:
+        """Schema ids of the Avro ``values`` not fetched yet."""
+        from router.avro_read import is_avro, schema_id
+
+        return {sid for sid in (schema_id(v) for v in values if is_avro(v))
+                if not self.reader.knows(sid)}
+
+    def fetch(self, ids) -> None:
+        for sid in ids:
+            self.reader.learn(sid, self.client.schema(sid))
+
+    def to_json(self, value: bytes | None, *, updates: bool = False) -> bytes | None:
+        """``value`` as pgrouter's JSON envelope (as it is when it is not Avro; None for
+        the delete half of a key change with ``updates``)."""
         from router.avro_read import is_avro
 
         if not is_avro(value):
             return value
         self._learn(value)
-        return self.reader.to_json(value)
+        return self.reader.to_json(value, updates=updates)
 
 
 def decoder_for(registry_cfg) -> AvroDecoder | None:

@@ -333,3 +333,8 @@ def test_a_body_that_does_not_decode_is_a_decode_error(fmt, reg):
         reader.envelope(out[2][:20])
     with pytest.raises(DecodeError, match="not fetched"):
         reader.envelope(b"\x00\x00\x00\x00\x63" + out[2][5:])
+
+
+def test_transaction_metadata_stays_json(fmt):
+    meta = ("tx", b'"1:2"', b'{"status":"BEGIN","id":"1:2","event_count":null}', None)
+    assert fmt.convert_all([meta]) == [meta]
