@@ -3,7 +3,9 @@
     .venv/bin/python bench/e2e.py [--changes 500000] [--txn-rows 50000] [--partitions 1]
                                   [--runs pg_recvlogical,librdkafka,kafka-python] [--repeat N]
                                   (also: --runs …,librdkafka+metrics: the metrics' cost;
-                                   librdkafka+eo, kafka-python+eo: [kafka] exactly_once)
+                                   librdkafka+eo, kafka-python+eo: [kafka] exactly_once;
+                                   librdkafka+avro, librdkafka+connect: [kafka] format,
+                                   the registry from --registry)
                                   [--profile DIR]
     .venv/bin/python bench/e2e.py --quick        # 60k changes, for a smoke run
 
@@ -70,6 +72,8 @@ NULL = "null"
 METRICS = "librdkafka+metrics"
 #: each client with [kafka] exactly_once = true: what Kafka transactions cost
 EXACTLY_ONCE = tuple(f"{c}+eo" for c in CLIENTS)
+#: librdkafka writing another record format ([kafka] format; avro with the --registry)
+FORMATS = ("librdkafka+avro", "librdkafka+connect")
 _ACKED = re.compile(r"records_acked=(\d+)")
 
 
@@ -116,7 +120,8 @@ def workload(dsn: str, table: str, changes: int, txn_rows: int) -> None:
 
 def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
            route: str, schema_topic: str, partitions: int, metrics: bool = False,
-           follow: str = "", exactly_once: bool = False) -> str:
+           follow: str = "", exactly_once: bool = False, fmt: str = "json",
+           registry: str = "") -> str:
     selector = f'publication = "{pub}"' if follow else f'tables = ["public.{table}"]'
     eo = (f'exactly_once = true\ncommitted_lsn_topic = "{route}.progress"\n'
           f'transactional_id = "{route}"\n') if exactly_once else ""
@@ -132,6 +137,8 @@ client = "{client}"
 schema_topic = "{schema_topic}"
 definitions_topic = "{schema_topic.removesuffix('schemas')}definitions"
 {eo}
+format = "{fmt}"
+{f'[kafka.registry]{chr(10)}url = "{registry}"{chr(10)}' if fmt == "avro" else ""}
 [[routes]]
 name = "{route}"
 {selector}
@@ -145,6 +152,18 @@ METRICS_SECTION = """
 [metrics]
 listen = "127.0.0.1:0"
 """
+
+
+def _stack_registry() -> str:
+    """The dev stack's registry URL ("" when it has none)."""
+    import msgspec
+
+    from devstack import StackInfo
+
+    state = ROOT / ".devstack" / "state.json"
+    if not state.exists():
+        return ""
+    return msgspec.json.decode(state.read_bytes(), type=StackInfo).registry_url
 
 
 def _children_cpu() -> float:
@@ -268,7 +287,11 @@ def main() -> None:
         "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
                                                           "127.0.0.1:9092"))
+    ap.add_argument("--registry", default=os.environ.get("PGROUTER_TEST_REGISTRY", ""),
+                    help="the schema registry of the avro run (default: the dev stack's)")
     args = ap.parse_args()
+    if not args.registry:
+        args.registry = _stack_registry()
     if args.null_router:
         return run_null_router(args.null_router)
     if args.quick:
@@ -276,7 +299,7 @@ def main() -> None:
         args.txn_rows = min(args.txn_rows, 20_000)
     runs = args.runs.split(",")
     unknown = {r for r in runs if r.partition("/")[0] not in {RECV, NULL, METRICS, *CLIENTS,
-                                                             *EXACTLY_ONCE}
+                                                             *EXACTLY_ONCE, *FORMATS}
                or r.partition("/")[2] not in ("", "wal", "poll")}
     if unknown:
         raise SystemExit(f"unknown run(s): {sorted(unknown)}")
@@ -343,10 +366,12 @@ def measure(args, key: tuple, slot: str, pub: str, table: str, endpos: str, rout
         cfg = os.path.join(tmp, f"{run.replace('/', '-')}-{rnd}.toml")
         client, _, follow = run.partition("/")
         exactly_once = client in EXACTLY_ONCE
+        fmt = client.split("+")[1] if client in FORMATS else "json"
         client = "librdkafka" if client in (NULL, METRICS) else client.split("+")[0]
         text = config(args.dsn, args.bootstrap, slot, pub, table, client, routes[(rnd, run)],
                       schema_topic, args.partitions, metrics=run.startswith(METRICS),
-                      follow=follow, exactly_once=exactly_once)
+                      follow=follow, exactly_once=exactly_once, fmt=fmt,
+                      registry=args.registry)
         with open(cfg, "w") as fh:
             fh.write(text)
         prof = os.path.join(args.profile, f"{run.replace('/', '-')}.prof") if args.profile else None
@@ -381,6 +406,13 @@ def report(runs: list[str], rounds, results: dict, txn_rows: int = 50_000) -> No
         if ratios:
             print(f"exactly-once / at-least-once, {base}: {statistics.median(ratios):.2f}"
                   f" (goal <= 1.3; rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    for fmt in FORMATS:
+        ratios = sorted(results[(r, fmt)] / results[(r, "librdkafka")] for r in rounds
+                        if (r, fmt) in results and (r, "librdkafka") in results)
+        if ratios:
+            print(f"{fmt.split('+')[1]} / json, librdkafka: {statistics.median(ratios):.2f}"
+                  + (" (goal <= 1.2)" if fmt.endswith("avro") else "")
+                  + f" (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
     if RECV not in runs:
         return
     print("ratio to pg_recvlogical (time / its time in the same round; goal for librdkafka "
