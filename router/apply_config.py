@@ -23,7 +23,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from . import dsn as dsns
-from .config import LogConfig, RegistryConfig, decode_toml, parse_listen, read_config_text
+from .config import LogConfig, RegistryConfig, parse_listen
+from .config_files import decode_toml, read_config_text
 from .errors import ConfigError
 from .kafka_settings import parse_bootstrap_servers
 

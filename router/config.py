@@ -10,12 +10,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import string
-import tomllib
 from typing import Annotated, Literal
 
 import msgspec
 
 from . import dsn as dsns
+from .config_files import decode_toml, read_config_text
 from .errors import ConfigError
 from .exactly_once import validate_exactly_once
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
@@ -216,34 +216,6 @@ class Config(_Base):
     origin: OriginSetting | None = None
 
 
-_PATH_RE = re.compile(r"at `\$(.*?)`")
-
-
-def _path(msg: str) -> str | None:
-    m = _PATH_RE.search(msg)
-    if not m:
-        return None
-    return m.group(1).lstrip(".") or None
-
-
-def decode_toml(text: str, into: type, *, source: str, rename: list[str] | None = None):
-    """TOML text → the ``into`` Struct, every error a ``ConfigError`` naming the key path.
-    With ``rename`` (a list), old key names are read as their new ones (``RENAMED_KEYS``)
-    and a warning for each is appended to it."""
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
-    if rename is not None:
-        rename.extend(_rename(raw, source=source))
-    try:
-        return msgspec.convert(raw, into)
-    except msgspec.ValidationError as exc:
-        msg = str(exc)
-        raise ConfigError(_PATH_RE.sub("", msg).strip(" -"), path=_path(msg),
-                          source=source) from exc
-
-
 def resolve_client(client: str, rdkafka_installed: bool) -> str:
     """The Kafka client ``[kafka] client`` stands for: ``"auto"`` is librdkafka when
     confluent-kafka is installed (about ten times less CPU per record), else kafka-python."""
@@ -256,29 +228,6 @@ def rdkafka_installed() -> bool:
     return importlib.util.find_spec("confluent_kafka") is not None
 
 
-#: keys renamed, still read under their old names for one release (with a warning):
-#: (section, old name) -> new name
-RENAMED_KEYS = {("kafka", "progress_topic"): "committed_lsn_topic",
-                ("snapshot", "progress_topic"): "state_topic"}
-
-
-def _rename(raw: dict, *, source: str) -> list[str]:
-    """Old key names moved to their new ones in ``raw``; returns a warning line for each."""
-    notes = []
-    for (section, old), new in RENAMED_KEYS.items():
-        table = raw.get(section)
-        if not isinstance(table, dict) or old not in table:
-            continue
-        if new in table:
-            raise ConfigError(f"{section}.{new} is set, and also {section}.{old}, its old "
-                              "name: keep only the new one", path=f"{section}.{old}",
-                              source=source)
-        table[new] = table.pop(old)
-        notes.append(f"{source}: {section}.{old} is now called {section}.{new}; the old name "
-                     "is read for one more release")
-    return notes
-
-
 def parse_config(text: str, *, source: str = "<config>",
                  notes: list[str] | None = None) -> Config:
     """``text`` as a Config; the warnings it earns (old key names) are appended to
@@ -288,16 +237,6 @@ def parse_config(text: str, *, source: str = "<config>",
         cfg.kafka.client = resolve_client("auto", rdkafka_installed())
     validate(cfg, source=source)
     return cfg
-
-
-def read_config_text(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().decode()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file: {exc.strerror}", source=path) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config file is not UTF-8", source=path) from exc
 
 
 def load_config(path: str, notes: list[str] | None = None) -> Config:

@@ -42,14 +42,13 @@ from time import perf_counter
 
 import trio
 
-from router.avro import AvroFormat, SchemasNeeded, Subject
-from router.connect_format import ConnectFormat
+from router.avro import SchemasNeeded
 from router.errors import SinkError
 from router.routing import RoutedChunk
 from router.schema import encode_schema
 from router.topics import TopicSpec
 
-from ..kafka.registry import RegistryClient, RegistryUnavailable, SchemaIncompatible
+from ..kafka.registry import RegistryUnavailable
 from ..services import log
 from .mailbox import Registered, Acked, Hold, Keepalive
 
@@ -102,7 +101,7 @@ class SinkActor:
         self._plain = (self._plain_chunk if type(self)._chunk is SinkActor._chunk else None)
 
     def set_reshape(self, reshape) -> None:
-        """Records encoded by ``reshape`` (``record_reshaper``); one that needs schema ids
+        """Records encoded by ``reshape`` (``formats.record_reshaper``); one that needs schema ids
         (Avro) takes every chunk through ``_chunk``, where they are registered."""
         self.reshape = reshape
         if getattr(reshape, "registers", False):
@@ -360,72 +359,3 @@ class SinkActor:
             await trio.to_thread.run_sync(self.client.produce_sync, self.schema_topic, key, value)
             log.event(_log, "schema published", schema_id=schema.schema_id,
                       table=f"{schema.schema}.{schema.table}", topic=self.schema_topic)
-
-
-def record_reshaper(cfg):
-    """How every sink encodes records for ``cfg``, whatever their source (stream, initial
-    snapshot, backfill, exactly-once): None for pgrouter's JSON, else ``chunk -> records`` in
-    Kafka Connect's JSON (``[kafka] format = "connect"``) or Avro with the schema registry
-    (``"avro"``; ``AvroRecords``). Key and value are reshaped alike, so a row's snapshot
-    record and its changes share key bytes and partition."""
-    if cfg.kafka.format == "avro":
-        return AvroRecords(cfg.kafka.registry)
-    if cfg.kafka.format != "connect":
-        return None
-    return connect_records(ConnectFormat())
-
-
-class AvroRecords:
-    """``chunk -> records`` in Avro (``router.avro``), raising ``SchemasNeeded`` for schemas
-    without an id; ``register`` (blocking: a worker thread's) asks the registry for them."""
-
-    registers = True
-
-    def __init__(self, registry_cfg, client=None):
-        self.format = AvroFormat(registry_cfg.subject_naming)
-        self.client = client or RegistryClient(registry_cfg)
-        self._last: dict[str, Subject] = {}  # subject -> the layout last registered there
-
-    def __call__(self, chunk) -> list:
-        for schema in chunk.schemas:
-            self.format.learn(schema)
-        return self.format.convert_all(chunk.records)
-
-    def register(self, subjects) -> None:
-        for subject in subjects:
-            try:
-                schema_id = self.client.register(subject.subject, subject.schema)
-            except SchemaIncompatible as exc:
-                raise SchemaIncompatible(incompatible_line(subject, self._last.get(
-                    subject.subject), exc), subject=exc.subject, level=exc.level) from None
-            self.format.set_id(subject, schema_id)
-            self._last[subject.subject] = subject
-            log.event(_log, "schema registered", subject=subject.subject, id=schema_id,
-                      table=subject.table or None)
-
-
-def incompatible_line(subject: Subject, before: Subject | None, exc) -> str:
-    """One line for a schema the registry refused: table, columns that changed, subject and
-    compatibility level."""
-    if before is not None:
-        old, new = dict(before.columns), dict(subject.columns)
-        changes = ([f"column {c} added ({t})" for c, t in new.items() if c not in old]
-                   + [f"column {c} dropped" for c in old if c not in new]
-                   + [f"column {c} retyped {old[c]} -> {t}" for c, t in new.items()
-                      if c in old and old[c] != t])
-    else:
-        changes = [f"columns {', '.join(f'{c} {t}' for c, t in subject.columns)}"]
-    what = "; ".join(changes) or "the layout changed"
-    return (f"table {subject.table}: {what}: the schema registry refused the new {subject.kind} "
-            f"schema for subject {exc.subject!r} under compatibility {exc.level} ({exc}); "
-            "nothing after the last delivered record is confirmed: relax the subject's "
-            "compatibility (or register a compatible schema) and start the router again")
-
-
-def connect_records(fmt: ConnectFormat):
-    """``chunk -> records`` in Connect's JSON (the chunk's new schemas learned first)."""
-    def reshape(chunk):
-        for schema in chunk.schemas:
-            fmt.learn(schema)
-        return fmt.convert_all(chunk.records)
-    return reshape

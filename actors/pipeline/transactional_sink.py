@@ -27,7 +27,8 @@ from router.lsn import format_lsn
 from router.routing import RoutedChunk
 
 from ..services import log
-from .sink import SinkActor, record_reshaper
+from .formats import record_reshaper
+from .sink import SinkActor
 
 _log = log.get("sink")
 #: seconds between looks at the inbox while a Kafka transaction waits for more

@@ -1,0 +1,93 @@
+"""The record formats the sink writes besides pgrouter's JSON (``[kafka] format``): how a
+chunk's records are reshaped, whatever their source (stream, initial snapshot, backfill,
+exactly-once).
+
+Rules:
+
+* ``"connect"``: Kafka Connect's JSON (``router.connect_format``); ``"avro"``: Avro in the
+  Confluent wire format (``router.avro``), each schema registered once before the first
+  record naming it (``AvroRecords.register``, called by the sink in a worker thread).
+* Key and value are reshaped alike, so a row's snapshot record and its changes share key
+  bytes and partition.
+* A schema the registry refuses stops the sink with one line: the table, the columns that
+  changed since the layout last registered there, the subject and its compatibility level.
+"""
+
+from __future__ import annotations
+
+from router.avro import AvroFormat, Subject
+from router.connect_format import ConnectFormat
+
+from ..kafka.registry import RegistryClient, SchemaIncompatible
+from ..services import log
+
+_log = log.get("sink")
+
+
+def record_reshaper(cfg):
+    """How every sink encodes records for ``cfg``, whatever their source (stream, initial
+    snapshot, backfill, exactly-once): None for pgrouter's JSON, else ``chunk -> records`` in
+    Kafka Connect's JSON (``[kafka] format = "connect"``) or Avro with the schema registry
+    (``"avro"``; ``AvroRecords``). Key and value are reshaped alike, so a row's snapshot
+    record and its changes share key bytes and partition."""
+    if cfg.kafka.format == "avro":
+        return AvroRecords(cfg.kafka.registry)
+    if cfg.kafka.format != "connect":
+        return None
+    return connect_records(ConnectFormat())
+
+
+class AvroRecords:
+    """``chunk -> records`` in Avro (``router.avro``), raising ``SchemasNeeded`` for schemas
+    without an id; ``register`` (blocking: a worker thread's) asks the registry for them."""
+
+    registers = True
+
+    def __init__(self, registry_cfg, client=None):
+        self.format = AvroFormat(registry_cfg.subject_naming)
+        self.client = client or RegistryClient(registry_cfg)
+        self._last: dict[str, Subject] = {}  # subject -> the layout last registered there
+
+    def __call__(self, chunk) -> list:
+        for schema in chunk.schemas:
+            self.format.learn(schema)
+        return self.format.convert_all(chunk.records)
+
+    def register(self, subjects) -> None:
+        for subject in subjects:
+            try:
+                schema_id = self.client.register(subject.subject, subject.schema)
+            except SchemaIncompatible as exc:
+                raise SchemaIncompatible(incompatible_line(subject, self._last.get(
+                    subject.subject), exc), subject=exc.subject, level=exc.level) from None
+            self.format.set_id(subject, schema_id)
+            self._last[subject.subject] = subject
+            log.event(_log, "schema registered", subject=subject.subject, id=schema_id,
+                      table=subject.table or None)
+
+
+def incompatible_line(subject: Subject, before: Subject | None, exc) -> str:
+    """One line for a schema the registry refused: table, columns that changed, subject and
+    compatibility level."""
+    if before is not None:
+        old, new = dict(before.columns), dict(subject.columns)
+        changes = ([f"column {c} added ({t})" for c, t in new.items() if c not in old]
+                   + [f"column {c} dropped" for c in old if c not in new]
+                   + [f"column {c} retyped {old[c]} -> {t}" for c, t in new.items()
+                      if c in old and old[c] != t])
+    else:
+        changes = [f"columns {', '.join(f'{c} {t}' for c, t in subject.columns)}"]
+    what = "; ".join(changes) or "the layout changed"
+    return (f"table {subject.table}: {what}: the schema registry refused the new {subject.kind} "
+            f"schema for subject {exc.subject!r} under compatibility {exc.level} ({exc}); "
+            "nothing after the last delivered record is confirmed: relax the subject's "
+            "compatibility (or register a compatible schema) and start the router again")
+
+
+def connect_records(fmt: ConnectFormat):
+    """``chunk -> records`` in Connect's JSON (the chunk's new schemas learned first)."""
+    def reshape(chunk):
+        for schema in chunk.schemas:
+            fmt.learn(schema)
+        return fmt.convert_all(chunk.records)
+    return reshape
