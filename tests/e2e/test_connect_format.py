@@ -4,6 +4,7 @@ it, checked against what PostgreSQL itself says the values are."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from decimal import Decimal
 
@@ -105,8 +106,10 @@ def test_connect_records_carry_debezium_types(pg_dsn, kafka_bootstrap, tmp_path,
         pg.close()
 
 
-@pytest.mark.parametrize("fmt", ["json", "connect", "json+eo", "connect+eo"])
-def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, tmp_path, fmt):
+@pytest.mark.parametrize("fmt", ["json", "connect", "avro", "json+eo", "connect+eo",
+                                 "avro+eo"])
+def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, tmp_path, fmt,
+                                                       request):
     """A row's initial-snapshot record, its backfill record and its streamed changes carry
     the same key bytes (so the same partition) in the configured format and name one schema:
     the initial snapshot encodes through the same sink reshaping as the stream (it wrote
@@ -127,6 +130,9 @@ def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, 
     pg.run(f"create publication {name} for table {name}")
     fmt, _, eo = fmt.partition("+")  # "+eo": the stream and backfills in Kafka transactions
     extra = f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n' if eo else ""
+    if fmt == "avro":
+        registry_url = request.getfixturevalue("registry_url")
+        extra += f'[kafka.registry]\nurl = "{registry_url}"\n'
     cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
                        bootstrap=kafka_bootstrap, kafka_extra=f'format = "{fmt}"\n' + extra,
                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
@@ -147,8 +153,13 @@ def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, 
             assert any(p["kind"] == "backfill" and p["state"] == "done" for p in done), done
             # a restart reads the progress topics a Kafka transaction ended (a marker)
             run_router(cfg, timeout=60)
-        records = read_topic(kafka_bootstrap, name)
+        records = read_topic(kafka_bootstrap, name, decode=fmt != "avro")
         assert len(records) == 60, len(records)
+        if fmt == "avro":  # read by confluent-kafka's deserializer, the registry's schemas
+            from tests.e2e.test_avro_format import avro_records
+            for r, (key, value) in zip(records, avro_records(kafka_bootstrap, name,
+                                                             registry_url)):
+                r["key"], r["value"] = key, value
         by_key: dict = {}
         schema_ids = set()
         for r in records:
@@ -162,6 +173,12 @@ def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, 
                 assert row["tods"] == [43_200_000_000, 1_500_000], row
                 assert row["stamps"] == [1_704_067_200_000_000], row
                 assert row["ivs"] == ["1 day"], row
+            if fmt == "avro":
+                row = value["after"]
+                assert row["days"] == [dt.date(2024, 1, 1) + dt.timedelta(row["id"]), None]
+                assert row["tods"] == [dt.time(12), dt.time(0, 0, 1, 500000)], row
+                assert row["stamps"] == [dt.datetime(2024, 1, 1)], row
+                assert row["ivs"] == ["1 day"] and row["pt"] == f"({row['id']},0)", row
             schema_ids.add(value["source"]["schema_id"])
             by_key.setdefault(r["raw"][0], []).append((value["op"], r["partition"]))
         assert len(by_key) == 20, "a row's snapshot record and its change have other keys"
