@@ -30,7 +30,7 @@ COMMANDS: dict[str, str] = {
 }
 
 HELP: dict[str, str] = {
-    "decode": "decode captured pgoutput messages (LSN<TAB>HEX lines) to JSON",
+    "decode": "decode captured pgoutput messages (LSN<TAB>HEX lines), or a topic's records, to JSON",
     "run": "stream a replication slot into Kafka topics",
     "check": "check a config against PostgreSQL and Kafka, printing every problem",
     "setup": "install the event trigger that puts publication changes into the WAL",

@@ -199,6 +199,10 @@ class AvroDecoder:
         self._learn(value)
         return self.reader.envelope(value)
 
+    def key(self, value: bytes) -> dict:
+        self._learn(value)
+        return self.reader.key(value)
+
     def unknown(self, values) -> set[int]:
         """Schema ids of the Avro ``values`` not fetched yet."""
         from router.avro_read import is_avro, schema_id

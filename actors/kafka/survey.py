@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from router.errors import PgRouterError
+from router.errors import PgRouterError, SinkUnavailable
 
 from .versions import known_api_version
 
@@ -104,3 +104,29 @@ def _topic(consumer, TopicPartition, topic: str, transactional: bool, decoder=No
             "last_commit_time": last}
 
 
+
+
+def records(bootstrap_servers, topic: str, *, tail: int | None = None):
+    """(partition, offset, key, value) of ``topic``'s records up to its end offsets now
+    (the last ``tail`` of each partition); a topic that does not exist raises."""
+    from kafka import TopicPartition
+
+    consumer = _consumer(bootstrap_servers, consumer_timeout_ms=2000)
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            raise SinkUnavailable(f"topic {topic!r} does not exist at {bootstrap_servers}")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        ends, begins = consumer.end_offsets(tps), consumer.beginning_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, begins[tp] if tail is None else max(begins[tp],
+                                                                  ends[tp] - tail))
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            batch = consumer.poll(timeout_ms=1000)
+            for tp, msgs in sorted(batch.items(), key=lambda kv: kv[0].partition):
+                for m in msgs:
+                    if m.offset < ends[tp]:
+                        yield m.partition, m.offset, m.key, m.value
+    finally:
+        consumer.close()

@@ -2,7 +2,8 @@
 confluent-kafka's ``AvroDeserializer`` (an independent reader) reads every record, and every
 value equals what the JSON format carries for the same change, as PostgreSQL judges it
 (both cast to the column's type and printed by it); schema evolution while the router runs; the initial
-snapshot and exactly-once in Avro; ``pgrouter status`` on Avro topics."""
+snapshot and exactly-once in Avro; ``pgrouter status`` and ``pgrouter decode --topic`` on
+Avro topics."""
 
 from __future__ import annotations
 
@@ -310,6 +311,15 @@ def test_initial_snapshot_and_exactly_once_in_avro(pg_dsn, kafka_bootstrap, regi
         report = json.loads(status.stdout)
         [t] = report["routes"][name]
         assert t["topic"] == topic and t["last_commit_time"], report
+        shown = subprocess.run([sys.executable, "-m", "actors.cli", "decode", "-c", str(cfg),
+                                "--topic", topic, "--tail", "4"], capture_output=True,
+                               text=True, timeout=120, cwd=ROOT)
+        assert shown.returncode == 0, shown.stderr
+        lines = [json.loads(ln) for ln in shown.stdout.splitlines()]
+        # (the last 4 offsets: 3 records and the Kafka transaction's commit marker)
+        assert [ln["value"]["op"] for ln in lines] == ["u", "u", "u"], lines
+        assert all(ln["value"]["after"]["v"] == "changed" and ln["key"] == {
+            "id": ln["value"]["after"]["id"]} for ln in lines), lines
     finally:
         pg.drop_slot(name)
         pg.run(f"drop publication {name}")
