@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 .PHONY: test demo docs system venv stack spark-cluster down bench clean materialize-bundle
 
 test: venv stack
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
 	# the pure-Python twins of the C hot path (router/_native/), as on machines without a compiler
 	PGROUTER_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/router tests/actors
 

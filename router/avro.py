@@ -15,7 +15,9 @@ Rules:
   a truncate's options) and ``key_change`` (optional string). The key schema is the record ``Key`` of the key columns; a table
   without key columns writes a null key.
 * Every column is an optional field (``["null", T]``, default null), as Debezium writes
-  them. Types follow the Kafka Connect format's mapping (``router.connect_format``), written
+  them. A column name that is not a valid Avro name is written with ``_`` for each other
+  character (``_`` before a leading digit; ``_2`` … when that clashes) and the field names
+  the column in its ``pgrouter.column`` property. Types follow the Kafka Connect format's mapping (``router.connect_format``), written
   as Confluent's ``AvroData`` writes Connect schemas (``connect.name``,
   ``connect.parameters``, ``connect.type`` properties), with Avro's logical types where one
   fits: numeric(p,s) → ``bytes`` ``decimal`` (precision p, scale s; a negative scale is
@@ -86,6 +88,33 @@ _SOURCE_FIELDS = [("db", "string", False), ("schema", "string", True),
                   ("origin_lsn", "long", True), ("route", "string", True),
                   ("schema_id", "string", True)]
 _PLAIN_WRITERS = {"string": _w_string, "long": _long}
+
+
+#: field property naming the PostgreSQL column of a field whose name had to change
+COLUMN_PROP = "pgrouter.column"
+
+
+def field_names(columns: list[str]) -> dict[str, str]:
+    """column -> its Avro field name: the column's name where it is a valid Avro name, else
+    with every other character ``_`` (a leading digit gets a leading ``_``), made unique
+    with ``_2``, ``_3`` …"""
+    out, taken = {}, set()
+    valid = [c for c in columns if _NAME_OK.match(c)]
+    taken.update(valid)
+    for c in columns:
+        if c in out:
+            continue
+        if _NAME_OK.match(c):
+            out[c] = c
+            continue
+        base = re.sub(r"[^A-Za-z0-9_]", "_", c) or "_"
+        base = base if _NAME_OK.match(base) else "_" + base
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}_{n}", n + 1
+        taken.add(name)
+        out[c] = name
+    return out
 
 
 def _field(name: str, schema, optional: bool):
@@ -195,11 +224,14 @@ class _Table:
         ns = avro_namespace(topic)
         self.table = f"{schema.schema}.{schema.table}"
         self.columns = {c.name: c for c in schema.columns}
+        self.field_names = field_names([c.name for c in schema.columns])
         defined: set = set()
         fields, self.convs, self.writers, self.placeholders = [], [], [], {}
         for col in schema.columns:
             t = column_type(col, defined)
-            fields.append(_field(col.name, t.schema, True))
+            fields.append(_field(self.field_names[col.name], t.schema, True))
+            if self.field_names[col.name] != col.name:
+                fields[-1][COLUMN_PROP] = col.name
             self.convs.append((col.name, t.convert))
             self.writers.append(_optional(t.write))
             self.placeholders[col.name] = t.placeholder
@@ -213,7 +245,9 @@ class _Table:
         key_fields, self.key_convs, self.key_writers = [], [], []
         for name in self.key_names:
             t = column_type(self.columns[name], key_defined)
-            key_fields.append(_field(name, t.schema, False))
+            key_fields.append(_field(self.field_names[name], t.schema, False))
+            if self.field_names[name] != name:
+                key_fields[-1][COLUMN_PROP] = name
             self.key_convs.append((name, t.convert))
             self.key_writers.append(t.write)
         self.key_schema = ({"type": "record", "name": "Key", "namespace": ns,

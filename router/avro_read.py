@@ -27,7 +27,7 @@ from decimal import Decimal
 
 import msgspec
 
-from .avro import MAGIC, split_header
+from .avro import COLUMN_PROP, MAGIC, split_header
 from .errors import DecodeError
 
 _VSD_FIELDS = frozenset({"scale", "value"})
@@ -85,11 +85,25 @@ def json_value(v):
     return _text(v)
 
 
-def _row(row: dict | None, toast: list | None) -> dict | None:
+def _row(row: dict | None, toast: list | None, columns: dict) -> dict | None:
     if row is None:
         return None
     skip = frozenset(toast or ())
-    return {k: json_value(v) for k, v in row.items() if k not in skip}
+    return {columns.get(k, k): json_value(v) for k, v in row.items()
+            if columns.get(k, k) not in skip}
+
+
+def _columns(schema: dict) -> dict[str, str]:
+    """field -> PostgreSQL column, for fields whose name is not the column's
+    (``router.avro.COLUMN_PROP``): of the key record, or of the envelope's row record."""
+    fields = schema.get("fields") or []
+    for f in fields:
+        if f.get("name") == "before":  # an envelope: the row record is defined here
+            types = f["type"] if isinstance(f["type"], list) else [f["type"]]
+            rows = [t for t in types if isinstance(t, dict)]
+            fields = rows[0]["fields"] if rows else []
+            break
+    return {f["name"]: f[COLUMN_PROP] for f in fields if COLUMN_PROP in f}
 
 
 class AvroReader:
@@ -98,13 +112,16 @@ class AvroReader:
     def __init__(self):
         self._fastavro = _fastavro()
         self._schemas: dict[int, object] = {}
+        self._columns: dict[int, dict[str, str]] = {}  # sid -> renamed fields
 
     def knows(self, sid: int) -> bool:
         return sid in self._schemas
 
     def learn(self, sid: int, schema_text: str) -> None:
         try:
-            self._schemas[sid] = self._fastavro.parse_schema(json.loads(schema_text))
+            schema = json.loads(schema_text)
+            self._columns[sid] = _columns(schema) if isinstance(schema, dict) else {}
+            self._schemas[sid] = self._fastavro.parse_schema(schema)
         except (ValueError, TypeError, self._fastavro.schema.SchemaParseException) as exc:
             raise DecodeError(f"schema {sid} of the registry is not an Avro schema: "
                               f"{exc}") from exc
@@ -135,8 +152,9 @@ class AvroReader:
         if updates and d.get("key_change") == "create_new":
             op = "u"
         toast = d.get("unchanged_toast")
-        env = {"op": op, "before": _row(d.get("before"), None),
-               "after": _row(d.get("after"), toast), "source": d["source"],
+        columns = self._columns.get(split_header(value)[0], {})
+        env = {"op": op, "before": _row(d.get("before"), None, columns),
+               "after": _row(d.get("after"), toast, columns), "source": d["source"],
                "ts_ms": d.get("ts_ms")}
         if toast:
             env["unchanged_toast"] = toast
@@ -150,7 +168,8 @@ class AvroReader:
 
     def key(self, value: bytes) -> dict:
         d = self.datum(value)
-        return {k: json_value(v) for k, v in d.items()}
+        columns = self._columns.get(split_header(value)[0], {})
+        return {columns.get(k, k): json_value(v) for k, v in d.items()}
 
     def to_json(self, value: bytes, *, updates: bool = False) -> bytes | None:
         env = self.envelope(value, updates=updates)

@@ -338,3 +338,23 @@ def test_a_body_that_does_not_decode_is_a_decode_error(fmt, reg):
 def test_transaction_metadata_stays_json(fmt):
     meta = ("tx", b'"1:2"', b'{"status":"BEGIN","id":"1:2","event_count":null}', None)
     assert fmt.convert_all([meta]) == [meta]
+
+
+def test_columns_whose_names_avro_refuses_get_valid_field_names(fmt, reg):
+    cols = [col("my id", "int8", key=True), col("1st", "text"), col("my-id", "text"),
+            col("my_id", "text"), col("été", "int4")]
+    fmt.learn(table(*cols, key=("my id",)))
+    row = {"my id": 1, "1st": "a", "my-id": "b", "my_id": "c", "été": 5}
+    [out] = convert(fmt, reg, [record(after=row, key={"my id": 1})])
+    value_schema = json.loads(reg.texts[split_header(out[2])[0]])
+    fields = value_schema["fields"][0]["type"][1]["fields"]
+    assert [(f["name"], f.get("pgrouter.column")) for f in fields] == [
+        ("my_id_2", "my id"), ("_1st", "1st"), ("my_id_3", "my-id"), ("my_id", None),
+        ("_t_", "été")]
+    assert reg.read(out[2])["after"] == {"my_id_2": 1, "_1st": "a", "my_id_3": "b",
+                                         "my_id": "c", "_t_": 5}
+    reader = AvroReader()
+    for sid, text in reg.texts.items():
+        reader.learn(sid, text)
+    assert reader.envelope(out[2])["after"] == row  # the columns' own names again
+    assert reader.key(out[1]) == {"my id": 1}
