@@ -353,17 +353,29 @@ class RegistryGate:
     """An HTTP proxy in front of the registry that answers 503 while closed (a registry that
     is down behind its load balancer)."""
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, *, auth: str = "", tls=None):
+        """``auth``: the ``user:password`` it demands (HTTP basic); ``tls``: a
+        ``trustme.CA`` whose server certificate it serves HTTPS with."""
+        import base64
         import http.server
+        import ssl
         import threading
         import urllib.error
 
         self.open = threading.Event()
         self.open.set()
+        self.refused = 0
         gate = self
+        want = "Basic " + base64.b64encode(auth.encode()).decode() if auth else None
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _forward(self):
+                if want is not None and self.headers.get("Authorization") != want:
+                    gate.refused += 1
+                    self.send_response(401)
+                    self.end_headers()
+                    self.wfile.write(b'{"message": "unauthorized (test gate)"}')
+                    return
                 if not gate.open.is_set():
                     self.send_response(503)
                     self.end_headers()
@@ -392,7 +404,13 @@ class RegistryGate:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "http"
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.issue_cert("127.0.0.1").configure_cert(context)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -437,6 +455,92 @@ def test_a_registry_down_mid_stream_is_retried_and_confirms_nothing(
     finally:
         kill9(proc)
         gate.close()
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
+
+
+def test_registry_behind_basic_auth_and_tls(pg_dsn, kafka_bootstrap, registry_url, tmp_path):
+    """A registry that demands basic auth over HTTPS with a private CA: the configured
+    credentials and CA file work; a wrong password is one line from pgrouter check (no
+    password in it), and the router does not start."""
+    import trustme
+
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    gate = RegistryGate(registry_url, auth="pgr:s3cret-pw", tls=ca)
+    pg = Pg(pg_dsn)
+    name = unique("ava")
+    topic = f"{name}.t"
+    pg.run(f"create table {name} (id int primary key)")
+    pg.run(f"create publication {name} for table {name}")
+
+    def config(password):
+        return write_config(
+            tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+            bootstrap=kafka_bootstrap,
+            kafka_extra=f'schema_topic = "{name}.schemas"\n' + avro_kafka(gate.url) + (
+                f'username = "pgr"\npassword = "{password}"\nssl_ca_location = "{ca_file}"\n'),
+            routes=route(name, topic), extra='[snapshot]\nmode = "never"\n')
+    try:
+        bad = config("wrong-pw")
+        check = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c", str(bad)],
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+        out = check.stdout + check.stderr
+        assert check.returncode == 1 and "refused the credentials (401)" in out, out
+        assert "wrong-pw" not in out and "Traceback" not in out
+        cfg = config("s3cret-pw")
+        run_router(cfg)  # creates the slot
+        pg.run(f"insert into {name} values (1), (2)")
+        run_router(cfg)
+        assert [v["after"] for _, v in avro_records(kafka_bootstrap, topic, registry_url)] == [
+            {"id": 1}, {"id": 2}]
+        assert gate.refused >= 1
+    finally:
+        gate.close()
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
+
+
+def test_auto_register_off_needs_the_schemas_registered(pg_dsn, kafka_bootstrap, registry_url,
+                                                        tmp_path):
+    """With auto_register = false a subject without pgrouter's schema stops the router with
+    one line (nothing confirmed past it); once the schema is registered the same changes
+    are delivered, under the ids the registry already holds."""
+    pg = Pg(pg_dsn)
+    name = unique("avn")
+    topic = f"{name}.t"
+    pg.run(f"create table {name} (id int primary key)")
+    pg.run(f"create publication {name} for table {name}")
+
+    def config(auto):
+        return write_config(
+            tmp_path / f"r-{auto}.toml", dsn=pg_dsn, slot=name, publications=[name],
+            bootstrap=kafka_bootstrap,
+            kafka_extra=f'schema_topic = "{name}.schemas"\n' + avro_kafka(registry_url)
+            + f"auto_register = {auto}\n",
+            routes=route(name, topic), extra='[snapshot]\nmode = "never"\n')
+    try:
+        fixed = config("false")
+        run_router(fixed)  # creates the slot; nothing to send yet
+        pg.run(f"insert into {name} values (1)")
+        proc = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", str(fixed),
+                               "--until-caught-up"], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert f"subject '{topic}-value'" in proc.stderr and "auto_register = false" in \
+            proc.stderr, proc.stderr[-2000:]
+        assert avro_records(kafka_bootstrap, topic, registry_url) == []
+        run_router(config("true"))  # registers them (and delivers the row)
+        pg.run(f"insert into {name} values (2)")
+        run_router(fixed)
+        assert [v["after"]["id"] for _, v in avro_records(kafka_bootstrap, topic,
+                                                           registry_url)] == [1, 2]
+    finally:
         pg.drop_slot(name)
         pg.run(f"drop publication {name}")
         pg.run(f"drop table {name}")
