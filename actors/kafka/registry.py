@@ -148,6 +148,18 @@ class RegistryClient:
                     return level
         return "unknown"
 
+    def latest(self, subject: str) -> str | None:
+        """The subject's latest schema text (None when it has none or the registry does not
+        say)."""
+        try:
+            status, answer = self._call("GET", "/subjects/" + urllib.parse.quote(
+                subject, safe="") + "/versions/latest")
+        except SinkError:
+            return None
+        if status == 200 and isinstance(answer, dict):
+            return answer.get("schema")
+        return None
+
     def schema(self, schema_id: int) -> str:
         """The schema text with this id (for readers: decode, apply, materialize)."""
         status, answer = self._call("GET", f"/schemas/ids/{int(schema_id)}")

@@ -15,7 +15,9 @@ Rules:
 
 from __future__ import annotations
 
-from router.avro import AvroFormat, Subject
+import json
+
+from router.avro import COLUMN_PROP, AvroFormat, Subject
 from router.connect_format import ConnectFormat
 
 from ..kafka.registry import RegistryClient, SchemaIncompatible
@@ -58,19 +60,28 @@ class AvroRecords:
             try:
                 schema_id = self.client.register(subject.subject, subject.schema)
             except SchemaIncompatible as exc:
-                raise SchemaIncompatible(incompatible_line(subject, self._last.get(
-                    subject.subject), exc), subject=exc.subject, level=exc.level) from None
+                before = self._last.get(subject.subject)
+                latest = None if before is not None else self.client.latest(subject.subject)
+                raise SchemaIncompatible(incompatible_line(subject, before, exc, latest),
+                                         subject=exc.subject, level=exc.level) from None
             self.format.set_id(subject, schema_id)
             self._last[subject.subject] = subject
             log.event(_log, "schema registered", subject=subject.subject, id=schema_id,
                       table=subject.table or None)
 
 
-def incompatible_line(subject: Subject, before: Subject | None, exc) -> str:
-    """One line for a schema the registry refused: table, columns that changed, subject and
-    compatibility level."""
+def incompatible_line(subject: Subject, before: Subject | None, exc,
+                      latest: str | None = None) -> str:
+    """One line for a schema the registry refused: table, columns that changed (since the
+    layout this process registered there, else since the subject's latest schema), subject
+    and compatibility level."""
     if before is not None:
         old, new = dict(before.columns), dict(subject.columns)
+    elif latest is not None:
+        old, new = _row_fields(latest), _row_fields(subject.schema)
+    else:
+        old = new = None
+    if old is not None:
         changes = ([f"column {c} added ({t})" for c, t in new.items() if c not in old]
                    + [f"column {c} dropped" for c in old if c not in new]
                    + [f"column {c} retyped {old[c]} -> {t}" for c, t in new.items()
@@ -82,6 +93,30 @@ def incompatible_line(subject: Subject, before: Subject | None, exc) -> str:
             f"schema for subject {exc.subject!r} under compatibility {exc.level} ({exc}); "
             "nothing after the last delivered record is confirmed: relax the subject's "
             "compatibility (or register a compatible schema) and start the router again")
+
+
+def _row_fields(schema_text: str) -> dict[str, str]:
+    """column -> its Avro type in words, of a key record or an envelope's row record."""
+    try:
+        schema = json.loads(schema_text)
+        fields = schema["fields"]
+        for f in fields:
+            if f["name"] == "before":
+                fields = [t for t in f["type"] if isinstance(t, dict)][0]["fields"]
+                break
+        return {f.get(COLUMN_PROP, f["name"]): _type_words(f["type"]) for f in fields}
+    except (ValueError, KeyError, IndexError, TypeError):
+        return {}
+
+
+def _type_words(t) -> str:
+    if isinstance(t, list):  # ["null", T]
+        return " | ".join(_type_words(x) for x in t if x != "null")
+    if isinstance(t, dict):
+        if t.get("type") == "array":
+            return f"array of {_type_words(t.get('items'))}"
+        return t.get("logicalType") or t.get("connect.name") or str(t.get("type"))
+    return str(t)
 
 
 def connect_records(fmt: ConnectFormat):

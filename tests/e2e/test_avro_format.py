@@ -261,6 +261,13 @@ def test_schema_evolution_while_running(pg_dsn, kafka_bootstrap, registry_url, t
                            "where slot_name = %s", name)
         assert pg.one("select %s::pg_lsn < %s::pg_lsn", confirmed, lsn_after_alter)
         assert pg.one("select %s::pg_lsn >= %s::pg_lsn", confirmed, confirmed_before)
+        # a new process, which registered nothing yet, names the change against the
+        # subject's latest schema, and stops again
+        again = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
+                                "--until-caught-up"], capture_output=True, text=True,
+                               timeout=120, cwd=ROOT)
+        assert again.returncode == 1 and "Traceback" not in again.stderr
+        assert "column n retyped int -> string" in again.stderr, again.stderr[-2000:]
         registry_put(registry_url, f"/config/{subject}", {"compatibility": "NONE"})
         run_router(tmp_path / "r.toml")
         records = avro_records(kafka_bootstrap, topic, registry_url)
