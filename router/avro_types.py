@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 
 import msgspec
 
-from .connect_format import PLACEHOLDER, _micro_time, _parse_ts, parse_array
+from .connect_format import EXACT, PLACEHOLDER, _micro_time, _parse_ts, parse_array
 from .schema import ColumnSchema
 
 _EPOCH = dt.date(1970, 1, 1)
@@ -112,7 +112,7 @@ def _unscaled(v: str, scale: int) -> bytes | None:
         return None
     if not d.is_finite():
         return None
-    n = int(d.scaleb(scale).to_integral_value())
+    n = int(d.scaleb(scale, EXACT).to_integral_value(context=EXACT))
     return n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)
 
 

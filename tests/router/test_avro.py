@@ -98,6 +98,10 @@ CORPUS = [
     (col("v", "numeric"), "-0.00123", {"scale": 5, "value": (-123).to_bytes(1, "big",
                                                                            signed=True)}),
     (col("vinf", "numeric"), "Infinity", None),
+    (col("n40", "numeric", precision=40, scale=5), "12345678901234567890123456789012345.12345",
+     Decimal("12345678901234567890123456789012345.12345")),  # beyond Python's 28 digits
+    (col("v40", "numeric"), "-123456789012345678901234567890.5",
+     {"scale": 1, "value": (-1234567890123456789012345678905).to_bytes(13, "big", signed=True)}),
     (col("t", "text"), "hé \u2603", "hé \u2603"),
     (col("vc", "varchar", precision=3), "abc", "abc"),
     (col("by", "bytea"), "\\x00ff10", b"\x00\xff\x10"),
@@ -301,6 +305,8 @@ def test_records_read_back_as_the_json_envelope(fmt, reg):
     assert (env["op"], env["source"], env["ts_ms"]) == ("c", SOURCE, 17)
     assert got["n"] == "-12345678.90" and got["nneg"] == "1234500"
     assert got["v"] == "-0.00123" and got["by"] == "\\x00ff10"
+    assert got["n40"] == "12345678901234567890123456789012345.12345"
+    assert got["v40"] == "-123456789012345678901234567890.5"
     assert got["ts"] == "2024-01-02 03:04:05.123456"
     assert got["tz"] == "2024-01-02 01:04:05.500000+00:00"
     assert got["d"] == "2024-02-29" and got["tm"] == "13:14:15.000016"
