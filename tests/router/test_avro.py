@@ -146,6 +146,29 @@ def test_every_type_of_the_corpus_reads_back(fmt, reg):
     assert reg.read(out[1]) == {"id": 1}
 
 
+def test_connect_names_agree_with_the_logical_types_avro_data_reads(fmt, reg):
+    """AvroData (Confluent's and Apicurio's converters) reads Avro's date, time-millis and
+    timestamp-millis as Kafka Connect's Date, Time and Timestamp, and refuses a schema whose
+    connect.name says otherwise ("Mismatched names"); the other temporal types are plain
+    ints and longs there and keep Debezium's names."""
+    types = {"d": ("date", None), "tm3": ("time", 3), "tz3": ("timestamptz", 3),
+             "ts3": ("timestamp", 3), "ts": ("timestamp", None), "tz": ("timestamptz", None),
+             "tm": ("time", None)}
+    fmt.learn(table(col("id", "int8", key=True),
+                    *(col(n, t, precision=p) for n, (t, p) in types.items())))
+    [out] = convert(fmt, reg, [record(after={"id": 1}, key={"id": 1})])
+    value = json.loads(reg.texts[split_header(out[2])[0]])
+    fields = {f["name"]: f["type"][1] for f in value["fields"][0]["type"][1]["fields"]}
+    assert {n: (fields[n]["logicalType"], fields[n]["connect.name"]) for n in types} == {
+        "d": ("date", "org.apache.kafka.connect.data.Date"),
+        "tm3": ("time-millis", "org.apache.kafka.connect.data.Time"),
+        "tz3": ("timestamp-millis", "org.apache.kafka.connect.data.Timestamp"),
+        "ts3": ("local-timestamp-millis", "io.debezium.time.Timestamp"),
+        "ts": ("local-timestamp-micros", "io.debezium.time.MicroTimestamp"),
+        "tz": ("timestamp-micros", "io.debezium.time.MicroTimestamp"),
+        "tm": ("time-micros", "io.debezium.time.MicroTime")}
+
+
 def test_nulls_are_nulls(fmt, reg):
     columns = [col("id", "int8", key=True)] + [c for c, _, _ in CORPUS]
     fmt.learn(table(*columns))
