@@ -12,6 +12,13 @@ Rules:
   is served is used; Jackson comes from the worker (two copies break its service loading),
   and only the PostgreSQL driver is kept.
 * Debezium's POM names other repositories: Maven is pointed at Maven Central only.
+* With ``registry`` (the Apicurio Registry's core API, ``…/apis/registry/v2``) keys and values
+  are read by Apicurio's ``AvroConverter`` instead (``[kafka] format = "avro"``), from a plugin
+  folder of its own. It is ``apicurio-registry-utils-converter`` 2.6: the Maven Central
+  reachable here serves the 3.x POMs but not the jars (3.3.3) or not their parent POM
+  (3.0.9); 2.6 speaks the v2 API, which Apicurio 3 keeps. It reads the Confluent framing pgrouter writes (``as-confluent``:
+  a 4-byte id after byte 0) and takes that id for a content id, which is what the registry's
+  Confluent-compatible API hands out. Kafka's and SLF4J's jars are the worker's.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from .process import StackError
 
 JDBC_SINK_VERSION = "3.6.0.Final"
 HIBERNATE_AGROAL_VERSION = "7.2.0.Final"
+APICURIO_CONVERTER_VERSION = "2.6.13.Final"
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 CENTRAL = "https://repo.maven.apache.org/maven2"
 
 _WORKER_DEPS = [("org.apache.kafka", "connect-runtime", KAFKA_VERSION),
@@ -59,6 +68,9 @@ POMS = {
               ("io.agroal", "*"))) + _dep(
         "org.hibernate.orm", "hibernate-agroal", HIBERNATE_AGROAL_VERSION,
         _excl(("org.hibernate.orm", "hibernate-core")))),
+    "avro-converter": _pom("avro-converter", _dep(
+        "io.apicurio", "apicurio-registry-utils-converter", APICURIO_CONVERTER_VERSION,
+        _excl(("org.apache.kafka", "*"), ("org.slf4j", "*")))),
 }
 _SETTINGS = (f"<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>"
              f"<url>{CENTRAL}</url></mirror></mirrors></settings>")
@@ -92,13 +104,39 @@ def _fetch(name: str, target: pathlib.Path, work: pathlib.Path) -> pathlib.Path:
     return target
 
 
-def fetch(cache: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-    """(the worker's jars, the plugin path holding the JDBC sink), fetched on first use."""
+def fetch(cache: pathlib.Path, *, avro: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
+    """(the worker's jars, the plugin path holding the JDBC sink and, with ``avro``, Apicurio's
+    Avro converter), fetched on first use."""
     cache = cache.resolve()
     lib = _fetch("connect", cache / "jars" / "connect", cache / "poms" / "connect")
     plugins = cache / "jars" / "connect-plugins"
     _fetch("jdbc-sink", plugins / "debezium-jdbc", cache / "poms" / "jdbc-sink")
+    if avro:
+        _fetch("avro-converter", plugins / "apicurio-avro", cache / "poms" / "avro-converter")
     return lib, plugins
+
+
+def apicurio_api(ccompat_url: str) -> str:
+    """The core (v2) API of the Apicurio Registry whose Confluent-compatible API is
+    ``ccompat_url`` (``http://host:port/apis/ccompat/v7``)."""
+    base, sep, _ = ccompat_url.rstrip("/").rpartition("/apis/ccompat/")
+    if not sep:
+        raise StackError(f"{ccompat_url}: not an Apicurio Registry's Confluent-compatible API "
+                         "(…/apis/ccompat/v7)")
+    return base + "/apis/registry/v2"
+
+
+def avro_converter_properties(registry: str) -> dict[str, str]:
+    """Worker properties reading Confluent-framed Avro with Apicurio's converter from the
+    registry's core API ``registry`` (``apicurio_api``)."""
+    out = {}
+    for side in ("key", "value"):
+        p = f"{side}.converter"
+        out |= {p: AVRO_CONVERTER, f"{p}.apicurio.registry.url": registry,
+                f"{p}.apicurio.registry.as-confluent": "true",
+                f"{p}.apicurio.registry.use-id": "contentId",
+                f"{p}.apicurio.registry.headers.enabled": "false"}
+    return out
 
 
 def _props(values: dict[str, str]) -> str:
@@ -106,12 +144,15 @@ def _props(values: dict[str, str]) -> str:
 
 
 class ConnectStandalone:
-    """One standalone worker running one JDBC sink connector; ``start``/``stop``."""
+    """One standalone worker running one JDBC sink connector; ``start``/``stop``. Records are
+    Connect JSON, or Avro read through ``registry`` (``apicurio_api``) when given."""
 
     def __init__(self, cache: pathlib.Path, workdir: pathlib.Path, *, bootstrap: str,
                  topics: list[str], jdbc_url: str, user: str = "postgres",
-                 password: str = ""):
-        self.cache, self.workdir = cache, workdir
+                 password: str = "", registry: str | None = None,
+                 name: str = "pgrouter-jdbc-sink"):
+        self.cache, self.workdir, self.registry = cache, workdir, registry
+        self.name = name  # the sink's consumer group is connect-<name>
         self.bootstrap, self.topics = bootstrap, topics
         self.jdbc_url, self.user, self.password = jdbc_url, user, password
         self.proc: subprocess.Popen | None = None
@@ -119,9 +160,11 @@ class ConnectStandalone:
 
     def worker_properties(self, plugins: pathlib.Path) -> dict[str, str]:
         converter = "org.apache.kafka.connect.json.JsonConverter"
-        return {"bootstrap.servers": self.bootstrap, "key.converter": converter,
-                "value.converter": converter, "key.converter.schemas.enable": "true",
-                "value.converter.schemas.enable": "true",
+        converters = (avro_converter_properties(self.registry) if self.registry else
+                      {"key.converter": converter, "value.converter": converter,
+                       "key.converter.schemas.enable": "true",
+                       "value.converter.schemas.enable": "true"})
+        return {"bootstrap.servers": self.bootstrap, **converters,
                 "offset.storage.file.filename": str(self.workdir / "offsets"),
                 "offset.flush.interval.ms": "1000", "plugin.path": str(plugins),
                 "listeners": "http://127.0.0.1:0",
@@ -129,7 +172,7 @@ class ConnectStandalone:
                 "consumer.auto.offset.reset": "earliest"}
 
     def connector_properties(self) -> dict[str, str]:
-        return {"name": "pgrouter-jdbc-sink",
+        return {"name": self.name,
                 "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
                 "tasks.max": "1", "topics": ",".join(self.topics),
                 "connection.url": self.jdbc_url, "connection.username": self.user,
@@ -139,7 +182,7 @@ class ConnectStandalone:
                 "collection.name.format": "${topic}"}
 
     def start(self) -> None:
-        lib, plugins = fetch(self.cache)
+        lib, plugins = fetch(self.cache, avro=self.registry is not None)
         self.workdir.mkdir(parents=True, exist_ok=True)
         worker = self.workdir / "worker.properties"
         connector = self.workdir / "jdbc-sink.properties"
@@ -152,6 +195,10 @@ class ConnectStandalone:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def task_failed(self) -> bool:
+        """True once the connector's task died (the worker lives on without it)."""
+        return self.log.exists() and b"unrecoverable exception" in self.log.read_bytes()
 
     def stop(self, timeout: float = 30) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -29,6 +29,10 @@ Rules:
   ``infinity`` (or a BC date) → null; arrays → Avro arrays of optional elements; json,
   jsonb, timetz, interval, enums, domains, composite values and every other type → their
   PostgreSQL text form as ``string``. ``docs/record-formats.md`` has the table.
+* A logical type AvroData reads as Kafka Connect's own (``date``, ``time-millis``,
+  ``timestamp-millis``: Connect's Date, Time, Timestamp) carries Connect's ``connect.name``,
+  as AvroData writes it: with Debezium's name there AvroData refuses the schema ("Mismatched
+  names"). The other logical types are plain ints and longs to AvroData and keep Debezium's.
 * An unchanged TOAST value is Debezium's placeholder ``__debezium_unavailable_value`` in
   string columns (bytes columns: its UTF-8 bytes), null otherwise, and the column is named in
   ``unchanged_toast``.

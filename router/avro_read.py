@@ -28,6 +28,7 @@ from decimal import Decimal
 import msgspec
 
 from .avro import COLUMN_PROP, MAGIC, split_header
+from .connect_format import EXACT
 from .errors import DecodeError
 
 _VSD_FIELDS = frozenset({"scale", "value"})
@@ -68,7 +69,7 @@ def _text(v) -> str:
         return "\\x" + bytes(v).hex()
     if isinstance(v, dict) and v.keys() == _VSD_FIELDS:
         return format(Decimal(int.from_bytes(v["value"], "big", signed=True)).scaleb(
-            -v["scale"]), "f")
+            -v["scale"], EXACT), "f")
     if isinstance(v, dt.datetime):
         return v.isoformat(sep=" ")
     if isinstance(v, (dt.date, dt.time, uuid.UUID)):

@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 
 import msgspec
 
-from .connect_format import PLACEHOLDER, _micro_time, _parse_ts, parse_array
+from .connect_format import EXACT, PLACEHOLDER, _micro_time, _parse_ts, parse_array
 from .schema import ColumnSchema
 
 _EPOCH = dt.date(1970, 1, 1)
@@ -112,7 +112,7 @@ def _unscaled(v: str, scale: int) -> bytes | None:
         return None
     if not d.is_finite():
         return None
-    n = int(d.scaleb(scale).to_integral_value())
+    n = int(d.scaleb(scale, EXACT).to_integral_value(context=EXACT))
     return n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)
 
 
@@ -180,6 +180,10 @@ _INT = {"int2": ("int", "int16"), "int4": ("int", None), "int8": ("long", None),
 _NAMED_STRINGS = {"json": "io.debezium.data.Json", "jsonb": "io.debezium.data.Json",
                   "timetz": "io.debezium.time.ZonedTime", "xml": "io.debezium.data.Xml"}
 _VSD = "io.debezium.data.VariableScaleDecimal"
+# logical types AvroData reads as Kafka Connect's own carry Connect's names (router.avro)
+_CONNECT_LOGICAL = {"date": "org.apache.kafka.connect.data.Date",
+                    "time-millis": "org.apache.kafka.connect.data.Time",
+                    "timestamp-millis": "org.apache.kafka.connect.data.Timestamp"}
 
 
 class _Type(msgspec.Struct, frozen=True):
@@ -232,13 +236,14 @@ def _column_type(type_name: str, precision: int | None, scale: int | None,
         return _Type("bytes", _bytea, _w_bytes, PLACEHOLDER.encode())
     if type_name == "date":
         return _Type({"type": "int", "logicalType": "date", "connect.version": 1,
-                      "connect.name": "io.debezium.time.Date"}, _date, _long)
+                      "connect.name": _CONNECT_LOGICAL["date"]}, _date, _long)
     if type_name in ("timestamp", "timestamptz"):
         millis = precision is not None and precision <= 3
         local = type_name == "timestamp"
         logical = ("local-" if local else "") + ("timestamp-millis" if millis else
                                                  "timestamp-micros")
-        name = "io.debezium.time." + ("Timestamp" if millis else "MicroTimestamp")
+        name = _CONNECT_LOGICAL.get(logical, "io.debezium.time." + (
+            "Timestamp" if millis else "MicroTimestamp"))
         conv = ((_local_millis if millis else _local_micros) if local else
                 (_utc_millis if millis else _utc_micros))
         return _Type({"type": "long", "logicalType": logical, "connect.version": 1,
@@ -246,7 +251,7 @@ def _column_type(type_name: str, precision: int | None, scale: int | None,
     if type_name == "time":
         if precision is not None and precision <= 3:
             return _Type({"type": "int", "logicalType": "time-millis", "connect.version": 1,
-                          "connect.name": "io.debezium.time.Time"}, _time_millis, _long)
+                          "connect.name": _CONNECT_LOGICAL["time-millis"]}, _time_millis, _long)
         return _Type({"type": "long", "logicalType": "time-micros", "connect.version": 1,
                       "connect.name": "io.debezium.time.MicroTime"}, _micro_time, _long)
     if type_name == "uuid":

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 
 import msgspec
 
@@ -43,6 +43,9 @@ _EPOCH = dt.date(1970, 1, 1)
 _EPOCH_DT = dt.datetime(1970, 1, 1)
 _decode = msgspec.json.decode
 _encode = msgspec.json.Encoder(decimal_format="number").encode
+#: exact for every numeric PostgreSQL holds (131072 digits before the point, 16383 after);
+#: Python's default context rounds to 28 digits
+EXACT = Context(prec=1_000_000, Emax=999_999_999, Emin=-999_999_999)
 
 
 # -- value conversions (PostgreSQL text form or JSON value → Connect payload) ---------------
@@ -54,7 +57,7 @@ def _unscaled(value: str, scale: int) -> str | None:
         return None
     if not d.is_finite():
         return None  # Connect's Decimal has no NaN/Infinity
-    n = int(d.scaleb(scale).to_integral_value())
+    n = int(d.scaleb(scale, EXACT).to_integral_value(context=EXACT))
     raw = n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)
     return base64.b64encode(raw).decode()
 

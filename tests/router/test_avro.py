@@ -98,6 +98,10 @@ CORPUS = [
     (col("v", "numeric"), "-0.00123", {"scale": 5, "value": (-123).to_bytes(1, "big",
                                                                            signed=True)}),
     (col("vinf", "numeric"), "Infinity", None),
+    (col("n40", "numeric", precision=40, scale=5), "12345678901234567890123456789012345.12345",
+     Decimal("12345678901234567890123456789012345.12345")),  # beyond Python's 28 digits
+    (col("v40", "numeric"), "-123456789012345678901234567890.5",
+     {"scale": 1, "value": (-1234567890123456789012345678905).to_bytes(13, "big", signed=True)}),
     (col("t", "text"), "hé \u2603", "hé \u2603"),
     (col("vc", "varchar", precision=3), "abc", "abc"),
     (col("by", "bytea"), "\\x00ff10", b"\x00\xff\x10"),
@@ -140,6 +144,29 @@ def test_every_type_of_the_corpus_reads_back(fmt, reg):
     assert (value["before"], value["op"], value["ts_ms"], value["source"]) == (
         None, "c", 17, SOURCE)
     assert reg.read(out[1]) == {"id": 1}
+
+
+def test_connect_names_agree_with_the_logical_types_avro_data_reads(fmt, reg):
+    """AvroData (Confluent's and Apicurio's converters) reads Avro's date, time-millis and
+    timestamp-millis as Kafka Connect's Date, Time and Timestamp, and refuses a schema whose
+    connect.name says otherwise ("Mismatched names"); the other temporal types are plain
+    ints and longs there and keep Debezium's names."""
+    types = {"d": ("date", None), "tm3": ("time", 3), "tz3": ("timestamptz", 3),
+             "ts3": ("timestamp", 3), "ts": ("timestamp", None), "tz": ("timestamptz", None),
+             "tm": ("time", None)}
+    fmt.learn(table(col("id", "int8", key=True),
+                    *(col(n, t, precision=p) for n, (t, p) in types.items())))
+    [out] = convert(fmt, reg, [record(after={"id": 1}, key={"id": 1})])
+    value = json.loads(reg.texts[split_header(out[2])[0]])
+    fields = {f["name"]: f["type"][1] for f in value["fields"][0]["type"][1]["fields"]}
+    assert {n: (fields[n]["logicalType"], fields[n]["connect.name"]) for n in types} == {
+        "d": ("date", "org.apache.kafka.connect.data.Date"),
+        "tm3": ("time-millis", "org.apache.kafka.connect.data.Time"),
+        "tz3": ("timestamp-millis", "org.apache.kafka.connect.data.Timestamp"),
+        "ts3": ("local-timestamp-millis", "io.debezium.time.Timestamp"),
+        "ts": ("local-timestamp-micros", "io.debezium.time.MicroTimestamp"),
+        "tz": ("timestamp-micros", "io.debezium.time.MicroTimestamp"),
+        "tm": ("time-micros", "io.debezium.time.MicroTime")}
 
 
 def test_nulls_are_nulls(fmt, reg):
@@ -301,6 +328,8 @@ def test_records_read_back_as_the_json_envelope(fmt, reg):
     assert (env["op"], env["source"], env["ts_ms"]) == ("c", SOURCE, 17)
     assert got["n"] == "-12345678.90" and got["nneg"] == "1234500"
     assert got["v"] == "-0.00123" and got["by"] == "\\x00ff10"
+    assert got["n40"] == "12345678901234567890123456789012345.12345"
+    assert got["v40"] == "-123456789012345678901234567890.5"
     assert got["ts"] == "2024-01-02 03:04:05.123456"
     assert got["tz"] == "2024-01-02 01:04:05.500000+00:00"
     assert got["d"] == "2024-02-29" and got["tm"] == "13:14:15.000016"

@@ -53,6 +53,25 @@ def test_insert_has_key_and_value_schemas_and_decimal_bytes():
     assert after["note"] is None and value["payload"]["op"] == "c"
 
 
+def test_decimals_beyond_28_digits_are_exact():
+    wide = TableSchema(schema_id="s1", schema="public", table="t", columns=(
+        ColumnSchema(name="id", type="int4", type_oid=23, key=True),
+        ColumnSchema(name="n", type="numeric", type_oid=1700, precision=40, scale=5),
+        ColumnSchema(name="v", type="numeric", type_oid=1700)), key_columns=("id",),
+        replica_identity="d")
+    f = ConnectFormat()
+    f.learn(wide)
+    after = {"id": 1, "n": "12345678901234567890123456789012345.12345",
+             "v": "-123456789012345678901234567890.5"}
+    _, _, value, _ = f.convert(record("c", None, after, {"id": 1}))
+    after = json.loads(value)["payload"]["after"]
+    assert int.from_bytes(base64.b64decode(after["n"]), "big", signed=True) == \
+        1234567890123456789012345678901234512345
+    assert after["v"]["scale"] == 1 and int.from_bytes(
+        base64.b64decode(after["v"]["value"]), "big", signed=True) == \
+        -1234567890123456789012345678905
+
+
 def test_key_change_is_a_delete_and_a_create():
     out = fmt().convert_all([record("u", {"id": 1}, {"id": 2, "amount": "1", "note": "x"},
                                     {"id": 2})])
