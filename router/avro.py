@@ -51,6 +51,11 @@ Rules:
   and converts again). This module does no I/O.
 * The conversion works on the JSON record pgrouter already encoded and the ``TableSchema``
   the router published for it (``source.schema_id``).
+* With the C accelerator (``router.native``), ``router._native.AvroConverter`` converts the
+  plain records, byte for byte as ``_convert_all_py`` does, from a plan of each table layout
+  on each topic (``_Table.native_plan``) once its ids are known; what it declines (a table's
+  first record, key changes, messages, values not in PostgreSQL's plain text forms...) is
+  converted here.
 """
 
 from __future__ import annotations
@@ -60,8 +65,11 @@ import re
 
 import msgspec
 
-from .avro_types import _long, _optional, _w_bytes, _w_string, column_type
+from .avro_envelope import (MESSAGE_SCHEMA, _envelope_fields, _field, _write_opt_long,
+                            _write_opt_string, _write_source, _write_toast, _write_truncate)
+from .avro_types import _long_bytes, _optional, _w_bytes, _w_string, column_type
 from .errors import InternalError, RecordUnencodable
+from .native import NATIVE
 from .schema import TableSchema
 
 NAMING = ("topic", "record", "topic_record")
@@ -83,15 +91,6 @@ def avro_namespace(topic: str) -> str:
         part = re.sub(r"[^A-Za-z0-9_]", "_", part) or "_"
         parts.append(part if _NAME_OK.match(part) else "_" + part)
     return ".".join(parts)
-
-
-_SOURCE_FIELDS = [("db", "string", False), ("schema", "string", True),
-                  ("table", "string", True), ("lsn", "long", True),
-                  ("commit_lsn", "long", True), ("seq", "long", True), ("xid", "long", True),
-                  ("commit_time", "string", True), ("origin", "string", True),
-                  ("origin_lsn", "long", True), ("route", "string", True),
-                  ("schema_id", "string", True)]
-_PLAIN_WRITERS = {"string": _w_string, "long": _long}
 
 
 #: field property naming the PostgreSQL column of a field whose name had to change
@@ -119,77 +118,6 @@ def field_names(columns: list[str]) -> dict[str, str]:
         taken.add(name)
         out[c] = name
     return out
-
-
-def _field(name: str, schema, optional: bool):
-    if optional:
-        return {"name": name, "type": ["null", schema], "default": None}
-    return {"name": name, "type": schema}
-
-
-def _source_schema() -> dict:
-    return {"type": "record", "name": "Source", "namespace": "io.pgrouter",
-            "fields": [_field(n, t, o) for n, t, o in _SOURCE_FIELDS]}
-
-
-def _source_writer():
-    writers = [(n, _optional(_PLAIN_WRITERS[t]) if o else _PLAIN_WRITERS[t])
-               for n, t, o in _SOURCE_FIELDS]
-
-    def write(out: bytearray, source: dict) -> None:
-        for name, w in writers:
-            w(out, source.get(name))
-    return write
-
-
-_write_source = _source_writer()
-_write_opt_long = _optional(_long)
-_TRUNCATE_SCHEMA = {"type": "record", "name": "Truncate", "namespace": "io.pgrouter",
-                    "fields": [{"name": "cascade", "type": "boolean"},
-                               {"name": "restart_identity", "type": "boolean"}]}
-
-
-def _w_names(out: bytearray, names: list) -> None:
-    if names:
-        _long(out, len(names))
-        for n in names:
-            _w_string(out, n)
-    out.append(0)
-
-
-_write_toast = _optional(_w_names)
-
-
-def _w_truncate(out: bytearray, t: dict) -> None:
-    out.append(1 if t.get("cascade") else 0)
-    out.append(1 if t.get("restart_identity") else 0)
-
-
-_write_truncate = _optional(_w_truncate)
-_write_opt_string = _optional(_w_string)
-
-
-def _envelope_fields(row_schema: dict, namespace: str) -> list:
-    # the row record is defined in ``before`` and named in ``after``
-    return [_field("before", row_schema, True),
-            _field("after", namespace + ".Value", True),
-            {"name": "source", "type": _source_schema()},
-            {"name": "op", "type": "string"},
-            _field("ts_ms", "long", True),
-            _field("unchanged_toast", {"type": "array", "items": "string"}, True),
-            _field("truncate", _TRUNCATE_SCHEMA, True),
-            _field("key_change", "string", True)]
-
-
-MESSAGE_SCHEMA = {
-    "type": "record", "name": "Message", "namespace": "io.pgrouter",
-    "fields": [{"name": "op", "type": "string"}, {"name": "source", "type": _source_schema()},
-               _field("ts_ms", "long", True),
-               {"name": "message", "type": {
-                   "type": "record", "name": "Content", "namespace": "io.pgrouter",
-                   "fields": [{"name": "prefix", "type": "string"},
-                              {"name": "transactional", "type": "boolean"},
-                              {"name": "content", "type": "bytes"}]}}]}
 
 
 class Subject(msgspec.Struct, frozen=True):
@@ -231,6 +159,7 @@ class _Table:
         self.field_names = field_names([c.name for c in schema.columns])
         defined: set = set()
         fields, self.convs, self.writers, self.placeholders = [], [], [], {}
+        self._natives = []
         for col in schema.columns:
             t = column_type(col, defined)
             fields.append(_field(self.field_names[col.name], t.schema, True))
@@ -239,6 +168,7 @@ class _Table:
             self.convs.append((col.name, t.convert))
             self.writers.append(_optional(t.write))
             self.placeholders[col.name] = t.placeholder
+            self._natives.append(t.native)
         row = {"type": "record", "name": "Value", "namespace": ns, "fields": fields,
                "connect.name": f"{ns}.Value"}
         self.value_schema = {"type": "record", "name": "Envelope", "namespace": ns,
@@ -265,6 +195,20 @@ class _Table:
             subject_name(naming, topic, "key", f"{ns}.Key"),
             _schema_json(self.key_schema).decode(), topic, self.table, "key", cols))
         self.value_header = self.key_header = None  # MAGIC + id, once known
+
+    def native_plan(self) -> tuple:
+        """What ``router._native.AvroConverter.plan`` takes after the ids and headers: each
+        column's name as the envelope spells it, kind, parameter and unchanged-TOAST datum,
+        and the key columns' indexes."""
+        names = [n for n, _ in self.convs]
+        placeholders = []
+        for n in names:
+            ph = self.placeholders[n]
+            ph = ph.encode() if isinstance(ph, str) else ph
+            placeholders.append(None if ph is None else _long_bytes(len(ph)) + ph)
+        return (tuple(_schema_json(n) for n in names), bytes(k for k, _ in self._natives),
+                tuple(p for _, p in self._natives), tuple(placeholders),
+                tuple(names.index(k) for k in self.key_names))
 
     # each value of a row converted; None where the row has none or Avro cannot hold it
     def _datums(self, row: dict, convs) -> list:
@@ -330,6 +274,7 @@ class AvroFormat:
         self._tables: dict[tuple[str, str], _Table] = {}
         self._ids: dict[tuple[str, str], int] = {}  # (subject, schema text) -> id
         self._messages: dict[str, bytes] = {}  # topic -> header of the message schema
+        self._native = None if NATIVE is None else NATIVE.AvroConverter()
 
     def learn(self, schema: TableSchema) -> None:
         self._schemas[schema.schema_id] = schema
@@ -364,6 +309,9 @@ class AvroFormat:
                     missing.append(table.key_subject)
                 table.value_header = table.key_header = None
                 return None
+            if self._native is not None:
+                self._native.plan(schema_id, topic, table.value_header, table.key_header,
+                                  *table.native_plan())
         return table
 
     def _message(self, topic: str, env: dict, headers, missing: list):
@@ -435,6 +383,17 @@ class AvroFormat:
     def convert_all(self, records: list) -> list:
         """Every record converted (a key change becomes two records); raises
         ``SchemasNeeded`` listing every schema of ``records`` without an id."""
+        if self._native is None:
+            return self._convert_all_py(records)
+        missing: list = []
+        convert = self.convert
+        out = self._native.convert_all(records, lambda record: convert(record, missing))
+        if missing:
+            raise SchemasNeeded(list(dict.fromkeys(missing)))
+        return out
+
+    def _convert_all_py(self, records: list) -> list:
+        """``convert_all`` in Python: the reference of ``router._native.AvroConverter``."""
         out, missing = [], []
         convert = self.convert
         for record in records:

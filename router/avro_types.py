@@ -186,14 +186,28 @@ _CONNECT_LOGICAL = {"date": "org.apache.kafka.connect.data.Date",
                     "timestamp-millis": "org.apache.kafka.connect.data.Timestamp"}
 
 
+#: the kinds of router._native.AvroConverter (avro.h): how the C converts and writes a
+#: column's value; "other" (arrays) is left to Python
+NATIVE_KINDS = {name: i for i, name in enumerate((
+    "other", "long", "float", "double", "bool", "string", "bytea", "decimal", "vsd", "date",
+    "ts_local_micros", "ts_local_millis", "ts_utc_micros", "ts_utc_millis", "time_micros",
+    "time_millis"))}
+
+
 class _Type(msgspec.Struct, frozen=True):
     """One column type: its Avro schema, how a JSON value becomes a datum, how it is written,
-    and whether an unchanged TOAST value has a placeholder of that type."""
+    whether an unchanged TOAST value has a placeholder of that type, and the same conversion
+    as a kind of ``router._native.AvroConverter`` (kind, parameter)."""
 
     schema: object
     convert: object
     write: object
     placeholder: object = None
+    native: tuple = (0, 0)
+
+
+def _native(kind: str, param: int = 0) -> tuple:
+    return (NATIVE_KINDS[kind], param)
 
 
 def _named_vsd(defined: set) -> object:
@@ -214,14 +228,15 @@ def _w_vsd(out: bytearray, v) -> None:
 def _column_type(type_name: str, precision: int | None, scale: int | None,
                  defined: set) -> _Type:
     if type_name == "bool":
-        return _Type("boolean", _bool, _w_bool)
+        return _Type("boolean", _bool, _w_bool, native=_native("bool"))
     if type_name in _INT:
         avro, connect_type = _INT[type_name]
         schema = {"type": avro, "connect.type": connect_type} if connect_type else avro
-        return _Type(schema, _int, _long)
+        return _Type(schema, _int, _long, native=_native("long"))
     if type_name in ("float4", "float8"):
-        return (_Type("float", _float, _w_float) if type_name == "float4"
-                else _Type("double", _float, _w_double))
+        return (_Type("float", _float, _w_float, native=_native("float"))
+                if type_name == "float4"
+                else _Type("double", _float, _w_double, native=_native("double")))
     if type_name == "numeric":
         if scale is not None and precision:
             s = max(scale, 0)
@@ -230,13 +245,14 @@ def _column_type(type_name: str, precision: int | None, scale: int | None,
             return _Type({"type": "bytes", "logicalType": "decimal", "precision": p,
                           "scale": s, "connect.version": 1, "connect.parameters": params,
                           "connect.name": "org.apache.kafka.connect.data.Decimal"},
-                         _decimal(s), _w_bytes)
-        return _Type(_named_vsd(defined), _variable_decimal, _w_vsd)
+                         _decimal(s), _w_bytes, native=_native("decimal", s))
+        return _Type(_named_vsd(defined), _variable_decimal, _w_vsd, native=_native("vsd"))
     if type_name == "bytea":
-        return _Type("bytes", _bytea, _w_bytes, PLACEHOLDER.encode())
+        return _Type("bytes", _bytea, _w_bytes, PLACEHOLDER.encode(), _native("bytea"))
     if type_name == "date":
         return _Type({"type": "int", "logicalType": "date", "connect.version": 1,
-                      "connect.name": _CONNECT_LOGICAL["date"]}, _date, _long)
+                      "connect.name": _CONNECT_LOGICAL["date"]}, _date, _long,
+                     native=_native("date"))
     if type_name in ("timestamp", "timestamptz"):
         millis = precision is not None and precision <= 3
         local = type_name == "timestamp"
@@ -246,21 +262,26 @@ def _column_type(type_name: str, precision: int | None, scale: int | None,
             "Timestamp" if millis else "MicroTimestamp"))
         conv = ((_local_millis if millis else _local_micros) if local else
                 (_utc_millis if millis else _utc_micros))
+        kind = f"ts_{'local' if local else 'utc'}_{'millis' if millis else 'micros'}"
         return _Type({"type": "long", "logicalType": logical, "connect.version": 1,
-                      "connect.name": name}, conv, _long)
+                      "connect.name": name}, conv, _long, native=_native(kind))
     if type_name == "time":
         if precision is not None and precision <= 3:
             return _Type({"type": "int", "logicalType": "time-millis", "connect.version": 1,
-                          "connect.name": _CONNECT_LOGICAL["time-millis"]}, _time_millis, _long)
+                          "connect.name": _CONNECT_LOGICAL["time-millis"]}, _time_millis,
+                         _long, native=_native("time_millis"))
         return _Type({"type": "long", "logicalType": "time-micros", "connect.version": 1,
-                      "connect.name": "io.debezium.time.MicroTime"}, _micro_time, _long)
+                      "connect.name": "io.debezium.time.MicroTime"}, _micro_time, _long,
+                     native=_native("time_micros"))
     if type_name == "uuid":
         return _Type({"type": "string", "logicalType": "uuid", "connect.version": 1,
-                      "connect.name": "io.debezium.data.Uuid"}, _text, _w_string, PLACEHOLDER)
+                      "connect.name": "io.debezium.data.Uuid"}, _text, _w_string, PLACEHOLDER,
+                     _native("string"))
     if type_name in _NAMED_STRINGS:
         return _Type({"type": "string", "connect.version": 1,
-                      "connect.name": _NAMED_STRINGS[type_name]}, _text, _w_string, PLACEHOLDER)
-    return _Type("string", _text, _w_string, PLACEHOLDER)
+                      "connect.name": _NAMED_STRINGS[type_name]}, _text, _w_string, PLACEHOLDER,
+                     _native("string"))
+    return _Type("string", _text, _w_string, PLACEHOLDER, _native("string"))
 
 
 _FROM_TEXT = {_int: int, _float: _float, _bool: lambda v: v == "t"}

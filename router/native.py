@@ -50,6 +50,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "tally": ("router.delivery:PyTally", "Tally"),
     "drain": ("actors.pipeline.slot_reader:_drain_py", "drain"),
     "hand_over": ("actors.kafka.librdkafka:_hand_over_py", "hand_over"),
+    "avro": ("router.avro:AvroFormat._convert_all_py", "AvroConverter"),
 }
 
 

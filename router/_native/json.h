@@ -1,4 +1,5 @@
-/* Output buffers and JSON as msgspec writes it, for records.c. */
+/* Output buffers and JSON as msgspec writes it, for codec.c
+ * (and the buffer for avro.c); inline, so a file that uses part of it warns of nothing. */
 #ifndef PGROUTER_NATIVE_JSON_H
 #define PGROUTER_NATIVE_JSON_H
 
@@ -14,7 +15,7 @@ typedef struct {
     char stack[4096];
 } Out;
 
-static void
+static inline void
 out_init(Out *o)
 {
     o->p = o->stack;
@@ -23,14 +24,14 @@ out_init(Out *o)
     o->heap = 0;
 }
 
-static void
+static inline void
 out_free(Out *o)
 {
     if (o->heap)
         PyMem_Free(o->p);
 }
 
-static int
+static inline int
 out_grow(Out *o, Py_ssize_t need)
 {
     Py_ssize_t cap = o->cap;
@@ -72,7 +73,7 @@ out_bytes(Out *o, PyObject *b)
     return out_write(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
 }
 
-static int
+static inline int
 out_u64(Out *o, unsigned long long v)
 {
     char tmp[24];
@@ -87,7 +88,7 @@ out_u64(Out *o, unsigned long long v)
 static const char HEX[] = "0123456789abcdef";
 
 /* A JSON string as msgspec writes it, from UTF-8 text. */
-static int
+static inline int
 out_json_str(Out *o, const char *s, Py_ssize_t n)
 {
     /* worst case: every byte becomes \u00xx */

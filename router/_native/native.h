@@ -10,6 +10,8 @@
  *   recorder.c  Recorder (one route's records of a transaction; rebind) and record_run
  *   tx.c        tx_bits (the source fields every record of a transaction shares)
  *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
+ *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
+ *               avro_values.c its JSON tokens and values (avro.h)
  *
  * Rules these files keep:
  *
@@ -44,6 +46,7 @@ int pgoutput_setup(PyObject *module);
 int codec_setup(PyObject *module);
 int records_setup(PyObject *module);
 int delivery_setup(PyObject *module);
+int avro_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 

@@ -44,6 +44,7 @@ from router.relations import RelationCache
 from router.routing import ChangeRouter, RouteSpec
 from router.short_transactions import MAX_ROWS
 from router.transactions import Transaction, TransactionAssembler
+from test_avro_native import check_avro, gen_avro, golden_avro
 from test_native import (
     BAD_UTF8, POISON, ROW_FORMS, gen_stream, golden_messages, golden_tuples, mutate, outcome,
     prefixes, rand_row_msg, rand_tuple, relation_msg, row_msg, tuple_data,
@@ -601,6 +602,7 @@ LANES: dict[str, Lane] = {
     "tally": Lane(check_tally, golden_tally, gen_tally, False),
     "drain": Lane(check_drain, golden_drain, drain_case, False),
     "hand_over": Lane(check_hand_over, golden_hand_over, hand_over_case, False),
+    "avro": Lane(check_avro, golden_avro, gen_avro, True),
 }
 
 
