@@ -40,14 +40,14 @@ open_token(Span t, char open, Cursor *c)
     return 1;
 }
 
-/* the next member (key != NULL) or element: 1, 0 at the end of the token, -1 malformed */
+/* the next member (key != NULL) or element: 1, 0 past the closing bracket, -1 malformed */
 static int
 next_item(Cursor *c, char close, Span *key, Span *value)
 {
     const char *p = c->p, *end = c->end;
     if (p < end && *p == close) {
         c->p = p + 1;
-        return c->p == end ? 0 : -1;
+        return 0;
     }
     if (!c->first && (p >= end || *p++ != ','))
         return -1;
@@ -68,18 +68,18 @@ next_item(Cursor *c, char close, Span *key, Span *value)
     return 1;
 }
 
-/* The members of object `obj` into slots by name (each name as msgspec writes the key; the
- * one after the last found is tried first): 1, or 0 for an unknown name, a name twice or
- * malformed JSON. Absent members have p NULL. */
-static int
-members(Span obj, const char *const *names, const Py_ssize_t *lens, Py_ssize_t count,
-        Span *slots)
+/* The members of the object at p into slots by name (each name as msgspec writes the key;
+ * the one after the last found is tried first): the end of the object, or NULL for an
+ * unknown name, a name twice or malformed JSON. Absent members have p NULL. */
+static const char *
+members_at(const char *p, const char *end, const char *const *names, const Py_ssize_t *lens,
+           Py_ssize_t count, Span *slots)
 {
-    Cursor c;
+    Cursor c = {p + 1, end, 1};
     Span k, v;
     int r;
-    if (!open_token(obj, '{', &c))
-        return 0;
+    if (p >= end || *p != '{')
+        return NULL;
     memset(slots, 0, sizeof(Span) * count);
     Py_ssize_t next = 0;
     while ((r = next_item(&c, '}', &k, &v)) > 0) {
@@ -88,11 +88,20 @@ members(Span obj, const char *const *names, const Py_ssize_t *lens, Py_ssize_t c
             for (j = 0; j < count && !span_is(k, names[j], lens[j]); j++)
                 ;
         if (j == count || slots[j].p != NULL)
-            return 0;
+            return NULL;
         slots[j] = v;
         next = j + 1;
     }
-    return r == 0;
+    return r == 0 ? c.p : NULL;
+}
+
+/* members_at of a whole token */
+static int
+members(Span obj, const char *const *names, const Py_ssize_t *lens, Py_ssize_t count,
+        Span *slots)
+{
+    return obj.p != NULL &&
+           members_at(obj.p, obj.p + obj.n, names, lens, count, slots) == obj.p + obj.n;
 }
 
 static inline int
@@ -370,7 +379,7 @@ mark_toast(Plan *pl, Span toast, int has_after, Py_ssize_t *count)
             return AV_DECLINE;
         pl->toast[j] = 1;
     }
-    return r == 0 ? AV_OK : AV_DECLINE;
+    return r == 0 && c.p == c.end ? AV_OK : AV_DECLINE;
 }
 
 static int
@@ -492,6 +501,57 @@ find_plan(AvroConverter *self, PyObject *topic, Span sid, Plan **last)
     return 1;
 }
 
+/* The envelope's members (env) and its source's (src), in one pass over the record: its rows
+ * are read as rows of `guess` (the plan of the record before) where they fit it, which
+ * *rows_read says (1: before, 2: after). 1, or 0 (declined). */
+static int
+parse_envelope(Span whole, Plan *guess, Span *env, Span *src, int *rows_read)
+{
+    const char *p = whole.p, *end = whole.p + whole.n;
+    Span k;
+    memset(env, 0, sizeof(Span) * E_FIELDS);
+    *rows_read = 0;
+    if (p >= end || *p++ != '{' || p >= end)
+        return 0;
+    if (*p == '}')
+        return 0; /* {}: no op */
+    for (;;) {
+        if (*p != '"')
+            return 0;
+        k.p = p;
+        if ((p = avro_skip_string(p, end)) == NULL || p >= end || *p != ':')
+            return 0;
+        k.n = p++ - k.p;
+        int j = 0;
+        while (j < E_FIELDS && !span_is(k, ENV_NAMES[j], ENV_LENS[j]))
+            j++;
+        if (j == E_FIELDS || env[j].p != NULL)
+            return 0;
+        const char *q = NULL;
+        if (j == E_SOURCE) {
+            if ((q = members_at(p, end, SOURCE_NAMES, SOURCE_LENS, S_FIELDS, src)) == NULL)
+                return 0;
+        }
+        else if ((j == E_BEFORE || j == E_AFTER) && guess != NULL && p < end && *p == '{') {
+            q = members_at(p, end, guess->name_p, guess->name_n, guess->n,
+                           j == E_BEFORE ? guess->before : guess->after);
+            if (q != NULL)
+                *rows_read |= j == E_BEFORE ? 1 : 2;
+        }
+        if (q == NULL && (q = avro_skip_value(p, end, 1)) == NULL)
+            return 0;
+        env[j].p = p;
+        env[j].n = q - p;
+        p = q;
+        if (p >= end)
+            return 0;
+        if (*p == '}')
+            return p + 1 == end && env[E_SOURCE].p != NULL;
+        if (*p++ != ',' || p >= end)
+            return 0;
+    }
+}
+
 /* one record: 1 converted (*result set), 0 declined, -1 error */
 static int
 convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k, Out *tmp,
@@ -504,8 +564,9 @@ convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k,
         return AV_DECLINE;
     Span env[E_FIELDS], src[S_FIELDS];
     Span whole = {PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)};
-    if (!members(whole, ENV_NAMES, ENV_LENS, E_FIELDS, env) || env[E_OP].p == NULL ||
-        !members(env[E_SOURCE], SOURCE_NAMES, SOURCE_LENS, S_FIELDS, src))
+    Plan *guess = *last;
+    int rows_read;
+    if (!parse_envelope(whole, guess, env, src, &rows_read) || env[E_OP].p == NULL)
         return AV_DECLINE;
     Span sid = src[S_SCHEMA_ID];
     if (sid.p == NULL || sid.n < 3 || sid.p[0] != '"' || memchr(sid.p, '\\', sid.n) != NULL)
@@ -514,11 +575,15 @@ convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k,
     if (r <= 0)
         return r;
     Plan *pl = *last;
+    if (pl != guess)
+        rows_read = 0;
 
     int has_before = !is_null(env[E_BEFORE]), has_after = !is_null(env[E_AFTER]);
     int has_toast = !is_null(env[E_TOAST]);
-    if ((has_before && !members(env[E_BEFORE], pl->name_p, pl->name_n, pl->n, pl->before)) ||
-        (has_after && !members(env[E_AFTER], pl->name_p, pl->name_n, pl->n, pl->after)))
+    if ((has_before && !(rows_read & 1) &&
+         !members(env[E_BEFORE], pl->name_p, pl->name_n, pl->n, pl->before)) ||
+        (has_after && !(rows_read & 2) &&
+         !members(env[E_AFTER], pl->name_p, pl->name_n, pl->n, pl->after)))
         return AV_DECLINE;
     if (SPAN_IS(env[E_OP], "\"u\"") && has_before && pl->nkey) {
         /* a key change is two records (a delete and a create): Python writes them */

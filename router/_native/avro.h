@@ -26,10 +26,16 @@ typedef struct {
     Py_ssize_t n;
 } Span;
 
+/* names are short: a loop beats memcmp's call */
 static inline int
 span_is(Span t, const char *lit, Py_ssize_t n)
 {
-    return t.n == n && memcmp(t.p, lit, n) == 0;
+    if (t.n != n)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (t.p[i] != lit[i])
+            return 0;
+    return 1;
 }
 
 #define SPAN_IS(t, lit) span_is((t), (lit), (Py_ssize_t)(sizeof(lit) - 1))
@@ -47,7 +53,22 @@ int avro_int64(Span t, int64_t *out);
 int avro_string(Span t, Out *tmp, const char **s, Py_ssize_t *len);
 
 /* Avro's long (zigzag varint) and bytes/string (length and the bytes) */
-int avro_long(Out *o, int64_t v);
+static inline int
+avro_long(Out *o, int64_t v)
+{
+    if (o->cap - o->len < 10 && out_grow(o, 10) < 0)
+        return -1;
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    char *w = o->p + o->len;
+    while (z > 0x7F) {
+        *w++ = (char)((z & 0x7F) | 0x80);
+        z >>= 7;
+    }
+    *w++ = (char)z;
+    o->len = w - o->p;
+    return 0;
+}
+
 int avro_bytes(Out *o, const char *s, Py_ssize_t n);
 
 /* one non-null JSON value of a column of `kind` as its datum: AV_OK, AV_NONE, AV_DECLINE or

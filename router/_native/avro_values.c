@@ -7,7 +7,8 @@
  * - strings: any JSON string (valid UTF-8, escapes and surrogate pairs as msgspec reads them);
  *   bytea: "\x" and pairs of hex digits, or any other text as its UTF-8;
  * - numeric: -?digits(.digits)? with at most 28 significant digits (Python's Decimal context
- *   rounds beyond) and, typmod'd, at most `scale` fraction digits and 38 digits unscaled;
+ *   rounds beyond) and, typmod'd, at most `scale` fraction digits and 38 digits unscaled
+ *   (18 where the compiler has no __int128);
  *   "NaN" and ±"Infinity" are null;
  * - date "YYYY-MM-DD", timestamp "YYYY-MM-DD HH:MM:SS[.f{1,6}]" (timestamptz also with an
  *   offset ±HH[:MM[:SS]]; not in years 1 and 9999, where Python's conversion to UTC may
@@ -20,10 +21,33 @@
 
 /* -- JSON tokens --------------------------------------------------------------------------- */
 
+/* eight bytes at a time: whether any is one of '"', '\\' or below 0x20 (exact: the tricks
+ * of "Bit Twiddling Hacks", haszero and hasless) */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+static inline uint64_t
+load8(const char *p)
+{
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+static inline int
+has_special(uint64_t w)
+{
+    uint64_t q = w ^ (ONES * '"'), b = w ^ (ONES * '\\');
+    return ((((w - ONES * 0x20) & ~w) | ((q - ONES) & ~q) | ((b - ONES) & ~b)) & HIGHS) != 0;
+}
+
 const char *
 avro_skip_string(const char *p, const char *end)
 {
-    for (p++; p < end; p++) {
+    p++;
+    while (end - p >= 8 && !has_special(load8(p)))
+        p += 8;
+    for (; p < end; p++) {
         unsigned char c = (unsigned char)*p;
         if (c == '"')
             return p + 1;
@@ -295,9 +319,16 @@ avro_string(Span t, Out *tmp, const char **s, Py_ssize_t *len)
 {
     if (t.n < 2 || t.p[0] != '"')
         return 0;
-    const char *p = t.p + 1, *end = t.p + t.n - 1;
+    const char *p = t.p + 1, *end = t.p + t.n - 1, *q = p;
     int escaped = 0, high = 0;
-    for (const char *q = p; q < end; q++) {
+    uint64_t words = 0;
+    for (; end - q >= 8; q += 8) {
+        uint64_t w = load8(q), b = w ^ (ONES * '\\');
+        words |= (w | ((b - ONES) & ~b)) & HIGHS;
+    }
+    if (words) /* a backslash or a byte >= 0x80 in there: the bytes say which */
+        q = p;
+    for (; q < end; q++) {
         escaped |= *q == '\\';
         high |= (unsigned char)*q >= 0x80;
     }
@@ -316,20 +347,6 @@ avro_string(Span t, Out *tmp, const char **s, Py_ssize_t *len)
 }
 
 /* -- Avro binary --------------------------------------------------------------------------- */
-
-int
-avro_long(Out *o, int64_t v)
-{
-    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
-    char buf[10];
-    int k = 0;
-    while (z > 0x7F) {
-        buf[k++] = (char)((z & 0x7F) | 0x80);
-        z >>= 7;
-    }
-    buf[k++] = (char)z;
-    return out_write(o, buf, k);
-}
 
 int
 avro_bytes(Out *o, const char *s, Py_ssize_t n)
@@ -382,16 +399,24 @@ datum_float(Out *o, Span t, int four)
 }
 
 #define MAX_SIGNIFICANT 28 /* decimal's default context precision: scaleb() rounds beyond */
-#define MAX_UNSCALED 38    /* digits of an __int128 */
+#ifdef __SIZEOF_INT128__
+typedef __int128 unscaled_t;
+typedef unsigned __int128 unscaled_mag_t;
+#define MAX_UNSCALED 38 /* digits an __int128 holds */
+#else
+typedef int64_t unscaled_t;
+typedef uint64_t unscaled_mag_t;
+#define MAX_UNSCALED 18
+#endif
 
 /* numeric text as its unscaled integer: at `scale` (A_DECIMAL) or at its own fraction
  * digits, returned in *scale (A_VSD: scale < 0) */
 static int
-parse_decimal(const char *s, Py_ssize_t n, int *scale, __int128 *out)
+parse_decimal(const char *s, Py_ssize_t n, int *scale, unscaled_t *out)
 {
     Py_ssize_t i = s[0] == '-';
     int neg = (int)i, sig = 0, frac = -1, digits = 0;
-    __int128 v = 0;
+    unscaled_t v = 0;
     for (; i < n; i++) {
         char c = s[i];
         if (c == '.') {
@@ -403,7 +428,7 @@ parse_decimal(const char *s, Py_ssize_t n, int *scale, __int128 *out)
         if (!is_digit(c))
             return 0;
         digits++;
-        if ((sig || c != '0') && ++sig > MAX_SIGNIFICANT)
+        if ((sig || c != '0') && (++sig > MAX_SIGNIFICANT || sig > MAX_UNSCALED))
             return 0;
         v = v * 10 + (c - '0');
         if (frac >= 0)
@@ -428,9 +453,9 @@ parse_decimal(const char *s, Py_ssize_t n, int *scale, __int128 *out)
 
 /* Python's n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True) */
 static int
-write_unscaled(Out *o, __int128 v)
+write_unscaled(Out *o, unscaled_t v)
 {
-    unsigned __int128 mag = v < 0 ? -(unsigned __int128)v : (unsigned __int128)v;
+    unscaled_mag_t mag = v < 0 ? -(unscaled_mag_t)v : (unscaled_mag_t)v;
     int bits = 0;
     while (mag) {
         bits++;
@@ -450,7 +475,7 @@ datum_decimal(Out *o, const char *s, Py_ssize_t n, long param, int variable)
         (n == 9 && memcmp(s, "-Infinity", 9) == 0))
         return AV_NONE;
     int scale = variable ? -1 : (int)param;
-    __int128 v;
+    unscaled_t v;
     if (n == 0 || param < 0 || param > MAX_UNSCALED || !parse_decimal(s, n, &scale, &v))
         return AV_DECLINE;
     if (variable && avro_long(o, scale) < 0)
