@@ -471,6 +471,8 @@ same_token(Span a, Span b)
 typedef struct {
     PyObject_HEAD
     PyObject *plans; /* (schema_id, topic) -> Plan */
+    Plan *last;      /* the plan of the last record converted (a stream of one-record calls
+                        finds it without a lookup) */
 } AvroConverter;
 
 /* the plan of the record's table layout and topic into *last: 1, 0 none, -1 error */
@@ -634,7 +636,12 @@ convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k,
     PyTuple_SET_ITEM(*result, 0, Py_NewRef(topic));
     PyTuple_SET_ITEM(*result, 1, key);
     PyTuple_SET_ITEM(*result, 2, bytes);
-    PyTuple_SET_ITEM(*result, 3, Py_NewRef(PyTuple_GET_ITEM(item, 3)));
+    PyObject *headers = PyTuple_GET_ITEM(item, 3);
+    PyTuple_SET_ITEM(*result, 3, Py_NewRef(headers));
+    if (headers == Py_None || !PyObject_GC_IsTracked(headers))
+        /* atoms only, as the recorders' records (recorder.c): never part of a cycle, so the
+         * collector need not look at the records a sink holds until Kafka has them */
+        PyObject_GC_UnTrack(*result);
     return AV_OK;
 error:
     Py_DECREF(key);
@@ -666,7 +673,7 @@ converter_convert_all(AvroConverter *self, PyObject *const *args, Py_ssize_t nar
     if (fast == NULL)
         return NULL;
     PyObject *out = PyList_New(0);
-    Plan *last = NULL;
+    Plan *last = (Plan *)Py_XNewRef(self->last);
     Out o, k, tmp;
     out_init(&o);
     out_init(&k);
@@ -683,7 +690,7 @@ converter_convert_all(AvroConverter *self, PyObject *const *args, Py_ssize_t nar
     out_free(&o);
     out_free(&k);
     out_free(&tmp);
-    Py_XDECREF(last);
+    Py_XSETREF(self->last, last);
     Py_DECREF(fast);
     return out;
 }
@@ -704,6 +711,7 @@ converter_plan(AvroConverter *self, PyObject *args)
     int r = key == NULL ? -1 : PyDict_SetItem(self->plans, key, (PyObject *)pl);
     Py_XDECREF(key);
     Py_DECREF(pl);
+    Py_CLEAR(self->last); /* found in plans again, the new one if it replaced it */
     if (r < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -726,6 +734,7 @@ static void
 converter_dealloc(AvroConverter *self)
 {
     Py_XDECREF(self->plans);
+    Py_XDECREF(self->last);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
