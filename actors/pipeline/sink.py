@@ -102,10 +102,11 @@ class SinkActor:
 
     def set_reshape(self, reshape) -> None:
         """Records encoded by ``reshape`` (``formats.record_reshaper``); one that needs schema ids
-        (Avro) takes every chunk through ``_chunk``, where they are registered."""
+        (Avro) takes a chunk through ``_chunk``, where they are registered, when one has none
+        yet (``_plain_encoded``)."""
         self.reshape = reshape
-        if getattr(reshape, "registers", False):
-            self._plain = None
+        if getattr(reshape, "registers", False) and self._plain is not None:
+            self._plain = self._plain_encoded
 
     # -- delivery callbacks (client thread) ---------------------------------------------------
 
@@ -215,9 +216,8 @@ class SinkActor:
                 plain = self._plain
                 for item in items:
                     if type(item) is RoutedChunk:
-                        if plain is not None and not item.new_topics and not item.schemas:
-                            plain(item, batch)  # no await needed: no coroutine either
-                        else:
+                        if (plain is None or item.new_topics or item.schemas
+                                or not plain(item, batch)):  # no await: no coroutine either
                             await self._chunk(item, batch)
                     elif type(item) in (Keepalive, Hold):
                         self._outbox.append(item)
@@ -282,11 +282,24 @@ class SinkActor:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _plain_chunk(self, chunk: RoutedChunk, batch: list) -> None:
+    def _plain_chunk(self, chunk: RoutedChunk, batch: list) -> bool:
         """``_chunk`` for a chunk that needs no topic and no schema made ready first."""
         whole = chunk.last and not self._in_txn
         self._register(chunk)
         self._queue(chunk, batch, whole)
+        return True
+
+    def _plain_encoded(self, chunk: RoutedChunk, batch: list) -> bool:
+        """``_plain_chunk`` for a format that registers schemas: False (nothing done, ``_chunk``
+        then registers them) when a schema of the chunk's records has no id yet."""
+        try:
+            records = self.reshape(chunk) if chunk.records else None
+        except SchemasNeeded:
+            return False
+        whole = chunk.last and not self._in_txn
+        self._register(chunk)
+        self._queue(chunk, batch, whole, records)
+        return True
 
     def _register(self, chunk: RoutedChunk) -> None:
         if not self._in_txn:  # a transaction's first chunk
