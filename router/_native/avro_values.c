@@ -6,9 +6,8 @@
  *   the strings "NaN", "Infinity", "-Infinity" (null); booleans: true and false;
  * - strings: any JSON string (valid UTF-8, escapes and surrogate pairs as msgspec reads them);
  *   bytea: "\x" and pairs of hex digits, or any other text as its UTF-8;
- * - numeric: -?digits(.digits)? with at most 28 significant digits (Python's Decimal context
- *   rounds beyond) and, typmod'd, at most `scale` fraction digits and 38 digits unscaled
- *   (18 where the compiler has no __int128);
+ * - numeric: -?digits(.digits)? with at most 38 digits unscaled (18 where the compiler has
+ *   no __int128) and, typmod'd, at most `scale` fraction digits (Python rounds more);
  *   "NaN" and ±"Infinity" are null;
  * - date "YYYY-MM-DD", timestamp "YYYY-MM-DD HH:MM:SS[.f{1,6}]" (timestamptz also with an
  *   offset ±HH[:MM[:SS]]; not in years 1 and 9999, where Python's conversion to UTC may
@@ -398,7 +397,6 @@ datum_float(Out *o, Span t, int four)
     return WROTE(out_write(o, (const char *)b, 8));
 }
 
-#define MAX_SIGNIFICANT 28 /* decimal's default context precision: scaleb() rounds beyond */
 #ifdef __SIZEOF_INT128__
 typedef __int128 unscaled_t;
 typedef unsigned __int128 unscaled_mag_t;
@@ -428,7 +426,7 @@ parse_decimal(const char *s, Py_ssize_t n, int *scale, unscaled_t *out)
         if (!is_digit(c))
             return 0;
         digits++;
-        if ((sig || c != '0') && (++sig > MAX_SIGNIFICANT || sig > MAX_UNSCALED))
+        if ((sig || c != '0') && ++sig > MAX_UNSCALED)
             return 0;
         v = v * 10 + (c - '0');
         if (frac >= 0)
