@@ -17,14 +17,26 @@ by side in one session (only the drains are timed, not session start or producti
 run writes it when its JVM exits, later runs start from it (a scheduler's ``--available-now``
 runs after the first).
 
+``--format avro`` writes the backlogs as the router writes ``[kafka] format = "avro"`` (the same
+records converted by ``router.avro``, their schemas registered in the registry, whose subjects
+are deleted at the end); ``--format json,avro`` measures both side by side in one session: the
+fresh drain in the first format, then ``--runs`` steady drains of each format's backlog,
+interleaved, each into a new table and checkpoint, reported as their median. ``--bootstrap``
+and ``--registry`` use running services instead of the dev stack's.
+
     .venv/bin/python bench/materialize.py [--records 500000] [--batch 250000] [--mode state]
                                           [--master URL] [--warmup N] [--class-archive DIR]
+                                          [--format json|avro|json,avro] [--runs N]
+                                          [--bootstrap HOST:PORT] [--registry URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import urllib.parse
+import urllib.request
 import pathlib
 import sys
 import tempfile
@@ -39,12 +51,16 @@ from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
 from devstack import ensure_up, spark_jars  # noqa: E402
 from actors.materialize import class_archive, job  # noqa: E402
+from actors.materialize.settings import RegistrySettings  # noqa: E402
 from router.envelope import TableEncoder, TxContext  # noqa: E402
 from router.pgoutput import Relation, RelationColumn  # noqa: E402
 from router.schema import encode_schema  # noqa: E402
 
 
-def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int) -> None:
+def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int,
+            registry: str | None = None) -> None:
+    """``n`` records to ``topic``: JSON, or with ``registry`` Avro as the router's sink writes
+    them (``router.avro``, the schemas registered there)."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(topic, 2, 1), NewTopic(schema_topic, 1, 1)])
     admin.close()
@@ -57,8 +73,10 @@ def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int) ->
                       compression_type=None, acks=1)
     k, v = encode_schema(enc.schema)
     p.send(schema_topic, key=k, value=v).get(timeout=30)
+    avro = None if registry is None else Avro(registry, enc.schema)
     per_tx = 100
     for t in range(n // per_tx):
+        records = []
         lsn = 0x10000000 + t * 0x10000
         tx = TxContext(xid=1000 + t, commit_lsn=lsn, end_lsn=lsn + 1, commit_time=789_000_000_000_000)
         for seq in range(per_tx):
@@ -74,9 +92,48 @@ def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int) ->
                                           str(i % 50), "2026-11-01 10:00:00.123456+00",
                                           "note " * (i % 7))
             k, v = enc.encode(op, tx, lsn + seq, seq, old=old, old_is_key=True, new=new)
+            records.append((topic, k, v, None))
+        for _, k, v, _ in (records if avro is None else avro.convert(records)):
             p.send(topic, key=k, value=v)
     p.flush(timeout=120)
     p.close()
+
+
+class Avro:
+    """The router's Avro conversion (``router.avro``), its schemas registered."""
+
+    def __init__(self, url: str, schema):
+        from actors.kafka.registry import RegistryClient
+        from router.avro import AvroFormat
+        from router.config import RegistryConfig
+
+        self.client = RegistryClient(RegistryConfig(url=url))
+        self.format = AvroFormat()
+        self.format.learn(schema)
+
+    def convert(self, records: list) -> list:
+        from router.avro import SchemasNeeded
+
+        try:
+            return self.format.convert_all(records)
+        except SchemasNeeded as need:
+            for s in need.subjects:
+                self.format.set_id(s, self.client.register(s.subject, s.schema))
+            return self.format.convert_all(records)
+
+
+def delete_subjects(registry: str, topics) -> None:
+    """The subjects of ``topics`` (soft, then permanently: the registry is shared)."""
+    for topic in topics:
+        for kind in ("key", "value"):
+            for suffix in ("", "?permanent=true"):
+                subject = urllib.parse.quote(f"{topic}-{kind}", safe="")
+                req = urllib.request.Request(f"{registry.rstrip('/')}/subjects/{subject}{suffix}",
+                                             method="DELETE")
+                try:
+                    urllib.request.urlopen(req, timeout=10).close()
+                except OSError:
+                    pass
 
 
 def cpu_seconds(pid: int) -> float:
@@ -101,66 +158,116 @@ def main() -> int:
                          "the fresh drain")
     ap.add_argument("--class-archive", metavar="DIR",
                     help="[spark] class_archive: written by the first run, used by later ones")
+    ap.add_argument("--format", default="json",
+                    help="json, avro, or both side by side: json,avro (default json)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="steady drains of each format's backlog, interleaved (median reported)")
+    ap.add_argument("--bootstrap", help="a running Kafka (default: the dev stack's)")
+    ap.add_argument("--registry", help="a running schema registry's Confluent-compatible API "
+                    "(default: the dev stack's)")
     args = ap.parse_args()
     if args.warmup is None:
         args.warmup = args.records
+    formats = args.format.split(",")
+    if not set(formats) <= {"json", "avro"} or len(set(formats)) != len(formats) \
+            or args.runs < 1:
+        ap.error("--format: json, avro or json,avro; --runs: at least 1")
 
-    info = ensure_up(ROOT / ".devstack")
-    backlogs = {"": args.records, "warmup.": args.warmup} if args.warmup else {"": args.records}
+    bootstrap, registry = args.bootstrap, args.registry
+    if not bootstrap or (not registry and "avro" in formats):
+        info = ensure_up(ROOT / ".devstack")
+        bootstrap, registry = bootstrap or info.kafka_bootstrap, registry or info.registry_url
+    # name -> (format, records); the warm-up backlog is the fresh drain's
+    backlogs = {f"{f}.": (f, args.records) for f in formats}
+    if args.warmup:
+        backlogs = {"warmup.": (formats[0], args.warmup), **backlogs}
     topics = {}
-    for name, n in backlogs.items():
-        tag = name + uuid.uuid4().hex[:8]
-        topics[name] = (f"bench.materialize.{tag}", f"bench.schemas.{tag}")
-        t0 = time.perf_counter()
-        produce(info.kafka_bootstrap, *topics[name], n, max(1, args.keys * n // args.records))
-        produced = time.perf_counter() - t0
-        print(f"{name}backlog: {n} records in {produced:.1f}s ({n / produced:,.0f} records/s "
-              "produced)")
-
-    with tempfile.TemporaryDirectory(prefix="pgrouter-bench-") as tmp:
-        def config(name):
-            topic, schema_topic = topics[name]
-            return job.JobConfig(bootstrap_servers=info.kafka_bootstrap, topics=[topic],
-                                 schema_topic=schema_topic, warehouse=f"{tmp}/{name}wh",
-                                 checkpoint=f"{tmp}/{name}ck", mode=args.mode,
-                                 max_offsets_per_trigger=args.batch, master=args.master,
-                                 spark_conf={"spark.sql.shuffle.partitions": "2",
-                                             "spark.driver.memory": "4g"},
-                                 jars=spark_jars(ROOT / ".devstack"),
-                                 class_archive=args.class_archive)
-        t0 = time.perf_counter()
-        spark = job.build_session(config(""), archive=True)
-        archive = spark._pgrouter_archive
-        spark.range(1).count()  # JVM and session warm, not timed
-        started = time.perf_counter() - t0
-        jvm = spark.sparkContext._gateway.proc.pid
-
-        def drain(name):
-            cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
-            job.Materializer(spark, config(name)).run(available_now=True)
-            took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
-            table = spark.read.format("delta").load(f"{tmp}/{name}wh/bench/public/orders")
-            rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
-            return backlogs[name], took, cpu, rows
-
-        drains = {"fresh JVM": drain("warmup." if args.warmup else "")}
-        if args.warmup:
-            drains["steady state"] = drain("")
-        class_archive.finish(archive, spark)
-        if archive is None or archive.writing is None:
-            spark.stop()
+    try:
+        for name, (fmt, n) in backlogs.items():
+            tag = name + uuid.uuid4().hex[:8]
+            topics[name] = (f"bench.materialize.{tag}", f"bench.schemas.{tag}")
+            t0 = time.perf_counter()
+            produce(bootstrap, *topics[name], n, max(1, args.keys * n // args.records),
+                    registry if fmt == "avro" else None)
+            produced = time.perf_counter() - t0
+            print(f"{name}backlog ({fmt}): {n} records in {produced:.1f}s ({n / produced:,.0f} "
+                  "records/s produced)")
+        drains, started, archive = run_drains(args, bootstrap, registry, backlogs, topics,
+                                              formats)
+    finally:
+        avro = [topics[name][0] for name, (fmt, _) in backlogs.items()
+                if fmt == "avro" and name in topics]
+        if avro:
+            delete_subjects(registry, avro)
     print(f"session start and a first job: {started:.1f}s"
           + ("" if archive is None else " (class archive: written now, for the next runs)"
              if archive.writing else f" (class archive {archive.path})"))
     print(f"mode={args.mode} master={args.master} batch(max_offsets_per_trigger)={args.batch} "
           f"keys per {args.records} records={args.keys}")
-    for what, (n, took, cpu, rows) in drains.items():
-        print(f"{what + ':':14s} materialized {n} change records in {took:.1f}s: "
-              f"{n / took:,.0f} records/s; CPU {cpu:.1f}s in the JVM and this process "
-              f"({n / cpu:,.0f} records per CPU second); {rows} rows in the table")
+    for what, runs in drains.items():
+        n, many = runs[0][0], len(runs) > 1
+        rates = [n / took for _, took, _, _ in runs]
+        cpus = [cpu for _, _, cpu, _ in runs]
+        rate, cpu = statistics.median(rates), statistics.median(cpus)
+        print(f"{what + ':':21s} materialized {n} change records: "
+              + (f"median of {len(runs)} " if many else "")
+              + f"{rate:,.0f} records/s"
+              + (f" ({', '.join(f'{r:,.0f}' for r in rates)})" if many else "")
+              + f"; CPU {cpu:.1f}s" + (f" ({', '.join(f'{c:.1f}' for c in cpus)})" if many else "")
+              + f" in the JVM and this process ({n / cpu:,.0f} records per CPU second); "
+              f"{runs[-1][3]} rows in the table")
     print(f"load average {os.getloadavg()[0]:.2f} (CPU seconds are steadier than the wall clock "
           "on a shared machine)")
     return 0
+
+
+def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topics: dict,
+               formats: list):
+    """Drain the backlogs in one session: the warm-up backlog first (the fresh JVM), then each
+    format's ``args.runs`` times, interleaved. -> ({what: [(records, seconds, CPU seconds,
+    rows)]}, session start seconds, class archive)."""
+    with tempfile.TemporaryDirectory(prefix="pgrouter-bench-") as tmp:
+        def config(name, run=0):
+            topic, schema_topic = topics[name]
+            return job.JobConfig(bootstrap_servers=bootstrap, topics=[topic],
+                                 schema_topic=schema_topic, warehouse=f"{tmp}/{name}{run}wh",
+                                 checkpoint=f"{tmp}/{name}{run}ck", mode=args.mode,
+                                 max_offsets_per_trigger=args.batch, master=args.master,
+                                 spark_conf={"spark.sql.shuffle.partitions": "2",
+                                             "spark.driver.memory": "4g"},
+                                 jars=spark_jars(ROOT / ".devstack"),
+                                 class_archive=args.class_archive,
+                                 registry=RegistrySettings(url=registry) if registry else None)
+        t0 = time.perf_counter()
+        spark = job.build_session(config(next(iter(backlogs))), archive=True)
+        archive = spark._pgrouter_archive
+        spark.range(1).count()  # JVM and session warm, not timed
+        started = time.perf_counter() - t0
+        jvm = spark.sparkContext._gateway.proc.pid
+
+        def drain(name, run=0):
+            cfg = config(name, run)
+            cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
+            job.Materializer(spark, cfg).run(available_now=True)
+            took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
+            table = spark.read.format("delta").load(f"{cfg.warehouse}/bench/public/orders")
+            rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
+            return backlogs[name][1], took, cpu, rows
+
+        side = len(formats) > 1
+        drains: dict[str, list] = {}
+        if args.warmup:
+            drains[f"fresh JVM ({formats[0]})" if side else "fresh JVM"] = [drain("warmup.")]
+            for run in range(args.runs):
+                for f in formats:
+                    drains.setdefault(f"steady state ({f})" if side else "steady state",
+                                      []).append(drain(f"{f}.", run))
+        else:
+            drains["fresh JVM"] = [drain(f"{formats[0]}.")]
+        class_archive.finish(archive, spark)
+        if archive is None or archive.writing is None:
+            spark.stop()
+    return drains, started, archive
 
 
 if __name__ == "__main__":

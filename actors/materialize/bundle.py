@@ -1,8 +1,10 @@
 """The materializer as one zip for ``spark-submit --py-files``: the job's modules under their
 package path, so ``actors/materialize/job.py`` imports them on the driver and the executors.
 
-Rules: only what the job imports goes in (of ``router/`` only ``pg_arrays``, which imports
-nothing; no msgspec-based ``config``), so a cluster needs nothing but pyspark and delta-spark.
+Rules: only what the job imports goes in (of ``router/`` only ``pg_arrays`` and ``errors``,
+which import nothing; of ``actors/kafka`` only the registry client, for Avro topics, standard
+library only; no msgspec-based ``config``), so a cluster needs nothing but pyspark and
+delta-spark.
 
     python -m actors.materialize.bundle dist/pgrouter-materialize.zip
 """
@@ -15,9 +17,10 @@ import zipfile
 
 PACKAGE = pathlib.Path(__file__).resolve().parent
 ROUTER = PACKAGE.parent.parent / "router"
-ROUTER_MODULES = ("__init__.py", "pg_arrays.py")
+ROUTER_MODULES = ("__init__.py", "pg_arrays.py", "errors.py")
+KAFKA_MODULES = ("__init__.py", "registry.py")
 MODULES = ("__init__.py", "settings.py", "columns.py", "maintenance.py", "toast.py", "tables.py",
-           "class_archive.py", "schema_topic.py", "merge.py", "job.py")
+           "class_archive.py", "schema_topic.py", "avro.py", "merge.py", "job.py")
 
 
 def write_bundle(target: str | pathlib.Path) -> pathlib.Path:
@@ -27,6 +30,8 @@ def write_bundle(target: str | pathlib.Path) -> pathlib.Path:
         zf.write(PACKAGE.parent / "__init__.py", "actors/__init__.py")
         for name in ROUTER_MODULES:  # pure, importing nothing
             zf.write(ROUTER / name, f"router/{name}")
+        for name in KAFKA_MODULES:  # the registry client (urllib) and its package's docstring
+            zf.write(PACKAGE.parent / "kafka" / name, f"actors/kafka/{name}")
         for name in MODULES:
             zf.write(PACKAGE / name, f"actors/materialize/{name}")
     return target

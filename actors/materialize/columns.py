@@ -144,18 +144,23 @@ def image_fields(schemas) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(kinds.items()))
 
 
+def source_fields(changelog: bool) -> tuple[tuple[str, str], ...]:
+    """``(name, Spark type)`` of the ``source`` fields the job reads (changelog mode stores two
+    more)."""
+    used = (("schema", "string"), ("table", "string"), ("commit_lsn", "bigint"),
+            ("seq", "bigint"), ("route", "string"), ("schema_id", "string"),
+            ("commit_time", "string"))
+    return used + ((("lsn", "bigint"), ("xid", "bigint")) if changelog else ())
+
+
 def envelope_schema(fields, *, changelog: bool = False):
     """The record envelope parsed in one pass: ``before``/``after`` as structs over ``fields``
     (``image_fields``), so no image is re-serialised and parsed again, and ``CORRUPT``.
     Changelog mode keeps ``before`` as its JSON text (stored in ``_pgr_before``) and the fields
     only the changelog stores."""
     from pyspark.sql.types import (ArrayType, LongType, StringType, StructField, StructType)
-    source_fields = [("schema", StringType()), ("table", StringType()),
-                     ("commit_lsn", LongType()), ("seq", LongType()), ("route", StringType()),
-                     ("schema_id", StringType()), ("commit_time", StringType())]
-    if changelog:
-        source_fields += [("lsn", LongType()), ("xid", LongType())]
-    source = StructType([StructField(n, t) for n, t in source_fields])
+    types = {"string": StringType(), "bigint": LongType()}
+    source = StructType([StructField(n, types[t]) for n, t in source_fields(changelog)])
     image = image_schema(fields)
     return StructType([StructField("op", StringType()),
                        StructField("before", StringType() if changelog else image),

@@ -1,6 +1,7 @@
 """``pgrouter materialize`` configuration: TOML validated with msgspec.
 
-Rules: unknown keys are rejected with their path (``kafka.topicz``); exactly one of
+Rules: unknown keys are rejected with their path (``kafka.topicz``); ``[kafka.registry]`` is
+the router's ``RegistryConfig``; exactly one of
 ``kafka.topics`` / ``kafka.topic_pattern``; ``delta.mode`` is ``state`` or ``changelog``;
 ``max_offsets_per_trigger`` may sit at top level or in ``[kafka]`` (not both). The result is the
 job's own ``JobConfig``, so the job (``settings.py``) stays free of msgspec for ``spark-submit``.
@@ -13,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from router.config import RegistryConfig
 from router.errors import ConfigError
 
 from .settings import JobConfig, MaterializeError, validate
@@ -28,6 +30,9 @@ class KafkaSection(msgspec.Struct, **_opts):
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = None
     options: dict[str, str] = {}
+    #: Avro topics (``[kafka] format = "avro"`` of the router): the router's table, read for
+    #: its url, credentials, TLS files and timeout
+    registry: RegistryConfig | None = None
 
 
 class SparkSection(msgspec.Struct, **_opts):
@@ -92,7 +97,8 @@ def parse(text: str | bytes, *, source: str | None = None) -> JobConfig:
                   topic_pattern=k.topic_pattern, schema_topic=k.schema_topic,
                   starting_offsets=k.starting_offsets,
                   max_offsets_per_trigger=given[0][1] if given else None,
-                  kafka_options=dict(k.options), mode=d.mode, warehouse=d.warehouse,
+                  kafka_options=dict(k.options), registry=_registry(k.registry), mode=d.mode,
+                  warehouse=d.warehouse,
                   checkpoint=d.checkpoint, trigger_interval=d.trigger_interval, master=s.master,
                   app_name=s.app_name, spark_conf=_conf_strings(s.conf), jars=list(s.jars),
                   class_archive=s.class_archive,
@@ -103,6 +109,10 @@ def parse(text: str | bytes, *, source: str | None = None) -> JobConfig:
         return validate(values)
     except MaterializeError as exc:
         raise ConfigError(str(exc).split(": ", 1)[-1], path=exc.path, source=source) from exc
+
+
+def _registry(r: RegistryConfig | None) -> dict | None:
+    return None if r is None else {f: getattr(r, f) for f in r.__struct_fields__}
 
 
 def _conf_strings(conf: dict) -> dict[str, str]:

@@ -1,9 +1,10 @@
 """pgrouter materializer: Kafka topics written by pgrouter -> one Delta table per routed table.
 
 A standalone Spark Structured Streaming job. It depends only on pyspark, delta-spark and the
-message format (README "Message format"), never on ``router/`` and never on PostgreSQL, so
-it runs under ``spark-submit`` on any cluster (with ``--py-files`` naming the bundle that
-``make materialize-bundle`` writes; README "Spark materializer").
+message format (README "Message format"), never on PostgreSQL nor on ``router/`` (but its pure
+array parser and error tree), so it runs under ``spark-submit`` on any cluster (with
+``--py-files`` naming the bundle that ``make materialize-bundle`` writes; README "Spark
+materializer").
 
 Rules the job keeps:
 
@@ -11,6 +12,10 @@ Rules the job keeps:
   end by a Kafka consumer in the driver (``schema_topic``) whenever a micro-batch names a
   schema not seen yet. The router has every schema acknowledged before a record naming it, so
   reading the topic to its end finds it.
+* Records are JSON or Avro (the router's ``format = "avro"``: a first byte 0x00), told apart
+  record by record. Avro records are decoded in the JVM with their schema, fetched by the
+  driver from ``[kafka.registry]`` by the id each names, into the same change rows with the
+  same column types (``avro``); a key change's delete and create are one update again.
 * Position = ``(source.commit_lsn, source.seq)``. Copies of one position are byte-identical, so
   dropping all but one is exact. Messages (``op: m``) are ignored.
 * A record that is not a change record (not JSON, or a value not of its column's JSON type:
@@ -41,7 +46,8 @@ Rules the job keeps:
   write of its rows, data and properties in one commit (``tables``).
 
 The job is split by responsibility: ``settings`` (the config), ``columns`` (types and values),
-``merge`` (the streaming query and its writes), ``schema_topic`` (reading the schemas),
+``merge`` (the streaming query and its writes), ``avro`` (Avro records), ``schema_topic``
+(reading the schemas),
 ``tables`` (the Delta tables: creation, added and widened columns), ``toast`` (unchanged-TOAST
 values), ``maintenance`` (table upkeep) and this module (the session and the entry point).
 """

@@ -1,14 +1,17 @@
-"""The streaming query and its micro-batches: records parsed against their schema, deduplicated
-and ordered by position, and merged (``state``) or appended (``changelog``) into one Delta table
-per routed table. The rules it keeps are listed in ``job``'s docstring.
+"""The streaming query and its micro-batches: records parsed against their schema (JSON, or Avro
+decoded by ``avro``), deduplicated and ordered by position, and merged (``state``) or appended
+(``changelog``) into one Delta table per routed table. The rules it keeps are listed in
+``job``'s docstring.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
 
+from . import avro
 from .columns import (CORRUPT, convert, envelope_schema, image_fields, image_schema, quote,
                       spark_type_name, widens)
 from .maintenance import Maintenance
@@ -32,6 +35,7 @@ class Materializer:
         self.app_id = "pgrouter-" + hashlib.sha256(cfg.checkpoint.encode()).hexdigest()[:16]
         self.failure: BaseException | None = None
         self.maintenance = Maintenance(spark, cfg)
+        self.registry = avro.RegistrySchemas(cfg.registry)
         self._first_load = threading.Lock()
 
     # schema topic ---------------------------------------------------------------------------
@@ -111,91 +115,103 @@ class Materializer:
         """The batch's records parsed once (only the fields the job uses) and persisted: every
         later action of the batch reads this, not Kafka. A record that does not parse (not
         JSON, or a value not of its column's JSON type) keeps its text in ``CORRUPT`` and its
-        Kafka position in ``_pgr_at``, for ``_process`` to stop on."""
+        Kafka position in ``_pgr_at``, for ``_process`` to stop on. An Avro record is kept as
+        it is (``avro.AVRO``, with its schema's id ``avro.RID`` and its position), for
+        ``_decode_avro``."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         schema = envelope_schema(fields, changelog=self.cfg.mode == CHANGELOG)
-        parsed = F.from_json(F.col("value").cast("string"), schema,
+        rid, value = avro.wire_columns(F.col("value"))
+        text = F.when(rid.isNull(), F.col("value").cast("string"))
+        parsed = F.from_json(text, schema,
                              {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-        bad = F.col(f"e.{CORRUPT}").isNotNull()
+        kept = F.col(f"e.{CORRUPT}").isNotNull() | F.col(avro.RID).isNotNull()
         return (df.filter(F.col("topic") != self.cfg.schema_topic)
-                .select(parsed.alias("e"), "topic", "partition", "offset")
-                .select("e.*", F.when(bad, F.struct("topic", "partition", "offset"))
-                        .alias("_pgr_at"))
-                .filter(F.col("op").isin(*OPS) | F.col(CORRUPT).isNotNull())
+                .select(parsed.alias("e"), "topic", "partition", "offset", rid.alias(avro.RID),
+                        value.alias(avro.AVRO))
+                .select("e.*", F.when(kept, F.struct("topic", "partition", "offset"))
+                        .alias("_pgr_at"), avro.RID, avro.AVRO)
+                .filter(F.col("op").isin(*OPS) | F.col(CORRUPT).isNotNull()
+                        | F.col(avro.RID).isNotNull())
                 .persist(StorageLevel.MEMORY_AND_DISK))
 
-    def _process(self, df, batch_id: int) -> None:
-        from pyspark.sql import functions as F
+    def _decode_avro(self, env, rids: dict) -> tuple[dict, list]:
+        """The Avro records of ``env`` decoded, one persisted frame per registry id of
+        ``rids`` (id -> its first record's position), and what ``_meta`` says of them. Ids of
+        schemas that are not change records (messages) are skipped."""
+        from pyspark import StorageLevel
 
+        frames = {}
+        for rid, at in sorted(rids.items()):
+            schema = self.registry.reader(rid, at)
+            if schema is not None:
+                frames[rid] = avro.decode(env, rid, schema,
+                                          changelog=self.cfg.mode == CHANGELOG).persist(
+                                              StorageLevel.MEMORY_AND_DISK)
+        if not frames:
+            return frames, []
+        parts = [_meta_columns(f) for f in frames.values()]
+        return frames, _meta(functools.reduce(lambda a, b: a.unionByName(b), parts))
+
+    def _process(self, df, batch_id: int) -> None:
         self.first_schemas()
         fields = self._image_fields()
         env = self._parse(df, fields)
+        frames: dict = {}  # registry id -> its Avro records, decoded
         try:
-            meta = self._meta(env)
-            if any(m.schema_id not in self.schemas for m in meta):
+            meta = _meta(_meta_columns(env))
+            if any(m.schema_id not in self.schemas for m in meta if m.rid is None):
                 self.load_schemas()  # a schema newer than the ones known: its columns too
                 if self._image_fields() != fields:
                     env.unpersist()
                     fields = self._image_fields()
                     env = self._parse(df, fields)
-                    meta = self._meta(env)
+                    meta = _meta(_meta_columns(env))
+            rids = {m.rid: m.at for m in meta if m.rid is not None}
+            meta = [m for m in meta if m.rid is None]
+            if rids:
+                frames, decoded = self._decode_avro(env, rids)
+                if any(m.schema_id not in self.schemas for m in decoded):
+                    self.load_schemas()
+                meta += decoded
             self._refuse_corrupt(meta)
             groups: dict[tuple, list] = {}
             for m in meta:
                 groups.setdefault((m.route, m.schema, m.table), []).append(m)
             for (route, schema, table), ms in sorted(groups.items(), key=lambda kv: str(kv[0])):
-                sub = env.filter((F.col("source.route").eqNullSafe(F.lit(route)))
-                                 & (F.col("source.schema") == schema)
-                                 & (F.col("source.table") == table))
                 try:
-                    self._table(batch_id, route, schema, table, ms, sub)
+                    self._table(batch_id, route, schema, table, ms, env, frames)
                 except MaterializeError:
                     raise
                 except Exception as exc:  # e.g. a value a Python worker refused
                     raise MaterializeError(f"{schema}.{table}: {reason(exc)}") from exc
         finally:
             env.unpersist()
+            for frame in frames.values():
+                frame.unpersist()
         if self.maintenance.due():
             self.maintenance.run(p for p, t in self.delta.known.items() if t.created)
-
-    @staticmethod
-    def _meta(env):
-        """Per (route, schema, table, schema_id) of the batch: unchanged-TOAST columns, the
-        latest truncate, the lowest commit LSN, whether an update has a before image, and the
-        first record that did not parse."""
-        from pyspark.sql import functions as F
-
-        return (env.select("source.route", "source.schema", "source.table", "source.schema_id",
-                           "op", "source.commit_lsn", "source.seq", "_pgr_at", CORRUPT,
-                           F.col("before").isNotNull().alias("has_before"),
-                           F.explode_outer("unchanged_toast").alias("toast"))
-                .groupBy("route", "schema", "table", "schema_id")
-                .agg(F.collect_set("toast").alias("toast"),
-                     F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
-                     .alias("truncate"), F.min("commit_lsn").alias("lo"),
-                     F.max((F.col("op") == "u") & F.col("has_before")).alias("before"),
-                     F.min(F.when(F.col("_pgr_at").isNotNull(),
-                                  F.struct("_pgr_at", F.substring(CORRUPT, 1, 300))))
-                     .alias("corrupt"))
-                .collect())
 
     def _refuse_corrupt(self, meta) -> None:
         """A record that is not a pgrouter change record stops the job before anything of the
         batch is written (skipping it would lose a change, reading half of it would store a
         wrong row)."""
-        bad = [m.corrupt for m in meta if m.corrupt is not None]
+        bad = [(m.corrupt, m.rid) for m in meta if m.corrupt is not None]
         if bad:
-            at, text = min(bad)
-            raise MaterializeError(
-                f"record at {at.topic} partition {at.partition} offset {at.offset} is not a "
-                f"pgrouter change record (not JSON, or a value that does not fit its column's "
-                f"type in the schema topic {self.cfg.schema_topic!r}): {text!r}")
+            (at, text), rid = min(bad, key=lambda b: tuple(b[0][0]))
+            why = (f"not JSON, or a value that does not fit its column's type in the schema "
+                   f"topic {self.cfg.schema_topic!r}" if rid is None else
+                   f"Avro that does not decode with schema id {rid} of the registry")
+            raise MaterializeError(f"record at {at.topic} partition {at.partition} offset "
+                                   f"{at.offset} is not a pgrouter change record ({why}): "
+                                   f"{text!r}")
 
     # one table --------------------------------------------------------------------------------
 
-    def _table(self, batch_id, route, schema, table, metas, sub) -> None:
+    def _table(self, batch_id, route, schema, table, metas, env, frames) -> None:
+        """One table's changes of the batch (``metas``: one per schema of it): from ``env``,
+        or from the decoded Avro records of ``frames`` for a meta with a registry id."""
         from pyspark.sql import functions as F
 
         mode = self.cfg.mode
@@ -227,8 +243,10 @@ class Materializer:
 
         rows = None
         for m, s in zip(metas, schemas):
-            part = self._changes(sub.filter(F.col("source.schema_id") == m.schema_id), s, state,
-                                 moves=bool(m.before))
+            sub = (env if m.rid is None else frames[m.rid]).filter(
+                F.col("source.route").eqNullSafe(F.lit(route)) & (F.col("source.schema") == schema)
+                & (F.col("source.table") == table) & (F.col("source.schema_id") == m.schema_id))
+            part = self._changes(sub, s, state, moves=bool(m.before), typed=m.rid is not None)
             rows = part if rows is None else rows.unionByName(part)
         if mode == CHANGELOG:
             self._append(batch_id, state, rows, min(m.lo for m in metas))
@@ -247,17 +265,20 @@ class Materializer:
             | ((F.col("_pgr_commit_lsn") == cut[0]) & (F.col("_pgr_seq") > cut[1]))))
         self._merge(batch_id, state, rows, keys, toast, moves=any(m.before for m in metas))
 
-    def _changes(self, sub, s: dict, state: TableState, *, moves: bool):
+    def _changes(self, sub, s: dict, state: TableState, *, moves: bool, typed: bool = False):
         """Typed change rows of one schema: every table column (NULL where this schema has
         none), the position, op and unchanged-TOAST names; key-changing updates add a delete
         of the old key at the same position. ``moves``: some update of the batch has a
         ``before`` image (only those can change the key); without one the plan has no second
-        branch to scan."""
+        branch to scan. ``typed``: decoded Avro records, whose images are typed already
+        (``avro.value`` converts them) and whose ``before`` is a struct in both modes."""
         from pyspark.sql import functions as F
 
         cols = {c["name"]: c for c in s["columns"]}
+        have = ({f.name: f.dataType for f in sub.schema["after"].dataType.fields}
+                if typed else {})
         before = (F.from_json("before", image_schema(image_fields([s])))
-                  if self.cfg.mode == CHANGELOG else F.col("before"))
+                  if self.cfg.mode == CHANGELOG and not typed else F.col("before"))
         p = sub.select("op", "source", "before",
                        F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("t"),
                        F.col("after").alias("_a"), before.alias("_b"))
@@ -275,10 +296,11 @@ class Materializer:
         for n, dtype in state.types.items():
             if n.startswith("_pgr_"):
                 continue
-            if n in cols:
+            if n in cols and (not typed or n in have):
                 img = F.when(F.col("op") == "d", F.col("_b").getField(n)) \
                        .otherwise(F.col("_a").getField(n))
-                out.append(convert(img, cols[n]).alias(n))
+                value = avro.value(img, cols[n], have[n]) if typed else convert(img, cols[n])
+                out.append(value.alias(n))
             else:
                 out.append(F.lit(None).cast(dtype).alias(n))
         meta = [F.col("op").alias("_pgr_op"), F.col("source.commit_lsn").alias("_pgr_commit_lsn"),
@@ -292,7 +314,8 @@ class Materializer:
         if self.cfg.mode == CHANGELOG:
             meta += [F.col("source.lsn").alias("_pgr_lsn"), F.col("source.xid").alias("_pgr_xid"),
                      F.col("source.schema_id").alias("_pgr_schema_id"),
-                     F.col("before").alias("_pgr_before")]
+                     # Avro: the typed image as JSON (Spark's to_json), not the router's text
+                     (F.to_json("before") if typed else F.col("before")).alias("_pgr_before")]
         return p.select(*out, *meta)
 
     def _txn(self, batch_id: int):
@@ -369,3 +392,36 @@ class Materializer:
                  .whenNotMatchedInsert(values=values).execute())
         finally:
             self._untxn()
+
+
+# --- what a batch holds ---------------------------------------------------------------------
+
+def _meta_columns(frame):
+    """The columns of parsed (or decoded) records that ``_meta`` sums up, one row per
+    unchanged-TOAST name."""
+    from pyspark.sql import functions as F
+
+    return frame.select("source.route", "source.schema", "source.table", "source.schema_id",
+                        "op", "source.commit_lsn", "source.seq", "_pgr_at", CORRUPT,
+                        F.col("before").isNotNull().alias("has_before"),
+                        F.explode_outer("unchanged_toast").alias("toast"),
+                        F.col(avro.RID).alias("rid"))
+
+
+def _meta(columns):
+    """Per (route, schema, table, schema_id, registry id) of the batch: unchanged-TOAST columns,
+    the latest truncate, the lowest commit LSN, whether an update has a before image, the first
+    record that did not parse and the first record's position (``at``). The Avro records of
+    ``Materializer._parse`` are one group per registry id (``rid``), undecoded: their table is
+    not known yet."""
+    from pyspark.sql import functions as F
+
+    return (columns.groupBy("route", "schema", "table", "schema_id", "rid")
+            .agg(F.collect_set("toast").alias("toast"),
+                 F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
+                 .alias("truncate"), F.min("commit_lsn").alias("lo"),
+                 F.max((F.col("op") == "u") & F.col("has_before")).alias("before"),
+                 F.min(F.when(F.col(CORRUPT).isNotNull(),
+                              F.struct("_pgr_at", F.substring(CORRUPT, 1, 300))))
+                 .alias("corrupt"), F.min("_pgr_at").alias("at"))
+            .collect())

@@ -3,7 +3,8 @@ without msgspec, so the job needs only the standard library, pyspark and delta-s
 ``spark-submit`` (``config.py`` adds msgspec's key-path errors for ``pgrouter materialize``).
 
 Rules: unknown keys and wrong types raise ``MaterializeError`` naming their path; ``delta.mode``
-is ``state`` or ``changelog``.
+is ``state`` or ``changelog``; ``[kafka.registry]`` (Avro topics) takes the router's
+``[kafka.registry]`` keys, of which a reader uses the url, credentials, TLS files and timeout.
 """
 
 from __future__ import annotations
@@ -38,6 +39,25 @@ def reason(exc: BaseException) -> str:
 
 
 @dataclass
+class RegistrySettings:
+    """``[kafka.registry]``: the schema registry that Avro records name their schemas in (its
+    Confluent-compatible API), with the attributes ``actors.kafka.registry.RegistryClient``
+    reads. The router's writer-only keys (``subject_naming``, ``compatibility``,
+    ``auto_register``) are accepted, so one table can serve both, and unused."""
+
+    url: str
+    username: str = ""
+    password: str = field(default="", repr=False)
+    ssl_ca_location: str = ""
+    ssl_certificate_location: str = ""
+    ssl_key_location: str = ""
+    timeout: float = 10.0
+    subject_naming: str = "topic"
+    compatibility: str = ""
+    auto_register: bool = True
+
+
+@dataclass
 class JobConfig:
     bootstrap_servers: str
     warehouse: str
@@ -48,6 +68,7 @@ class JobConfig:
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = None
     kafka_options: dict[str, str] = field(default_factory=dict)
+    registry: RegistrySettings | None = None  # Avro topics: where their schemas are
     mode: str = STATE
     trigger_interval: str | None = None  # None: next batch as soon as the previous ends
     master: str = "local[*]"
@@ -69,7 +90,7 @@ _KEYS: dict[str, dict[str, tuple[type, str]]] = {
               "topic_pattern": (str, "topic_pattern"), "schema_topic": (str, "schema_topic"),
               "starting_offsets": (str, "starting_offsets"),
               "max_offsets_per_trigger": (int, "max_offsets_per_trigger"),
-              "options": (dict, "kafka_options")},
+              "options": (dict, "kafka_options"), "registry": (dict, "registry")},
     "spark": {"master": (str, "master"), "app_name": (str, "app_name"),
               "conf": (dict, "spark_conf"), "jars": (list, "jars"),
               "class_archive": (str, "class_archive")},
@@ -80,6 +101,11 @@ _KEYS: dict[str, dict[str, tuple[type, str]]] = {
               "tombstone_retention": (str, "tombstone_retention"),
               "optimize": (bool, "optimize"), "vacuum_retention": (str, "vacuum_retention")},
 }
+
+_REGISTRY_KEYS = {"url": str, "username": str, "password": str, "ssl_ca_location": str,
+                  "ssl_certificate_location": str, "ssl_key_location": str,
+                  "timeout": (int, float), "subject_naming": str, "compatibility": str,
+                  "auto_register": bool}
 
 _UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
@@ -140,7 +166,23 @@ def validate(values: dict[str, Any]) -> JobConfig:
     values["spark_conf"] = {k: str(v).lower() if isinstance(v, bool) else str(v)
                             for k, v in values.get("spark_conf", {}).items()}
     values["kafka_options"] = {k: str(v) for k, v in values.get("kafka_options", {}).items()}
+    if isinstance(values.get("registry"), dict):
+        values["registry"] = registry_settings(values["registry"])
     return JobConfig(**values)
+
+
+def registry_settings(raw: dict[str, Any]) -> RegistrySettings:
+    for key, value in raw.items():
+        typ = _REGISTRY_KEYS.get(key)
+        if typ is None:
+            raise MaterializeError("unknown key", path=f"kafka.registry.{key}")
+        if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
+            raise MaterializeError("wrong type", path=f"kafka.registry.{key}")
+    if not raw.get("url"):
+        raise MaterializeError("required", path="kafka.registry.url")
+    if raw.get("timeout", 1) <= 0:
+        raise MaterializeError("must be > 0", path="kafka.registry.timeout")
+    return RegistrySettings(**raw)
 
 
 def load_config(path: str) -> JobConfig:

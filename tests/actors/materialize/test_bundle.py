@@ -1,5 +1,5 @@
 """The materializer's spark-submit bundle: the job imports from the zip alone (of ``router``
-only its array parser, no msgspec), and ``spark-submit --py-files BUNDLE actors/materialize/job.py`` starts it."""
+only its array parser and error tree, of ``actors/kafka`` the registry client; no msgspec), and ``spark-submit --py-files BUNDLE actors/materialize/job.py`` starts it."""
 
 from __future__ import annotations
 
@@ -22,12 +22,16 @@ def test_bundle_holds_the_job_and_nothing_of_the_core(tmp_path):
     names = set(zipfile.ZipFile(zip_path).namelist())
     assert "actors/materialize/job.py" in names and "actors/materialize/merge.py" in names
     assert {n for n in names if n.startswith("router/")} == {"router/__init__.py",
-                                                             "router/pg_arrays.py"}
+                                                             "router/pg_arrays.py",
+                                                             "router/errors.py"}
+    assert {n for n in names if n.startswith("actors/kafka/")} == {"actors/kafka/__init__.py",
+                                                                   "actors/kafka/registry.py"}
     assert not any(n.endswith("config.py") for n in names)
     # imported from the zip first on sys.path (as --py-files puts it), the job loads without
     # the rest of router/ or msgspec: a module the bundle lacks would fail here
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); sys.modules['msgspec'] = None; "
              "import actors.materialize.job as j, router.pg_arrays as a; "
+             "import actors.kafka.registry as r; assert r.__file__.startswith(sys.argv[1]); "
              "assert j.__file__.startswith(sys.argv[1]), j.__file__; "
              "assert a.__file__.startswith(sys.argv[1]), a.__file__; "
              "assert j.Materializer.__module__ == 'actors.materialize.merge'")

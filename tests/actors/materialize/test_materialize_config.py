@@ -185,3 +185,29 @@ def test_reason_is_one_line_saying_why():
     java = RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added\n\tat org.apache.Foo\n")
     assert reason(java) == "[DELTA_CONCURRENT_APPEND] Files were added"
     assert reason(RuntimeError("")) == "RuntimeError"
+
+
+def test_registry_table_of_avro_topics():
+    """``[kafka.registry]``: the router's table (its writer-only keys accepted), the same
+    settings from both validators; the password is not in the config's repr."""
+    text = BASE + ('[kafka.registry]\nurl = "https://reg:8081/apis/ccompat/v7"\n'
+                   'username = "u"\npassword = "secret"\nssl_ca_location = "/ca.pem"\n'
+                   'timeout = 5\ncompatibility = "BACKWARD"\n')
+    (a, ea), (b, eb) = both(text)
+    assert ea is None and eb is None and a == b
+    assert (a.registry.url, a.registry.username, a.registry.password, a.registry.timeout,
+            a.registry.ssl_ca_location) == ("https://reg:8081/apis/ccompat/v7", "u", "secret", 5,
+                                             "/ca.pem")
+    assert "secret" not in repr(a)
+    for cfg, _ in both(BASE):
+        assert cfg.registry is None
+
+
+@pytest.mark.parametrize("table,path", [
+    ('url = "http://r"\nurlz = 1\n', "kafka.registry.urlz"),
+    ('username = "u"\n', "kafka.registry.url"),
+    ('url = "http://r"\ntimeout = "fast"\n', "kafka.registry.timeout"),
+])
+def test_registry_table_rejects_with_key_path(table, path):
+    for cfg, err in both(BASE + "[kafka.registry]\n" + table):
+        assert cfg is None and err == path
