@@ -12,6 +12,9 @@ Rules:
   Spark type the JSON path gives it (``columns.spark_type_name``); ``value`` converts the Avro
   value to it: VariableScaleDecimal and decimals of more than 38 digits to their exact text,
   time to PostgreSQL's text, bytea[] to PostgreSQL's array text, the rest by a cast.
+* A column whose name is not a valid Avro name has a field of another name that names it in
+  its ``pgrouter.column`` property (``router.avro``): the images' fields are named as the
+  columns again.
 * A key change (the delete ``delete_old`` of the old key and the create ``create_new`` of the
   new one, which keeps the old row in ``before``) is one update again, as the JSON format
   writes it: the create becomes the update, the delete is dropped. Both sit at the update's
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 from .columns import CORRUPT, source_fields, spark_type_name
 from .settings import MaterializeError, RegistrySettings
@@ -38,6 +42,18 @@ RID = "_pgr_rid"  # its schema's registry id
 _ENVELOPE = frozenset({"before", "after", "source", "op"})
 #: seconds between the attempts to fetch a schema from a registry that does not answer
 _RETRY_S = (1, 2, 4)
+#: the field property naming the column of a field whose name is not the column's
+#: (``router.avro.COLUMN_PROP``; the job does not import the router's Avro writer)
+COLUMN_PROP = "pgrouter.column"
+
+
+@dataclass(frozen=True)
+class Reader:
+    """How the records of one registry id are decoded: the schema ``from_avro`` reads them
+    with, and the columns of the row fields named otherwise (field -> column)."""
+
+    schema: str
+    columns: dict
 
 
 def wire_columns(value):
@@ -50,17 +66,21 @@ def wire_columns(value):
     return F.when(magic, rid), F.when(magic, value)
 
 
-def reader_schema(text: str) -> str | None:
-    """The schema ``from_avro`` decodes a registry schema's records with: the writer's, less
-    the logical types Spark would read into a type no column has (``time-micros``: Spark's TIME
-    cannot hold PostgreSQL's 24:00:00; decimals of more than Spark's 38 digits), which stay their
-    long, int or bytes. None: not pgrouter's change envelope (a message schema)."""
+def reader(text: str) -> Reader | None:
+    """How to decode a registry schema's records: with the writer's schema, less the logical
+    types Spark would read into a type no column has (``time-micros``: Spark's TIME cannot hold
+    PostgreSQL's 24:00:00; decimals of more than Spark's 38 digits), which stay their long, int
+    or bytes. None: not pgrouter's change envelope (a message schema)."""
     schema = json.loads(text)
-    names = {f.get("name") for f in schema.get("fields", ())} if isinstance(schema, dict) else ()
-    if not _ENVELOPE <= set(names):
+    fields = schema.get("fields", ()) if isinstance(schema, dict) else ()
+    if not _ENVELOPE <= {f.get("name") for f in fields}:
         return None
+    # the row record is defined in ``before`` (and named in ``after``)
+    [before] = [f["type"] for f in fields if f.get("name") == "before"]
+    rows = [t for t in (before if isinstance(before, list) else [before]) if isinstance(t, dict)]
+    columns = {f["name"]: f[COLUMN_PROP] for f in rows[0]["fields"] if COLUMN_PROP in f}
     _plain(schema)
-    return json.dumps(schema)
+    return Reader(json.dumps(schema), columns)
 
 
 def _plain(t) -> None:
@@ -91,9 +111,9 @@ class RegistrySchemas:
         self.registry = registry
         self.sleep = sleep
         self._client = None
-        self._readers: dict[int, str | None] = {}
+        self._readers: dict[int, Reader | None] = {}
 
-    def reader(self, rid: int, at) -> str | None:
+    def reader(self, rid: int, at) -> Reader | None:
         """``at``: the first record naming ``rid`` (topic, partition, offset), for errors."""
         if rid in self._readers:
             return self._readers[rid]
@@ -104,12 +124,12 @@ class RegistrySchemas:
                                    "the registry the router writes to")
         text = self._fetch(rid, where)
         try:
-            reader = reader_schema(text)
-        except (ValueError, TypeError, AttributeError) as exc:
+            found = reader(text)
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
             raise MaterializeError(f"schema id {rid} of schema registry {self._client.where} "
                                    f"(named by the {where}) is not an Avro schema: {exc}") from exc
-        self._readers[rid] = reader
-        return reader
+        self._readers[rid] = found
+        return found
 
     def _fetch(self, rid: int, where: str) -> str:
         # the registry client and the router's error tree are imported only for Avro topics
@@ -128,7 +148,7 @@ class RegistrySchemas:
         raise AssertionError("unreachable")
 
 
-def decode(env, rid: int, schema: str, *, changelog: bool):
+def decode(env, rid: int, how: Reader, *, changelog: bool):
     """The records of ``env`` with registry id ``rid`` as the JSON path's parsed records
     (``op``, ``before``, ``after``, ``source``, ``unchanged_toast``, ``CORRUPT``, ``_pgr_at``,
     ``RID``), their images typed by Avro (``value`` converts them)."""
@@ -138,30 +158,44 @@ def decode(env, rid: int, schema: str, *, changelog: bool):
 
     # CORRECTED: days and microseconds are the proleptic Gregorian calendar's, as the router
     # writes them (the default refuses dates before 1582)
-    decoded = from_avro(F.expr(f"substring({AVRO}, 6)"), schema,
+    decoded = from_avro(F.expr(f"substring({AVRO}, 6)"), how.schema,
                         {"mode": "PERMISSIVE", "datetimeRebaseMode": "CORRECTED"})
     raw = env.filter(F.col(RID) == rid).select(decoded.alias("r"), "_pgr_at", AVRO)
     r = F.col("r")
     ok = r.getField("op").isNotNull()  # PERMISSIVE: a record that does not decode is all NULL
     key_change = F.coalesce(r.getField("key_change"), F.lit(""))
     toast = r.getField("unchanged_toast")
-    after = r.getField("after")
     image = raw.schema["r"].dataType["after"].dataType
     # only string and bytes columns carry the unchanged-TOAST placeholder; the others are NULL
-    placeholders = [f.name for f in image.fields
-                    if isinstance(f.dataType, (StringType, BinaryType))]
+    placeholders = {f.name for f in image.fields if isinstance(f.dataType, (StringType,
+                                                                             BinaryType))}
+
+    def row(img, unchanged=None):
+        """``img`` with its fields named as the columns; with ``unchanged``, those of its
+        columns NULL."""
+        out = []
+        for f in image.fields:
+            column = how.columns.get(f.name, f.name)
+            v = img.getField(f.name)
+            if unchanged is not None and f.name in placeholders:
+                v = F.when(F.array_contains(unchanged, column), F.lit(None).cast(f.dataType)) \
+                     .otherwise(v)
+            out.append(v.alias(column))
+        return F.when(img.isNotNull(), F.struct(*out))
+
+    before, after = r.getField("before"), r.getField("after")
+    if how.columns:
+        before = row(before)
     if placeholders:
-        after = F.when(F.size(toast) > 0, F.struct(*[
-            F.when(F.array_contains(toast, f.name), F.lit(None).cast(f.dataType))
-            .otherwise(after.getField(f.name)).alias(f.name)
-            if f.name in placeholders else after.getField(f.name).alias(f.name)
-            for f in image.fields])).otherwise(after)
-        after = F.when(r.getField("after").isNotNull(), after)
+        after = F.when(F.size(toast) > 0, row(after, toast)).otherwise(
+            row(after) if how.columns else after)
+    elif how.columns:
+        after = row(after)
     source = F.struct(*[r.getField("source").getField(n).alias(n)
                         for n, _ in source_fields(changelog)])
     return (raw.filter(key_change != "delete_old")
             .select(F.when(key_change == "create_new", F.lit("u")).otherwise(r.getField("op"))
-                    .alias("op"), r.getField("before").alias("before"), after.alias("after"),
+                    .alias("op"), before.alias("before"), after.alias("after"),
                     source.alias("source"), toast.alias("unchanged_toast"),
                     F.when(~ok, F.hex(F.substring(AVRO, 1, 64))).alias(CORRUPT), "_pgr_at",
                     F.lit(rid).alias(RID)))

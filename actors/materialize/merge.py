@@ -144,9 +144,9 @@ class Materializer:
 
         frames = {}
         for rid, at in sorted(rids.items()):
-            schema = self.registry.reader(rid, at)
-            if schema is not None:
-                frames[rid] = avro.decode(env, rid, schema,
+            how = self.registry.reader(rid, at)
+            if how is not None:
+                frames[rid] = avro.decode(env, rid, how,
                                           changelog=self.cfg.mode == CHANGELOG).persist(
                                               StorageLevel.MEMORY_AND_DISK)
         if not frames:
