@@ -20,7 +20,8 @@ ROUTER = PACKAGE.parent.parent / "router"
 ROUTER_MODULES = ("__init__.py", "pg_arrays.py", "errors.py")
 KAFKA_MODULES = ("__init__.py", "registry.py")
 MODULES = ("__init__.py", "settings.py", "columns.py", "maintenance.py", "toast.py", "tables.py",
-           "class_archive.py", "schema_topic.py", "avro.py", "merge.py", "job.py")
+           "class_archive.py", "schema_topic.py", "avro.py", "batch_meta.py", "merge.py",
+           "job.py")
 
 
 def write_bundle(target: str | pathlib.Path) -> pathlib.Path:

@@ -14,6 +14,7 @@ import threading
 from . import avro
 from .columns import (CORRUPT, convert, envelope_schema, image_fields, image_schema, quote,
                       spark_type_name, widens)
+from .batch_meta import meta_columns, summary
 from .maintenance import Maintenance
 from .schema_topic import read_schema_topic
 from .settings import CHANGELOG, STATE, JobConfig, MaterializeError, reason
@@ -151,8 +152,8 @@ class Materializer:
                                               StorageLevel.MEMORY_AND_DISK)
         if not frames:
             return frames, []
-        parts = [_meta_columns(f) for f in frames.values()]
-        return frames, _meta(functools.reduce(lambda a, b: a.unionByName(b), parts))
+        parts = [meta_columns(f) for f in frames.values()]
+        return frames, summary(functools.reduce(lambda a, b: a.unionByName(b), parts))
 
     def _process(self, df, batch_id: int) -> None:
         self.first_schemas()
@@ -160,14 +161,14 @@ class Materializer:
         env = self._parse(df, fields)
         frames: dict = {}  # registry id -> its Avro records, decoded
         try:
-            meta = _meta(_meta_columns(env))
+            meta = summary(meta_columns(env))
             if any(m.schema_id not in self.schemas for m in meta if m.rid is None):
                 self.load_schemas()  # a schema newer than the ones known: its columns too
                 if self._image_fields() != fields:
                     env.unpersist()
                     fields = self._image_fields()
                     env = self._parse(df, fields)
-                    meta = _meta(_meta_columns(env))
+                    meta = summary(meta_columns(env))
             rids = {m.rid: m.at for m in meta if m.rid is not None}
             meta = [m for m in meta if m.rid is None]
             if rids:
@@ -392,36 +393,3 @@ class Materializer:
                  .whenNotMatchedInsert(values=values).execute())
         finally:
             self._untxn()
-
-
-# --- what a batch holds ---------------------------------------------------------------------
-
-def _meta_columns(frame):
-    """The columns of parsed (or decoded) records that ``_meta`` sums up, one row per
-    unchanged-TOAST name."""
-    from pyspark.sql import functions as F
-
-    return frame.select("source.route", "source.schema", "source.table", "source.schema_id",
-                        "op", "source.commit_lsn", "source.seq", "_pgr_at", CORRUPT,
-                        F.col("before").isNotNull().alias("has_before"),
-                        F.explode_outer("unchanged_toast").alias("toast"),
-                        F.col(avro.RID).alias("rid"))
-
-
-def _meta(columns):
-    """Per (route, schema, table, schema_id, registry id) of the batch: unchanged-TOAST columns,
-    the latest truncate, the lowest commit LSN, whether an update has a before image, the first
-    record that did not parse and the first record's position (``at``). The Avro records of
-    ``Materializer._parse`` are one group per registry id (``rid``), undecoded: their table is
-    not known yet."""
-    from pyspark.sql import functions as F
-
-    return (columns.groupBy("route", "schema", "table", "schema_id", "rid")
-            .agg(F.collect_set("toast").alias("toast"),
-                 F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "seq")))
-                 .alias("truncate"), F.min("commit_lsn").alias("lo"),
-                 F.max((F.col("op") == "u") & F.col("has_before")).alias("before"),
-                 F.min(F.when(F.col(CORRUPT).isNotNull(),
-                              F.struct("_pgr_at", F.substring(CORRUPT, 1, 300))))
-                 .alias("corrupt"), F.min("_pgr_at").alias("at"))
-            .collect())
