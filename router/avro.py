@@ -68,6 +68,7 @@ import msgspec
 from .avro_envelope import (MESSAGE_SCHEMA, _envelope_fields, _field, _write_opt_long,
                             _write_opt_string, _write_source, _write_toast, _write_truncate)
 from .avro_types import _long_bytes, _optional, _w_bytes, _w_string, column_type
+from .connect_format import unencodable
 from .errors import InternalError, RecordUnencodable
 from .native import NATIVE
 from .schema import TableSchema
@@ -251,13 +252,7 @@ class _Table:
         return bytes(out)
 
     def _unencodable(self, name: str, value) -> str:
-        col = self.columns[name]
-        text = str(value)
-        text = text if len(text) <= 80 else text[:77] + "..."
-        why = (" (a multi-dimensional array: Avro arrays have one element type)"
-               if col.element is not None and "{{" in str(value) else "")
-        return (f"{self.table}: column {name!r} ({col.type}) value {text!r} cannot be written "
-                f"as an Avro record{why}; format = \"json\" carries it as text")
+        return unencodable(self.table, self.columns[name], value, "an Avro record", "Avro")
 
 
 class AvroFormat:

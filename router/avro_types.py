@@ -17,11 +17,11 @@ from decimal import Decimal, InvalidOperation
 
 import msgspec
 
-from .connect_format import EXACT, PLACEHOLDER, _micro_time, _parse_ts, parse_array
+from .connect_format import (EXACT, PLACEHOLDER, _micro_time, _micro_timestamp, _micros,
+                             _milli_timestamp, _parse_ts, parse_array)
 from .schema import ColumnSchema
 
 _EPOCH = dt.date(1970, 1, 1)
-_EPOCH_DT = dt.datetime(1970, 1, 1)
 _UTC = dt.timezone.utc
 _pack_float = struct.Struct("<f").pack
 _pack_double = struct.Struct("<d").pack
@@ -139,19 +139,8 @@ def _date(v: str):
         return None  # infinity, BC dates
 
 
-def _micros(d: dt.datetime) -> int:
-    delta = d - _EPOCH_DT
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _local_micros(v: str):
-    d = _parse_ts(v)
-    return None if d is None else _micros(d)
-
-
-def _local_millis(v: str):
-    m = _local_micros(v)
-    return None if m is None else m // 1000
+# a timestamp without time zone: the Connect format's MicroTimestamp / Timestamp values
+_local_micros, _local_millis = _micro_timestamp, _milli_timestamp
 
 
 def _utc_micros(v: str):

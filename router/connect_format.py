@@ -48,6 +48,16 @@ _encode = msgspec.json.Encoder(decimal_format="number").encode
 EXACT = Context(prec=1_000_000, Emax=999_999_999, Emin=-999_999_999)
 
 
+def unencodable(table: str, col: ColumnSchema, value, what: str, whose: str) -> str:
+    """The line for a value a record format cannot hold (``RecordUnencodable``)."""
+    text = str(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    why = (f" (a multi-dimensional array: {whose} arrays have one element type)"
+           if col.element is not None and "{{" in str(value) else "")
+    return (f"{table}: column {col.name!r} ({col.type}) value {text!r} cannot be written "
+            f"as {what}{why}; format = \"json\" carries it as text")
+
+
 # -- value conversions (PostgreSQL text form or JSON value → Connect payload) ---------------
 
 def _unscaled(value: str, scale: int) -> str | None:
@@ -293,13 +303,8 @@ class _Table:
         return out
 
     def _unencodable(self, name: str, value) -> str:
-        col = self.columns[name]
-        text = str(value)
-        text = text if len(text) <= 80 else text[:77] + "..."
-        why = (" (a multi-dimensional array: Connect's arrays have one element type)"
-               if col.element is not None and "{{" in str(value) else "")
-        return (f"{self.table}: column {name!r} ({col.type}) value {text!r} cannot be written "
-                f"as a Kafka Connect record{why}; format = \"json\" carries it as text")
+        return unencodable(self.table, self.columns[name], value, "a Kafka Connect record",
+                           "Connect's")
 
     def key(self, key: dict | None) -> dict | None:
         if key is None or not self.key_names:
