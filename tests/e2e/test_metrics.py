@@ -145,7 +145,11 @@ def test_metrics_follow_the_data_and_the_slot(metrics_setup, kafka_bootstrap, tm
         m = wait_for(lambda: (lambda m: m if value(m, "pgrouter_slot_lag_bytes") > 100_000
                               and value(m, "pgrouter_slot_lag_warning") == 1 else None)(
                                   scrape(port)), "the lag to grow while held")
-        assert value(m, "pgrouter_lag_seconds") > 0
+        # delivery trails by the age of a routed, unconfirmed transaction: here the routed
+        # inserts may be confirmed already (the prepared transaction holds the server's
+        # slot, not delivery), so 0 is right too; never negative, never an epoch mix-up
+        # (its growth is tests/actors/services/test_metrics_pure.py's)
+        assert 0 <= value(m, "pgrouter_lag_seconds") < 120
         assert "slot lag above the warning threshold" in log.read_text()
         pg.run(f"commit prepared '{name}_held'")
         wait_for(lambda: value(scrape(port), "pgrouter_slot_lag_bytes") < 100_000,
