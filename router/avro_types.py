@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 import msgspec
 
 from .connect_format import (EXACT, PLACEHOLDER, _micro_time, _micro_timestamp, _micros,
-                             _milli_timestamp, _parse_ts, parse_array)
+                             _milli_timestamp, _parse_ts, array_values)
 from .schema import ColumnSchema
 
 _EPOCH = dt.date(1970, 1, 1)
@@ -283,15 +283,7 @@ def _array_type(col: ColumnSchema, defined: set) -> _Type:
     write_item = _optional(item.write)
 
     def convert(v):
-        out = []
-        for e in parse_array(v):
-            if e is None:
-                out.append(None)
-            elif e[:1] == "{" and not nested_ok:
-                raise ValueError("multi-dimensional array")
-            else:
-                out.append(conv(e))
-        return out
+        return array_values(v, conv, nested_ok)
 
     def write(out: bytearray, items: list) -> None:
         if items:

@@ -162,6 +162,21 @@ _FROM_TEXT = {"int16": int, "int32": int, "int64": int, "float": _float_text,
               "double": _float_text, "boolean": lambda v: v == "t"}
 
 
+def array_values(text: str, conv, nested_ok: bool) -> list:
+    """The elements of a one-dimensional array literal, each converted by ``conv`` (None
+    stays None); an inner array raises ``ValueError`` unless ``nested_ok`` (then it is
+    converted from its literal text)."""
+    out = []
+    for e in parse_array(text):
+        if e is None:
+            out.append(None)
+        elif e[:1] == "{" and not nested_ok:
+            raise ValueError("multi-dimensional array")
+        else:
+            out.append(conv(e))
+    return out
+
+
 def parse_array(text: str) -> list[str | None]:
     """The elements of a one-dimensional PostgreSQL array literal (``{1,"a b",NULL}``);
     nested arrays are returned as their literal text."""
@@ -228,17 +243,7 @@ def column(col: ColumnSchema):
         nested_ok = item["type"] == "string"  # inner arrays of a string array stay text
 
         def array(v):
-            if v is None:
-                return None
-            out = []
-            for e in parse_array(v):
-                if e is None:
-                    out.append(None)
-                elif e[:1] == "{" and not nested_ok:
-                    raise ValueError("multi-dimensional array")
-                else:
-                    out.append(conv(e))
-            return out
+            return None if v is None else array_values(v, conv, nested_ok)
         return {"type": "array", "items": item, "optional": True, "field": col.name}, array
     schema, conv = _column_type(col.type, col.precision, col.scale)
     return dict(schema, optional=True, field=col.name), conv
