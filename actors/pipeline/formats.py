@@ -51,9 +51,18 @@ class AvroRecords:
         self._last: dict[str, Subject] = {}  # subject -> the layout last registered there
 
     def __call__(self, chunk) -> list:
+        self.learn(chunk)
+        return self.convert(chunk.records)
+
+    def learn(self, chunk) -> None:
+        """The table layouts ``chunk`` publishes, known before its records are converted."""
         for schema in chunk.schemas:
             self.format.learn(schema)
-        return self.format.convert_all(chunk.records)
+
+    def convert(self, records: list) -> list:
+        """``records`` in Avro (callable from the producing thread: the C conversion lets
+        the router's thread run meanwhile); ``SchemasNeeded`` names what has no id yet."""
+        return self.format.convert_all(records)
 
     def register(self, subjects) -> None:
         for subject in subjects:

@@ -97,16 +97,21 @@ class SinkActor:
         self._token: trio.lowlevel.TrioToken | None = None
         self._schema_ready = False
         self._joinable = False  # the last records queued were whole transactions'
+        #: records are queued as the router made them and converted in the producing thread
+        #: (Avro, at-least-once: ``set_reshape``)
+        self._defer = False
         #: ``_plain_chunk`` where ``_chunk`` is this class's (a subclass may add to it)
         self._plain = (self._plain_chunk if type(self)._chunk is SinkActor._chunk else None)
 
     def set_reshape(self, reshape) -> None:
-        """Records encoded by ``reshape`` (``formats.record_reshaper``); one that needs schema ids
-        (Avro) takes a chunk through ``_chunk``, where they are registered, when one has none
-        yet (``_plain_encoded``)."""
+        """Records encoded by ``reshape`` (``formats.record_reshaper``). One that needs schema
+        ids (Avro) converts in the producing thread when this class's ``_chunk`` is in use
+        (``_defer``): the router's thread routes meanwhile, and a schema without an id stops
+        the producing thread there until it is registered (``_convert_and_produce``)."""
         self.reshape = reshape
         if getattr(reshape, "registers", False) and self._plain is not None:
-            self._plain = self._plain_encoded
+            self._defer = True
+            self._plain = self._plain_deferred
 
     # -- delivery callbacks (client thread) ---------------------------------------------------
 
@@ -234,7 +239,9 @@ class SinkActor:
         if not batch:
             return
         started = perf_counter()
-        if len(batch) == 1:
+        if self._defer:
+            await self._convert_and_produce(batch)
+        elif len(batch) == 1:
             await trio.to_thread.run_sync(self.client.produce, *batch[0], self._on_delivery)
         else:
             await trio.to_thread.run_sync(self._produce_all, batch)
@@ -252,6 +259,37 @@ class SinkActor:
         for records, ticket in batch:
             produce(records, ticket, on_delivery)
 
+    async def _convert_and_produce(self, batch: list) -> None:
+        start = 0
+        while True:
+            stopped = await trio.to_thread.run_sync(self._convert_produce, batch, start)
+            if stopped is None:
+                return
+            start, subjects = stopped
+            await self._register_schemas(subjects)
+
+    def _convert_produce(self, batch: list, start: int):
+        """``_produce_all`` from ``batch[start]`` on, each entry's records converted first
+        (producing thread): None when all are handed over, or (index, subjects) of the first
+        entry whose schemas have no id yet (nothing of it handed over). A conversion that
+        makes more records than the router's (a key change is two) counts them into its
+        ticket before they go, so the ticket cannot complete early."""
+        convert, produce, on_delivery = self.reshape.convert, self.client.produce, self._on_delivery
+        for i in range(start, len(batch)):
+            raw, ticket = batch[i]
+            try:
+                records = convert(raw)
+            except SchemasNeeded as need:
+                return i, need.subjects
+            extra = len(records) - len(raw)
+            if extra:
+                with self._lock:
+                    self._txns[ticket].sent += extra
+                self._sent_records += extra
+            batch[i] = (records, ticket)
+            produce(records, ticket, on_delivery)
+        return None
+
     async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
         """Registers the chunk's transaction and queues its records in ``batch``; topics and
         schemas it needs are made ready first (and what is queued before them handed over,
@@ -259,6 +297,10 @@ class SinkActor:
         whole = chunk.last and not self._in_txn
         self._register(chunk)
         await self._needs(chunk, batch)
+        if self._defer:
+            self.reshape.learn(chunk)
+            self._queue(chunk, batch, whole, chunk.records)
+            return
         if getattr(self.reshape, "registers", False) and chunk.records:
             records = await self._registered(chunk)
             self._queue(chunk, batch, whole, records)
@@ -267,15 +309,20 @@ class SinkActor:
 
     async def _registered(self, chunk: RoutedChunk) -> list:
         """The chunk's records encoded, their schemas registered first where needed."""
-        delay = 0.5
         while True:
             try:
                 return self.reshape(chunk)
             except SchemasNeeded as need:
-                subjects = need.subjects
+                await self._register_schemas(need.subjects)
+
+    async def _register_schemas(self, subjects) -> None:
+        """``subjects`` registered (in a worker thread), retried while the registry cannot be
+        reached; a schema it refuses raises."""
+        delay = 0.5
+        while True:
             try:
                 await trio.to_thread.run_sync(self.reshape.register, subjects)
-                delay = 0.5
+                return
             except RegistryUnavailable as exc:
                 log.event(_log, "schema registry unavailable, retrying", error=str(exc),
                           retry_in=f"{delay:g}s", level=logging.WARNING)
@@ -289,16 +336,12 @@ class SinkActor:
         self._queue(chunk, batch, whole)
         return True
 
-    def _plain_encoded(self, chunk: RoutedChunk, batch: list) -> bool:
-        """``_plain_chunk`` for a format that registers schemas: False (nothing done, ``_chunk``
-        then registers them) when a schema of the chunk's records has no id yet."""
-        try:
-            records = self.reshape(chunk) if chunk.records else None
-        except SchemasNeeded:
-            return False
+    def _plain_deferred(self, chunk: RoutedChunk, batch: list) -> bool:
+        """``_plain_chunk`` when records convert in the producing thread: queued as they
+        are."""
         whole = chunk.last and not self._in_txn
         self._register(chunk)
-        self._queue(chunk, batch, whole, records)
+        self._queue(chunk, batch, whole, chunk.records)
         return True
 
     def _register(self, chunk: RoutedChunk) -> None:

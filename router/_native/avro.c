@@ -129,6 +129,8 @@ static Py_ssize_t ENV_LENS[E_FIELDS], SOURCE_LENS[S_FIELDS], TRUNCATE_LENS[2];
 typedef struct {
     PyObject_HEAD
     PyObject *topic;        /* str */
+    const char *topic_p;    /* its UTF-8 */
+    Py_ssize_t topic_n;
     PyObject *schema_id;    /* bytes: the id as the record spells it */
     PyObject *value_header; /* bytes: magic byte and registry id */
     PyObject *key_header;   /* bytes, or None when the table has no key columns */
@@ -219,6 +221,8 @@ plan_new(PyObject *schema_id, PyObject *topic, PyObject *value_header, PyObject 
     pl->n = n;
     pl->nkey = nkey;
     pl->topic = Py_NewRef(topic);
+    if ((pl->topic_p = PyUnicode_AsUTF8AndSize(topic, &pl->topic_n)) == NULL)
+        goto fail;
     pl->schema_id = PyUnicode_AsUTF8String(schema_id);
     pl->value_header = Py_NewRef(value_header);
     pl->key_header = Py_NewRef(key_header);
@@ -320,38 +324,6 @@ write_row(Out *o, Out *tmp, Plan *pl, const Span *cols, const char *toast)
             return r;
     }
     return AV_OK;
-}
-
-/* the record's Avro key into *key (new reference; None for a null key) */
-static int
-write_key(Plan *pl, PyObject *key, Out *k, Out *tmp, PyObject **out)
-{
-    if (key == Py_None) {
-        *out = Py_NewRef(Py_None);
-        return AV_OK;
-    }
-    if (!PyBytes_CheckExact(key))
-        return AV_DECLINE;
-    Span ks = {PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)};
-    if (SPAN_IS(ks, "null")) {
-        *out = Py_NewRef(Py_None);
-        return AV_OK;
-    }
-    if (pl->nkey == 0 || !members(ks, pl->key_name_p, pl->key_name_n, pl->nkey, pl->key))
-        return AV_DECLINE;
-    k->len = 0;
-    if (out_bytes(k, pl->key_header) < 0)
-        return -1;
-    for (Py_ssize_t i = 0; i < pl->nkey; i++) {
-        Py_ssize_t j = pl->key_index[i];
-        if (is_null(pl->key[i]))
-            return AV_DECLINE; /* a key field cannot be null: Python says so */
-        int r = avro_datum(k, tmp, pl->kinds[j], pl->params[j], pl->key[i]);
-        if (r != AV_OK)
-            return r == AV_NONE ? AV_DECLINE : r;
-    }
-    *out = PyBytes_FromStringAndSize(k->p, k->len);
-    return *out == NULL ? -1 : AV_OK;
 }
 
 /* the unchanged-TOAST names: counted, checked to be strings and (with a row after) marked
@@ -467,40 +439,145 @@ same_token(Span a, Span b)
 
 /* ------------------------------------------------------------------------------------------
  * AvroConverter
+ *
+ * convert_all works in three steps. The records' parts are taken from their objects (with
+ * the GIL); the records are converted into one buffer up to the first one declined, without
+ * the GIL when there are at least NOGIL_MIN of them (the sink converts in its producing
+ * thread, so the router's thread runs meanwhile); then their objects are made (with the
+ * GIL), the declined record is given to fallback, and the steps repeat from the record after
+ * it. Plans are found in a PlanIndex: a hash table of the plans, made anew under the GIL
+ * after plan() changed them, which nothing changes while it is read without the GIL. One
+ * call at a time converts (a plan's scratch is the record's): the others wait for the lock.
  */
+#define NOGIL_MIN 64
+
+typedef struct {
+    Py_ssize_t refs; /* changed with the GIL held */
+    Py_ssize_t n, mask;
+    Plan **plans;      /* strong references */
+    Py_ssize_t *slots; /* mask + 1 slots: an index into plans, or -1 */
+} PlanIndex;
+
 typedef struct {
     PyObject_HEAD
-    PyObject *plans; /* (schema_id, topic) -> Plan */
-    Plan *last;      /* the plan of the last record converted (a stream of one-record calls
-                        finds it without a lookup) */
+    PyObject *plans;       /* (schema_id, topic) -> Plan */
+    PlanIndex *index;      /* the plans' index (NULL: made at the next call) */
+    int dirty;             /* plan() changed the plans since the index was made */
+    Plan *last;            /* the plan of the last record converted (a stream of one-record
+                              calls finds it without a lookup) */
+    PyThread_type_lock lock;
 } AvroConverter;
 
-/* the plan of the record's table layout and topic into *last: 1, 0 none, -1 error */
-static int
-find_plan(AvroConverter *self, PyObject *topic, Span sid, Plan **last)
+static uint64_t
+hash_two(const char *a, Py_ssize_t an, const char *b, Py_ssize_t bn)
 {
-    const char *s = sid.p + 1;
-    Py_ssize_t n = sid.n - 2;
-    Plan *pl = *last;
-    if (pl != NULL && (pl->topic == topic || PyUnicode_Compare(pl->topic, topic) == 0) &&
-        PyBytes_GET_SIZE(pl->schema_id) == n && memcmp(PyBytes_AS_STRING(pl->schema_id), s,
-                                                       n) == 0)
-        return 1;
-    PyObject *id = PyUnicode_DecodeUTF8(s, n, NULL);
-    if (id == NULL) {
-        PyErr_Clear();
-        return 0;
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (Py_ssize_t i = 0; i < an; i++)
+        h = (h ^ (unsigned char)a[i]) * 1099511628211ULL;
+    h = (h ^ 0xFF) * 1099511628211ULL;
+    for (Py_ssize_t i = 0; i < bn; i++)
+        h = (h ^ (unsigned char)b[i]) * 1099511628211ULL;
+    return h;
+}
+
+static void
+index_release(PlanIndex *ix)
+{
+    if (ix == NULL || --ix->refs > 0)
+        return;
+    for (Py_ssize_t i = 0; i < ix->n; i++)
+        Py_DECREF(ix->plans[i]);
+    PyMem_Free(ix->plans);
+    PyMem_Free(ix->slots);
+    PyMem_Free(ix);
+}
+
+static PlanIndex *
+index_new(PyObject *plans)
+{
+    Py_ssize_t n = PyDict_GET_SIZE(plans), mask = 7;
+    while (mask + 1 < 2 * n)
+        mask = mask * 2 + 1;
+    PlanIndex *ix = PyMem_Calloc(1, sizeof(PlanIndex));
+    if (ix == NULL)
+        return (PlanIndex *)PyErr_NoMemory();
+    ix->refs = 1;
+    ix->mask = mask;
+    ix->plans = PyMem_Calloc(n ? n : 1, sizeof(Plan *));
+    ix->slots = PyMem_Malloc((mask + 1) * sizeof(Py_ssize_t));
+    if (ix->plans == NULL || ix->slots == NULL) {
+        index_release(ix);
+        return (PlanIndex *)PyErr_NoMemory();
     }
-    PyObject *key = PyTuple_Pack(2, id, topic);
-    Py_DECREF(id);
-    if (key == NULL)
-        return -1;
-    PyObject *found = PyDict_GetItemWithError(self->plans, key);
-    Py_DECREF(key);
-    if (found == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    Py_XSETREF(*last, (Plan *)Py_NewRef(found));
-    return 1;
+    for (Py_ssize_t i = 0; i <= mask; i++)
+        ix->slots[i] = -1;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(plans, &pos, &k, &v)) {
+        Plan *pl = (Plan *)v;
+        uint64_t h = hash_two(PyBytes_AS_STRING(pl->schema_id), PyBytes_GET_SIZE(pl->schema_id),
+                              pl->topic_p, pl->topic_n);
+        Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)mask);
+        while (ix->slots[s] >= 0)
+            s = (s + 1) & mask;
+        ix->slots[s] = ix->n;
+        ix->plans[ix->n++] = (Plan *)Py_NewRef(v);
+    }
+    return ix;
+}
+
+static int
+plan_is(const Plan *pl, const char *sid, Py_ssize_t sn, const char *topic, Py_ssize_t tn)
+{
+    return pl->topic_n == tn && PyBytes_GET_SIZE(pl->schema_id) == sn &&
+           memcmp(PyBytes_AS_STRING(pl->schema_id), sid, sn) == 0 &&
+           memcmp(pl->topic_p, topic, tn) == 0;
+}
+
+/* the plan of (schema id, topic), or NULL (no GIL needed) */
+static Plan *
+index_find(const PlanIndex *ix, const char *sid, Py_ssize_t sn, const char *topic,
+           Py_ssize_t tn)
+{
+    uint64_t h = hash_two(sid, sn, topic, tn);
+    for (Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)ix->mask); ix->slots[s] >= 0;
+         s = (s + 1) & ix->mask) {
+        Plan *pl = ix->plans[ix->slots[s]];
+        if (plan_is(pl, sid, sn, topic, tn))
+            return pl;
+    }
+    return NULL;
+}
+
+/* One record's parts, taken from its objects, and where its conversion is in the buffer. */
+typedef struct {
+    const char *topic, *value, *key; /* key NULL: None */
+    Py_ssize_t topic_n, value_n, key_n;
+    int plain;                       /* a (str, bytes | None, bytes, headers) tuple */
+    Py_ssize_t key_at, key_len;      /* key_len -1: a null key */
+    Py_ssize_t value_at, value_len;
+} Job;
+
+static void
+take_parts(PyObject *item, Job *j)
+{
+    j->plain = 0;
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4)
+        return;
+    PyObject *topic = PyTuple_GET_ITEM(item, 0), *key = PyTuple_GET_ITEM(item, 1),
+             *value = PyTuple_GET_ITEM(item, 2);
+    if (!PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(value) ||
+        !(key == Py_None || PyBytes_CheckExact(key)))
+        return;
+    if ((j->topic = PyUnicode_AsUTF8AndSize(topic, &j->topic_n)) == NULL) {
+        PyErr_Clear(); /* not UTF-8: Python says what it is */
+        return;
+    }
+    j->value = PyBytes_AS_STRING(value);
+    j->value_n = PyBytes_GET_SIZE(value);
+    j->key = key == Py_None ? NULL : PyBytes_AS_STRING(key);
+    j->key_n = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
+    j->plain = 1;
 }
 
 /* The envelope's members (env) and its source's (src), in one pass over the record: its rows
@@ -554,18 +631,42 @@ parse_envelope(Span whole, Plan *guess, Span *env, Span *src, int *rows_read)
     }
 }
 
-/* one record: 1 converted (*result set), 0 declined, -1 error */
+/* the record's Avro key into o (j->key_len -1: a null key) */
 static int
-convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k, Out *tmp,
-               PyObject **result)
+write_key(Plan *pl, Job *j, Out *o, Out *tmp)
 {
-    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4)
+    j->key_len = -1;
+    if (j->key == NULL)
+        return AV_OK;
+    Span ks = {j->key, j->key_n};
+    if (SPAN_IS(ks, "null"))
+        return AV_OK;
+    if (pl->nkey == 0 || !members(ks, pl->key_name_p, pl->key_name_n, pl->nkey, pl->key))
         return AV_DECLINE;
-    PyObject *topic = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 2);
-    if (!PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(value))
+    j->key_at = o->len;
+    if (out_bytes(o, pl->key_header) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < pl->nkey; i++) {
+        Py_ssize_t c = pl->key_index[i];
+        if (is_null(pl->key[i]))
+            return AV_DECLINE; /* a key field cannot be null: Python says so */
+        int r = avro_datum(o, tmp, pl->kinds[c], pl->params[c], pl->key[i]);
+        if (r != AV_OK)
+            return r == AV_NONE ? AV_DECLINE : r;
+    }
+    j->key_len = o->len - j->key_at;
+    return AV_OK;
+}
+
+/* one record into o (its key, then its value): AV_OK, AV_DECLINE or -1 (no memory); reads
+ * no Python object that can change, so it runs without the GIL */
+static int
+convert_job(const PlanIndex *ix, Plan **last, Job *j, Out *o, Out *tmp)
+{
+    if (!j->plain)
         return AV_DECLINE;
     Span env[E_FIELDS], src[S_FIELDS];
-    Span whole = {PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)};
+    Span whole = {j->value, j->value_n};
     Plan *guess = *last;
     int rows_read;
     if (!parse_envelope(whole, guess, env, src, &rows_read) || env[E_OP].p == NULL)
@@ -573,12 +674,13 @@ convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k,
     Span sid = src[S_SCHEMA_ID];
     if (sid.p == NULL || sid.n < 3 || sid.p[0] != '"' || memchr(sid.p, '\\', sid.n) != NULL)
         return AV_DECLINE; /* no schema_id: a message (or an error Python reports) */
-    int r = find_plan(self, topic, sid, last);
-    if (r <= 0)
-        return r;
-    Plan *pl = *last;
-    if (pl != guess)
+    Plan *pl = guess;
+    if (pl == NULL || !plan_is(pl, sid.p + 1, sid.n - 2, j->topic, j->topic_n)) {
+        if ((pl = index_find(ix, sid.p + 1, sid.n - 2, j->topic, j->topic_n)) == NULL)
+            return AV_DECLINE; /* the first record of its table and topic */
+        *last = pl;
         rows_read = 0;
+    }
 
     int has_before = !is_null(env[E_BEFORE]), has_after = !is_null(env[E_AFTER]);
     int has_toast = !is_null(env[E_TOAST]);
@@ -596,16 +698,17 @@ convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k,
                 return AV_DECLINE;
     }
     Py_ssize_t toast_count = 0;
+    int r;
     if (has_toast && (r = mark_toast(pl, env[E_TOAST], has_after, &toast_count)) != AV_OK)
         return r;
 
-    PyObject *key = NULL;
-    if ((r = write_key(pl, PyTuple_GET_ITEM(item, 1), k, tmp, &key)) != AV_OK)
-        return r;
-    o->len = 0;
-    if (out_bytes(o, pl->value_header) < 0)
-        goto error;
-    r = has_before ? write_row(o, tmp, pl, pl->before, NULL) : WROTE_NULL(o);
+    Py_ssize_t mark = o->len;
+    r = write_key(pl, j, o, tmp);
+    j->value_at = o->len;
+    if (r == AV_OK)
+        r = out_bytes(o, pl->value_header) < 0 ? -1 : AV_OK;
+    if (r == AV_OK)
+        r = has_before ? write_row(o, tmp, pl, pl->before, NULL) : WROTE_NULL(o);
     if (r == AV_OK)
         r = has_after ? write_row(o, tmp, pl, pl->after, has_toast ? pl->toast : NULL)
                       : WROTE_NULL(o);
@@ -622,30 +725,52 @@ convert_record(AvroConverter *self, PyObject *item, Plan **last, Out *o, Out *k,
     if (r == AV_OK)
         r = WROTE_NULL(o); /* key_change: null but in a key change's two records */
     if (r != AV_OK) {
-        Py_DECREF(key);
+        o->len = mark;
         return r;
     }
-    PyObject *bytes = PyBytes_FromStringAndSize(o->p, o->len);
-    if (bytes == NULL)
-        goto error;
-    *result = PyTuple_New(4);
-    if (*result == NULL) {
-        Py_DECREF(bytes);
-        goto error;
+    j->value_len = o->len - j->value_at;
+    return AV_OK;
+}
+
+/* jobs[from:n] converted into o up to the first that is not: its index (n: all), its
+ * outcome in *status */
+static Py_ssize_t
+convert_jobs(const PlanIndex *ix, Plan **last, Job *jobs, Py_ssize_t from, Py_ssize_t n,
+             Out *o, Out *tmp, int *status)
+{
+    Py_ssize_t i = from;
+    *status = AV_OK;
+    for (; i < n; i++)
+        if ((*status = convert_job(ix, last, &jobs[i], o, tmp)) != AV_OK)
+            break;
+    return i;
+}
+
+/* the converted record of job j as (topic, key, value, headers) */
+static PyObject *
+converted(PyObject *item, const Job *j, const Out *o)
+{
+    PyObject *key = j->key_len < 0 ? Py_NewRef(Py_None)
+                                   : PyBytes_FromStringAndSize(o->p + j->key_at, j->key_len);
+    if (key == NULL)
+        return NULL;
+    PyObject *bytes = PyBytes_FromStringAndSize(o->p + j->value_at, j->value_len);
+    PyObject *result = bytes == NULL ? NULL : PyTuple_New(4);
+    if (result == NULL) {
+        Py_DECREF(key);
+        Py_XDECREF(bytes);
+        return NULL;
     }
-    PyTuple_SET_ITEM(*result, 0, Py_NewRef(topic));
-    PyTuple_SET_ITEM(*result, 1, key);
-    PyTuple_SET_ITEM(*result, 2, bytes);
     PyObject *headers = PyTuple_GET_ITEM(item, 3);
-    PyTuple_SET_ITEM(*result, 3, Py_NewRef(headers));
+    PyTuple_SET_ITEM(result, 0, Py_NewRef(PyTuple_GET_ITEM(item, 0)));
+    PyTuple_SET_ITEM(result, 1, key);
+    PyTuple_SET_ITEM(result, 2, bytes);
+    PyTuple_SET_ITEM(result, 3, Py_NewRef(headers));
     if (headers == Py_None || !PyObject_GC_IsTracked(headers))
         /* atoms only, as the recorders' records (recorder.c): never part of a cycle, so the
          * collector need not look at the records a sink holds until Kafka has them */
-        PyObject_GC_UnTrack(*result);
-    return AV_OK;
-error:
-    Py_DECREF(key);
-    return -1;
+        PyObject_GC_UnTrack(result);
+    return result;
 }
 
 static int
@@ -661,6 +786,16 @@ extend_with(PyObject *out, PyObject *converted)
     return 0;
 }
 
+static void
+lock_converter(AvroConverter *self)
+{
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+}
+
 /* convert_all(records, fallback) -> list */
 static PyObject *
 converter_convert_all(AvroConverter *self, PyObject *const *args, Py_ssize_t nargs)
@@ -669,29 +804,95 @@ converter_convert_all(AvroConverter *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "convert_all(records, fallback)");
         return NULL;
     }
-    PyObject *fast = PySequence_Fast(args[0], "records must be a sequence");
-    if (fast == NULL)
+    /* a tuple of its own: the records stay alive (and in place) while converted without
+     * the GIL */
+    PyObject *items = PySequence_Tuple(args[0]);
+    if (items == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "records must be a sequence");
+        }
         return NULL;
-    PyObject *out = PyList_New(0);
-    Plan *last = (Plan *)Py_XNewRef(self->last);
-    Out o, k, tmp;
-    out_init(&o);
-    out_init(&k);
-    out_init(&tmp);
-    for (Py_ssize_t i = 0; out != NULL && i < PySequence_Fast_GET_SIZE(fast); i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(fast, i), *converted = NULL;
-        int r = convert_record(self, item, &last, &o, &k, &tmp, &converted);
-        if (r == AV_DECLINE)
-            converted = PyObject_CallOneArg(args[1], item);
-        if (r < 0 || converted == NULL || extend_with(out, converted) < 0)
-            Py_CLEAR(out);
-        Py_XDECREF(converted);
     }
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *out = PyList_New(0);
+    Job *jobs = PyMem_RawMalloc((n ? n : 1) * sizeof(Job));
+    if (out == NULL || jobs == NULL) {
+        if (jobs == NULL)
+            PyErr_NoMemory();
+        Py_XDECREF(out);
+        PyMem_RawFree(jobs);
+        Py_DECREF(items);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        take_parts(PyTuple_GET_ITEM(items, i), &jobs[i]);
+    lock_converter(self);
+    Out o, tmp;
+    out_init(&o);
+    out_init(&tmp);
+    o.quiet = tmp.quiet = 1;
+    Plan *held = (Plan *)Py_XNewRef(self->last), *last = held;
+    for (Py_ssize_t i = 0; i < n;) {
+        if (self->index == NULL || self->dirty) {
+            PlanIndex *ix = index_new(self->plans);
+            if (ix == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            index_release(self->index);
+            self->index = ix;
+            self->dirty = 0;
+            last = NULL; /* may be a plan replaced since */
+        }
+        PlanIndex *ix = self->index;
+        ix->refs++;
+        int status;
+        Py_ssize_t stop;
+        o.len = 0;
+        if (n - i >= NOGIL_MIN) {
+            Py_BEGIN_ALLOW_THREADS
+            stop = convert_jobs(ix, &last, jobs, i, n, &o, &tmp, &status);
+            Py_END_ALLOW_THREADS
+        }
+        else
+            stop = convert_jobs(ix, &last, jobs, i, n, &o, &tmp, &status);
+        for (Py_ssize_t k = i; k < stop && out != NULL; k++) {
+            PyObject *rec = converted(PyTuple_GET_ITEM(items, k), &jobs[k], &o);
+            if (rec == NULL || PyList_Append(out, rec) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(rec);
+        }
+        if (out != NULL && stop < n) {
+            if (status < 0) {
+                PyErr_NoMemory();
+                Py_CLEAR(out);
+            }
+            else {
+                PyObject *item = PyTuple_GET_ITEM(items, stop);
+                PyObject *fb = PyObject_CallOneArg(args[1], item);
+                if (fb == NULL || extend_with(out, fb) < 0)
+                    Py_CLEAR(out);
+                Py_XDECREF(fb);
+            }
+        }
+        if (out == NULL) {
+            index_release(ix);
+            break;
+        }
+        if (self->dirty) /* fallback made a plan: the next records look for it */
+            last = NULL;
+        index_release(ix);
+        i = stop + 1;
+    }
+    if (out != NULL && !self->dirty && last != self->last)
+        Py_XSETREF(self->last, (Plan *)Py_XNewRef(last));
+    Py_XDECREF(held);
+    PyThread_release_lock(self->lock);
     out_free(&o);
-    out_free(&k);
     out_free(&tmp);
-    Py_XSETREF(self->last, last);
-    Py_DECREF(fast);
+    PyMem_RawFree(jobs);
+    Py_DECREF(items);
     return out;
 }
 
@@ -712,6 +913,7 @@ converter_plan(AvroConverter *self, PyObject *args)
     Py_XDECREF(key);
     Py_DECREF(pl);
     Py_CLEAR(self->last); /* found in plans again, the new one if it replaced it */
+    self->dirty = 1;
     if (r < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -727,6 +929,10 @@ converter_init(AvroConverter *self, PyObject *args, PyObject *kwds)
     }
     if (self->plans == NULL && (self->plans = PyDict_New()) == NULL)
         return -1;
+    if (self->lock == NULL && (self->lock = PyThread_allocate_lock()) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
@@ -735,6 +941,9 @@ converter_dealloc(AvroConverter *self)
 {
     Py_XDECREF(self->plans);
     Py_XDECREF(self->last);
+    index_release(self->index);
+    if (self->lock != NULL)
+        PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -768,7 +977,8 @@ avro_setup(PyObject *module)
         SOURCE_LENS[i] = (Py_ssize_t)strlen(SOURCE_NAMES[i]);
     for (int i = 0; i < 2; i++)
         TRUNCATE_LENS[i] = (Py_ssize_t)strlen(TRUNCATE_NAMES[i]);
-    if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&AvroConverterType) < 0)
+    if (avro_values_setup() < 0 || PyType_Ready(&PlanType) < 0 ||
+        PyType_Ready(&AvroConverterType) < 0)
         return -1;
     return PyModule_AddObjectRef(module, "AvroConverter", (PyObject *)&AvroConverterType);
 }

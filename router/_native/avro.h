@@ -5,7 +5,17 @@
 #ifndef PGROUTER_NATIVE_AVRO_H
 #define PGROUTER_NATIVE_AVRO_H
 
+/* convert_all converts without the GIL where the C library's strtod_l can read a float
+ * without it (glibc) */
+#if defined(__GLIBC__) || defined(__linux__)
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#endif
 #include "json.h"
+#if defined(__GLIBC__)
+#define AVRO_NOGIL 1
+#endif
 
 /* How a column's JSON value becomes its datum: router.avro_types._Type.native gives each
  * column one of these (and a parameter: the scale of A_DECIMAL). A_OTHER is every type the
@@ -74,5 +84,8 @@ int avro_bytes(Out *o, const char *s, Py_ssize_t n);
 /* one non-null JSON value of a column of `kind` as its datum: AV_OK, AV_NONE, AV_DECLINE or
  * -1 (error) */
 int avro_datum(Out *o, Out *tmp, int kind, long param, Span t);
+
+/* once, at module init: -1 (a Python error) when it fails */
+int avro_values_setup(void);
 
 #endif

@@ -17,6 +17,10 @@
 #include "avro.h"
 
 #include <math.h>
+#ifdef AVRO_NOGIL
+#include <locale.h>
+#include <stdlib.h>
+#endif
 
 /* -- JSON tokens --------------------------------------------------------------------------- */
 
@@ -357,6 +361,66 @@ avro_bytes(Out *o, const char *s, Py_ssize_t n)
 
 /* -- numbers ------------------------------------------------------------------------------- */
 
+/* float() of a JSON number's text (NUL-terminated), correctly rounded as Python's is, and
+ * callable without the GIL: glibc's strtod in the "C" locale (any other C library: only with
+ * the GIL, through Python's own) */
+#ifdef AVRO_NOGIL
+static locale_t c_locale;
+
+static int
+text_to_double(const char *buf, double *x)
+{
+    *x = strtod_l(buf, NULL, c_locale);
+    return 0;
+}
+#else
+static int
+text_to_double(const char *buf, double *x)
+{
+    *x = PyOS_string_to_double(buf, NULL, NULL);
+    if (*x == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+#endif
+
+int
+avro_values_setup(void)
+{
+#ifdef AVRO_NOGIL
+    c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    if (c_locale == (locale_t)0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+#endif
+    return 0;
+}
+
+/* IEEE 754 little-endian, as PyFloat_Pack4/Pack8(x, b, 1) (no Python error: a double too
+ * large for a float is -1) */
+static int
+pack_le(double x, int four, unsigned char *b)
+{
+    if (four) {
+        float y = (float)x;
+        if (isinf(y) && !isinf(x))
+            return -1;
+        uint32_t u;
+        memcpy(&u, &y, 4);
+        for (int i = 0; i < 4; i++)
+            b[i] = (unsigned char)(u >> (8 * i));
+        return 0;
+    }
+    uint64_t u;
+    memcpy(&u, &x, 8);
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(u >> (8 * i));
+    return 0;
+}
+
 static int
 datum_float(Out *o, Span t, int four)
 {
@@ -376,25 +440,15 @@ datum_float(Out *o, Span t, int four)
     if (!zero) {
         memcpy(buf, t.p, t.n);
         buf[t.n] = '\0';
-        x = PyOS_string_to_double(buf, NULL, NULL);
-        if (x == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
+        if (text_to_double(buf, &x) < 0)
             return AV_DECLINE;
-        }
     }
     if (!(fabs(x) <= 1e308)) /* near the top msgspec says "out of range" */
         return AV_DECLINE;
     unsigned char b[8];
-    if (four) {
-        if (PyFloat_Pack4(x, (char *)b, 1) < 0) { /* too large for a float: Python raises */
-            PyErr_Clear();
-            return AV_DECLINE;
-        }
-        return WROTE(out_write(o, (const char *)b, 4));
-    }
-    if (PyFloat_Pack8(x, (char *)b, 1) < 0)
-        return -1;
-    return WROTE(out_write(o, (const char *)b, 8));
+    if (pack_le(x, four, b) < 0) /* too large for a float: Python raises */
+        return AV_DECLINE;
+    return WROTE(out_write(o, (const char *)b, four ? 4 : 8));
 }
 
 #ifdef __SIZEOF_INT128__

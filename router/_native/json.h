@@ -12,6 +12,7 @@ typedef struct {
     char *p;
     Py_ssize_t len, cap;
     int heap;
+    int quiet; /* a failed allocation sets no Python error (written without the GIL) */
     char stack[4096];
 } Out;
 
@@ -22,13 +23,14 @@ out_init(Out *o)
     o->len = 0;
     o->cap = sizeof(o->stack);
     o->heap = 0;
+    o->quiet = 0;
 }
 
 static inline void
 out_free(Out *o)
 {
     if (o->heap)
-        PyMem_Free(o->p);
+        PyMem_RawFree(o->p);
 }
 
 static inline int
@@ -38,15 +40,17 @@ out_grow(Out *o, Py_ssize_t need)
     while (cap - o->len < need)
         cap *= 2;
     char *p;
+    /* the raw allocator: a buffer may grow in a thread that released the GIL */
     if (o->heap)
-        p = PyMem_Realloc(o->p, cap);
+        p = PyMem_RawRealloc(o->p, cap);
     else {
-        p = PyMem_Malloc(cap);
+        p = PyMem_RawMalloc(cap);
         if (p != NULL)
             memcpy(p, o->p, o->len);
     }
     if (p == NULL) {
-        PyErr_NoMemory();
+        if (!o->quiet)
+            PyErr_NoMemory();
         return -1;
     }
     o->p = p;

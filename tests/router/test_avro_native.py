@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import threading
 
 import msgspec
 import pytest
@@ -479,6 +480,42 @@ def test_random_batches_keep_their_order_with_declined_records_between():
     rng = random.Random(SEED + 1)
     for _ in range(200):
         compare(fmt, [rand_record(rng, odd=rng.random() < 0.2) for _ in range(rng.randint(0, 30))])
+
+
+@needs_native
+def test_large_batches_convert_without_the_gil_as_python_converts_them():
+    """From 64 records on the C converts without the GIL, up to each declined record; a plan
+    the fallback makes (a table's first record) is found by the records after it."""
+    rng = random.Random(SEED + 3)
+    for i in range(12):
+        fmt = formats()
+        if i % 2:  # no plan yet: the first record of each table makes it, mid-batch
+            fmt._native, fmt._tables = NATIVE.AvroConverter(), {}
+        # (no odd records: the first that Python refuses would end the batch)
+        batch = [rand_record(rng, odd=False) for _ in range(rng.randint(64, 400))]
+        declined = compare(fmt, batch)
+        assert len(declined) < len(batch) / 2, (i, len(declined), len(batch))  # C did most
+
+
+@needs_native
+def test_threads_converting_at_once_get_what_one_gets_alone():
+    """One converter, four threads: each batch converts as it does alone (the plans' scratch
+    is taken by one call at a time)."""
+    fmt = formats()
+    rng = random.Random(SEED + 4)
+    batches = [[rand_record(rng, odd=False) for _ in range(200)] for _ in range(8)]
+    want = [outcome(fmt._convert_all_py, batch) for batch in batches]
+    got: dict = {}
+
+    def work(k):
+        got[k] = [outcome(fmt.convert_all, batch) for batch in batches[k::4]]
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        assert got[k] == want[k::4]
 
 
 def test_the_python_path_alone_converts_the_same(fmt, monkeypatch):
