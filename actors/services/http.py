@@ -62,6 +62,17 @@ def _server_class(host: str):
     return _Server6 if ":" in host else _Server
 
 
+def listener(host: str, port: int, app, *, path: str):
+    """A wsgiref server of ``app`` bound to ``host:port`` (quiet, a thread per request), or
+    ``ConfigError`` at ``path`` saying why not (``pgrouter console``)."""
+    try:
+        return make_server(host, port, app, server_class=_server_class(host),
+                           handler_class=_QuietHandler)
+    except OSError as exc:
+        raise ConfigError(str(_cannot(host, port, exc)).removeprefix("metrics.listen: "),
+                          path=path) from exc
+
+
 def _cannot(host: str, port: int, exc: OSError) -> ConfigError:
     shown = f"[{host}]" if ":" in host else host
     why = exc.strerror or str(exc)
