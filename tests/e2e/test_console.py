@@ -224,6 +224,11 @@ def test_credentials_and_no_secret_in_the_page(stack, browser):
     with_token(browser, TOKEN)
     browser.get(stack.url + "/")
     wait_for(lambda: shown(browser)["ready"] == "true", "the page rendering the status")
+    # light and fast: the page paints within 300 ms of its request from a local router
+    paint = browser.execute_script(
+        "const p = performance.getEntriesByName('first-contentful-paint');"
+        "return p.length ? p[0].startTime : null;")
+    assert paint is not None and paint < 300, paint
     source = browser.page_source
     assert f"{stack.name}_big" in source and "postgres:***@" in source  # the config is shown
     status, body = http(stack.url + "/api/status")
@@ -418,6 +423,31 @@ def test_a_backfill_started_from_the_page_advances(stack, page, kafka_bootstrap)
     page.execute_script("document.querySelector('details').open = true")
     assert page.save_screenshot(str(ARTIFACTS / "console.png"))
     print(f"screenshot: {ARTIFACTS / 'console.png'}")
+
+    # what the page got refused comes back as the problems `pgrouter snapshot` prints
+    csrf = json.loads(http(stack.url + "/api/status")[1])["csrf"]
+    req = urllib.request.Request(
+        stack.url + "/api/backfill", data=json.dumps({"routes": ["no_such_route"]}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "X-CSRF-Token": csrf,
+                 "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=30)
+    assert refused.value.code == 400
+    assert "no_such_route" in " ".join(json.loads(refused.value.read())["problems"])
+
+
+def test_a_phone_width_needs_no_sideways_scrolling(stack, page):
+    page.set_window_size(390, 844)
+    try:
+        page.get(stack.url + "/")
+        wait_for(lambda: shown(page)["ready"] == "true", "the page on a phone width")
+        wide = page.execute_script(
+            "return [document.documentElement.scrollWidth, window.innerWidth]")
+        assert wide[0] <= wide[1], wide
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.save_screenshot(str(ARTIFACTS / "console-phone.png"))
+    finally:
+        page.set_window_size(1280, 1400)
 
 
 def test_kafka_unreachable_then_back_and_the_overview(stack, browser, pg_dsn, kafka_bootstrap,
