@@ -18,15 +18,9 @@ SCHEMA = 1
 def apply_status(applier) -> dict:
     a, cfg = applier, applier.cfg
     s, reader, ra = a.stats, a._reader, a._reassembler
-    ready, reason = a.health.state()
-    problem = None
-    if not ready:
-        recent = [p for p in board.problems.snapshot() if p["ts"] >= a.health.changed_at]
-        problem = recent[-1] if recent else None
     return {"schema": SCHEMA, "kind": "apply", "version": __version__, "name": cfg.target.origin,
             "now": time.time(),
-            "state": {"ready": ready, "reason": reason, "since": a.health.changed_at,
-                      "restarts": 0, "problem": problem},
+            "state": board.state(a.health),
             "apply": {"transactions": s.transactions, "changes": s.changes,
                       "skipped": s.skipped + (ra.skipped if ra else 0),
                       "fetched": s.fetched + (reader.fetched if reader else 0),

@@ -55,10 +55,10 @@ def _stop(signum, frame):
 
 
 def run(args: argparse.Namespace) -> int:
-    log.setup()
     app = Overview(routers(args.router), token(args.token_file))
     host, port = parse_listen(args.listen, path="--listen")
     server = listener(host, port, app, path="--listen")
+    log.setup()
     signal.signal(signal.SIGTERM, _stop)  # SIGTERM stops it as Ctrl-C does: exit 0
     shown = f"[{host}]" if ":" in host else host
     log.event(_log, "console listening", url=f"http://{shown}:{server.server_address[1]}/",

@@ -91,6 +91,10 @@ class Jobs:
         self.reporters: collections.deque = collections.deque(maxlen=JOBS)
 
     def add(self, reporter) -> None:
+        """A new reporter supersedes the earlier ones of its kind: a pipeline restart makes a
+        new backfill stage, which resumes the unfinished tables of the one before."""
+        for old in [r for r in list(self.reporters) if r.kind == reporter.kind]:
+            self.reporters.remove(old)
         self.reporters.append(reporter)
 
     def snapshot(self, eta) -> list[dict]:
@@ -118,6 +122,18 @@ class Jobs:
                             "rows_per_s": round(rate, 1),
                             "eta_s": None if left is None else round(left, 1)})
         return out
+
+
+def state(health, restarts: int = 0) -> dict:
+    """Ready or not (``services.http.Health``), and the newest warning or error logged since
+    it stopped being ready: the page's current problem, gone once it is ready again."""
+    ready, reason = health.state()
+    problem = None
+    if not ready:
+        recent = [p for p in problems.snapshot() if p["ts"] >= health.changed_at]
+        problem = recent[-1] if recent else None
+    return {"ready": ready, "reason": reason, "since": health.changed_at,
+            "restarts": restarts, "problem": problem}
 
 
 #: the process's board (one command per process, as ``services.metrics.active``)

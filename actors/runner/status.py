@@ -75,17 +75,6 @@ def _commit_time(us: int | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(PG_EPOCH + us / 1e6)) + "Z"
 
 
-def state(health, restarts: int = 0) -> dict:
-    """Ready or not, and the newest warning or error logged since it stopped being ready."""
-    ready, reason = health.state()
-    problem = None
-    if not ready:
-        recent = [p for p in board.problems.snapshot() if p["ts"] >= health.changed_at]
-        problem = recent[-1] if recent else None
-    return {"ready": ready, "reason": reason, "since": health.changed_at,
-            "restarts": restarts, "problem": problem}
-
-
 def run_status(sup) -> dict:
     cfg, m, stats = sup.cfg, sup.metrics, sup.stats
     views = getattr(sup, "route_views", None) or {}
@@ -108,15 +97,16 @@ def run_status(sup) -> dict:
                        "last_commit_time": _commit_time(m.route_commit.get(r.name)),
                        "dropped": int(dropped.get(r.name, 0))})
     slot = {"name": cfg.source.slot, "active": None, "confirmed_lsn": None, "server_lsn": None,
-            "lag_bytes": None, "lag_seconds": m.clock.lag_seconds(),
+            "lag_bytes": None,
             "retained_wal_bytes": None, "wal_status": None, "safe_wal_bytes": None,
             "sampled_at": None, **{k: v for k, v in m.slot.items() if k != "warning"},
             "lag_warning": bool(m.slot.get("warning")),
             "history": m.lag_history.snapshot()}
     slot["lag_seconds"] = round(m.clock.lag_seconds(), 3)
+    restarts = int(sum(_per_label(m.restarts, "kind").values()))
     return {"schema": SCHEMA, "kind": "run", "version": __version__, "name": cfg.source.slot,
             "now": time.time(),
-            "state": state(sup.health, int(sum(_per_label(m.restarts, "kind").values()))),
+            "state": board.state(sup.health, restarts),
             "slot": slot, "routes": routes, "jobs": board.jobs.snapshot(eta),
             "kafka": {"client": cfg.kafka.client,
                       "delivery": "exactly-once" if cfg.kafka.exactly_once else "at-least-once",

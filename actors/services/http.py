@@ -126,13 +126,14 @@ class Endpoint:
             return _text(start_response, "404 Not Found",
                          "try /, /api/status, /metrics, /healthz, /readyz\n")
 
+        tls = _tls(cfg) if cfg.tls_cert else None  # unreadable files: before binding
         try:
             self._server = make_server(host, port, app, server_class=_server_class(host),
                                        handler_class=_QuietHandler)
         except OSError as exc:
             raise _cannot(host, port, exc) from exc
-        if cfg.tls_cert:
-            self._server.socket = _tls(cfg).wrap_socket(
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(
                 self._server.socket, server_side=True, do_handshake_on_connect=False)
         self.scheme = "https" if cfg.tls_cert else "http"
         self.host = host

@@ -566,8 +566,8 @@ listen = "127.0.0.1:{port}"
         browser.get(f"http://127.0.0.1:{port}/")
         view = wait_for(lambda: (v := browser.execute_script("""
             const t = (id) => document.getElementById(id);
-            return {kind: document.body.dataset.kind, applied: t('apply-transactions').dataset.value,
-                    conflicts: t('apply-conflicts').textContent,
+            return {kind: document.body.dataset.kind,
+                    applied: t('apply-transactions').dataset.value, conflicts: t('apply-conflicts').textContent,
                     last: t('apply-last-commit').textContent, origin: t('apply-origin').textContent,
                     slot_hidden: t('slot-card').hidden};""")) and v["applied"] == "3" and v,
             "three applied transactions on the page", 60)
