@@ -357,6 +357,7 @@ class Supervisor:
         try:
             async with await SqlSession.connect(self.cfg.source.dsn) as sql:
                 catalog = await load_catalog(sql, self.cfg)
+                views = await describe_routes(sql, self.cfg) if self.metrics else {}
             specs = route_specs(self.cfg, catalog)
         except PgRouterError as exc:
             log.event(_log, "reload failed, keeping the current publications",
@@ -365,6 +366,7 @@ class Supervisor:
         for path, problem in route_problems(self.cfg, catalog):
             log.event(_log, "route problem", path=path, problem=problem)
         self.catalog = catalog
+        self.route_views = views
         state["routes"] = specs
         for names, router in routers:
             router.replace_routes([r for r in specs if names is None or r.name in names])

@@ -16,67 +16,27 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import msgspec
 import pytest
 
+from tests.e2e.console_browser import TOKEN, free_port, http, stop, wait_for, with_token
+from tests.e2e.console_schema import RunStatus
 from tests.e2e.guarantee import delete_topics
 from tests.e2e.tcp_proxy import PausableProxy
-from tests.helpers import ROOT, Pg, kill9, read_topic, start_router, unique, write_config
+from tests.helpers import ROOT, Pg, read_topic, start_router, unique, write_config
 
 pytestmark = pytest.mark.services
 
-TOKEN = "console-token-6f1d"
 DSN_PASSWORD = "dsn-secret-91ab"
 SASL_PASSWORD = "sasl-secret-27cd"
 SECRETS = (TOKEN, DSN_PASSWORD, SASL_PASSWORD)
 BACKFILL_ROWS = 12_000
 ARTIFACTS = pathlib.Path(os.environ.get("PGROUTER_ARTIFACTS", ROOT / ".devstack" / "artifacts"))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(url: str, token: str | None = TOKEN) -> tuple[int, bytes]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return 0, b""
-
-
-def wait_for(check, what: str, timeout: float = 60, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            kill9(proc)
 
 
 class Stack(msgspec.Struct):
@@ -152,31 +112,6 @@ chunk_rows = 100
         delete_topics(kafka_bootstrap, topics)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1400"):
-        opts.add_argument(arg)
-    # Debian's chromedriver, named: Selenium Manager must not try to download one
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
-    driver.execute_cdp_cmd("Network.enable", {})
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def with_token(driver, token: str | None) -> None:
-    """Every request of the browser (the page and its fetches) carries the token."""
-    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {
-        "headers": {"Authorization": f"Bearer {token}"} if token else {}})
-
-
 @pytest.fixture
 def page(stack, browser):
     with_token(browser, TOKEN)
@@ -242,106 +177,6 @@ def test_credentials_and_no_secret_in_the_page(stack, browser):
     for secret in SECRETS:
         assert secret not in source, f"{secret} in the page"
         assert secret.encode() not in body, f"{secret} in /api/status"
-
-
-class Problem(msgspec.Struct, forbid_unknown_fields=True):
-    ts: float
-    level: str
-    logger: str
-    msg: str
-    fields: dict
-
-
-class State(msgspec.Struct, forbid_unknown_fields=True):
-    ready: bool
-    reason: str
-    since: float
-    restarts: int
-    problem: Problem | None
-
-
-class Slot(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    active: bool | None
-    confirmed_lsn: str | None
-    server_lsn: str | None
-    lag_bytes: int | None
-    lag_seconds: float
-    retained_wal_bytes: int | None
-    wal_status: str | None
-    safe_wal_bytes: int | None
-    sampled_at: float | None
-    lag_warning: bool
-    history: list[tuple[float, int, float]]
-
-
-class RouteTable(msgspec.Struct, forbid_unknown_fields=True):
-    table: str
-    row_filter: str | None
-    columns: list[str]
-    publication: str | None = None
-
-
-class Topic(msgspec.Struct, forbid_unknown_fields=True):
-    topic: str
-    records: int
-    bytes: int
-
-
-class Route(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    source: dict[str, list[str] | bool]
-    tables: list[RouteTable]
-    operations: list[str]
-    topic: str
-    topics: list[Topic]
-    records: int
-    bytes: int
-    records_per_s: float
-    bytes_per_s: float
-    last_commit_time: str | None
-    dropped: int
-
-
-class Job(msgspec.Struct, forbid_unknown_fields=True):
-    kind: str
-    table: str
-    rows: int
-    estimated_rows: int
-    done: bool
-    percent: float | None
-    rows_per_s: float
-    eta_s: float | None
-
-
-class Kafka(msgspec.Struct, forbid_unknown_fields=True):
-    client: str
-    delivery: str
-    format: str
-    bootstrap_servers: str | list[str]
-    in_flight: int
-
-
-class Actions(msgspec.Struct, forbid_unknown_fields=True):
-    backfill: bool
-
-
-class RunStatus(msgspec.Struct, forbid_unknown_fields=True):
-    """``/api/status`` of ``pgrouter run``, schema 1 (docs/console.md)."""
-    schema: int
-    kind: str
-    version: str
-    name: str
-    now: float
-    state: State
-    slot: Slot
-    routes: list[Route]
-    jobs: list[Job]
-    kafka: Kafka
-    problems: list[Problem]
-    config: dict
-    actions: Actions
-    csrf: str | None = None
 
 
 def test_status_schema(stack):
@@ -519,83 +354,3 @@ def overview_cards(driver) -> dict:
         out[sec.dataset.url] = {ok: sec.dataset.ok, routes};
       }
       return Object.keys(out).length ? out : null;""")
-
-
-def test_the_applier_page(pg_dsn, kafka_bootstrap, browser, tmp_path):
-    """``pgrouter apply`` serves the same page: applied and skipped transactions, conflicts
-    by kind, the last applied commit and the origin's progress, as the target holds them."""
-    from tests.helpers import database_dsn, run_router
-
-    n = unique("cap")
-    pg = Pg(pg_dsn)
-    target_db = f"{n}_tgt"
-    pg.run(f"create table {n}_t (id int primary key, v text)")
-    pg.run(f"create publication {n}_p for table {n}_t")
-    pg.run(f'create database "{target_db}"')
-    target = Pg(database_dsn(pg_dsn, target_db))
-    target.run(f"create table {n}_t (id int primary key, v text)")
-    target.run(f"insert into {n}_t values (2, 'the target''s own')")  # a conflict to come
-    router = write_config(
-        tmp_path / "router.toml", dsn=pg_dsn, slot=n, publications=[f"{n}_p"],
-        bootstrap=kafka_bootstrap, kafka_extra=f'transactions_topic = "{n}.tx"',
-        routes=f'[[routes]]\nname = "r"\ntables = ["public.{n}_t"]\n'
-               f'topic = "{n}.{{schema}}.{{table}}"\n',
-        extra='[snapshot]\nmode = "never"\n')
-    port = free_port()
-    apply_cfg = tmp_path / "apply.toml"
-    apply_cfg.write_text(f"""
-[kafka]
-bootstrap_servers = "{kafka_bootstrap}"
-transactions_topic = "{n}.tx"
-topics = ["{n}.public.*"]
-poll_timeout = 0.1
-[target]
-dsn = "{database_dsn(pg_dsn, target_db)}"
-origin = "{n}"
-conflict = "skip"
-[metrics]
-listen = "127.0.0.1:{port}"
-""")
-    proc = None
-    try:
-        run_router(router)  # makes the slot
-        for first in (1, 2, 3):  # three transactions; the second's row exists on the target
-            pg.run(f"insert into {n}_t values ({first}, 'v{first}')")
-        run_router(router)
-        proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "apply", "-c",
-                                 str(apply_cfg)], cwd=ROOT, start_new_session=True,
-                                stdout=subprocess.DEVNULL,
-                                stderr=open(tmp_path / "apply.log", "ab"))
-        wait_for(lambda: http(f"http://127.0.0.1:{port}/healthz", None)[0] == 200,
-                 "the applier's listener", 30)
-        with_token(browser, None)
-        browser.get(f"http://127.0.0.1:{port}/")
-        view = wait_for(lambda: (v := browser.execute_script("""
-            const t = (id) => document.getElementById(id);
-            return {kind: document.body.dataset.kind,
-                    applied: t('apply-transactions').dataset.value, conflicts: t('apply-conflicts').textContent,
-                    last: t('apply-last-commit').textContent, origin: t('apply-origin').textContent,
-                    slot_hidden: t('slot-card').hidden};""")) and v["applied"] == "3" and v,
-            "three applied transactions on the page", 60)
-        assert view["kind"] == "apply" and view["slot_hidden"]
-        assert view["conflicts"] == "insert_exists: 1"
-        assert view["last"] != "–" and view["origin"].startswith(f"{n} at ")
-        progress = target.one("select remote_lsn::text from pg_replication_origin_status s "
-                              "join pg_replication_origin o on o.roident = s.local_id "
-                              "where o.roname = %s", n)
-        assert view["origin"] == f"{n} at {progress}"
-        assert target.run(f"select id, v from {n}_t order by id") == [
-            (1, "v1"), (2, "the target's own"), (3, "v3")]
-    finally:
-        if proc is not None:
-            stop(proc)
-        with_token(browser, TOKEN)
-        target.close()
-        pg.run(f'drop database if exists "{target_db}" with (force)')
-        pg.run("select pg_replication_origin_drop(%s) where exists (select 1 from "
-               "pg_replication_origin where roname = %s)", n, n)
-        pg.drop_slot(n)
-        pg.run(f"drop publication if exists {n}_p")
-        pg.run(f"drop table if exists {n}_t")
-        pg.close()
-        delete_topics(kafka_bootstrap, [f"{n}.public.{n}_t", f"{n}.tx"])
