@@ -140,3 +140,18 @@ def test_the_board_keeps_the_last_hundred_problems_and_an_hour_of_lag():
     rates = board.Rates()
     assert rates.rate("r", 0, now=0.0) == 0.0
     assert rates.rate("r", 100, now=2.0) == 50.0
+
+
+def test_the_overview_relays_without_secrets_and_says_why_not(endpoint):
+    from actors.console.overview import fetch
+
+    guarded = endpoint(ConsoleConfig(token="t0k", allow_actions=True), lambda r, t: ("", [], []))
+    refused = fetch(guarded)
+    assert not refused["ok"] and refused["error"] == "HTTP 401 (credentials refused)"
+    relayed = fetch(guarded, "t0k")
+    assert relayed["ok"] and relayed["status"]["kind"] == "run"
+    assert "csrf" not in relayed["status"] and "config" not in relayed["status"]
+    nobody = fetch("http://127.0.0.1:1", timeout=2)
+    assert not nobody["ok"] and nobody["error"]
+    metrics_only = fetch(endpoint(ConsoleConfig(enabled=False)))
+    assert not metrics_only["ok"] and metrics_only["error"] == "HTTP 404"
