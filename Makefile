@@ -38,6 +38,8 @@ system:
 	command -v mvn  >/dev/null 2>&1 || missing="$$missing maven"; \
 	command -v gcc  >/dev/null 2>&1 || missing="$$missing gcc"; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql postgresql-contrib"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	$(PYTHON) -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
@@ -56,6 +58,8 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[dev,spark,librdkafka,postgres,docs,avro]'
+	# the console's browser tests (its other dependencies are in the dev extra; see there)
+	$(BIN)/pip install -q --no-deps selenium==4.52.0
 	rm -f $(VENV)/.installed-*; touch $@
 
 stack: venv

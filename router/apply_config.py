@@ -25,6 +25,7 @@ import msgspec
 from . import dsn as dsns
 from .config import LogConfig, RegistryConfig, parse_listen
 from .config_files import decode_toml, read_config_text
+from .console_config import ConsoleConfig, validate_console
 from .errors import ConfigError
 from .kafka_settings import parse_bootstrap_servers
 
@@ -83,6 +84,7 @@ class ApplyConfig(_Base):
     target: ApplyTarget
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     metrics: ApplyMetrics = msgspec.field(default_factory=ApplyMetrics)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
 
 
 def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
@@ -104,6 +106,7 @@ def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
         raise ConfigError("at least 1 MiB (1048576)", path="target.memory_limit", source=source)
     if cfg.metrics.listen:
         parse_listen(cfg.metrics.listen, source=source)
+    validate_console(cfg.console, source=source)
     schema, _, table = cfg.target.progress_table.partition(".")
     if not schema or not table:
         raise ConfigError("table must be written schema.table, got "

@@ -16,6 +16,7 @@ import msgspec
 
 from . import dsn as dsns
 from .config_files import decode_toml, read_config_text
+from .console_config import ConsoleConfig, validate_console
 from .errors import ConfigError
 from .exactly_once import validate_exactly_once
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
@@ -212,6 +213,7 @@ class Config(_Base):
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     snapshot: SnapshotConfig = msgspec.field(default_factory=SnapshotConfig)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     #: which transactions to publish by replication origin (router.origins); default "any"
     origin: OriginSetting | None = None
 
@@ -325,6 +327,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     # the common settings vocabulary, checked for the chosen client (router.kafka_settings)
     translate_kafka_settings(dict(cfg.kafka.settings), cfg.kafka.client, source=source)
     _validate_metrics(cfg.metrics, source)
+    validate_console(cfg.console, source=source)
     validate_exactly_once(cfg.kafka, source=source)
 
 

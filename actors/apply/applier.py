@@ -37,10 +37,12 @@ from router.lsn import format_lsn
 from router.reassembly import Reassembler
 
 from ..services import log
+from ..console.web import Console
 from ..services.http import Endpoint, Health
 from ..services.retry import run_with_retries
 from ..services.sql import SqlSession
 from .metrics import registry_for
+from .status import apply_status
 from .target import setup_session
 from ..kafka.consumers import TopicReader, client_name, open_reader
 from ..kafka.registry import decoder_for
@@ -148,9 +150,11 @@ class Applier:
         endpoint = None
         if self.cfg.metrics.listen:
             host, port = parse_listen(self.cfg.metrics.listen)
-            endpoint = Endpoint(host, port, registry_for(self), self.health)
+            console = Console(self.cfg.console, lambda: apply_status(self))
+            endpoint = Endpoint(host, port, registry_for(self), self.health, console=console,
+                                cfg=self.cfg.console)
             log.event(_log, "metrics endpoint listening",
-                      url=f"http://{host}:{endpoint.port}/metrics")
+                      url=f"{endpoint.scheme}://{host}:{endpoint.port}/metrics")
         try:
             return await self._run()
         finally:

@@ -137,4 +137,7 @@ class SlotMonitor:
             self.metrics.sampled_slot(lag_bytes=sample.lag_bytes,
                                       retained_bytes=sample.retained_bytes,
                                       safe_bytes=sample.safe_wal_size,
-                                      wal_status=sample.wal_status, warning=bool(over))
+                                      wal_status=sample.wal_status, warning=bool(over),
+                                      active=sample.active, lag_seconds=lag_s,
+                                      confirmed_lsn=format_lsn(sample.confirmed),
+                                      server_lsn=format_lsn(sample.current))

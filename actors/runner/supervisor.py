@@ -58,6 +58,8 @@ from ..pipeline.delivery_watch import DeliveryWatch
 from ..pipeline.router_actor import RouterActor, TypeNames
 from ..pipeline.origin_filter import OriginFilterActor
 from ..pipeline.mailbox import CHUNKS, EVENT_BATCHES, ACKS, WAL_BATCHES, Latest
+from ..console.board import Rates
+from ..console.web import Console
 from ..services.http import Endpoint, Health
 from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
@@ -68,6 +70,7 @@ from ..pipeline.slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from ..pipeline.slot_owner import SlotOwner, guarded
 from ..pipeline.slot_reader import SlotReader, pgoutput_options
 from .source import ServerInfo, identity, prepare_source, route_specs
+from .status import backfill_action, describe_routes, run_status
 
 _log = log.get("supervisor")
 
@@ -97,13 +100,18 @@ class Supervisor:
         self.publication_mode: str | None = None
         self.definitions = None
         self._flush: Latest | None = None  # the last run's confirmed position (failover)
+        #: for the console: each route's tables as PostgreSQL prints them, rates per route
+        self.route_views: dict = {}
+        self.rates = Rates()
 
     async def run(self) -> int:
         if self.metrics is not None:
             host, port = parse_listen(self.cfg.metrics.listen)
-            self.endpoint = Endpoint(host, port, self.metrics.registry, self.health)
-            log.event(_log, "metrics endpoint listening",
-                      url=f"http://{host}:{self.endpoint.port}/metrics")
+            console = Console(self.cfg.console, lambda: run_status(self),
+                              backfill_action(self.cfg))
+            self.endpoint = Endpoint(host, port, self.metrics.registry, self.health,
+                                     console=console, cfg=self.cfg.console)
+            listening(self.endpoint, self.cfg.console)
         try:
             return await self._run()
         finally:
@@ -170,6 +178,8 @@ class Supervisor:
                 if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
                     self.catalog = await load_catalog(sql, cfg,
                                                       strict=self.publication_mode != "wal")
+                if self.metrics is not None:
+                    self.route_views = await describe_routes(sql, cfg)
                 if self.until_caught_up and self.until_lsn is None:
                     self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
             log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
@@ -347,6 +357,7 @@ class Supervisor:
         try:
             async with await SqlSession.connect(self.cfg.source.dsn) as sql:
                 catalog = await load_catalog(sql, self.cfg)
+                views = await describe_routes(sql, self.cfg) if self.metrics else {}
             specs = route_specs(self.cfg, catalog)
         except PgRouterError as exc:
             log.event(_log, "reload failed, keeping the current publications",
@@ -355,6 +366,7 @@ class Supervisor:
         for path, problem in route_problems(self.cfg, catalog):
             log.event(_log, "route problem", path=path, problem=problem)
         self.catalog = catalog
+        self.route_views = views
         state["routes"] = specs
         for names, router in routers:
             router.replace_routes([r for r in specs if names is None or r.name in names])
@@ -369,3 +381,15 @@ class Supervisor:
             nursery.start_soon(wait, caught_up)
         slot.stop_reading()
 
+
+def listening(endpoint: Endpoint, console) -> None:
+    """The endpoint's start line, and a warning when it answers beyond this machine without
+    credentials (the console shows the configuration, secrets taken out)."""
+    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+    base = f"{endpoint.scheme}://{host}:{endpoint.port}"
+    log.event(_log, "metrics endpoint listening", url=f"{base}/metrics",
+              console=f"{base}/" if console.enabled else None)
+    if (console.enabled and not (console.token or console.username)
+            and endpoint.host not in ("127.0.0.1", "::1", "localhost")):
+        log.event(_log, "the console answers anyone who reaches this address: set [console] "
+                  "token or username/password", level=WARNING, listen=f"{host}:{endpoint.port}")

@@ -1,5 +1,6 @@
 """Structured logs: ``key=value`` (or one JSON object a line), lowercase messages, secrets
-masked. Every actor logs through ``event(logger, message, **fields)``."""
+masked. Every actor logs through ``event(logger, message, **fields)``; the last warnings and
+errors are also kept for the console (``actors.console.board.problems``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import logging
 import sys
 
 from router.config import mask_dsn
+
+from ..console import board
 
 
 class _KeyValue(logging.Formatter):
@@ -38,7 +41,7 @@ def setup(level: str = "info", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_KeyValue(fmt == "json"))
     root = logging.getLogger("pgrouter")
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler, board.problems]  # the console's last warnings and errors
     root.setLevel(level.upper())
     root.propagate = False
     # the Kafka client logs every reconnect attempt at warning/error: keep ours readable

@@ -24,6 +24,8 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
 
+from ..console.board import LagHistory
+
 #: PostgreSQL's epoch (2000-01-01) in Unix seconds: commit times travel in µs since then
 PG_EPOCH = 946_684_800
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
@@ -40,10 +42,13 @@ class CommitClock:
         self._pending: collections.deque[tuple[int, int]] = collections.deque()
         self._lock = threading.Lock()
         self._appended = 0
+        #: commit time (µs since 2000) of the newest routed transaction
+        self.newest = 0
         self.confirmed_lsn: Callable[[], int] = lambda: 0
 
     def routed(self, end_lsn: int, commit_time_us: int) -> None:
         self._pending.append((end_lsn, commit_time_us))
+        self.newest = commit_time_us
         self._appended += 1
         if self._appended % self.TRIM_EVERY == 0:
             self._trim()
@@ -145,6 +150,12 @@ class Metrics:
         self._gauge("pgrouter_received_lsn", "The last WAL position received from the server",
                     lambda: self._value("received_lsn"))
         self._topic_routes: dict[str, str] = {}
+        #: for the console: the last slot sample, the lag over the last hour, and per route
+        #: the commit time of the newest transaction whose records went to Kafka (µs since
+        #: 2000; the router's newest at that moment, so at most one batch ahead)
+        self.slot: dict = {}
+        self.lag_history = LagHistory()
+        self.route_commit: dict[str, int] = {}
 
     def _gauge(self, name: str, doc: str, fn: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(fn)
@@ -175,6 +186,7 @@ class Metrics:
             size = sum(map(len, filter(None, map(_VALUE, part)))) + sum(
                 map(len, filter(None, map(_KEY, part))))
             route = routes.get(topic, "")
+            self.route_commit[route] = self.clock.newest
             self.records.labels(route, topic).inc(n)
             self.record_bytes.labels(route, topic).inc(size)
 
@@ -184,7 +196,14 @@ class Metrics:
         self.clock.routed(end_lsn, commit_time_us)
 
     def sampled_slot(self, *, lag_bytes: int, retained_bytes: int | None,
-                     safe_bytes: int | None, wal_status: str | None, warning: bool) -> None:
+                     safe_bytes: int | None, wal_status: str | None, warning: bool,
+                     **more) -> None:
+        """The slot's sample; ``more`` (``active``, ``confirmed_lsn``, ``server_lsn``,
+        ``lag_seconds``) is kept for the console only."""
+        self.slot = {"lag_bytes": lag_bytes, "retained_wal_bytes": retained_bytes,
+                     "safe_wal_bytes": safe_bytes, "wal_status": wal_status,
+                     "warning": warning, "sampled_at": time.time(), **more}
+        self.lag_history.add(lag_bytes, more.get("lag_seconds", 0.0))
         self.slot_lag_bytes.set(lag_bytes)
         self.slot_retained_bytes.set(retained_bytes if retained_bytes is not None
                                      else float("nan"))

@@ -82,7 +82,8 @@ async def startup_checks(sql: SqlSession, cfg: Config, *, log_warnings: bool) ->
     followed = await mode(sql, cfg, install=False) == "wal"
     findings, catalog = await source_findings(sql, cfg, slot_busy=False,
                                               followed_publications=followed)
-    findings += local_findings(cfg)
+    # the listener is the router's own by now (bound before the checks): not checked again
+    findings += local_findings(cfg, listen=False)
     refuse(findings)  # before asking Kafka about topics that may not even have legal names
     findings += await trio.to_thread.run_sync(kafka_findings, cfg, planned_topics(cfg, catalog))
     findings += await trio.to_thread.run_sync(registry_findings, cfg)
@@ -170,8 +171,9 @@ async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
     return out, catalog
 
 
-def local_findings(cfg: Config) -> list[Finding]:
-    """What this machine must provide: the spill directory, the Kafka client's codec."""
+def local_findings(cfg: Config, *, listen: bool = True) -> list[Finding]:
+    """What this machine must provide: the spill directory, the Kafka client's codec, the
+    metrics endpoint's address (unless ``listen`` is false)."""
     out = []
     if cfg.kafka.client == "kafka-python":
         from ..kafka.kafka_python import check_codec
@@ -181,7 +183,7 @@ def local_findings(cfg: Config) -> list[Finding]:
         except ConfigError as exc:
             out.append(Finding(exc.path or "kafka.settings", str(exc).removeprefix(
                 f"{exc.path}: ")))
-    return out + _spill_dir_findings(cfg) + _listen_findings(cfg)
+    return out + _spill_dir_findings(cfg) + (_listen_findings(cfg) if listen else [])
 
 
 def _listen_findings(cfg: Config) -> list[Finding]:

@@ -10,6 +10,7 @@ import trio
 
 from router.snapshot import eta
 
+from ..console import board
 from ..services import log, metrics
 
 _log = log.get("snapshot")
@@ -33,6 +34,7 @@ class Reporter:
         self.interval = interval
         self.tables: dict[str, _Table] = {}
         self.kind = "initial" if what.startswith("initial") else "backfill"  # metric label
+        board.jobs.add(self)  # the console's progress bars read ``tables``
 
     def start(self, table: str, estimate: int) -> None:
         self.tables[table] = _Table(estimate)

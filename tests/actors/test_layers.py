@@ -19,6 +19,7 @@ FLOORS = {
     "apply": 2,        # `pgrouter apply`
     "services": 1,     # checks, catalog, SQL, logs, retries, metrics
     "kafka": 0,        # Kafka clients and their API knowledge
+    "console": 0,      # the console's board, page and WSGI parts (mounted by services.http)
     "materialize": 2,  # the Spark job (its default jars fetched by services.maven)
 }
 

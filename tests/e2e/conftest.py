@@ -102,3 +102,15 @@ def spark(kafka_bootstrap):
     session = job.build_session(cfg)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless chromium per test module (tests/e2e/console_browser.py)."""
+    from tests.e2e.console_browser import chromium
+
+    driver = chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()

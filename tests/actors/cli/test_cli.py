@@ -54,3 +54,15 @@ def test_a_config_with_an_old_key_name_loads_with_one_warning_line(tmp_path, cap
     err = capsys.readouterr().err.splitlines()
     assert err == [f"pgrouter check: warning: {path}: snapshot.progress_topic is now called "
                    "snapshot.state_topic; the old name is read for one more release"]
+
+
+def test_console_refuses_bad_router_urls_and_token_files_in_one_line(tmp_path, capsys):
+    from actors.cli import main
+
+    assert main(["console", "--router", "ftp://x:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--router[0]" in err[0] and "http(s)://host:port" in err[0]
+    assert main(["console", "--router", "http://127.0.0.1:1",
+                 "--token-file", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--token-file" in err[0]

@@ -1,0 +1,63 @@
+"""``pgrouter console``: one page over several routers' ``/api/status`` (the "all pipelines"
+view). Each request for ``/api/routers`` asks every router at once (one thread each, a short
+timeout) and relays what they answered, or why not; the overview never writes to a router.
+
+Rules: what is relayed is the router's own (secret-free) document without its CSRF token and
+configuration; a router that does not answer, answers 401 or something that is not a status
+document is shown as such, never as healthy.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import urllib.error
+import urllib.request
+
+from .web import asset, respond, send_json
+
+#: seconds one router may take to answer
+TIMEOUT = 3.0
+
+
+def fetch(url: str, token: str = "", timeout: float = TIMEOUT) -> dict:
+    req = urllib.request.Request(url.rstrip("/") + "/api/status",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    out: dict = {"url": url, "ok": False, "error": None, "status": None}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            doc = json.loads(resp.read())
+        if not isinstance(doc, dict) or "schema" not in doc:
+            raise ValueError("not a pgrouter status document")
+    except urllib.error.HTTPError as exc:
+        out["error"] = f"HTTP {exc.code}" + (" (credentials refused)" if exc.code == 401 else "")
+        return out
+    except (OSError, ValueError) as exc:
+        out["error"] = str(getattr(exc, "reason", None) or exc)
+        return out
+    doc.pop("csrf", None)
+    doc.pop("config", None)
+    out.update(ok=True, status=doc)
+    return out
+
+
+class Overview:
+    """The overview's WSGI app: ``/`` (the page) and ``/api/routers``."""
+
+    def __init__(self, routers: list[str], token: str = ""):
+        self.routers = routers
+        self.token = token
+        self.page = asset("overview.html")
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(routers)))
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path in ("/", "/index.html"):
+            return respond(start_response, "200 OK", self.page, "text/html; charset=utf-8")
+        if path == "/api/routers":
+            answers = list(self._pool.map(lambda u: fetch(u, self.token), self.routers))
+            return send_json(start_response, "200 OK", {"routers": answers})
+        if path == "/healthz":
+            return respond(start_response, "200 OK", b"ok\n", "text/plain; charset=utf-8")
+        return respond(start_response, "404 Not Found", b"try / or /api/routers\n",
+                       "text/plain; charset=utf-8")
