@@ -18,8 +18,13 @@ PYTEST_ARGS ?=
 
 .PHONY: test demo docs system venv stack spark-cluster down bench clean materialize-bundle
 
+# two workers, then the tests that must run alone (tests/conftest.py SERIAL), then the C's
+# pure-Python twins; TEST_WORKERS=1 runs the first part in one process (exit 5: PYTEST_ARGS
+# left a part without tests)
+TEST_WORKERS ?= 2
 test: venv stack
-	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=30 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m serial --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	# the pure-Python twins of the C hot path (router/_native/), as on machines without a compiler
 	PGROUTER_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/router tests/actors
 

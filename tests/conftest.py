@@ -14,6 +14,12 @@ The version matrix: a test marked ``pg_matrix`` runs once per PostgreSQL major v
 server of that version: the main stack's server when it runs that version, else a server of
 that version started beside it (``devstack up --with-pg-version N``) once per session.
 ``PGROUTER_TEST_VERSIONS=16,18`` narrows the matrix.
+
+Two workers (``make test``: ``pytest -n 2 --dist loadgroup -m "not serial"``, then
+``pytest -m serial``): a test file runs whole on one worker (its module fixtures once), the
+Spark files all on one (one Spark session), and the tests in ``SERIAL`` run alone afterwards:
+those that stop or restart a shared service, start servers of their own, or measure time or
+memory that another test's load would distort.
 """
 
 from __future__ import annotations
@@ -27,9 +33,32 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MATRIX = tuple(int(v) for v in os.environ.get("PGROUTER_TEST_VERSIONS", "15,16,17,18").split(","))
 
 
+#: test files (or one test's node id) that run alone, after the others (see above)
+SERIAL = (
+    "tests/devstack/", "tests/integration/test_stack.py",
+    "tests/e2e/test_faults.py", "tests/e2e/test_exactly_once.py", "tests/e2e/test_standby.py",
+    "tests/e2e/test_kafka_cluster.py", "tests/e2e/test_demo.py", "tests/e2e/test_memory.py",
+    "tests/e2e/test_metrics.py", "tests/e2e/test_console.py", "tests/e2e/test_console_apply.py",
+    "tests/e2e/test_prometheus.py", "tests/e2e/test_avro_format.py",
+    "tests/e2e/test_snapshot.py::test_sigterm_during_the_initial_snapshot",
+)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "pg_matrix: runs against every PostgreSQL version of "
                             "the matrix (tests/conftest.py)")
+    config.addinivalue_line("markers", "serial: runs alone, after the tests run by two workers "
+                            "(tests/conftest.py SERIAL)")
+    config.addinivalue_line("markers", "xdist_group: the tests one worker runs (pytest-xdist)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+        group = "spark" if item.get_closest_marker("spark") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_generate_tests(metafunc):
