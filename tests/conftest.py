@@ -59,6 +59,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         group = "spark" if item.get_closest_marker("spark") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+    # the Spark files first: the longest group, handed to a worker while the other takes the
+    # rest (workers take groups in this order)
+    items.sort(key=lambda item: not item.get_closest_marker("spark"))
 
 
 def pytest_generate_tests(metafunc):
