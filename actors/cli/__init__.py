@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "status": "status",
     "snapshot": "snapshot",
     "init": "init",
+    "verify": "verify",
 }
 
 HELP: dict[str, str] = {
@@ -39,6 +40,7 @@ HELP: dict[str, str] = {
     "status": "the slot (lag, retained WAL) and the routes' topics, for a person or --json",
     "snapshot": "backfill tables into some routes' topics while the router streams",
     "init": "ask a live PostgreSQL and write a commented starter config",
+    "verify": "check that each route's topics hold exactly what the route replicates of its tables",
 }
 
 

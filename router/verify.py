@@ -1,0 +1,250 @@
+"""``pgrouter verify``'s core: a topic folded by key at one position, compared with the rows
+the route would hold at that position.
+
+Rules (the consumer's view of a topic, docs/materializer.md and docs/record-formats.md):
+
+* Input is pgrouter's envelope, whatever format the topic holds (``envelope_of``: the JSON
+  format as it is, a Kafka Connect record's ``payload``, an Avro record read back by
+  ``router.avro_read``), and the record's key decoded (a dict, or None for a keyless table).
+  Columns named in ``unchanged_toast`` are left out of ``after`` (Connect writes a
+  placeholder there).
+* The cut: a record whose ``source.commit_lsn`` is at or after ``cut`` is ignored (a
+  transaction is in the source snapshot iff it committed before the snapshot's consistent
+  point). Tombstones (no value) and records that are not row changes (messages, transaction
+  metadata) are skipped.
+* Per key, a record applies only when its position ``(commit_lsn, seq)`` is after the last
+  one applied to that key: a record written twice (after a restart) or an older one read
+  after a newer one changes nothing. Deletes are remembered with their position for that.
+* ``c``, ``r``, ``u``: the row becomes ``after``; each column named in ``unchanged_toast`` keeps
+  the value the key held before (``MISSING`` when it held none: the topic lost it). An update
+  whose ``before`` names another key (the JSON format's key change) also removes that key.
+  ``d``: the key is gone. ``t``: every row applied before the truncate's position is gone.
+* Keyless tables (null keys, spread over partitions) are multisets: their records are kept and
+  applied in position order at the end (a delete or an update's old row removes one equal
+  row).
+* Values are compared by a digest of their canonical JSON (8 bytes a column), so the state is
+  a few bytes per column and key, whatever the row's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+import msgspec
+
+_encode = msgspec.json.Encoder(order="sorted").encode
+
+#: the digest of a column whose value the topic lost (unchanged TOAST without an earlier value)
+MISSING = -1
+_GONE = None  # a deleted key's row
+
+
+def digest(value) -> int:
+    """A column value's digest (of its canonical JSON)."""
+    return int.from_bytes(hashlib.blake2b(_encode(value), digest_size=8).digest(), "big")
+
+
+def row_digests(row: dict) -> dict[str, int]:
+    return {c: digest(v) for c, v in row.items()}
+
+
+def key_of(key) -> bytes | None:
+    """A decoded record key as comparable bytes (None for a keyless table)."""
+    return None if key is None else _encode(key)
+
+
+def envelope_of(doc) -> dict | None:
+    """pgrouter's envelope from a decoded JSON or Kafka Connect value (None: not a change)."""
+    if isinstance(doc, dict) and "payload" in doc and "schema" in doc:
+        doc = doc["payload"]
+    if not isinstance(doc, dict) or doc.get("op") not in ("c", "r", "u", "d", "t"):
+        return None
+    toast = doc.get("unchanged_toast")
+    if toast and isinstance(doc.get("after"), dict):
+        doc = dict(doc, after={c: v for c, v in doc["after"].items() if c not in toast})
+    return doc
+
+
+def key_payload(doc):
+    """A decoded JSON or Kafka Connect key as the key's column dict."""
+    if isinstance(doc, dict) and "payload" in doc and "schema" in doc:
+        return doc["payload"]
+    return doc
+
+
+def position(env: dict) -> tuple[int, int]:
+    src = env.get("source") or {}
+    return (int(src.get("commit_lsn") or 0), int(src.get("seq") or 0))
+
+
+class TopicFold:
+    """One topic folded by key, up to (not including) position ``cut``."""
+
+    def __init__(self, cut: int):
+        self.cut = cut
+        self.rows: dict[bytes, tuple[tuple[int, int], dict[str, int] | None]] = {}
+        self.truncated: tuple[int, int] | None = None
+        self._keyless: list[tuple[tuple[int, int], str, dict | None, dict | None]] = []
+        self.records = 0  # change records applied or skipped as duplicates
+        self.after_cut = 0  # records at or after the cut, ignored
+
+    def add(self, key, env: dict | None) -> None:
+        """One record: its decoded key (None: keyless) and envelope (None: skip)."""
+        if env is None:
+            return
+        pos = position(env)
+        if pos[0] >= self.cut:
+            self.after_cut += 1
+            return
+        self.records += 1
+        op = env["op"]
+        if op == "t":
+            if self.truncated is None or pos > self.truncated:
+                self.truncated = pos
+            return
+        if key is None:
+            self._keyless.append((pos, op, env.get("before"), env.get("after")))
+            return
+        k = key_of(key)
+        held = self.rows.get(k)
+        if held is not None and held[0] >= pos:
+            return  # a duplicate, or older than what the key holds
+        if op == "d":
+            self.rows[k] = (pos, _GONE)
+            return
+        after = env.get("after") or {}
+        row = row_digests(after)
+        for col in env.get("unchanged_toast") or ():
+            prev = held[1] if held is not None else None
+            row[col] = prev.get(col, MISSING) if prev else MISSING
+        before = env.get("before")
+        if op == "u" and before and isinstance(key, dict):
+            old = key_of({c: before.get(c) for c in key})
+            if old != k:
+                was = self.rows.get(old)
+                if was is None or was[0] < pos:
+                    self.rows[old] = (pos, _GONE)
+        self.rows[k] = (pos, row)
+
+    def keyed(self) -> dict[bytes, dict[str, int]]:
+        """key -> column digests of every row the topic holds (deletes and truncates
+        applied)."""
+        cut = self.truncated
+        return {k: row for k, (pos, row) in self.rows.items()
+                if row is not _GONE and (cut is None or pos > cut)}
+
+    def keyless(self) -> Counter:
+        """The keyless rows the topic holds, as a multiset of row digests."""
+        held: Counter = Counter()
+        for pos, op, before, after in sorted(self._keyless, key=lambda r: r[0]):
+            if self.truncated is not None and pos < self.truncated:
+                continue
+            if op in ("d", "u") and before:
+                k = row_key(before)
+                if held[k] > 0:
+                    held[k] -= 1
+            if op in ("c", "r", "u") and after is not None:
+                held[row_key(after)] += 1
+        return +held
+
+
+def row_key(row: dict) -> bytes:
+    """A whole row as comparable bytes (the identity of a keyless table's row)."""
+    return _encode(row)
+
+
+class Comparison(msgspec.Struct):
+    """What a route's topic holds against the source, for one topic."""
+
+    route: str
+    topic: str
+    tables: list[str]
+    compared: int = 0
+    matching: int = 0
+    missing: int = 0
+    extra: int = 0
+    different: int = 0
+    #: topic keys the source no longer holds, kept because the route publishes no DELETE
+    kept: int = 0
+    missing_keys: list = []
+    extra_keys: list = []
+    different_keys: list = []  # [{"key": …, "columns": […]}]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.different)
+
+
+class Comparer:
+    """Source rows (as the route's records give them) against a folded topic. ``actions``
+    are the route's: without ``delete`` keys absent from the source are kept (a subscriber
+    keeps them too), without ``update`` values are not compared (the topic keeps a row as
+    inserted), without ``insert`` rows missing from the topic are not counted."""
+
+    def __init__(self, result: Comparison, fold: TopicFold, actions: frozenset[str],
+                 examples: int = 5):
+        self.result = result
+        self.actions = actions
+        self.examples = examples
+        self.topic = fold.keyed()
+        self.topic_keyless = fold.keyless()
+        self.source_keyless: Counter = Counter()
+
+    def row(self, key, after: dict) -> None:
+        """One source row: its decoded key (None: keyless) and its values."""
+        r = self.result
+        r.compared += 1
+        if key is None:
+            self.source_keyless[row_key(after)] += 1
+            return
+        k = key_of(key)
+        held = self.topic.pop(k, None)
+        if held is None:
+            if "insert" in self.actions:
+                r.missing += 1
+                self._example(r.missing_keys, key)
+            else:
+                r.matching += 1
+            return
+        if "update" not in self.actions:
+            r.matching += 1
+            return
+        want = row_digests(after)
+        cols = sorted(c for c in set(want) | set(held) if want.get(c) != held.get(c))
+        if cols:
+            r.different += 1
+            if len(r.different_keys) < self.examples:
+                r.different_keys.append({"key": key, "columns": cols})
+        else:
+            r.matching += 1
+
+    def finish(self) -> Comparison:
+        """The rows the topic holds and the source does not, counted; the result."""
+        r = self.result
+        for k in self.topic:
+            if "delete" in self.actions:
+                r.extra += 1
+                self._example(r.extra_keys, msgspec.json.decode(k))
+            else:
+                r.kept += 1
+        self.topic = {}
+        src, top = self.source_keyless, self.topic_keyless
+        missing, extra = src - top, top - src
+        r.matching += sum((src & top).values())
+        r.missing += sum(missing.values())
+        for row in list(missing)[: max(0, self.examples - len(r.missing_keys))]:
+            r.missing_keys.append(msgspec.json.decode(row))
+        n_extra = sum(extra.values())
+        if "delete" in self.actions:
+            r.extra += n_extra
+            for row in list(extra)[: max(0, self.examples - len(r.extra_keys))]:
+                r.extra_keys.append(msgspec.json.decode(row))
+        else:
+            r.kept += n_extra
+        return r
+
+    def _example(self, where: list, key) -> None:
+        if len(where) < self.examples:
+            where.append(key)
