@@ -18,13 +18,14 @@ from tests.helpers import ROOT, kill9, start_router
 
 
 class Writer(threading.Thread):
-    """Inserts, updates and deletes on ``table`` (``id int`` key, ``n int``) until stopped."""
+    """Inserts, updates and deletes on ``table`` (``id int`` key, ``n int``) of keys from
+    ``low`` to ``keys`` until stopped."""
 
-    def __init__(self, dsn: str, table: str, keys: int, seed: int = 1):
+    def __init__(self, dsn: str, table: str, keys: int, seed: int = 1, low: int = 1):
         super().__init__(daemon=True)
         self.conn = psycopg2.connect(dsn)
         self.conn.autocommit = True
-        self.table, self.keys = table, keys
+        self.table, self.keys, self.low = table, keys, low
         self.stop = threading.Event()
         self.ops = 0
         self.rng = random.Random(seed)
@@ -33,7 +34,7 @@ class Writer(threading.Thread):
         t, rng = self.table, self.rng
         with self.conn.cursor() as cur:
             while not self.stop.is_set():
-                k = rng.randrange(1, self.keys)
+                k = rng.randrange(self.low, self.keys)
                 op = rng.random()
                 if op < 0.5:
                     cur.execute(f"update {t} set n = n + 1 where id = %s", (k,))
