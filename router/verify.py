@@ -184,8 +184,12 @@ class Comparer:
     inserted), without ``insert`` rows missing from the topic are not counted."""
 
     def __init__(self, result: Comparison, fold: TopicFold, actions: frozenset[str],
-                 examples: int = 5):
+                 examples: int = 5, collect: bool = False):
         self.result = result
+        #: with ``collect``: every key to send again (missing, different) and to delete
+        self.collect = collect
+        self.send: list = []
+        self.delete: list = []
         self.actions = actions
         self.examples = examples
         self.topic = fold.keyed()
@@ -205,6 +209,8 @@ class Comparer:
             if "insert" in self.actions:
                 r.missing += 1
                 self._example(r.missing_keys, key)
+                if self.collect:
+                    self.send.append(key)
             else:
                 r.matching += 1
             return
@@ -215,6 +221,8 @@ class Comparer:
         cols = sorted(c for c in set(want) | set(held) if want.get(c) != held.get(c))
         if cols:
             r.different += 1
+            if self.collect:
+                self.send.append(key)
             if len(r.different_keys) < self.examples:
                 r.different_keys.append({"key": key, "columns": cols})
         else:
@@ -227,6 +235,8 @@ class Comparer:
             if "delete" in self.actions:
                 r.extra += 1
                 self._example(r.extra_keys, msgspec.json.decode(k))
+                if self.collect:
+                    self.delete.append(msgspec.json.decode(k))
             else:
                 r.kept += 1
         self.topic = {}

@@ -21,6 +21,7 @@ import trio
 from router.errors import ConfigError, PgRouterError
 
 from ..services.retry import primary
+from ..verify.repair import request, wait_repaired
 from ..verify.run import Progress, verify
 from .config_file import load
 
@@ -36,7 +37,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="example keys shown per kind of difference (default 5)")
     p.add_argument("--wait", type=float, default=60.0, metavar="S",
                    help="seconds to wait for the router to deliver up to the verify "
-                        "snapshot (default 60)")
+                        "snapshot, and for repairs to finish (default 60)")
+    p.add_argument("--repair", action="store_true",
+                   help="ask the running router to re-send what differs (a backfill of "
+                        "exactly those keys; deletes for extra keys), then verify again")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load(args.config, "verify")
         try:
-            results = trio.run(lambda: verify(cfg, args.route, args.table, wait=args.wait,
-                                              examples=args.examples, progress=progress,
-                                              warn=warn))
+            results = trio.run(_verify, cfg, args, progress, warn)
         except BaseExceptionGroup as group:  # trio-asyncio's loop wraps what escapes it
             raise primary(group) from None
     except ConfigError as exc:
@@ -69,6 +71,27 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             print(summary(r))
     return 0 if ok else 1
+
+
+async def _verify(cfg, args, progress, warn):
+    repairs: list | None = [] if args.repair else None
+    results = await verify(cfg, args.route, args.table, wait=args.wait,
+                           examples=args.examples, progress=progress, warn=warn,
+                           repairs=repairs)
+    if not repairs:
+        return results
+    out = sys.stdout if not args.json else sys.stderr
+    for r in results:
+        if not r.ok:
+            print(summary(r), file=out)
+    asked = await request(cfg, repairs, lambda line: print(f"pgrouter verify: {line}",
+                                                            file=sys.stderr, flush=True))
+    if asked:
+        await wait_repaired(cfg, asked, args.wait)
+        print(f"pgrouter verify: {len(asked)} repair(s) done; verifying again",
+              file=sys.stderr, flush=True)
+    return await verify(cfg, args.route, args.table, wait=args.wait, examples=args.examples,
+                        progress=progress, warn=warn)
 
 
 def summary(r) -> str:

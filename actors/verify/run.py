@@ -47,6 +47,7 @@ from ..snapshot.initial import type_names
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
 from .point import VerifyPoint, wait_delivered
+from .repair import Repair
 from .topic import Decoder, fold_topic
 
 
@@ -142,7 +143,10 @@ class Progress:
 
 
 async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: float,
-                 examples: int, progress: Progress, warn) -> list[Comparison]:
+                 examples: int, progress: Progress, warn,
+                 repairs: list | None = None) -> list[Comparison]:
+    """The comparisons; with ``repairs`` (a list), what each differing topic needs is
+    appended to it (``actors.verify.repair.Repair``)."""
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
             targets = await plan(sql, cfg, routes, tables, warn)
@@ -162,7 +166,7 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
                 results = []
                 for target in targets:
                     results.extend(await _compare(cfg, target, reader, point.lsn, examples,
-                                                  progress))
+                                                  progress, repairs))
                 return results
             finally:
                 await reader.close()
@@ -174,7 +178,8 @@ def _kafka_answers(cfg: Config) -> None:
 
 
 async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
-                   examples: int, progress: Progress) -> list[Comparison]:
+                   examples: int, progress: Progress, repairs: list | None
+                   ) -> list[Comparison]:
     decoder = Decoder(cfg.kafka.registry)
     comparers: dict[str, Comparer] = {}
     started = {}
@@ -190,7 +195,7 @@ async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
                                       target.keyless(topic))
         names = sorted({t.name for t in tables})
         comparers[topic] = Comparer(Comparison(target.route, topic, names), fold,
-                                    target.actions, examples)
+                                    target.actions, examples, repairs is not None)
     reshape = record_reshaper(cfg)
     tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
     counted = [0]
@@ -215,6 +220,9 @@ async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
         result = comparer.finish()
         result.seconds = round(time.monotonic() - started[topic], 3)
         out.append(result)
+        if repairs is not None and not result.ok:
+            repairs.append(Repair(target.route, topic, target.topics[topic],
+                                  target.keyless(topic), comparer.send, comparer.delete))
     return out
 
 
