@@ -22,13 +22,14 @@ Rules (the consumer's view of a topic, docs/materializer.md and docs/record-form
 * Keyless tables (null keys, spread over partitions) are multisets: their records are kept and
   applied in position order at the end (a delete or an update's old row removes one equal
   row).
-* Values are compared by a digest of their canonical JSON (8 bytes a column), so the state is
-  a few bytes per column and key, whatever the row's size.
+* Values are compared by a digest per column (the hash of the value with its type; of its
+  canonical JSON when it is not a scalar), so the state is a tuple of integers per key,
+  whatever the row's size. Digests are only compared within one process (``hash`` is
+  salted per process).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 
 import msgspec
@@ -40,13 +41,30 @@ MISSING = -1
 _GONE = None  # a deleted key's row
 
 
+_COLUMNS: dict[tuple, tuple] = {}  # one tuple object per column layout
+
+
 def digest(value) -> int:
-    """A column value's digest (of its canonical JSON)."""
-    return int.from_bytes(hashlib.blake2b(_encode(value), digest_size=8).digest(), "big")
+    """A column value's digest: of the value with its type (1, 1.0, True and "1" differ),
+    of its canonical JSON when it is not a scalar."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return hash((t, value))
+    if t is float:
+        return hash((t, value if value == value else "nan"))
+    return hash((t, _encode(value)))
 
 
-def row_digests(row: dict) -> dict[str, int]:
-    return {c: digest(v) for c, v in row.items()}
+def row_digests(row: dict) -> tuple[tuple, tuple]:
+    """(column names, their digests) of a row; the names' tuple is shared by every row of
+    one layout."""
+    cols = tuple(row)
+    cols = _COLUMNS.setdefault(cols, cols)
+    return cols, tuple([digest(v) for v in row.values()])
+
+
+def _columns_of(row: tuple[tuple, tuple]) -> dict[str, int]:
+    return dict(zip(*row))
 
 
 def key_of(key) -> bytes | None:
@@ -115,9 +133,13 @@ class TopicFold:
             return
         after = env.get("after") or {}
         row = row_digests(after)
-        for col in env.get("unchanged_toast") or ():
-            prev = held[1] if held is not None else None
-            row[col] = prev.get(col, MISSING) if prev else MISSING
+        toast = env.get("unchanged_toast")
+        if toast:
+            prev = _columns_of(held[1]) if held is not None and held[1] else {}
+            cols = _columns_of(row)
+            for col in toast:
+                cols[col] = prev.get(col, MISSING)
+            row = (tuple(cols), tuple(cols.values()))
         before = env.get("before")
         if op == "u" and before and isinstance(key, dict):
             old = key_of({c: before.get(c) for c in key})
@@ -127,7 +149,7 @@ class TopicFold:
                     self.rows[old] = (pos, _GONE)
         self.rows[k] = (pos, row)
 
-    def keyed(self) -> dict[bytes, dict[str, int]]:
+    def keyed(self) -> dict[bytes, tuple[tuple, tuple]]:
         """key -> column digests of every row the topic holds (deletes and truncates
         applied)."""
         cut = self.truncated
@@ -218,6 +240,10 @@ class Comparer:
             r.matching += 1
             return
         want = row_digests(after)
+        if want == held:
+            r.matching += 1
+            return
+        want, held = _columns_of(want), _columns_of(held)
         cols = sorted(c for c in set(want) | set(held) if want.get(c) != held.get(c))
         if cols:
             r.different += 1

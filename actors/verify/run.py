@@ -190,9 +190,9 @@ async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
         def report(n, topic=topic):
             progress(f"route {target.route}: topic {topic}: {n} records read")
 
-        await trio.to_thread.run_sync(fold_topic, cfg.kafka.bootstrap_servers,
-                                      dict(cfg.kafka.settings), topic, fold, decoder, report,
-                                      target.keyless(topic))
+        await trio.to_thread.run_sync(lambda: fold_topic(
+            cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, decoder,
+            report, target.keyless(topic), library=cfg.kafka.client))
         names = sorted({t.name for t in tables})
         comparers[topic] = Comparer(Comparison(target.route, topic, names), fold,
                                     target.actions, examples, repairs is not None)

@@ -22,6 +22,9 @@ import msgspec
 from router.errors import ConfigError, PgRouterError, SinkError, SinkUnavailable
 from router.verify import TopicFold, envelope_of, key_payload
 
+from router.kafka_settings import KAFKA_PYTHON, LIBRDKAFKA
+
+from ..kafka.admin import connection_conf
 from ..kafka.compacted import kafka_python_conf
 from ..kafka.registry import decoder_for
 from ..kafka.versions import known_api_version
@@ -63,17 +66,79 @@ class Decoder:
 
 def fold_topic(bootstrap_servers, settings: dict, topic: str, fold: TopicFold,
                decoder: Decoder, progress=None, keyless: bool = False,
-               timeout: float = TIMEOUT) -> int:
+               timeout: float = TIMEOUT, library: str = KAFKA_PYTHON) -> int:
     """Every record of ``topic`` up to its end offsets now into ``fold`` (``keyless``: as a
-    multiset of rows, whatever the keys); returns the count."""
+    multiset of rows, whatever the keys), read with ``library`` (``[kafka] client``:
+    librdkafka reads about ten times faster); returns the count."""
+    read = _fold_rdkafka if library == LIBRDKAFKA else _fold
     try:
-        return _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
-                     timeout)
+        return read(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
+                    timeout)
     except PgRouterError:
         raise
     except Exception as exc:  # noqa: BLE001 — whatever the client raises: Kafka is not usable
         raise SinkUnavailable(f"kafka.bootstrap_servers: cannot read topic {topic!r} at "
                               f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+
+
+def _missing(topic: str, bootstrap_servers) -> SinkError:
+    return SinkError(f"topic {topic!r} does not exist at {bootstrap_servers}: the route's "
+                     "records are gone (deleted topic?)")
+
+
+def _truncated(topic: str, partition: int, begin: int) -> SinkError:
+    return SinkError(f"topic {topic!r} partition {partition} starts at offset {begin}: its "
+                     "oldest records were deleted (retention or delete-records), so its rows "
+                     "cannot be verified")
+
+
+def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
+                  timeout) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    conf = connection_conf(bootstrap_servers, settings)
+    conf.pop("request.timeout.ms", None)  # a producer's setting
+    conf.update({"group.id": "pgrouter-verify", "enable.auto.commit": False,
+                 "allow.auto.create.topics": False, "isolation.level": "read_committed",
+                 "enable.partition.eof": False})
+    consumer = Consumer(conf)
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise _missing(topic, bootstrap_servers)
+        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+                 for p in meta.partitions}
+        for p, (begin, _end) in sorted(marks.items()):
+            if begin > 0:
+                raise _truncated(topic, p, begin)
+        ends = {p: end for p, (_b, end) in marks.items()}
+        left = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in left])
+        key, value = (lambda _: None) if keyless else decoder.key, decoder.value
+        n = 0
+        deadline = time.monotonic() + timeout
+        while left:
+            msgs = consumer.consume(5000, 0.2)
+            if msgs:
+                deadline = time.monotonic() + timeout
+            elif time.monotonic() > deadline:
+                raise SinkUnavailable(f"timed out reading topic {topic!r}: no records for "
+                                      f"{timeout:g} s before its end")
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                p = m.partition()
+                if p in left and m.offset() < ends[p]:
+                    fold.add(key(m.key()), value(m.value()))
+                    n += 1
+                    if progress is not None and n % PROGRESS_EVERY == 0:
+                        progress(n)
+            for tp in consumer.position([TopicPartition(topic, p) for p in left]):
+                if tp.offset >= ends[tp.partition]:
+                    left.discard(tp.partition)
+        return n
+    finally:
+        consumer.close()
 
 
 def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
@@ -93,15 +158,12 @@ def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
             consumer.topics()  # fresh metadata: a topic made a moment ago
             parts = consumer.partitions_for_topic(topic)
         if not parts:
-            raise SinkError(f"topic {topic!r} does not exist at {bootstrap_servers}: the "
-                            "route's records are gone (deleted topic?)")
+            raise _missing(topic, bootstrap_servers)
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         begins, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
         for tp in tps:
             if begins[tp] > 0:
-                raise SinkError(f"topic {topic!r} partition {tp.partition} starts at offset "
-                                f"{begins[tp]}: its oldest records were deleted (retention "
-                                "or delete-records), so its rows cannot be verified")
+                raise _truncated(topic, tp.partition, begins[tp])
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         n = 0
