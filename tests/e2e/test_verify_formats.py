@@ -75,6 +75,16 @@ def test_verify_reads_every_format(fmt, pg_dsn, kafka_bootstrap, registry_url, t
         assert ids == {(7,), (8,)}
         assert (r["missing"], r["extra"], r["different"]) == (1, 0, 0), r
         assert r["missing_keys"] == [{"id": 7}]
+        if fmt == "connect":
+            # a deleted topic, then a router stopped behind the verify point: one line each
+            delete_topics(kafka_bootstrap, [topic])
+            code, doc, err = verify(cfg)
+            assert code == 2 and doc is None and f"topic '{topic}' does not exist" in err, err
+            router.stop()
+            pg.run(f"update {t} set n = 0 where id = 1")
+            code, doc, err = verify(cfg)
+            assert code == 2 and "the router is not running" in err, err
+            assert len(err.strip().splitlines()) == 2, err  # the snapshot line, the error
     finally:
         writer.halt()
         router.stop()
