@@ -96,11 +96,19 @@ def position(env: dict) -> tuple[int, int]:
     return (int(src.get("commit_lsn") or 0), int(src.get("seq") or 0))
 
 
-class TopicFold:
-    """One topic folded by key, up to (not including) position ``cut``."""
+def salted(key, row: dict) -> tuple[tuple, tuple]:
+    """The default digests of a row (``digest``, for comparing within this process)."""
+    return row_digests(row)
 
-    def __init__(self, cut: int):
+
+class TopicFold:
+    """One topic folded by key, up to (not including) position ``cut``. ``digester(key,
+    row) -> (columns, digests)`` digests each row (``salted``, or the bucket digests'
+    ``router.verify_digest.row_columns``)."""
+
+    def __init__(self, cut: int, digester=salted):
         self.cut = cut
+        self.digester = digester
         self.rows: dict[bytes, tuple[tuple[int, int], dict[str, int] | None]] = {}
         self.truncated: tuple[int, int] | None = None
         self._keyless: list[tuple[tuple[int, int], str, dict | None, dict | None]] = []
@@ -132,7 +140,7 @@ class TopicFold:
             self.rows[k] = (pos, _GONE)
             return
         after = env.get("after") or {}
-        row = row_digests(after)
+        row = self.digester(key, after)
         toast = env.get("unchanged_toast")
         if toast:
             prev = _columns_of(held[1]) if held is not None and held[1] else {}
@@ -193,6 +201,11 @@ class Comparison(msgspec.Struct):
     extra_keys: list = []
     different_keys: list = []  # [{"key": …, "columns": […]}]
     seconds: float = 0.0
+    #: source rows read and compared one by one (the others: by their buckets' digests)
+    rows_read: int = 0
+    #: key buckets compared by digests (0: none, every row read), and those that differed
+    buckets: int = 0
+    buckets_differing: int = 0
 
     @property
     def ok(self) -> bool:
@@ -208,6 +221,7 @@ class Comparer:
     def __init__(self, result: Comparison, fold: TopicFold, actions: frozenset[str],
                  examples: int = 5, collect: bool = False):
         self.result = result
+        self.digester = fold.digester
         #: with ``collect``: every key to send again (missing, different) and to delete
         self.collect = collect
         self.send: list = []
@@ -222,6 +236,7 @@ class Comparer:
         """One source row: its decoded key (None: keyless) and its values."""
         r = self.result
         r.compared += 1
+        r.rows_read += 1
         if key is None:
             self.source_keyless[row_key(after)] += 1
             return
@@ -239,7 +254,7 @@ class Comparer:
         if "update" not in self.actions:
             r.matching += 1
             return
-        want = row_digests(after)
+        want = self.digester(key, after)
         if want == held:
             r.matching += 1
             return
@@ -253,6 +268,14 @@ class Comparer:
                 r.different_keys.append({"key": key, "columns": cols})
         else:
             r.matching += 1
+
+    def skip_equal(self, rows: int, keep) -> None:
+        """``rows`` source rows are known equal to the topic's by their buckets' digests:
+        counted as compared and matching; the topic keeps only the keys ``keep(key)`` (of
+        the buckets that differ, whose rows are compared one by one)."""
+        self.result.compared += rows
+        self.result.matching += rows
+        self.topic = {k: v for k, v in self.topic.items() if keep(k)}
 
     def finish(self) -> Comparison:
         """The rows the topic holds and the source does not, counted; the result."""

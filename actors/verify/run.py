@@ -28,6 +28,8 @@ import os
 import time
 import uuid
 
+import msgspec
+
 import trio
 import trio_asyncio
 
@@ -36,7 +38,8 @@ from router.config import Config, qualified
 from router.errors import ConfigError, SlotMissing
 from router.routing import ChangeRouter
 from router.snapshot_rows import SnapshotRows
-from router.verify import Comparer, Comparison, TopicFold
+from router.verify import Comparer, Comparison, TopicFold, salted
+from router.verify_digest import bucket_of, bucket_sums, buckets_for, key_text, row_columns
 from router.envelope import TxContext
 
 from ..pipeline.formats import record_reshaper
@@ -46,6 +49,7 @@ from ..services.sql import SqlSession
 from ..snapshot.initial import type_names
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
+from .digests import differing, route_filter, rows_select, sql_sums
 from .point import VerifyPoint, wait_delivered
 from .repair import Repair
 from .topic import Decoder, fold_topic
@@ -55,8 +59,10 @@ class Target:
     """One route's tables to read and topics to fold."""
 
     def __init__(self, route: str, actions: frozenset[str], rows: SnapshotRows,
-                 tables: list[SnapshotTable], multiset: set[tuple[str, str]]):
+                 tables: list[SnapshotTable], multiset: set[tuple[str, str]],
+                 filters: dict[str, str | None]):
         self.route, self.actions, self.rows, self.tables = route, actions, rows, tables
+        self.filters = filters  # table -> the route's own row filter (SQL), for digests
         self.multiset = multiset  # tables (as published) compared as multisets
         self.topics: dict[str, list[SnapshotTable]] = {}  # topic -> tables feeding it
         for t in tables:
@@ -119,7 +125,8 @@ async def plan(sql: SqlSession, cfg: Config, routes: list[str], tables: list[str
                 multiset.add(published)
             taken.append(t)
         if taken:
-            out.append(Target(r.name, route_actions(cfg, catalog, r), rows, taken, multiset))
+            out.append(Target(r.name, route_actions(cfg, catalog, r), rows, taken, multiset,
+                              {t.name: route_filter(cfg, catalog, r.name, t) for t in taken}))
     for t in only or ():
         if not any(t in (x.table, (x.relation.namespace, x.relation.name))
                    or t in catalog.tables[x.table].ancestors
@@ -181,11 +188,17 @@ async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
                    examples: int, progress: Progress, repairs: list | None
                    ) -> list[Comparison]:
     decoder = Decoder(cfg.kafka.registry)
-    comparers: dict[str, Comparer] = {}
-    started = {}
+    reshape = record_reshaper(cfg)
+    tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
+    out = []
     for topic, tables in target.topics.items():
-        started[topic] = time.monotonic()
-        fold = TopicFold(cut)
+        started = time.monotonic()
+        schemas = {t.name: next(p.encoder.schema for p in target.rows.router.plans_for(
+            t.relation) if p.topic == topic) for t in tables}
+        by_buckets = cfg.kafka.format == "json" and not target.keyless(topic) and all(
+            set(s.key_columns) <= {c.name for c in s.columns} and s.key_columns
+            for s in schemas.values())
+        fold = TopicFold(cut, row_columns if by_buckets else salted)
 
         def report(n, topic=topic):
             progress(f"route {target.route}: topic {topic}: {n} records read")
@@ -194,36 +207,57 @@ async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
             cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, decoder,
             report, target.keyless(topic), library=cfg.kafka.client))
         names = sorted({t.name for t in tables})
-        comparers[topic] = Comparer(Comparison(target.route, topic, names), fold,
-                                    target.actions, examples, repairs is not None)
-    reshape = record_reshaper(cfg)
-    tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
-    counted = [0]
-    for table in target.tables:
-        published = (table.relation.namespace, table.relation.name)
-        multiset = published in target.multiset
+        comparer = Comparer(Comparison(target.route, topic, names), fold, target.actions,
+                            examples, repairs is not None)
+        narrowed = None
+        if by_buckets:
+            narrowed = await narrow(reader, target, tables, schemas, comparer)
+        counted = [0]
+        for table in tables:
+            multiset = (table.relation.namespace, table.relation.name) in target.multiset
 
-        async def deliver(batch, table=table, multiset=multiset):
-            chunk = target.rows.chunk(table.relation, batch, tx, 0)
-            for topic, key, value, _headers in await _encoded(reshape, chunk):
-                env = decoder.value(value)
-                if env is None:
-                    continue
-                comparers[topic].row(None if multiset else decoder.key(key),
+            async def deliver(batch, table=table, multiset=multiset):
+                chunk = target.rows.chunk(table.relation, batch, tx, 0)
+                for _topic, key, value, _headers in await _encoded(reshape, chunk):
+                    env = decoder.value(value)
+                    if env is not None:
+                        comparer.row(None if multiset else decoder.key(key),
                                      env.get("after") or {})
-            counted[0] += len(batch)
-            progress(f"route {target.route}: {counted[0]} source rows compared")
+                counted[0] += len(batch)
+                progress(f"route {target.route}: topic {topic}: {counted[0]} source rows "
+                         "compared")
 
-        await reader.copy(table.select(), deliver, f"reading {table.name}")
-    out = []
-    for topic, comparer in comparers.items():
+            if narrowed is None:
+                await reader.copy(table.select(), deliver, f"reading {table.name}")
+            elif narrowed[1]:
+                where = target.filters[table.name]
+                await reader.copy(rows_select(table, schemas[table.name], where, narrowed[0]),
+                                  deliver, f"reading {table.name}", (sorted(narrowed[1]),))
         result = comparer.finish()
-        result.seconds = round(time.monotonic() - started[topic], 3)
+        result.seconds = round(time.monotonic() - started, 3)
         out.append(result)
         if repairs is not None and not result.ok:
-            repairs.append(Repair(target.route, topic, target.topics[topic],
-                                  target.keyless(topic), comparer.send, comparer.delete))
+            repairs.append(Repair(target.route, topic, tables, target.keyless(topic),
+                                  comparer.send, comparer.delete))
     return out
+
+
+async def narrow(reader: TableReader, target: Target, tables, schemas,
+                 comparer: Comparer) -> tuple[int, set[int]]:
+    """Bucket digests of the tables (in SQL) against the folded topic's: the rows of equal
+    buckets count as matching and leave the comparison; returns the number of buckets and
+    those that differ (whose rows are to be read and compared)."""
+    estimate = sum([await reader.estimate(t.table) for t in tables])
+    buckets = buckets_for(max(estimate, len(comparer.topic)))
+    source: dict[int, list] = {}
+    for t in tables:
+        await sql_sums(reader.sql, t, schemas[t.name], target.filters[t.name], buckets, source)
+    differ = differing(source, bucket_sums(comparer.topic, buckets))
+    comparer.result.buckets, comparer.result.buckets_differing = buckets, len(differ)
+    comparer.skip_equal(sum(n for b, (n, _h) in source.items() if b not in differ),
+                        lambda k: bucket_of(key_text(msgspec.json.decode(k)), buckets)
+                        in differ)
+    return buckets, differ
 
 
 async def _encoded(reshape, chunk) -> list:

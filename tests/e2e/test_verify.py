@@ -36,7 +36,17 @@ def stack(pg_dsn, kafka_bootstrap, tmp_path_factory):
            "ts timestamptz default '2026-03-01 12:00:00.5+00', d date default '2026-02-28', "
            "j jsonb default '{\"a\": [1, 2.5, null]}', b bytea default '\\x00ff10', "
            "arr text[] default '{x,\"y z\",NULL}', f float8 default 0.1, flag bool, "
-           f"m mood_{u} default 'ok')")
+           f"m mood_{u} default 'ok', f4 float4 default 1.1, fnan float8 default 'NaN', "
+           "finf float8 default '-Infinity', fbig float8 default 1e20, "
+           "ftiny float8 default 1e-7, i2 int2 default 7, i8 int8 default 9000000000, "
+           "numany numeric default 1.10, tsl timestamp default '2026-01-02 03:04:05.6', "
+           "tm time default '01:02:03', iv interval default '1 mon 2 days 03:00:00', "
+           "uid uuid default 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', "
+           "js json default '{\"b\": 1,  \"a\": 2}', ch char(5) default 'ab', "
+           "mon money default 12.34, ip inet default '10.0.0.1/24', "
+           "rng int4range default '[1,5)', pt point default '(1,2)', "
+           "ints int[] default '{1,NULL,3}', md int[] default '{{1,2},{3,4}}', "
+           "uni text default 'Grüße ✓ \t tab')")
     pg.run(f"insert into {t['big']}(id, n, v, num, flag) select g, g, 'v' || g, g / 7.0, "
            f"g % 2 = 0 from generate_series(1, {BIG_ROWS}) g")
     pg.run(f"create table {t['dmg']}(id int primary key, v text, n int, big text)")
@@ -132,6 +142,9 @@ def test_undamaged_topics_are_equal_while_writers_write(stack):
     assert all(w.ops > 0 for w in stack["writers"])
     big = result(doc, f"big_{u}")
     assert big["compared"] > BIG_ROWS / 2 and big["matching"] == big["compared"]
+    # PostgreSQL's bucket digests equal the topic's for every type of the table: no row
+    # of it was read one by one
+    assert big["buckets"] >= 2 and big["buckets_differing"] == 0 and big["rows_read"] == 0, big
     flt = result(doc, f"flt_{u}")
     # only rows the filter passes are compared
     pg = stack["pg"]
@@ -197,6 +210,8 @@ def test_damage_is_found_exactly(stack):
     assert got["extra"]["extra_keys"] == [{"id": 999}]
     assert got["toast"]["different_keys"] == [{"key": {"id": 20}, "columns": ["big"]}]
     assert all(r["compared"] == 40 for r in got.values())
+    # only the damaged key's bucket was read (one bucket: the table is small)
+    assert all(r["buckets_differing"] == 1 for r in got.values()), got
 
 
 def test_filtered_route_and_keyless_table_damage(stack):

@@ -131,3 +131,25 @@ def test_keyless_rows_are_a_multiset_in_position_order():
 def test_digests_tell_json_types_apart():
     assert digest(1) != digest("1") != digest(1.0) and digest(None) != digest("null")
     assert digest({"b": 1, "a": 2}) == digest({"a": 2, "b": 1})
+
+
+def test_bucket_digest_texts_are_what_postgresql_renders():
+    from router.verify_digest import (bucket_of, bucket_sums, column_digest, key_text, pg_text,
+                                      row_columns)
+
+    assert pg_text(True) == "true" and pg_text(7) == "7" and pg_text("1.10") == "1.10"
+    assert pg_text(0.1) == "3fb999999999999a"  # float8send('0.1'::float8), hex
+    assert pg_text("NaN") == "NaN" and pg_text(None) is None
+    assert pg_text([1]) != "{1}"  # not a JSON-format value: never what SQL renders
+    # key columns by name, whatever the record's order; lengths keep values apart
+    assert key_text({"b": "x,1", "a": 2}) == key_text({"a": 2, "b": "x,1"}) == "1:2,3:x,1"
+    assert key_text({"a": None}) == "!"
+    k = key_text({"id": 1})
+    assert column_digest(k, "v", None) != column_digest(k, "v", "")
+    assert column_digest(k, "v", "a") != column_digest(key_text({"id": 2}), "v", "a")
+    cols, digests = row_columns({"id": 1}, {"id": 1, "v": "a"})
+    assert cols == ("id", "v") and digests[1] == column_digest(k, "v", "a")
+    assert 0 <= bucket_of(k, 7) < 7
+    fold = folded([({"id": i}, rec("r", 10, i, after={"id": i})) for i in range(20)])
+    sums = bucket_sums({key: (("id",), (5,)) for key in fold.keyed()}, 3)
+    assert sum(n for n, _ in sums.values()) == 20 and sum(h for _, h in sums.values()) == 100
