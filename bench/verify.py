@@ -132,6 +132,8 @@ tables = ["{table}"]
     print(json.dumps({
         "rows": args.rows, "format": args.format, "compared": res["compared"],
         "equal": res["equal"],
+        "rows_read_one_by_one": res["rows_read"], "buckets": res["buckets"],
+        "buckets_differing": res["buckets_differing"],
         "verify_seconds": round(wall, 2), "verify_compare_seconds": res["seconds"],
         "verify_rows_per_s": round(res["compared"] / wall),
         "copy_seconds": round(copy, 3), "copy_rows_per_s": round(args.rows / copy),

@@ -275,7 +275,7 @@ class Comparer:
         the buckets that differ, whose rows are compared one by one)."""
         self.result.compared += rows
         self.result.matching += rows
-        self.topic = {k: v for k, v in self.topic.items() if keep(k)}
+        self.topic = {k: v for k, v in self.topic.items() if keep(k)} if self.topic else {}
 
     def finish(self) -> Comparison:
         """The rows the topic holds and the source does not, counted; the result."""

@@ -47,6 +47,10 @@ def pg_text(value) -> str | None:
 
 
 def key_text(key: dict) -> str:
+    if len(key) == 1:
+        [value] = key.values()
+        text = pg_text(value)
+        return "!" if text is None else f"{len(text)}:{text}"
     parts = []
     for name in sorted(key):
         text = pg_text(key[name])
@@ -71,16 +75,20 @@ def row_columns(key: dict, row: dict) -> tuple[tuple, tuple]:
     return tuple(row), tuple([column_digest(ktext, c, v) for c, v in row.items()])
 
 
-def bucket_sums(rows: dict, buckets: int) -> dict[int, list]:
+def bucket_sums(rows: dict, buckets: int) -> tuple[dict[int, list], dict[bytes, int]]:
     """bucket -> [rows, digest sum] of a fold's rows (``TopicFold.keyed``: key bytes ->
-    (columns, digests))."""
+    (columns, digests)), and each key's bucket."""
     out: dict[int, list] = {}
+    where: dict[bytes, int] = {}
+    decode = msgspec.json.decode
     for k, (_cols, digests) in rows.items():
-        b = bucket_of(key_text(msgspec.json.decode(k)), buckets)
-        acc = out.setdefault(b, [0, 0])
+        b = where[k] = bucket_of(key_text(decode(k)), buckets)
+        acc = out.get(b)
+        if acc is None:
+            acc = out[b] = [0, 0]
         acc[0] += 1
         acc[1] += sum(digests)
-    return out
+    return out, where
 
 
 def buckets_for(rows: int) -> int:

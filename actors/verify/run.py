@@ -28,8 +28,6 @@ import os
 import time
 import uuid
 
-import msgspec
-
 import trio
 import trio_asyncio
 
@@ -39,7 +37,7 @@ from router.errors import ConfigError, SlotMissing
 from router.routing import ChangeRouter
 from router.snapshot_rows import SnapshotRows
 from router.verify import Comparer, Comparison, TopicFold, salted
-from router.verify_digest import bucket_of, bucket_sums, buckets_for, key_text, row_columns
+from router.verify_digest import bucket_sums, buckets_for, row_columns
 from router.envelope import TxContext
 
 from ..pipeline.formats import record_reshaper
@@ -48,7 +46,7 @@ from ..services.preflight import kafka_admin
 from ..services.sql import SqlSession
 from ..snapshot.initial import type_names
 from ..snapshot.reader import TableReader
-from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
+from ..snapshot.tables import SnapshotTable, ident, slot_tables, snapshot_specs
 from .digests import differing, route_filter, rows_select, sql_sums
 from .point import VerifyPoint, wait_delivered
 from .repair import Repair
@@ -203,15 +201,26 @@ async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
         def report(n, topic=topic):
             progress(f"route {target.route}: topic {topic}: {n} records read")
 
-        await trio.to_thread.run_sync(lambda: fold_topic(
-            cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, decoder,
-            report, target.keyless(topic), library=cfg.kafka.client))
+        async def read_topic(fold=fold, topic=topic, report=report):
+            await trio.to_thread.run_sync(lambda: fold_topic(
+                cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, decoder,
+                report, target.keyless(topic), library=cfg.kafka.client))
+
+        source: dict[int, list] = {}
+        buckets = 0
+        async with trio.open_nursery() as both:  # PostgreSQL digests while the topic is read
+            both.start_soon(read_topic)
+            if by_buckets:
+                buckets = buckets_for(await _rows(reader, tables))
+                for t in tables:
+                    await sql_sums(reader.sql, t, schemas[t.name], target.filters[t.name],
+                                   buckets, source)
         names = sorted({t.name for t in tables})
         comparer = Comparer(Comparison(target.route, topic, names), fold, target.actions,
                             examples, repairs is not None)
         narrowed = None
         if by_buckets:
-            narrowed = await narrow(reader, target, tables, schemas, comparer)
+            narrowed = buckets, narrow(comparer, buckets, source)
         counted = [0]
         for table in tables:
             multiset = (table.relation.namespace, table.relation.name) in target.multiset
@@ -242,22 +251,27 @@ async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
     return out
 
 
-async def narrow(reader: TableReader, target: Target, tables, schemas,
-                 comparer: Comparer) -> tuple[int, set[int]]:
-    """Bucket digests of the tables (in SQL) against the folded topic's: the rows of equal
-    buckets count as matching and leave the comparison; returns the number of buckets and
-    those that differ (whose rows are to be read and compared)."""
-    estimate = sum([await reader.estimate(t.table) for t in tables])
-    buckets = buckets_for(max(estimate, len(comparer.topic)))
-    source: dict[int, list] = {}
+async def _rows(reader: TableReader, tables) -> int:
+    """About how many rows the tables hold (the planner's estimate, else a count)."""
+    n = sum([await reader.estimate(t.table) for t in tables])
+    if n > 0:
+        return n
     for t in tables:
-        await sql_sums(reader.sql, t, schemas[t.name], target.filters[t.name], buckets, source)
-    differ = differing(source, bucket_sums(comparer.topic, buckets))
+        n += await reader.sql.fetchval(f"SELECT count(*) FROM ONLY {ident(t.table[0])}."
+                                       f"{ident(t.table[1])}")
+    return n
+
+
+def narrow(comparer: Comparer, buckets: int, source: dict[int, list]) -> set[int]:
+    """The tables' bucket digests (``source``, computed by PostgreSQL) against the folded
+    topic's: the rows of equal buckets count as matching and leave the comparison; returns
+    the buckets that differ (whose rows are read and compared one by one)."""
+    sums, where = bucket_sums(comparer.topic, buckets)
+    differ = differing(source, sums)
     comparer.result.buckets, comparer.result.buckets_differing = buckets, len(differ)
     comparer.skip_equal(sum(n for b, (n, _h) in source.items() if b not in differ),
-                        lambda k: bucket_of(key_text(msgspec.json.decode(k)), buckets)
-                        in differ)
-    return buckets, differ
+                        lambda k: where[k] in differ)
+    return differ
 
 
 async def _encoded(reshape, chunk) -> list:

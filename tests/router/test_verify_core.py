@@ -151,5 +151,6 @@ def test_bucket_digest_texts_are_what_postgresql_renders():
     assert cols == ("id", "v") and digests[1] == column_digest(k, "v", "a")
     assert 0 <= bucket_of(k, 7) < 7
     fold = folded([({"id": i}, rec("r", 10, i, after={"id": i})) for i in range(20)])
-    sums = bucket_sums({key: (("id",), (5,)) for key in fold.keyed()}, 3)
+    sums, where = bucket_sums({key: (("id",), (5,)) for key in fold.keyed()}, 3)
+    assert len(where) == 20 and set(where.values()) <= {0, 1, 2}
     assert sum(n for n, _ in sums.values()) == 20 and sum(h for _, h in sums.values()) == 100
