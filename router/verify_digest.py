@@ -28,6 +28,8 @@ import struct
 
 import msgspec
 
+from .verify import packed, unpacked
+
 _pack = struct.Struct(">d").pack
 _NONFINITE = frozenset({"NaN", "Infinity", "-Infinity"})
 
@@ -68,11 +70,11 @@ def column_digest(ktext: str, name: str, value) -> int:
     return int(hashlib.md5(body.encode()).hexdigest()[:15], 16)
 
 
-def row_columns(key: dict, row: dict) -> tuple[tuple, tuple]:
-    """(column names, their digests) of a row of ``key`` (``router.verify.TopicFold``'s
+def row_columns(key: dict, row: dict) -> tuple[tuple, bytes]:
+    """(column names, their digests packed) of a row of ``key`` (``router.verify.TopicFold``'s
     digester for topics compared by buckets)."""
     ktext = key_text(key)
-    return tuple(row), tuple([column_digest(ktext, c, v) for c, v in row.items()])
+    return packed(tuple(row), [column_digest(ktext, c, v) for c, v in row.items()])
 
 
 def bucket_sums(rows: dict, buckets: int) -> tuple[dict[int, list], dict[bytes, int]]:
@@ -87,7 +89,7 @@ def bucket_sums(rows: dict, buckets: int) -> tuple[dict[int, list], dict[bytes, 
         if acc is None:
             acc = out[b] = [0, 0]
         acc[0] += 1
-        acc[1] += sum(digests)
+        acc[1] += sum(unpacked(digests))
     return out, where
 
 
