@@ -13,13 +13,17 @@ Rules:
   values compare in one representation, whatever the format (JSON, Connect, Avro).
 * The topic side: every record up to the end offsets once the router delivered past the
   point, folded by ``router.verify.TopicFold`` at the point.
+* JSON-format topics of keyed tables are compared by bucket digests first
+  (``actors.verify.digests``, ``router.verify_digest``), PostgreSQL's computed while the topic
+  is read: only the rows of buckets that differ are read and compared one by one. Other
+  topics have every row read.
 * The route's actions decide what counts as a difference (``router.verify.Comparer``).
 * Tables without a primary key or replica identity index: with REPLICA IDENTITY FULL their
   rows are compared as multisets (the topic keys them by the whole row, which repeats);
   without it (no key at all) they cannot be told apart: one line, and they are left out
   (``--table`` naming one is an error).
 * Routes, tables and the slot are checked before the snapshot is taken: one line each.
-* Memory: the fold of one route's topics at a time (a digest of 8 bytes per column and key).
+* Memory: the fold of one topic at a time (a digest of 8 bytes per column and key).
 """
 
 from __future__ import annotations

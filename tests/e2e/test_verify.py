@@ -257,7 +257,7 @@ def test_filtered_route_and_keyless_table_damage(stack):
 
 
 def test_bad_input_is_one_line(stack, tmp_path):
-    u, t = stack["u"], stack["t"]
+    u = stack["u"]
     code, _, err = verify(stack["cfg"], "--route", "nope")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--route nope" in err, err
     code, _, err = verify(stack["cfg"], "--table", "public.nope")
