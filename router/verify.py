@@ -117,9 +117,11 @@ class TopicFold:
     row) -> (columns, digests)`` digests each row (``salted``, or the bucket digests'
     ``router.verify_digest.row_columns``)."""
 
-    def __init__(self, cut: int, digester=salted):
+    def __init__(self, cut: int, digester=salted, part=None):
         self.cut = cut
         self.digester = digester
+        #: ``part(key) -> bool``: only these keys are folded (a pass of a verify in passes)
+        self.part = part
         self.rows: dict[bytes, tuple[int, tuple[tuple, bytes] | None]] = {}
         self.truncated: int | None = None
         self._keyless: list[tuple[int, str, dict | None, dict | None]] = []
@@ -143,6 +145,9 @@ class TopicFold:
         if key is None:
             self._keyless.append((pos, op, env.get("before"), env.get("after")))
             return
+        part = self.part
+        if part is not None and not part(key):
+            return
         k = key_of(key)
         held = self.rows.get(k)
         if held is not None and held[0] >= pos:
@@ -161,8 +166,9 @@ class TopicFold:
             row = packed(tuple(cols), cols.values())
         before = env.get("before")
         if op == "u" and before and isinstance(key, dict):
-            old = key_of({c: before.get(c) for c in key})
-            if old != k:
+            old_key = {c: before.get(c) for c in key}
+            old = key_of(old_key)
+            if old != k and (part is None or part(old_key)):
                 was = self.rows.get(old)
                 if was is None or was[0] < pos:
                     self.rows[old] = (pos, _GONE)
@@ -217,6 +223,8 @@ class Comparison(msgspec.Struct):
     #: key buckets compared by digests (0: none, every row read), and those that differed
     buckets: int = 0
     buckets_differing: int = 0
+    #: passes over the topic (more than one when its keys exceed ``--max-keys``)
+    passes: int = 1
 
     @property
     def ok(self) -> bool:
@@ -233,6 +241,7 @@ class Comparer:
                  examples: int = 5, collect: bool = False):
         self.result = result
         self.digester = fold.digester
+        self.part = fold.part
         #: with ``collect``: every key to send again (missing, different) and to delete
         self.collect = collect
         self.send: list = []
@@ -245,6 +254,8 @@ class Comparer:
 
     def row(self, key, after: dict) -> None:
         """One source row: its decoded key (None: keyless) and its values."""
+        if key is not None and self.part is not None and not self.part(key):
+            return  # another pass's
         r = self.result
         r.compared += 1
         r.rows_read += 1

@@ -22,7 +22,7 @@ from router.errors import ConfigError, PgRouterError
 
 from ..services.retry import primary
 from ..verify.repair import request, wait_repaired
-from ..verify.run import Progress, verify
+from ..verify.run import MAX_KEYS, Progress, verify
 from .config_file import load
 
 
@@ -38,6 +38,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", type=float, default=60.0, metavar="S",
                    help="seconds to wait for the router to deliver up to the verify "
                         "snapshot, and for repairs to finish (default 60)")
+    p.add_argument("--max-keys", type=int, default=MAX_KEYS, metavar="N",
+                   help="keys of a topic held in memory at once (about 340 bytes each); a "
+                        "bigger table is verified in passes over its topic (default "
+                        f"{MAX_KEYS})")
     p.add_argument("--repair", action="store_true",
                    help="ask the running router to re-send what differs (a backfill of "
                         "exactly those keys; deletes for extra keys), then verify again")
@@ -77,7 +81,7 @@ async def _verify(cfg, args, progress, warn):
     repairs: list | None = [] if args.repair else None
     results = await verify(cfg, args.route, args.table, wait=args.wait,
                            examples=args.examples, progress=progress, warn=warn,
-                           repairs=repairs)
+                           repairs=repairs, max_keys=args.max_keys)
     if not repairs:
         return results
     out = sys.stdout if not args.json else sys.stderr
@@ -91,7 +95,7 @@ async def _verify(cfg, args, progress, warn):
         print(f"pgrouter verify: {len(asked)} repair(s) done; verifying again",
               file=sys.stderr, flush=True)
     return await verify(cfg, args.route, args.table, wait=args.wait, examples=args.examples,
-                        progress=progress, warn=warn)
+                        progress=progress, warn=warn, max_keys=args.max_keys)
 
 
 def summary(r) -> str:

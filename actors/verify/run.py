@@ -23,7 +23,8 @@ Rules:
   without it (no key at all) they cannot be told apart: one line, and they are left out
   (``--table`` naming one is an error).
 * Routes, tables and the slot are checked before the snapshot is taken: one line each.
-* Memory: the fold of one topic at a time (a digest of 8 bytes per column and key).
+* Memory: the fold of one topic at a time (a digest of 8 bytes per column and key), in
+  passes of at most ``max_keys`` keys (``actors.verify.compare``).
 """
 
 from __future__ import annotations
@@ -35,26 +36,25 @@ import uuid
 import trio
 import trio_asyncio
 
-from router.avro import SchemasNeeded
 from router.config import Config, qualified
 from router.errors import ConfigError, SlotMissing
 from router.routing import ChangeRouter
 from router.snapshot_rows import SnapshotRows
-from router.verify import Comparer, Comparison, TopicFold, salted
-from router.verify_digest import bucket_sums, buckets_for, row_columns
-from router.envelope import TxContext
+from router.verify import Comparison
 
-from ..pipeline.formats import record_reshaper
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.preflight import kafka_admin
 from ..services.sql import SqlSession
 from ..snapshot.initial import type_names
 from ..snapshot.reader import TableReader
-from ..snapshot.tables import SnapshotTable, ident, slot_tables, snapshot_specs
-from .digests import differing, route_filter, rows_select, sql_sums
+from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
+from .compare import compare_target
+from .digests import route_filter
 from .point import VerifyPoint, wait_delivered
-from .repair import Repair
-from .topic import Decoder, fold_topic
+
+
+#: keys of one topic folded at a time by default (``--max-keys``): about 340 bytes each
+MAX_KEYS = 2_000_000
 
 
 class Target:
@@ -152,8 +152,8 @@ class Progress:
 
 
 async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: float,
-                 examples: int, progress: Progress, warn,
-                 repairs: list | None = None) -> list[Comparison]:
+                 examples: int, progress: Progress, warn, repairs: list | None = None,
+                 max_keys: int = MAX_KEYS) -> list[Comparison]:
     """The comparisons; with ``repairs`` (a list), what each differing topic needs is
     appended to it (``actors.verify.repair.Repair``)."""
     async with trio_asyncio.open_loop():
@@ -174,8 +174,8 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
                 await wait_delivered(sql, cfg.source.slot, point.lsn, wait)
                 results = []
                 for target in targets:
-                    results.extend(await _compare(cfg, target, reader, point.lsn, examples,
-                                                  progress, repairs))
+                    results.extend(await compare_target(cfg, target, reader, point.lsn,
+                                                        examples, progress, repairs, max_keys))
                 return results
             finally:
                 await reader.close()
@@ -184,107 +184,3 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
 def _kafka_answers(cfg: Config) -> None:
     """Kafka answers (``SinkUnavailable`` in one line otherwise), before the snapshot."""
     kafka_admin(cfg).close()
-
-
-async def _compare(cfg: Config, target: Target, reader: TableReader, cut: int,
-                   examples: int, progress: Progress, repairs: list | None
-                   ) -> list[Comparison]:
-    decoder = Decoder(cfg.kafka.registry)
-    reshape = record_reshaper(cfg)
-    tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
-    out = []
-    for topic, tables in target.topics.items():
-        started = time.monotonic()
-        schemas = {t.name: next(p.encoder.schema for p in target.rows.router.plans_for(
-            t.relation) if p.topic == topic) for t in tables}
-        by_buckets = cfg.kafka.format == "json" and not target.keyless(topic) and all(
-            set(s.key_columns) <= {c.name for c in s.columns} and s.key_columns
-            for s in schemas.values())
-        fold = TopicFold(cut, row_columns if by_buckets else salted)
-
-        def report(n, topic=topic):
-            progress(f"route {target.route}: topic {topic}: {n} records read")
-
-        async def read_topic(fold=fold, topic=topic, report=report):
-            await trio.to_thread.run_sync(lambda: fold_topic(
-                cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, decoder,
-                report, target.keyless(topic), library=cfg.kafka.client))
-
-        source: dict[int, list] = {}
-        buckets = 0
-        async with trio.open_nursery() as both:  # PostgreSQL digests while the topic is read
-            both.start_soon(read_topic)
-            if by_buckets:
-                buckets = buckets_for(await _rows(reader, tables))
-                for t in tables:
-                    await sql_sums(reader.sql, t, schemas[t.name], target.filters[t.name],
-                                   buckets, source)
-        names = sorted({t.name for t in tables})
-        comparer = Comparer(Comparison(target.route, topic, names), fold, target.actions,
-                            examples, repairs is not None)
-        narrowed = None
-        if by_buckets:
-            narrowed = buckets, narrow(comparer, buckets, source)
-        counted = [0]
-        for table in tables:
-            multiset = (table.relation.namespace, table.relation.name) in target.multiset
-
-            async def deliver(batch, table=table, multiset=multiset):
-                chunk = target.rows.chunk(table.relation, batch, tx, 0)
-                for _topic, key, value, _headers in await _encoded(reshape, chunk):
-                    env = decoder.value(value)
-                    if env is not None:
-                        comparer.row(None if multiset else decoder.key(key),
-                                     env.get("after") or {})
-                counted[0] += len(batch)
-                progress(f"route {target.route}: topic {topic}: {counted[0]} source rows "
-                         "compared")
-
-            if narrowed is None:
-                await reader.copy(table.select(), deliver, f"reading {table.name}")
-            elif narrowed[1]:
-                where = target.filters[table.name]
-                await reader.copy(rows_select(table, schemas[table.name], where, narrowed[0]),
-                                  deliver, f"reading {table.name}", (sorted(narrowed[1]),))
-        result = comparer.finish()
-        result.seconds = round(time.monotonic() - started, 3)
-        out.append(result)
-        if repairs is not None and not result.ok:
-            repairs.append(Repair(target.route, topic, tables, target.keyless(topic),
-                                  comparer.send, comparer.delete))
-    return out
-
-
-async def _rows(reader: TableReader, tables) -> int:
-    """About how many rows the tables hold (the planner's estimate, else a count)."""
-    n = sum([await reader.estimate(t.table) for t in tables])
-    if n > 0:
-        return n
-    for t in tables:
-        n += await reader.sql.fetchval(f"SELECT count(*) FROM ONLY {ident(t.table[0])}."
-                                       f"{ident(t.table[1])}")
-    return n
-
-
-def narrow(comparer: Comparer, buckets: int, source: dict[int, list]) -> set[int]:
-    """The tables' bucket digests (``source``, computed by PostgreSQL) against the folded
-    topic's: the rows of equal buckets count as matching and leave the comparison; returns
-    the buckets that differ (whose rows are read and compared one by one)."""
-    sums, where = bucket_sums(comparer.topic, buckets)
-    differ = differing(source, sums)
-    comparer.result.buckets, comparer.result.buckets_differing = buckets, len(differ)
-    comparer.skip_equal(sum(n for b, (n, _h) in source.items() if b not in differ),
-                        lambda k: where[k] in differ)
-    return differ
-
-
-async def _encoded(reshape, chunk) -> list:
-    """The chunk's records as the sink writes them (Avro: schemas registered, as the sink
-    does; the registry hands back the ids the router's records carry)."""
-    if reshape is None:
-        return chunk.records
-    while True:
-        try:
-            return reshape(chunk)
-        except SchemasNeeded as need:
-            await trio.to_thread.run_sync(reshape.register, need.subjects)

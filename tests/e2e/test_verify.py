@@ -212,6 +212,15 @@ def test_damage_is_found_exactly(stack):
     assert all(r["compared"] == 40 for r in got.values())
     # only the damaged key's bucket was read (one bucket: the table is small)
     assert all(r["buckets_differing"] == 1 for r in got.values()), got
+    # in passes of at most 7 keys (bounded memory): the same findings
+    code, again, err = verify(stack["cfg"], "--max-keys", "7",
+                              *[a for r in DAMAGED for a in ("--route", f"{r}_{stack['u']}")])
+    assert code == 1, err
+    for r in again["results"]:
+        name = r["route"].rsplit("_", 2)[0]
+        assert r["passes"] == 6 and r["compared"] == 40, r
+        for field in ("missing_keys", "extra_keys", "different_keys"):
+            assert r[field] == got[name][field], (name, r)
 
 
 def test_filtered_route_and_keyless_table_damage(stack):

@@ -75,6 +75,11 @@ def test_verify_reads_every_format(fmt, pg_dsn, kafka_bootstrap, registry_url, t
         assert ids == {(7,), (8,)}
         assert (r["missing"], r["extra"], r["different"]) == (1, 0, 0), r
         assert r["missing_keys"] == [{"id": 7}]
+        # in passes of at most 120 keys: the same finding
+        code, doc, err = verify(cfg, "--max-keys", "120")
+        r = result(doc, f"r_{u}")
+        assert code == 1 and r["passes"] >= 2 and r["missing_keys"] == [{"id": 7}], (err, r)
+        assert r["missing"] == 1 and r["extra"] == r["different"] == 0, r
         if fmt == "connect":
             # a deleted topic, then a router stopped behind the verify point: one line each
             delete_topics(kafka_bootstrap, [topic])
