@@ -116,13 +116,17 @@ def parse_copy_data(data: str) -> list[tuple]:
 class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
     """The body of a ``pgrouter.snapshot`` message. ``kind``: ``low``/``high`` (a chunk's
     window; ``chunk`` names it) or ``request`` (``pgrouter snapshot``, ``chunk`` is its id:
-    backfill ``tables`` — empty: every table the routes take — into ``routes``)."""
+    backfill ``tables`` — empty: every table the routes take — into ``routes``). ``keys``
+    (``pgrouter verify --repair``): only the rows of these keys, each a list of the key
+    columns' values (JSON, read back by PostgreSQL into the columns' types); a key the table
+    does not hold gets a delete record. Requests without it (older ones too) take every row."""
 
     kind: str
     slot: str
     chunk: str = ""
     routes: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
+    keys: tuple[tuple, ...] = ()
 
 
 _wm_decoder = msgspec.json.Decoder(Watermark)
@@ -159,6 +163,8 @@ class SnapshotState(msgspec.Struct, frozen=True, omit_defaults=True):
     table: str = ""
     last_key: tuple | None = None
     rows: int = 0
+    #: a repair's keys (``Watermark.keys``): a resumed job reads only them
+    keys: tuple[tuple, ...] = ()
 
 
 _progress_decoder = msgspec.json.Decoder(SnapshotState)

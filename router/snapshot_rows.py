@@ -64,3 +64,28 @@ class SnapshotRows:
                 seq += 1
         return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, schemas, last,
                            new_topics)
+
+    def deletes(self, relation: Relation, keys: list[tuple], key_at: tuple[int, ...],
+                tx: TxContext, first_seq: int) -> RoutedChunk:
+        """Delete records of ``keys`` (text values of the key columns, at ``key_at`` in the
+        relation's columns) for every route taking ``relation`` that publishes DELETE: a
+        repair's keys the table no longer holds (``pgrouter verify --repair``). No filter is
+        evaluated: the row is gone, only its key is known."""
+        records: list = []
+        lsn = tx.end_lsn
+        width = len(relation.columns)
+        lsn_header = (_H_LSN, b"%d" % tx.commit_lsn) if self.position_headers else None
+        for plan in self.router.plans_for(relation):
+            if not plan.publish_delete:
+                continue
+            record = plan.encoder.recorder(tx, plan.topic, lsn_header, _H_SEQ)
+            seq = first_seq
+            for key in keys:
+                old = [None] * width
+                for i, v in zip(key_at, key):
+                    old[i] = v
+                if plan.row_map is not None:
+                    old = [old[i] for i in plan.row_map]
+                records.append(record("d", lsn, seq, tuple(old), True, None))
+                seq += 1
+        return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, [], True, [])

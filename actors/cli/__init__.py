@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "snapshot": "snapshot",
     "init": "init",
     "console": "console",
+    "verify": "verify",
 }
 
 HELP: dict[str, str] = {
@@ -41,6 +42,7 @@ HELP: dict[str, str] = {
     "snapshot": "backfill tables into some routes' topics while the router streams",
     "init": "ask a live PostgreSQL and write a commented starter config",
     "console": "one web page over several routers' consoles (/api/status)",
+    "verify": "check that each route's topics hold exactly what the route replicates of its tables",
 }
 
 

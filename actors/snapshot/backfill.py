@@ -47,6 +47,7 @@ from .jobs import Job, plan_jobs, route_rows
 from .reader import TableReader, close_session
 from .report import Reporter
 from .store import StateStore
+from .tables import keys_json
 
 _log = log.get("snapshot")
 #: jobs waiting for a driver at most
@@ -55,7 +56,8 @@ INITIAL = "initial"
 
 
 class _Chunk:
-    __slots__ = ("job", "rows", "window", "emitted", "end_lsn", "spoiled", "low", "xip")
+    __slots__ = ("job", "rows", "window", "emitted", "end_lsn", "spoiled", "low", "xip",
+                 "absent")
 
     def __init__(self, job: Job):
         self.job = job
@@ -66,6 +68,7 @@ class _Chunk:
         self.emitted = trio.Event()
         self.end_lsn = 0
         self.spoiled = False
+        self.absent: list[tuple] = []  # a repair's keys the table does not hold
 
 
 class BackfillActor:
@@ -177,7 +180,7 @@ class BackfillActor:
 
     async def _watermark(self, mark: Watermark, txn: Transaction):
         if mark.kind == "request":
-            await self._request(mark.chunk, list(mark.routes), list(mark.tables))
+            await self._request(mark.chunk, list(mark.routes), list(mark.tables), mark.keys)
             return None
         chunk = self.chunks.get(mark.chunk)
         if chunk is None:
@@ -200,6 +203,11 @@ class BackfillActor:
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
                        commit_time=txn.commit_time)
         routed = job.encoder.chunk(job.table.relation, kept, tx, txn.change_count)
+        if chunk.absent:  # a repair's keys the table does not hold, unchanged in the window
+            gone = [k for k in chunk.absent if k not in chunk.window.changed]
+            routed.records.extend(job.encoder.deletes(
+                job.table.relation, gone, job.row_key, tx,
+                txn.change_count + len(chunk.rows or ())).records)
         chunk.end_lsn = txn.end_lsn
         chunk.emitted.set()
         return routed
@@ -215,7 +223,7 @@ class BackfillActor:
         if running or self.resume_initial:
             await self._reload()
         for p in running:
-            jobs, problems = await self._plan(p.request, [p.route], [p.table])
+            jobs, problems = await self._plan(p.request, [p.route], [p.table], p.keys)
             for problem in problems:
                 log.event(_log, "backfill cannot resume", problem=problem)
             for job in jobs:
@@ -231,10 +239,11 @@ class BackfillActor:
             self.sql = await SqlSession.connect(self.cfg.source.dsn)
         self.catalog = await load_catalog(self.sql, self.cfg)
 
-    async def _plan(self, request: str, routes: list[str], tables: list[str]):
+    async def _plan(self, request: str, routes: list[str], tables: list[str],
+                    keys: tuple = ()):
         jobs, problems = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, request,
                                          routes, tables, type_names,
-                                         whole_keyless=request == INITIAL)
+                                         whole_keyless=request == INITIAL, keys=keys)
         names = await type_names(self.sql, [job.table for job in jobs])
         pks = await load_primary_keys(self.sql) if jobs else {}
         encoders: dict = {}  # one per route: a schema or topic is announced once
@@ -245,9 +254,10 @@ class BackfillActor:
                                                                job.route, names, pks)
         return jobs, problems
 
-    async def _request(self, request: str, routes: list[str], tables: list[str]) -> None:
+    async def _request(self, request: str, routes: list[str], tables: list[str],
+                       keys: tuple = ()) -> None:
         await self._reload()
-        jobs, problems = await self._plan(request, routes, tables)
+        jobs, problems = await self._plan(request, routes, tables, keys)
         for problem in problems:
             log.event(_log, "backfill refused", request=request, problem=problem)
         fresh = []
@@ -271,7 +281,7 @@ class BackfillActor:
         for job in fresh:
             self._queue(job)
             log.event(_log, "backfill requested", request=request, route=job.route,
-                      table=job.name, key=list(job.key))
+                      table=job.name, key=list(job.key), **_repair(job))
 
     def _queue(self, job: Job) -> None:
         try:
@@ -284,7 +294,7 @@ class BackfillActor:
 
     def _progress(self, job: Job, state: str) -> SnapshotState:
         return SnapshotState("backfill", self.slot, state, request=job.request, route=job.route,
-                        table=job.name, last_key=job.last_key, rows=job.rows)
+                        table=job.name, last_key=job.last_key, rows=job.rows, keys=job.keys)
 
     # -- drivers ------------------------------------------------------------------------------
 
@@ -329,7 +339,7 @@ class BackfillActor:
                 del self._watch[watched]
 
     async def _chunks(self, job: Job, sql: SqlSession, reader: TableReader) -> None:
-        limit = self.cfg.snapshot.chunk_rows if job.key else None
+        limit = self.cfg.snapshot.chunk_rows if job.key and not job.keys else None
         estimate = await reader.estimate(job.table.table)
         self.report.start(job.name, estimate)
         self.report.add(job.name, job.rows)
@@ -339,13 +349,16 @@ class BackfillActor:
             try:
                 await self._emit(sql, Watermark("low", self.slot, chunk=cid))
                 select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
-                                                        limit)
+                                                        limit, job.keys)
                 rows: list = []
 
                 async def keep(batch: list) -> None:
                     rows.extend(batch)
                 chunk.xip = await reader.begin_read()
                 await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
+                if job.keys:
+                    chunk.absent = await reader.absent(job.table.absent_select(
+                        job.key, job.key_types), keys_json(job.keys))
                 await reader.end_read()
                 chunk.rows = rows
                 await self._emit(sql, Watermark("high", self.slot, chunk=cid))
@@ -372,6 +385,11 @@ class BackfillActor:
             if not self._initial_left:
                 await self.store.aput(SnapshotState("initial", self.slot, "done"))
                 log.event(_log, "initial snapshot finished by backfill", slot=self.slot)
+
+
+def _repair(job: Job) -> dict:
+    """A repair's keys for the log line (``pgrouter verify --repair``)."""
+    return {"repair_keys": [list(k) for k in job.keys]} if job.keys else {}
 
 
 def backfill_stage(cfg: Config, *, db: str, client, flush: Latest, pending: list,

@@ -47,6 +47,8 @@ class Job(msgspec.Struct):
     row_key: tuple[int, ...]
     last_key: tuple | None = None
     rows: int = 0
+    #: a repair's keys (``router.snapshot.Watermark.keys``): only these rows, one chunk
+    keys: tuple = ()
     #: the route's ``SnapshotRows`` (with the type names of the request's tables)
     encoder: object = None
 
@@ -83,7 +85,8 @@ def route_rows(cfg: Config, catalog, db: str, route: str, type_names: dict,
 
 async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str,
                     routes: list[str], tables: list[str], type_names, *,
-                    whole_keyless: bool = False) -> tuple[list[Job], list[str]]:
+                    whole_keyless: bool = False, keys: tuple = ()
+                    ) -> tuple[list[Job], list[str]]:
     """The jobs of a request, and the problems that refuse parts of it (one line each)."""
     problems: list[str] = []
     known = {r.name for r in cfg.routes}
@@ -125,5 +128,5 @@ async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str
                                 "index: it cannot be backfilled in chunks (only the initial "
                                 "snapshot copies it)")
                 continue
-            jobs.append(Job(request, route, t, key, types, row_key))
+            jobs.append(Job(request, route, t, key, types, row_key, keys=tuple(keys)))
     return jobs, problems

@@ -99,6 +99,15 @@ class TableReader:
         await flush()
         return state["count"]
 
+    async def absent(self, select: str, keys: str) -> list[tuple]:
+        """The rows of ``select`` (``$1`` = ``keys``) as tuples of text (a repair's keys the
+        table does not hold), in the chunk's read transaction."""
+        try:
+            return [tuple(r) for r in await self.sql.fetch(select, keys)]
+        except asyncpg.PostgresError as exc:
+            raise SourceError(f"snapshot reader failed looking up a repair's keys: "
+                              f"{exc}") from exc
+
     async def close(self) -> None:
         await close_session(self.sql)
 

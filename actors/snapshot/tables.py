@@ -83,18 +83,24 @@ class SnapshotTable(msgspec.Struct, frozen=True):
 
 
     def chunk_select(self, key: tuple[str, ...], key_types: tuple[str, ...],
-                     after: tuple | None, limit: int | None) -> tuple[str, tuple]:
+                     after: tuple | None, limit: int | None,
+                     keys: tuple = ()) -> tuple[str, tuple]:
         """The next chunk by key order: rows whose key is after ``after`` (text values),
-        ``limit`` of them: SQL with ``$n`` parameters, and the parameters."""
+        ``limit`` of them, only those of ``keys`` when given (``keys_json``): SQL with ``$n``
+        parameters, and the parameters."""
         cols = ", ".join(ident(c.name) for c in self.relation.columns)
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
         conds = [] if self.where is None else [f"({self.where})"]
         params: tuple = ()
+        names = ", ".join(ident(k) for k in key)
         if after is not None:
-            names = ", ".join(ident(k) for k in key)
             vals = ", ".join(f"${i}::text::{t}" for i, t in enumerate(key_types, start=1))
             conds.append(f"({names}) > ({vals})" if len(key) > 1 else f"{names} > {vals}")
             params = tuple(after)
+        if keys:
+            conds.append(f"({names}) IN (SELECT {_elements(key_types)} FROM "
+                         f"jsonb_array_elements(${len(params) + 1}::jsonb) e(v))")
+            params += (keys_json(keys),)
         if conds:
             sql += " WHERE " + " AND ".join(conds)
         if key:
@@ -102,6 +108,30 @@ class SnapshotTable(msgspec.Struct, frozen=True):
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return sql, params
+
+
+    def absent_select(self, key: tuple[str, ...], key_types: tuple[str, ...]) -> str:
+        """The keys of ``$1`` (``keys_json``) no row of the table as published holds (its
+        root's, for a partition published via its root) that the slot's filter passes, as
+        the key columns' text (what the stream's keys are)."""
+        rel = self.relation
+        own = (rel.namespace, rel.name) == self.table
+        table = f"{'ONLY ' if own else ''}{ident(rel.namespace)}.{ident(rel.name)}"
+        names = ", ".join(ident(k) for k in key)
+        conds = [] if self.where is None else [f"({self.where})"]
+        conds.append(f"({names}) = ({_elements(key_types)})")
+        texts = ", ".join(f"((e.v->>{i})::{t})::text" for i, t in enumerate(key_types))
+        return (f"SELECT {texts} FROM jsonb_array_elements($1::jsonb) e(v) WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {table} WHERE {' AND '.join(conds)})")
+
+
+def keys_json(keys: tuple) -> str:
+    """A repair's keys as the JSON array ``chunk_select`` and ``absent_select`` read."""
+    return msgspec.json.encode([list(k) for k in keys]).decode()
+
+
+def _elements(key_types: tuple[str, ...]) -> str:
+    return ", ".join(f"(e.v->>{i})::{t}" for i, t in enumerate(key_types))
 
 
 def ident(name: str) -> str:

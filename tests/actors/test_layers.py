@@ -14,6 +14,7 @@ ACTORS = ROOT / "actors"
 FLOORS = {
     "cli": 5,          # the pgrouter command
     "runner": 4,       # the wiring of `pgrouter run`: supervisor
+    "verify": 4,       # `pgrouter verify`: topics against the source at one position
     "snapshot": 3,     # initial snapshots and backfills: sources feeding the pipeline's sink
     "pipeline": 2,     # the streaming actors
     "apply": 2,        # `pgrouter apply`

@@ -53,6 +53,13 @@ def test_watermarks_round_trip_and_foreign_messages_are_ignored():
     assert decode_watermark(PREFIX, b"not json") is None
     assert decode_watermark(PREFIX, b'{"kind": 1}') is None
 
+    # a repair's request names keys; one written before keys existed still reads
+    keyed = Watermark("request", "s", chunk="abc", routes=("r",), tables=("public.t",),
+                      keys=((7,), (999,)))
+    assert decode_watermark(PREFIX, encode_watermark(keyed)) == keyed
+    old = b'{"kind":"request","slot":"s","chunk":"abc","routes":["r"],"tables":["public.t"]}'
+    assert decode_watermark(PREFIX, old) == mark and mark.keys == ()
+
 
 def test_progress_records_are_keyed_by_slot_route_and_table():
     p = SnapshotState("backfill", "s", "running", request="q", route="r", table="public.t",
@@ -161,6 +168,18 @@ def test_snapshot_rows_follow_each_routes_filter_and_column_list():
     assert len(chunk.schemas) == 2
     again = rows.chunk(REL, [("4", "d", "4")], tx, 13)
     assert again.schemas == [] and again.new_topics == []
+
+
+def test_repair_deletes_are_keyed_records_of_routes_publishing_delete():
+    rows = _snapshot_rows("n > 1", ["id", "n"])
+    tx = TxContext(xid=0, commit_lsn=99, end_lsn=100, commit_time=0)
+    chunk = rows.deletes(REL, [("999",)], (0,), tx, 5)
+    got = sorted((t, json.loads(k), json.loads(v)) for t, k, v, _ in chunk.records)
+    # every route taking the table, whatever its filter (the row is gone, only its key known)
+    assert [t for t, _, _ in got] == ["all.public.t", "f.public.t"]
+    for _, key, value in got:
+        assert key == {"id": 999} and value["op"] == "d" and value["after"] is None
+        assert value["before"]["id"] == 999 and value["source"]["seq"] == 5
 
 
 def test_changes_committed_before_the_window_but_invisible_to_the_read_count():

@@ -1,0 +1,1 @@
+"""``pgrouter verify``: topics against the source at one position (``actors.verify.run``)."""

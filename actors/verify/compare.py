@@ -1,0 +1,174 @@
+"""One route's topics against its tables (``actors.verify.run`` plans and takes the
+snapshot): the topic folded, the bucket digests compared where there are some, the source rows
+read and compared.
+
+Rules:
+
+* Memory is bounded by ``max_keys``: a topic of a table of more rows than that (the planner's
+  estimate, else a count) is verified in passes, each folding and comparing only the keys of
+  its part (by bucket where digests are compared, else by a hash of the key); each pass reads
+  the topic again. Keyless tables (multisets) are verified in one pass.
+* JSON-format topics of keyed tables: PostgreSQL's bucket digests are computed (once, while
+  the topic is read) and only the rows of buckets that differ are read; other topics have
+  every row read and compared.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import trio
+
+from router.avro import SchemasNeeded
+from router.config import Config
+from router.envelope import TxContext
+from router.verify import Comparer, Comparison, TopicFold, key_of, salted
+from router.verify_digest import bucket_of, bucket_sums, buckets_for, key_text, row_columns
+
+from ..pipeline.formats import record_reshaper
+from ..snapshot.reader import TableReader
+from ..snapshot.tables import ident
+from .digests import differing, rows_select, sql_sums
+from .repair import Repair
+from .topic import Decoder, fold_topic
+
+
+async def compare_target(cfg: Config, target, reader: TableReader, cut: int, examples: int,
+                         progress, repairs: list | None, max_keys: int) -> list[Comparison]:
+    decoder = Decoder(cfg.kafka.registry)
+    reshape = record_reshaper(cfg)
+    tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
+    out = []
+    for topic, tables in target.topics.items():
+        started = time.monotonic()
+        result = Comparison(target.route, topic, sorted({t.name for t in tables}))
+        job = _Topic(cfg, target, topic, tables, reader, decoder, reshape, tx, progress)
+        send: list = []
+        delete: list = []
+        await job.run(result, cut, examples, repairs is not None, max_keys, send, delete)
+        result.seconds = round(time.monotonic() - started, 3)
+        out.append(result)
+        if repairs is not None and not result.ok:
+            repairs.append(Repair(target.route, topic, tables, target.keyless(topic), send,
+                                  delete))
+    return out
+
+
+class _Topic:
+    def __init__(self, cfg, target, topic, tables, reader, decoder, reshape, tx, progress):
+        self.cfg, self.target, self.topic, self.tables = cfg, target, topic, tables
+        self.reader, self.decoder, self.reshape, self.tx = reader, decoder, reshape, tx
+        self.progress = progress
+        self.schemas = {t.name: next(p.encoder.schema for p in target.rows.router.plans_for(
+            t.relation) if p.topic == topic) for t in tables}
+        self.keyless = target.keyless(topic)
+        self.by_buckets = cfg.kafka.format == "json" and not self.keyless and all(
+            s.key_columns and set(s.key_columns) <= {c.name for c in s.columns}
+            for s in self.schemas.values())
+
+    async def run(self, result: Comparison, cut: int, examples: int, collect: bool,
+                  max_keys: int, send: list, delete: list) -> None:
+        rows = await _rows(self.reader, self.tables)
+        passes = 1 if self.keyless else max(1, -(-rows // max(1, max_keys)))
+        buckets = max(buckets_for(rows), passes) if self.by_buckets else 0
+        result.passes = passes
+        source: dict[int, list] = {}
+        for p in range(passes):
+            part = None
+            if passes > 1 and self.by_buckets:
+                part = (lambda key, p=p: bucket_of(key_text(key), buckets) % passes == p)
+            elif passes > 1:
+                part = (lambda key, p=p: zlib.crc32(key_of(key)) % passes == p)
+            fold = TopicFold(cut, row_columns if self.by_buckets else salted, part)
+            async with trio.open_nursery() as both:  # PostgreSQL's digests meanwhile
+                both.start_soon(self._read_topic, fold)
+                if self.by_buckets and p == 0:
+                    for t in self.tables:
+                        await sql_sums(self.reader.sql, t, self.schemas[t.name],
+                                       self.target.filters[t.name], buckets, source)
+            comparer = Comparer(result, fold, self.target.actions, examples, collect)
+            differ = None
+            if self.by_buckets:
+                mine = {b: v for b, v in source.items() if b % passes == p}
+                differ = narrow(comparer, buckets, mine)
+            await self._read_rows(comparer, buckets, differ)
+            comparer.finish()
+            send.extend(comparer.send)
+            delete.extend(comparer.delete)
+            if passes > 1:
+                self.progress(f"route {self.target.route}: topic {self.topic}: pass {p + 1} "
+                              f"of {passes} done", force=True)
+
+    async def _read_topic(self, fold: TopicFold) -> None:
+        cfg, topic = self.cfg, self.topic
+
+        def report(n):
+            self.progress(f"route {self.target.route}: topic {topic}: {n} records read")
+
+        await trio.to_thread.run_sync(lambda: fold_topic(
+            cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, self.decoder,
+            report, self.keyless, library=cfg.kafka.client))
+
+    async def _read_rows(self, comparer: Comparer, buckets: int, differ: set | None) -> None:
+        """The source rows (of the buckets ``differ`` when digests were compared) into
+        ``comparer``."""
+        counted = [0]
+        target, decoder = self.target, self.decoder
+        for table in self.tables:
+            multiset = (table.relation.namespace, table.relation.name) in target.multiset
+
+            async def deliver(batch, table=table, multiset=multiset):
+                chunk = target.rows.chunk(table.relation, batch, self.tx, 0)
+                for _topic, key, value, _headers in await _encoded(self.reshape, chunk):
+                    env = decoder.value(value)
+                    if env is not None:
+                        comparer.row(None if multiset else decoder.key(key),
+                                     env.get("after") or {})
+                counted[0] += len(batch)
+                self.progress(f"route {target.route}: topic {self.topic}: {counted[0]} "
+                              "source rows compared")
+
+            if differ is None:
+                await self.reader.copy(table.select(), deliver, f"reading {table.name}")
+            elif differ:
+                select = rows_select(table, self.schemas[table.name],
+                                     target.filters[table.name], buckets)
+                await self.reader.copy(select, deliver, f"reading {table.name}",
+                                       (sorted(differ),))
+
+
+async def _rows(reader: TableReader, tables) -> int:
+    """About how many rows the tables hold (the planner's estimate, else a count)."""
+    n = sum([await reader.estimate(t.table) for t in tables])
+    if n > 0:
+        return n
+    for t in tables:
+        n += await reader.sql.fetchval(f"SELECT count(*) FROM ONLY {ident(t.table[0])}."
+                                       f"{ident(t.table[1])}")
+    return n
+
+
+def narrow(comparer: Comparer, buckets: int, source: dict[int, list]) -> set[int]:
+    """The tables' bucket digests (``source``, computed by PostgreSQL) against the folded
+    topic's: the rows of equal buckets count as matching and leave the comparison; returns
+    the buckets that differ (whose rows are read and compared one by one)."""
+    sums, where = bucket_sums(comparer.topic, buckets)
+    differ = differing(source, sums)
+    comparer.result.buckets = buckets
+    comparer.result.buckets_differing += len(differ)
+    comparer.skip_equal(sum(n for b, (n, _h) in source.items() if b not in differ),
+                        lambda k: where[k] in differ)
+    return differ
+
+
+async def _encoded(reshape, chunk) -> list:
+    """The chunk's records as the sink writes them (Avro: schemas registered, as the sink
+    does; the registry hands back the ids the router's records carry)."""
+    if reshape is None:
+        return chunk.records
+    while True:
+        try:
+            return reshape(chunk)
+        except SchemasNeeded as need:
+            await trio.to_thread.run_sync(reshape.register, need.subjects)

@@ -1,0 +1,90 @@
+"""The position ``pgrouter verify`` compares at: a snapshot of the source whose LSN is known,
+and the wait until the router delivered every transaction before it.
+
+Rules:
+
+* ``VerifyPoint`` creates a TEMPORARY logical slot with ``SNAPSHOT 'export'`` on a
+  replication connection: its consistent point and the exported snapshot are one instant —
+  a transaction committed before the point is in the snapshot, a later one is not. A reader
+  imports the snapshot (``SET TRANSACTION SNAPSHOT``), then the connection is closed, which
+  drops the slot: verify never holds WAL back beyond its own snapshot, and never touches the
+  router's slot.
+* ``wait_delivered``: the router confirms a position to its slot only after Kafka holds every
+  record before it, so once the slot's ``confirmed_flush_lsn`` reaches the point, the topics
+  hold every record of the snapshot. An inactive slot behind the point (the router stopped)
+  is said in one line after ``IDLE_GRACE`` seconds; a timeout is one line too.
+"""
+
+from __future__ import annotations
+
+import psycopg2
+import psycopg2.extras
+import trio
+
+from router.errors import SlotMissing, SourceError, SourceUnavailable
+from router.lsn import format_lsn, parse_lsn
+
+from ..services.sql import SqlSession
+
+#: seconds an inactive router slot may stay behind the point before verify gives up
+IDLE_GRACE = 5.0
+POLL = 0.2
+
+
+class VerifyPoint:
+    """A temporary slot created with an exported snapshot (blocking: a worker thread's)."""
+
+    def __init__(self, dsn: str, name: str):
+        try:
+            self.conn = psycopg2.connect(
+                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            cur = self.conn.cursor()
+            cur.execute(f'CREATE_REPLICATION_SLOT "{name.replace(chr(34), "")}" TEMPORARY '
+                        "LOGICAL pgoutput (SNAPSHOT 'export')")
+            row = cur.fetchone()
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            raise SourceUnavailable(f"source.dsn: cannot open a replication connection for "
+                                    f"the verify snapshot: {exc}".strip()) from exc
+        except psycopg2.Error as exc:
+            raise SourceError(f"cannot create the temporary slot of the verify snapshot: "
+                              f"{exc}".strip()) from exc
+        self.lsn = parse_lsn(row[1])
+        self.snapshot = row[2]
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except psycopg2.Error:
+            pass
+
+
+async def wait_delivered(sql: SqlSession, slot: str, lsn: int, timeout: float,
+                         progress=None) -> int:
+    """Returns the router slot's confirmed position once it is at or past ``lsn``."""
+    idle_since = None
+    with trio.move_on_after(timeout):
+        while True:
+            row = await sql.fetch("select active, confirmed_flush_lsn::text as confirmed "
+                                  "from pg_replication_slots where slot_name = $1", slot)
+            if not row:
+                raise SlotMissing(f"source.slot: replication slot {slot!r} does not exist: "
+                                  "verify compares what the router delivered (start it)")
+            confirmed = parse_lsn(row[0]["confirmed"]) if row[0]["confirmed"] else 0
+            if confirmed >= lsn:
+                return confirmed
+            if not row[0]["active"]:
+                idle_since = idle_since or trio.current_time()
+                if trio.current_time() - idle_since > IDLE_GRACE:
+                    raise SourceError(
+                        f"the router is not running: slot {slot!r} is inactive and has "
+                        f"confirmed {format_lsn(confirmed)}, behind the verify point "
+                        f"{format_lsn(lsn)}: start the router (pgrouter run) and verify "
+                        "again")
+            else:
+                idle_since = None
+            if progress is not None:
+                progress(confirmed)
+            await trio.sleep(POLL)
+    raise SourceError(f"timed out after {timeout:g} s waiting for the router to deliver up "
+                      f"to the verify point {format_lsn(lsn)} (slot {slot!r}): is it keeping "
+                      "up? (--wait N)")

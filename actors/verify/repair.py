@@ -1,0 +1,108 @@
+"""``pgrouter verify --repair``: the running router re-sends exactly what differs, through its
+backfill (watermark chunks), and verify runs again.
+
+Rules:
+
+* For each route and topic that differs, one backfill request per table feeding the topic,
+  restricted to the keys that differ (``router.snapshot.Watermark.keys``): rows missing from
+  the topic or different in it, and keys the topic holds that the table does not (the router
+  writes a delete record for each of those at the chunk's high watermark, unless the stream
+  changed the key inside the window, as for any chunk row). The request goes into the WAL
+  like ``pgrouter snapshot``'s, so the router handles it in commit order, records it in its
+  progress topic (resumable) and logs it with the keys; verify logs the keys it asked for.
+* Tables compared as multisets (no key) cannot be repaired by key: one line each, left as
+  they are (``pgrouter snapshot`` cannot backfill them either).
+* Verify waits until the progress topic says every request is done (``--wait`` seconds,
+  then one line), then verifies again; the exit status is the second verify's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+import trio
+import trio_asyncio
+
+from router.config import Config
+from router.errors import ConfigError, SourceError
+from router.snapshot import PREFIX, SnapshotState, Watermark, decode_state, encode_watermark
+
+from ..kafka.compacted import read_topic
+from ..services.sql import SqlSession
+from ..snapshot.jobs import table_key
+
+POLL = 0.5
+
+
+class Repair(msgspec.Struct):
+    """What one route's topic needs: keys to send again (missing or different) and keys to
+    delete (extra), as the records' key dicts; ``tables`` feed the topic."""
+
+    route: str
+    topic: str
+    tables: list
+    multiset: bool
+    send: list
+    delete: list
+
+
+async def request(cfg: Config, repairs: list[Repair], say) -> list[tuple[str, str, str]]:
+    """Writes the requests; returns (request id, route, table) of each."""
+    if not cfg.source.messages:
+        raise ConfigError("repairs are backfills, which need logical messages (the "
+                          "watermarks)", path="source.messages")
+    asked = []
+    async with trio_asyncio.open_loop():
+        async with await SqlSession.connect(cfg.source.dsn) as sql:
+            for rep in repairs:
+                if rep.multiset:
+                    say(f"route {rep.route} topic {rep.topic}: tables without a key "
+                        f"({', '.join(t.name for t in rep.tables)}) cannot be repaired by "
+                        "key: left as they are")
+                    continue
+                for table in rep.tables:
+                    key, _types, _at = await table_key(sql, table)
+                    keys = tuple(dict.fromkeys(
+                        tuple(k.get(c) for c in key) for k in rep.send + rep.delete
+                        if set(key) <= set(k)))
+                    if not keys:
+                        continue
+                    rid = uuid.uuid4().hex
+                    mark = Watermark("request", cfg.source.slot, chunk=rid,
+                                     routes=(rep.route,), tables=(table.name,), keys=keys)
+                    await sql.execute("select pg_logical_emit_message(true, $1, $2::text)",
+                                      PREFIX, encode_watermark(mark).decode())
+                    say(f"repair requested: request={rid} route={rep.route} "
+                        f"table={table.name} keys={msgspec.json.encode(keys).decode()} "
+                        f"(to send again: {len(rep.send)}, to delete: {len(rep.delete)})")
+                    asked.append((rid, rep.route, table.name))
+    return asked
+
+
+def wait_done(cfg: Config, asked: list[tuple[str, str, str]], timeout: float) -> None:
+    """Blocks until the progress topic records every request done (a worker thread's)."""
+    k = cfg.kafka
+    want = {(rid, route, table) for rid, route, table in asked}
+    deadline = time.monotonic() + timeout
+    while True:
+        done = set()
+        for key, value in read_topic(k.bootstrap_servers, dict(k.settings),
+                                     cfg.snapshot.state_topic):
+            p: SnapshotState | None = decode_state(value)
+            if p is not None and p.kind == "backfill" and p.slot == cfg.source.slot \
+                    and p.state == "done":
+                done.add((p.request, p.route, p.table))
+        if want <= done:
+            return
+        if time.monotonic() > deadline:
+            left = ", ".join(f"{route}/{table}" for _, route, table in sorted(want - done))
+            raise SourceError(f"timed out after {timeout:g} s waiting for the router to "
+                              f"finish the repair backfills ({left}): is it running? "
+                              "(--wait N)")
+        time.sleep(POLL)
+
+
+async def wait_repaired(cfg: Config, asked, timeout: float) -> None:
+    await trio.to_thread.run_sync(wait_done, cfg, asked, timeout)

@@ -1,0 +1,186 @@
+"""``pgrouter verify``: for each route, its topics folded at one position against the rows the
+route would hold at that position.
+
+Rules:
+
+* The source side is the router's own initial copy (``actors.snapshot.tables``,
+  ``router.snapshot_rows``): the rows of every table the slot streams and the route takes,
+  read by ``COPY`` on the verify snapshot (``actors.verify.point``) with the slot's
+  publications' filter in its ``WHERE``, then through the route's plan — its row filter (the
+  OR of its publications' filters, none when one has none), its column list,
+  ``publish_via_partition_root`` (a partition's rows are compared with the root's topic) — and
+  encoded by the sink's record format. Both sides are then decoded by one ``Decoder``, so
+  values compare in one representation, whatever the format (JSON, Connect, Avro).
+* The topic side: every record up to the end offsets once the router delivered past the
+  point, folded by ``router.verify.TopicFold`` at the point.
+* JSON-format topics of keyed tables are compared by bucket digests first
+  (``actors.verify.digests``, ``router.verify_digest``), PostgreSQL's computed while the topic
+  is read: only the rows of buckets that differ are read and compared one by one. Other
+  topics have every row read.
+* The route's actions decide what counts as a difference (``router.verify.Comparer``).
+* Tables without a primary key or replica identity index: with REPLICA IDENTITY FULL their
+  rows are compared as multisets (the topic keys them by the whole row, which repeats);
+  without it (no key at all) they cannot be told apart: one line, and they are left out
+  (``--table`` naming one is an error).
+* Routes, tables and the slot are checked before the snapshot is taken: one line each.
+* Memory: the fold of one topic at a time (a digest of 8 bytes per column and key), in
+  passes of at most ``max_keys`` keys (``actors.verify.compare``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import trio
+import trio_asyncio
+
+from router.config import Config, qualified
+from router.errors import ConfigError, SlotMissing
+from router.routing import ChangeRouter
+from router.snapshot_rows import SnapshotRows
+from router.verify import Comparison
+
+from ..services.catalog import load_catalog, load_primary_keys
+from ..services.preflight import kafka_admin
+from ..services.sql import SqlSession
+from ..snapshot.initial import type_names
+from ..snapshot.reader import TableReader
+from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
+from .compare import compare_target
+from .digests import route_filter
+from .point import VerifyPoint, wait_delivered
+
+
+#: keys of one topic folded at a time by default (``--max-keys``): about 340 bytes each
+MAX_KEYS = 2_000_000
+
+
+class Target:
+    """One route's tables to read and topics to fold."""
+
+    def __init__(self, route: str, actions: frozenset[str], rows: SnapshotRows,
+                 tables: list[SnapshotTable], multiset: set[tuple[str, str]],
+                 filters: dict[str, str | None]):
+        self.route, self.actions, self.rows, self.tables = route, actions, rows, tables
+        self.filters = filters  # table -> the route's own row filter (SQL), for digests
+        self.multiset = multiset  # tables (as published) compared as multisets
+        self.topics: dict[str, list[SnapshotTable]] = {}  # topic -> tables feeding it
+        for t in tables:
+            for plan in rows.router.plans_for(t.relation):
+                self.topics.setdefault(plan.topic, []).append(t)
+
+    def keyless(self, topic: str) -> bool:
+        return all((t.relation.namespace, t.relation.name) in self.multiset
+                   for t in self.topics[topic])
+
+
+def route_actions(cfg: Config, catalog, route) -> frozenset[str]:
+    if route.publication_names():
+        return frozenset().union(*(catalog.publications[p].actions()
+                                   for p in route.publication_names()))
+    return frozenset(route.operations)
+
+
+async def plan(sql: SqlSession, cfg: Config, routes: list[str], tables: list[str],
+               warn) -> list[Target]:
+    """The routes' targets; bad input raises ``ConfigError`` naming it."""
+    known = {r.name: r for r in cfg.routes}
+    for name in routes:
+        if name not in known:
+            raise ConfigError(f"--route {name}: no such route (the config has "
+                              f"{', '.join(sorted(known)) or 'none'})")
+    if not await sql.fetchval("select count(*) from pg_replication_slots where slot_name = $1",
+                              cfg.source.slot):
+        raise SlotMissing(f"source.slot: replication slot {cfg.source.slot!r} does not exist: "
+                          "verify compares what the router delivered (start it first)")
+    catalog = await load_catalog(sql, cfg)
+    only = {qualified(t) for t in tables} or None
+    for t in only or ():
+        if t not in catalog.tables:
+            raise ConfigError(f"--table {t[0]}.{t[1]}: no such table in the source")
+    db = await sql.fetchval("select current_database()")
+    leaves = slot_tables(cfg, catalog, only)
+    names = await type_names(sql, leaves)
+    pks = await load_primary_keys(sql)
+    out = []
+    for r in cfg.routes:
+        if routes and r.name not in routes:
+            continue
+        rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog, {r.name}), db=db,
+                                         type_names=names, primary_keys=pks))
+        taken, multiset = [], set()
+        for t in leaves:
+            if not rows.routed(t.relation):
+                continue
+            published = (t.relation.namespace, t.relation.name)
+            if not pks.get(published) and t.relation.replica_identity != "i":
+                if t.relation.replica_identity != "f":
+                    line = (f"table {t.name} has no primary key, no replica identity index and "
+                            "not REPLICA IDENTITY FULL: its rows cannot be told apart in the "
+                            "topic")
+                    if only:
+                        raise ConfigError(f"--table {t.name}: {line[len(t.name) + 7:]}")
+                    warn(f"{line}; left out of route {r.name}")
+                    continue
+                multiset.add(published)
+            taken.append(t)
+        if taken:
+            out.append(Target(r.name, route_actions(cfg, catalog, r), rows, taken, multiset,
+                              {t.name: route_filter(cfg, catalog, r.name, t) for t in taken}))
+    for t in only or ():
+        if not any(t in (x.table, (x.relation.namespace, x.relation.name))
+                   or t in catalog.tables[x.table].ancestors
+                   for target in out for x in target.tables):
+            raise ConfigError(f"--table {t[0]}.{t[1]}: no route verified takes it (or the "
+                              "slot's publications do not stream it)")
+    return out
+
+
+class Progress:
+    """A progress line on stderr every ``interval`` seconds."""
+
+    def __init__(self, interval: float, out):
+        self.interval, self.out, self.last = interval, out, time.monotonic()
+
+    def __call__(self, what: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= self.interval:
+            self.last = now
+            print(f"pgrouter verify: {what}", file=self.out, flush=True)
+
+
+async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: float,
+                 examples: int, progress: Progress, warn, repairs: list | None = None,
+                 max_keys: int = MAX_KEYS) -> list[Comparison]:
+    """The comparisons; with ``repairs`` (a list), what each differing topic needs is
+    appended to it (``actors.verify.repair.Repair``)."""
+    async with trio_asyncio.open_loop():
+        async with await SqlSession.connect(cfg.source.dsn) as sql:
+            targets = await plan(sql, cfg, routes, tables, warn)
+            await trio.to_thread.run_sync(_kafka_answers, cfg)
+            name = f"pgrouter_verify_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+            point = await trio.to_thread.run_sync(VerifyPoint, cfg.source.dsn, name)
+            reader = None
+            try:
+                reader = await TableReader.open(cfg.source.dsn)
+                await reader.import_snapshot(point.snapshot)
+            finally:
+                await trio.to_thread.run_sync(point.close)  # drops the temporary slot
+            try:
+                progress(f"snapshot at {point.lsn:X}; waiting for the router to deliver "
+                         "up to it", force=True)
+                await wait_delivered(sql, cfg.source.slot, point.lsn, wait)
+                results = []
+                for target in targets:
+                    results.extend(await compare_target(cfg, target, reader, point.lsn,
+                                                        examples, progress, repairs, max_keys))
+                return results
+            finally:
+                await reader.close()
+
+
+def _kafka_answers(cfg: Config) -> None:
+    """Kafka answers (``SinkUnavailable`` in one line otherwise), before the snapshot."""
+    kafka_admin(cfg).close()

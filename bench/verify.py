@@ -1,0 +1,148 @@
+"""``pgrouter verify`` throughput: rows/s of verify on a table of N rows (its topic written by
+the router's initial snapshot) against ``COPY (SELECT …) TO STDOUT`` of the same table to
+/dev/null (psql), side by side in one run.
+
+    python bench/verify.py [--rows 1000000] [--format json|connect|avro] [--dsn ...]
+                           [--kafka ...] [--registry URL]
+
+A router streams the table's slot in the background (verify waits until it delivered past
+its snapshot); the time measured is verify's whole run (a fresh process: catalog, snapshot,
+reading and folding the topic, reading and comparing the table), and its own per-topic
+duration. Prints one JSON line with both and their ratio; the tables, slot and topic are
+dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import psycopg2
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.snapshot import COLUMNS, copy_seconds  # noqa: E402
+
+
+def _sql(dsn: str, statement: str):
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+            return cur.fetchall() if cur.description else None
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--format", default="json", choices=["json", "connect", "avro"])
+    ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--kafka", default="127.0.0.1:9092")
+    ap.add_argument("--registry", default="http://127.0.0.1:8081/apis/ccompat/v7")
+    args = ap.parse_args()
+    u = uuid.uuid4().hex[:8]
+    table, slot, route = f"bench_verify_{u}", f"bench_verify_{u}", f"bv_{u}"
+    topic = f"{route}.public.{table}"
+    _sql(args.dsn, f"create table {table}(id int8 primary key, grp int, amount numeric(12,2), "
+                   "note text, created timestamptz)")
+    _sql(args.dsn, f"insert into {table} select g, g % 97, g / 100.0, 'note ' || g, "
+                   f"'2026-01-01'::timestamptz + g * interval '1 second' "
+                   f"from generate_series(1, {args.rows}) g")
+    _sql(args.dsn, f"create publication {slot} for table {table}")
+    kafka = f'format = "{args.format}"\n'
+    if args.format == "avro":
+        kafka += f'\n[kafka.registry]\nurl = "{args.registry}"\n'
+    router = None
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = pathlib.Path(tmp) / "router.toml"
+        cfg.write_text(f"""
+[source]
+dsn = {json.dumps(args.dsn)}
+slot = {json.dumps(slot)}
+publications = [{json.dumps(slot)}]
+create_slot = true
+status_interval = 0.5
+
+[kafka]
+bootstrap_servers = {json.dumps(args.kafka)}
+{kafka}
+[log]
+progress_interval = 30
+
+[[routes]]
+name = "{route}"
+tables = ["{table}"]
+""")
+        try:
+            log = open(pathlib.Path(tmp) / "router.log", "wb")
+            router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c",
+                                       str(cfg)], cwd=ROOT, stdout=log,
+                                      stderr=subprocess.STDOUT)
+            started = time.monotonic()
+            while not _sql(args.dsn, f"select 1 from pg_replication_slots where slot_name = "
+                                     f"'{slot}' and active"):
+                if router.poll() is not None or time.monotonic() - started > 600:
+                    raise SystemExit("the router did not start: see its log")
+                time.sleep(0.2)
+            proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c", str(cfg),
+                                   "--json", "--wait", "3600"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=7200)
+            if proc.returncode != 0:  # the first run waits for the initial snapshot
+                raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+            waited = time.monotonic() - started
+            usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c", str(cfg),
+                                   "--json"], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=7200)
+            wall = time.monotonic() - started
+            if proc.returncode != 0:
+                raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+            [res] = json.loads(proc.stdout)["results"]
+            copy = copy_seconds(args.dsn, table)
+        finally:
+            if router is not None:
+                router.terminate()
+                try:
+                    router.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    router.kill()
+                    router.wait(timeout=30)
+            _sql(args.dsn, f"select pg_drop_replication_slot('{slot}') from "
+                           f"pg_replication_slots where slot_name = '{slot}'")
+            _sql(args.dsn, f"drop publication if exists {slot}")
+            _sql(args.dsn, f"drop table if exists {table}")
+            from kafka import KafkaAdminClient
+
+            admin = KafkaAdminClient(bootstrap_servers=args.kafka)
+            if topic in admin.list_topics():
+                admin.delete_topics([topic])
+            admin.close()
+    print(json.dumps({
+        "rows": args.rows, "format": args.format, "compared": res["compared"],
+        "equal": res["equal"],
+        "rows_read_one_by_one": res["rows_read"], "buckets": res["buckets"],
+        "buckets_differing": res["buckets_differing"],
+        "verify_seconds": round(wall, 2), "verify_compare_seconds": res["seconds"],
+        "verify_rows_per_s": round(res["compared"] / wall),
+        "copy_seconds": round(copy, 3), "copy_rows_per_s": round(args.rows / copy),
+        "verify_over_copy": round(wall / copy, 1),
+        "first_run_with_snapshot_seconds": round(waited, 1),
+        "peak_child_rss_mb": round(usage / 1024),
+        "columns": COLUMNS,
+    }))
+
+
+if __name__ == "__main__":
+    main()
