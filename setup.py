@@ -10,5 +10,5 @@ SOURCES = ["module.c", "pgoutput.c", "short.c", "codec.c", "recorder.c", "tx.c",
 
 setup(ext_modules=[Extension("router._native", [f"router/_native/{name}" for name in SOURCES],
                              depends=["router/_native/native.h", "router/_native/codec.h",
-                                      "router/_native/json.h", "router/_native/avro.h"],
+                                      "router/_native/json.h", "router/_native/avro_values.h"],
                              optional=True, extra_compile_args=["-O2", "-Wall"])])

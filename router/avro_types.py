@@ -175,7 +175,7 @@ _CONNECT_LOGICAL = {"date": "org.apache.kafka.connect.data.Date",
                     "timestamp-millis": "org.apache.kafka.connect.data.Timestamp"}
 
 
-#: the kinds of router._native.AvroConverter (avro.h): how the C converts and writes a
+#: the kinds of router._native.AvroConverter (avro_values.h): how the C converts and writes a
 #: column's value; "other" (arrays) is left to Python
 NATIVE_KINDS = {name: i for i, name in enumerate((
     "other", "long", "float", "double", "bool", "string", "bytea", "decimal", "vsd", "date",

@@ -17,7 +17,7 @@
  * columns' JSON differs), a member or a value that is anything but the plain case of
  * avro_values.c, an unchanged-TOAST column that has a value in the row, malformed JSON.
  */
-#include "avro.h"
+#include "avro_values.h"
 
 #define WROTE_NULL(o) (OUT_LIT((o), "\x00") < 0 ? -1 : AV_OK)
 
@@ -850,7 +850,7 @@ converter_convert_all(AvroConverter *self, PyObject *const *args, Py_ssize_t nar
         int status;
         Py_ssize_t stop;
         o.len = 0;
-        if (n - i >= NOGIL_MIN) {
+        if (n - i >= NOGIL_MIN && avro_values_nogil()) {
             Py_BEGIN_ALLOW_THREADS
             stop = convert_jobs(ix, &last, jobs, i, n, &o, &tmp, &status);
             Py_END_ALLOW_THREADS

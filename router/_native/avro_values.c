@@ -14,10 +14,11 @@
  *   overflow), time "HH:MM:SS[.f{1,6}]" or "24:..." (a day); "infinity" and "-infinity"
  *   dates and timestamps are null.
  */
-#include "avro.h"
+#include "avro_values.h"
 
 #include <math.h>
-#ifdef AVRO_NOGIL
+#if defined(__GLIBC__)
+#define AVRO_NOGIL 1
 #include <locale.h>
 #include <stdlib.h>
 #endif
@@ -385,6 +386,16 @@ text_to_double(const char *buf, double *x)
     return 0;
 }
 #endif
+
+int
+avro_values_nogil(void)
+{
+#ifdef AVRO_NOGIL
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 int
 avro_values_setup(void)

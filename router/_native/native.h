@@ -11,7 +11,7 @@
  *   tx.c        tx_bits (the source fields every record of a transaction shares)
  *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
  *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
- *               avro_values.c its JSON tokens and values (avro.h)
+ *               avro_values.c its JSON tokens and values (avro_values.h)
  *
  * Rules these files keep:
  *

@@ -273,7 +273,7 @@ def test_sigterm_during_the_initial_snapshot_stops_it_and_the_next_start_finishe
 
     from tests.helpers import fold_rows, start_router
 
-    rows = 150_000
+    rows = 400_000
     pg = Pg(pg_dsn)
     name = unique("snapterm")
     pg.run(f"create table {name} (id int primary key, v text)")

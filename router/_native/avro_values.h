@@ -2,20 +2,10 @@
  * envelope and writes one value as its Avro datum (router.avro_types' converters and
  * writers); avro.c parses a record's envelope and writes its Avro key and value
  * (AvroConverter). */
-#ifndef PGROUTER_NATIVE_AVRO_H
-#define PGROUTER_NATIVE_AVRO_H
+#ifndef PGROUTER_NATIVE_AVRO_VALUES_H
+#define PGROUTER_NATIVE_AVRO_VALUES_H
 
-/* convert_all converts without the GIL where the C library's strtod_l can read a float
- * without it (glibc) */
-#if defined(__GLIBC__) || defined(__linux__)
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
-#endif
 #include "json.h"
-#if defined(__GLIBC__)
-#define AVRO_NOGIL 1
-#endif
 
 /* How a column's JSON value becomes its datum: router.avro_types._Type.native gives each
  * column one of these (and a parameter: the scale of A_DECIMAL). A_OTHER is every type the
@@ -87,5 +77,9 @@ int avro_datum(Out *o, Out *tmp, int kind, long param, Span t);
 
 /* once, at module init: -1 (a Python error) when it fails */
 int avro_values_setup(void);
+
+/* whether avro_datum runs without the GIL: where the C library reads a float in the "C"
+ * locale without Python (glibc's strtod_l); elsewhere floats are read by Python's own */
+int avro_values_nogil(void);
 
 #endif
