@@ -36,7 +36,8 @@ MATRIX = tuple(int(v) for v in os.environ.get("PGROUTER_TEST_VERSIONS", "15,16,1
 #: test files (or one test's node id) that run alone, after the others (see above)
 SERIAL = (
     "tests/devstack/", "tests/integration/test_stack.py",
-    "tests/e2e/test_faults.py", "tests/e2e/test_exactly_once.py", "tests/e2e/test_standby.py",
+    "tests/e2e/test_faults.py", "tests/e2e/test_exactly_once.py::test_broker_restart",
+    "tests/e2e/test_standby.py",
     "tests/e2e/test_kafka_cluster.py", "tests/e2e/test_demo.py", "tests/e2e/test_memory.py",
     "tests/e2e/test_metrics.py", "tests/e2e/test_console.py", "tests/e2e/test_console_apply.py",
     "tests/e2e/test_prometheus.py", "tests/e2e/test_avro_format.py",
