@@ -33,7 +33,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MATRIX = tuple(int(v) for v in os.environ.get("PGROUTER_TEST_VERSIONS", "15,16,17,18").split(","))
 
 
-#: test files (or one test's node id) that run alone, after the others (see above)
+#: test files (or one test's node id) that run alone, after the others (see above); the Spark
+#: cluster test starts a master, two workers and their executors beside the stack
 SERIAL = (
     "tests/devstack/", "tests/integration/test_stack.py",
     "tests/e2e/test_faults.py", "tests/e2e/test_exactly_once.py::test_broker_restart",
@@ -41,6 +42,7 @@ SERIAL = (
     "tests/e2e/test_kafka_cluster.py", "tests/e2e/test_demo.py", "tests/e2e/test_memory.py",
     "tests/e2e/test_metrics.py", "tests/e2e/test_console.py", "tests/e2e/test_console_apply.py",
     "tests/e2e/test_prometheus.py", "tests/e2e/test_avro_format.py",
+    "tests/e2e/test_materialize_cluster.py",
     "tests/e2e/test_snapshot.py::test_sigterm_during_the_initial_snapshot",
 )
 
