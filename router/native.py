@@ -51,6 +51,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "drain": ("actors.pipeline.slot_reader:_drain_py", "drain"),
     "hand_over": ("actors.kafka.librdkafka:_hand_over_py", "hand_over"),
     "avro": ("router.avro:AvroFormat._convert_all_py", "AvroConverter"),
+    "verify_row": ("router.verify_digest:row_digests_py", "verify_row"),
 }
 
 

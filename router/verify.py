@@ -77,6 +77,22 @@ def _columns_of(row: tuple[tuple, bytes]) -> dict[str, int]:
     return dict(zip(row[0], unpacked(row[1])))
 
 
+def _carried(row: tuple[tuple, bytes], prev, toast) -> tuple[tuple, bytes]:
+    """``row`` with each column of ``toast`` holding its digest in ``prev`` (``MISSING``
+    without one). Digests past the columns' (``router.verify_digest``'s bucket and row
+    digest) are kept, the last one becoming ``MISSING``: the row's text is not known."""
+    old = _columns_of(prev) if prev else {}
+    digests = unpacked(row[1])
+    cols = dict(zip(row[0], digests))
+    tail = list(digests[len(row[0]):])
+    for col in toast:
+        cols[col] = old.get(col, MISSING)
+    if tail:
+        tail[-1] = MISSING
+    names = tuple(sorted(cols)) if tail else tuple(cols)  # bucket digests: sorted by name
+    return packed(names, [cols[c] for c in names] + tail)
+
+
 def key_of(key) -> bytes | None:
     """A decoded record key as comparable bytes (None for a keyless table)."""
     return None if key is None else _encode(key)
@@ -115,7 +131,7 @@ def salted(key, row: dict) -> tuple[tuple, tuple]:
 class TopicFold:
     """One topic folded by key, up to (not including) position ``cut``. ``digester(key,
     row) -> (columns, digests)`` digests each row (``salted``, or the bucket digests'
-    ``router.verify_digest.row_columns``)."""
+    ``router.verify_digest.digester``)."""
 
     def __init__(self, cut: int, digester=salted, part=None):
         self.cut = cut
@@ -132,47 +148,45 @@ class TopicFold:
         """One record: its decoded key (None: keyless) and envelope (None: skip)."""
         if env is None:
             return
-        pos = position(env)
+        self.apply(key, env["op"], position(env), env.get("before"), env.get("after"),
+                   env.get("unchanged_toast"))
+
+    def apply(self, key, op: str, pos: int, before, after, toast) -> None:
+        """One change record taken apart (``add``; ``after`` without the columns named in
+        ``toast``)."""
         if pos >> 64 >= self.cut:
             self.after_cut += 1
             return
         self.records += 1
-        op = env["op"]
         if op == "t":
             if self.truncated is None or pos > self.truncated:
                 self.truncated = pos
             return
         if key is None:
-            self._keyless.append((pos, op, env.get("before"), env.get("after")))
+            self._keyless.append((pos, op, before, after))
             return
         part = self.part
         if part is not None and not part(key):
             return
         k = key_of(key)
-        held = self.rows.get(k)
+        rows = self.rows
+        held = rows.get(k)
         if held is not None and held[0] >= pos:
             return  # a duplicate, or older than what the key holds
         if op == "d":
-            self.rows[k] = (pos, _GONE)
+            rows[k] = (pos, _GONE)
             return
-        after = env.get("after") or {}
-        row = self.digester(key, after)
-        toast = env.get("unchanged_toast")
+        row = self.digester(key, after if isinstance(after, dict) else {})  # {}: not a row
         if toast:
-            prev = _columns_of(held[1]) if held is not None and held[1] else {}
-            cols = _columns_of(row)
-            for col in toast:
-                cols[col] = prev.get(col, MISSING)
-            row = packed(tuple(cols), cols.values())
-        before = env.get("before")
+            row = _carried(row, held[1] if held is not None else None, toast)
         if op == "u" and before and isinstance(key, dict):
             old_key = {c: before.get(c) for c in key}
             old = key_of(old_key)
             if old != k and (part is None or part(old_key)):
-                was = self.rows.get(old)
+                was = rows.get(old)
                 if was is None or was[0] < pos:
-                    self.rows[old] = (pos, _GONE)
-        self.rows[k] = (pos, row)
+                    rows[old] = (pos, _GONE)
+        rows[k] = (pos, row)
 
     def keyed(self) -> dict[bytes, tuple[tuple, bytes]]:
         """key -> column digests of every row the topic holds (deletes and truncates
@@ -180,6 +194,20 @@ class TopicFold:
         cut = self.truncated
         return {k: row for k, (pos, row) in self.rows.items()
                 if row is not _GONE and (cut is None or pos > cut)}
+
+    def taken(self) -> dict[bytes, tuple[tuple, bytes]]:
+        """``keyed()`` made of the fold's own dict, which the fold no longer holds (no second
+        dict of every key at the peak of memory)."""
+        rows, self.rows = self.rows, {}
+        cut, gone = self.truncated, []
+        for k, (pos, row) in rows.items():
+            if row is _GONE or (cut is not None and pos <= cut):
+                gone.append(k)
+            else:
+                rows[k] = row  # a value replaced in place: the dict does not change size
+        for k in gone:
+            del rows[k]
+        return rows
 
     def keyless(self) -> Counter:
         """The keyless rows the topic holds, as a multiset of row digests."""
@@ -223,6 +251,9 @@ class Comparison(msgspec.Struct):
     #: key buckets compared by digests (0: none, every row read), and those that differed
     buckets: int = 0
     buckets_differing: int = 0
+    #: differing buckets of too many rows to read whole, split into sub-buckets compared
+    #: by their digests again (bisect)
+    buckets_split: int = 0
     #: passes over the topic (more than one when its keys exceed ``--max-keys``)
     passes: int = 1
 
@@ -248,7 +279,7 @@ class Comparer:
         self.delete: list = []
         self.actions = actions
         self.examples = examples
-        self.topic = fold.keyed()
+        self.topic = fold.taken()
         self.topic_keyless = fold.keyless()
         self.source_keyless: Counter = Counter()
 
@@ -294,10 +325,11 @@ class Comparer:
     def skip_equal(self, rows: int, keep) -> None:
         """``rows`` source rows are known equal to the topic's by their buckets' digests:
         counted as compared and matching; the topic keeps only the keys ``keep(key)`` (of
-        the buckets that differ, whose rows are compared one by one)."""
+        the buckets that differ, whose rows are compared one by one; None: no key)."""
         self.result.compared += rows
         self.result.matching += rows
-        self.topic = {k: v for k, v in self.topic.items() if keep(k)} if self.topic else {}
+        self.topic = ({k: v for k, v in self.topic.items() if keep(k)}
+                      if self.topic and keep is not None else {})
 
     def finish(self) -> Comparison:
         """The rows the topic holds and the source does not, counted; the result."""

@@ -12,26 +12,39 @@ Rules (both sides compute exactly this):
   parses to), ``NaN`` / ``Infinity`` / ``-Infinity`` as text.
 * The key's text: for each key column, sorted by name, ``length:text`` (NULL ``!``), joined
   by ``,``. Its bucket: the first 7 hex digits of its md5, modulo the number of buckets.
-* A column's digest: the first 15 hex digits of the md5 of ``key|name:text`` (``key|name!``
-  for NULL), as an integer; a row's digest is the sum of its columns' (the key is in each, so
-  values swapped between rows change it). A bucket's digest is its row count and the sum of
-  its rows' digests.
+* A row's digest: the first 15 hex digits of the md5 of the key's text, the JSON array of
+  the column names sorted, and the JSON array of their texts in that order (``null`` for
+  NULL; PostgreSQL's ``array_to_json`` of a ``text[]``, which escapes as msgspec does), as
+  an integer: one md5 a row on each side. A bucket's digest is its row count and the sum of
+  its rows'.
 * A value that does not fit these rules (a list, a dict) gets a text no SQL side produces: its
   bucket differs, and its rows are compared one by one, so digests never make a difference
-  disappear, they only save reading rows that are equal.
+  disappear, they only save reading rows that are equal. So does a row whose columns were
+  carried from an earlier record (unchanged TOAST: its digest is ``MISSING``).
+* A differing bucket too big to read whole is split (bisect): a key's sub-bucket is the next
+  7 hex digits of its key's md5, modulo the number of sub-buckets; sub-buckets' digests are
+  as buckets' (``sub_sums``; SQL: ``sums_select`` with ``subs``).
+* The fold keeps, per key, a salted digest per column (the hash of its text: to name the
+  columns that differ in the buckets read one by one) followed by the key's bucket and the
+  row's digest (``router.verify.packed``: entries past the columns' are carried as they
+  are). ``router._native.verify_row`` computes them in C (``row_digests_py`` its twin).
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
+from hashlib import md5
+from operator import itemgetter
 
 import msgspec
 
-from .verify import packed, unpacked
+from .native import NATIVE
+from .verify import MISSING
 
 _pack = struct.Struct(">d").pack
-_NONFINITE = frozenset({"NaN", "Infinity", "-Infinity"})
+_tail = struct.Struct("=qq").unpack_from
+_from_bytes = int.from_bytes
+_json = msgspec.json.encode
 
 
 def pg_text(value) -> str | None:
@@ -49,48 +62,168 @@ def pg_text(value) -> str | None:
 
 
 def key_text(key: dict) -> str:
-    if len(key) == 1:
-        [value] = key.values()
-        text = pg_text(value)
-        return "!" if text is None else f"{len(text)}:{text}"
-    parts = []
-    for name in sorted(key):
-        text = pg_text(key[name])
-        parts.append("!" if text is None else f"{len(text)}:{text}")
-    return ",".join(parts)
+    return _key_text(_layout(tuple(key)).values(key))
+
+
+def _key_text(values) -> str:
+    """The key's values, in the order of their columns' names, as text."""
+    return ",".join(["!" if t is None else f"{len(t)}:{t}" for t in _texts(values)])
 
 
 def bucket_of(ktext: str, buckets: int) -> int:
-    return int(hashlib.md5(ktext.encode()).hexdigest()[:7], 16) % buckets
+    return (_from_bytes(md5(ktext.encode()).digest()[:4], "big") >> 4) % buckets
 
 
-def column_digest(ktext: str, name: str, value) -> int:
-    text = pg_text(value)
-    body = f"{ktext}|{name}!" if text is None else f"{ktext}|{name}:{text}"
-    return int(hashlib.md5(body.encode()).hexdigest()[:15], 16)
+def _float_text(value: float) -> str:
+    return _pack(value).hex()
 
 
-def row_columns(key: dict, row: dict) -> tuple[tuple, bytes]:
-    """(column names, their digests packed) of a row of ``key`` (``router.verify.TopicFold``'s
-    digester for topics compared by buckets)."""
-    ktext = key_text(key)
-    return packed(tuple(row), [column_digest(ktext, c, v) for c, v in row.items()])
+def _bool_text(value: bool) -> str:
+    return "true" if value else "false"
 
 
-def bucket_sums(rows: dict, buckets: int) -> tuple[dict[int, list], dict[bytes, int]]:
+def _none_text(value: None) -> None:
+    return None
+
+
+#: pg_text by type, for the types of JSON values (others: ``pg_text``)
+_TEXTS = {str: str.__str__, int: int.__repr__, float: _float_text, bool: _bool_text,
+          type(None): _none_text}
+
+
+class _Layout:
+    """A column layout: its names sorted, their values in that order, the texts around."""
+
+    __slots__ = ("names", "values", "head")
+
+    def __init__(self, cols: tuple):
+        self.names = tuple(sorted(cols))  # one tuple a layout, shared by its rows
+        getter = itemgetter(*self.names) if self.names else (lambda row: ())
+        self.values = getter if len(self.names) != 1 else (lambda row: (getter(row),))
+        self.head = _json(list(self.names))
+
+
+_LAYOUTS: dict[tuple, _Layout] = {}
+
+
+def _layout(cols: tuple) -> _Layout:
+    layout = _LAYOUTS.get(cols)
+    if layout is None:
+        layout = _LAYOUTS[cols] = _Layout(cols)
+    return layout
+
+
+def _texts(values) -> list:
+    get = _TEXTS.get
+    return [v if v.__class__ is str else (get(v.__class__) or pg_text)(v) for v in values]
+
+
+def row_digest(ktext: str, row: dict) -> int:
+    """The row's digest (the SQL side's ``actors.verify.digests.sums_select``)."""
+    layout = _layout(tuple(row))
+    h = md5(ktext.encode() + layout.head + _json(_texts(layout.values(row))))
+    return _from_bytes(h.digest()[:8], "big") >> 4
+
+
+def row_digests_py(key: tuple, head: bytes, values: tuple, buckets: int) -> bytes:
+    """The digests ``digester`` keeps of a row (the key's values and the row's, each in the
+    order of their columns' names, ``head`` the row's names as JSON): the hash of each
+    value's text, the key's bucket, the row's digest, 8 bytes each
+    (``router._native.verify_row`` computes the same)."""
+    texts = _texts(values)
+    h = md5(_key_text(key).encode())
+    bucket = (_from_bytes(h.digest()[:4], "big") >> 4) % buckets
+    h.update(head + _json(texts))
+    return struct.pack(f"={len(texts) + 2}q", *map(hash, texts), bucket,
+                       _from_bytes(h.digest()[:8], "big") >> 4)
+
+
+def digester(buckets: int):
+    """``router.verify.TopicFold``'s digester for topics compared by ``buckets`` buckets:
+    ``(key, row) -> (columns, digests)``: the columns sorted by name, the digests of their
+    texts (salted, to name the columns that differ), then the key's bucket and the row's
+    digest (``row_digests_py``). Values are compared by their texts, as the SQL side sees
+    them."""
+    fast = getattr(NATIVE, "verify_row", None)
+
+    def row_columns(key: dict, row: dict) -> tuple[tuple, bytes]:
+        layout = _layout(tuple(row))
+        kv, values = _layout(tuple(key)).values(key), layout.values(row)
+        if fast is not None:
+            out = fast(kv, layout.head, values, buckets)
+            if out is not None:
+                return layout.names, out
+        return layout.names, row_digests_py(kv, layout.head, values, buckets)
+
+    return row_columns
+
+
+def bucket_sums(rows: dict) -> dict[int, list]:
     """bucket -> [rows, digest sum] of a fold's rows (``TopicFold.keyed``: key bytes ->
-    (columns, digests)), and each key's bucket."""
+    (columns, digests) of ``digester``). A bucket holding a row without a digest
+    (``MISSING``) has the sum None: it differs."""
     out: dict[int, list] = {}
-    where: dict[bytes, int] = {}
-    decode = msgspec.json.decode
-    for k, (_cols, digests) in rows.items():
-        b = where[k] = bucket_of(key_text(decode(k)), buckets)
+    for _cols, digests in rows.values():
+        b, h = _tail(digests, len(digests) - 16)
         acc = out.get(b)
         if acc is None:
             acc = out[b] = [0, 0]
         acc[0] += 1
-        acc[1] += sum(unpacked(digests))
-    return out, where
+        if h == MISSING or acc[1] is None:
+            acc[1] = None
+        else:
+            acc[1] += h
+    return out
+
+
+def bucket_in(row: tuple[tuple, bytes]) -> int:
+    """The bucket of a row of ``digester``."""
+    digests = row[1]
+    return _tail(digests, len(digests) - 16)[0]
+
+
+def differing(a: dict, b: dict) -> set:
+    """The buckets (or sub-buckets) whose counts or sums differ between two sides."""
+    return {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+
+
+def sub_of(ktext: str, subs: int) -> int:
+    """A key's sub-bucket: the 8th to 14th hex digits of its md5 (the 7 after its bucket's),
+    modulo ``subs``."""
+    return (_from_bytes(md5(ktext.encode()).digest()[3:7], "big") & 0x0FFFFFFF) % subs
+
+
+def to_split(differ: set[int], source: dict, topic: dict, limit: int) -> set[int]:
+    """The differing buckets holding more than ``limit`` rows on either side: split into
+    sub-buckets compared again by their digests (bisect) rather than read whole."""
+    return {b for b in differ
+            if max((source.get(b) or (0,))[0], (topic.get(b) or (0,))[0]) > limit}
+
+
+def subs_for(source: dict, topic: dict, split: set[int], rows: int = 500) -> int:
+    """Sub-buckets a split bucket is cut into: about ``rows`` rows each (at least 2)."""
+    most = max(max((source.get(b) or (0,))[0], (topic.get(b) or (0,))[0]) for b in split)
+    return max(2, min(65536, -(-most // rows)))
+
+
+def sub_sums(rows: dict, split: set[int],
+             subs: int) -> tuple[dict[int, list], dict[bytes, int]]:
+    """code (``bucket * subs + sub``) -> [rows, digest sum] of the fold's keys in the buckets
+    ``split``, and each such key's code."""
+    out: dict[int, list] = {}
+    codes: dict[bytes, int] = {}
+    decode = msgspec.json.decode
+    for k, (_cols, digests) in rows.items():
+        b, h = _tail(digests, len(digests) - 16)
+        if b not in split:
+            continue
+        c = codes[k] = b * subs + sub_of(key_text(decode(k)), subs)
+        acc = out.get(c)
+        if acc is None:
+            acc = out[c] = [0, 0]
+        acc[0] += 1
+        acc[1] = None if h == MISSING or acc[1] is None else acc[1] + h
+    return out, codes
 
 
 def buckets_for(rows: int) -> int:

@@ -22,7 +22,7 @@ from router.errors import ConfigError, PgRouterError
 
 from ..services.retry import primary
 from ..verify.repair import request, wait_repaired
-from ..verify.run import MAX_KEYS, Progress, verify
+from ..verify.run import MAX_KEYS, SPLIT_ROWS, Progress, verify
 from .config_file import load
 
 
@@ -42,6 +42,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="keys of a topic held in memory at once (about 340 bytes each); a "
                         "bigger table is verified in passes over its topic (default "
                         f"{MAX_KEYS})")
+    p.add_argument("--split-rows", type=int, default=SPLIT_ROWS, metavar="N",
+                   help="a differing bucket of more rows than this is split into "
+                        "sub-buckets compared by digests again, rather than read whole "
+                        f"(default {SPLIT_ROWS})")
     p.add_argument("--repair", action="store_true",
                    help="ask the running router to re-send what differs (a backfill of "
                         "exactly those keys; deletes for extra keys), then verify again")
@@ -81,7 +85,8 @@ async def _verify(cfg, args, progress, warn):
     repairs: list | None = [] if args.repair else None
     results = await verify(cfg, args.route, args.table, wait=args.wait,
                            examples=args.examples, progress=progress, warn=warn,
-                           repairs=repairs, max_keys=args.max_keys)
+                           repairs=repairs, max_keys=args.max_keys,
+                           split_rows=args.split_rows)
     if not repairs:
         return results
     out = sys.stdout if not args.json else sys.stderr
@@ -95,7 +100,8 @@ async def _verify(cfg, args, progress, warn):
         print(f"pgrouter verify: {len(asked)} repair(s) done; verifying again",
               file=sys.stderr, flush=True)
     return await verify(cfg, args.route, args.table, wait=args.wait, examples=args.examples,
-                        progress=progress, warn=warn, max_keys=args.max_keys)
+                        progress=progress, warn=warn, max_keys=args.max_keys,
+                        split_rows=args.split_rows)
 
 
 def summary(r) -> str:

@@ -9,7 +9,9 @@ Rules:
   its part (by bucket where digests are compared, else by a hash of the key); each pass reads
   the topic again. Keyless tables (multisets) are verified in one pass.
 * JSON-format topics of keyed tables: PostgreSQL's bucket digests are computed (once, while
-  the topic is read) and only the rows of buckets that differ are read; other topics have
+  the topic is read) and only the rows of buckets that differ are read; a differing bucket
+  of more than ``split_rows`` rows is split into sub-buckets whose digests both sides compute
+  again, and only the rows of differing sub-buckets are read (bisect). Other topics have
   every row read and compared.
 """
 
@@ -24,18 +26,24 @@ from router.avro import SchemasNeeded
 from router.config import Config
 from router.envelope import TxContext
 from router.verify import Comparer, Comparison, TopicFold, key_of, salted
-from router.verify_digest import bucket_of, bucket_sums, buckets_for, key_text, row_columns
+from router.verify_digest import (bucket_in, bucket_of, bucket_sums, buckets_for, differing,
+                                  digester, key_text, sub_sums, subs_for, to_split)
 
 from ..pipeline.formats import record_reshaper
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import ident
-from .digests import differing, rows_select, sql_sums
+from .digests import rows_select, sql_sums
 from .repair import Repair
 from .topic import Decoder, fold_topic
 
 
+#: a differing bucket of more rows than this is bisected (``_Topic._narrow``)
+SPLIT_ROWS = 10_000
+
+
 async def compare_target(cfg: Config, target, reader: TableReader, cut: int, examples: int,
-                         progress, repairs: list | None, max_keys: int) -> list[Comparison]:
+                         progress, repairs: list | None, max_keys: int,
+                         split_rows: int = SPLIT_ROWS) -> list[Comparison]:
     decoder = Decoder(cfg.kafka.registry)
     reshape = record_reshaper(cfg)
     tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
@@ -43,7 +51,8 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
     for topic, tables in target.topics.items():
         started = time.monotonic()
         result = Comparison(target.route, topic, sorted({t.name for t in tables}))
-        job = _Topic(cfg, target, topic, tables, reader, decoder, reshape, tx, progress)
+        job = _Topic(cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
+                     split_rows)
         send: list = []
         delete: list = []
         await job.run(result, cut, examples, repairs is not None, max_keys, send, delete)
@@ -56,10 +65,12 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
 
 
 class _Topic:
-    def __init__(self, cfg, target, topic, tables, reader, decoder, reshape, tx, progress):
+    def __init__(self, cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
+                 split_rows: int = SPLIT_ROWS):
         self.cfg, self.target, self.topic, self.tables = cfg, target, topic, tables
         self.reader, self.decoder, self.reshape, self.tx = reader, decoder, reshape, tx
         self.progress = progress
+        self.split_rows = split_rows
         self.schemas = {t.name: next(p.encoder.schema for p in target.rows.router.plans_for(
             t.relation) if p.topic == topic) for t in tables}
         self.keyless = target.keyless(topic)
@@ -80,7 +91,7 @@ class _Topic:
                 part = (lambda key, p=p: bucket_of(key_text(key), buckets) % passes == p)
             elif passes > 1:
                 part = (lambda key, p=p: zlib.crc32(key_of(key)) % passes == p)
-            fold = TopicFold(cut, row_columns if self.by_buckets else salted, part)
+            fold = TopicFold(cut, digester(buckets) if self.by_buckets else salted, part)
             async with trio.open_nursery() as both:  # PostgreSQL's digests meanwhile
                 both.start_soon(self._read_topic, fold)
                 if self.by_buckets and p == 0:
@@ -88,11 +99,11 @@ class _Topic:
                         await sql_sums(self.reader.sql, t, self.schemas[t.name],
                                        self.target.filters[t.name], buckets, source)
             comparer = Comparer(result, fold, self.target.actions, examples, collect)
-            differ = None
+            differ, codes, subs = None, [], 0
             if self.by_buckets:
                 mine = {b: v for b, v in source.items() if b % passes == p}
-                differ = narrow(comparer, buckets, mine)
-            await self._read_rows(comparer, buckets, differ)
+                differ, codes, subs = await self._narrow(comparer, buckets, mine)
+            await self._read_rows(comparer, buckets, differ, codes, subs)
             comparer.finish()
             send.extend(comparer.send)
             delete.extend(comparer.delete)
@@ -110,9 +121,42 @@ class _Topic:
             cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, self.decoder,
             report, self.keyless, library=cfg.kafka.client))
 
-    async def _read_rows(self, comparer: Comparer, buckets: int, differ: set | None) -> None:
-        """The source rows (of the buckets ``differ`` when digests were compared) into
-        ``comparer``."""
+    async def _narrow(self, comparer: Comparer, buckets: int,
+                      source: dict[int, list]) -> tuple[set[int], list[int], int]:
+        """The tables' bucket digests (``source``, computed by PostgreSQL) against the folded
+        topic's: the rows of equal buckets count as matching and leave the comparison.
+        Differing buckets of more than ``split_rows`` rows (``--split-rows``) are split into
+        sub-buckets whose digests are computed again on both sides (bisect). Returns the
+        buckets to read whole, the sub-buckets to read (``bucket * subs + sub``), ``subs``."""
+        sums = bucket_sums(comparer.topic)
+        differ = differing(source, sums)
+        split = to_split(differ, source, sums, self.split_rows)
+        equal = sum(n for b, (n, _h) in source.items() if b not in differ)
+        subs, codes, keys = 0, set(), {}
+        if split:
+            subs = subs_for(source, sums, split, max(1, self.split_rows // 20))
+            mine: dict[int, list] = {}
+            for t in self.tables:
+                await sql_sums(self.reader.sql, t, self.schemas[t.name],
+                               self.target.filters[t.name], buckets, mine, subs,
+                               sorted(split))
+            theirs, keys = sub_sums(comparer.topic, split, subs)
+            codes = differing(mine, theirs)
+            equal += sum(n for c, (n, _h) in mine.items() if c not in codes)
+        whole = differ - split
+        r = comparer.result
+        r.buckets = buckets
+        r.buckets_differing += len(differ)
+        r.buckets_split += len(split)
+        topic = comparer.topic
+        comparer.skip_equal(equal, (lambda k: bucket_in(topic[k]) in whole or keys.get(k) in codes)
+                            if whole or codes else None)
+        return whole, sorted(codes), subs
+
+    async def _read_rows(self, comparer: Comparer, buckets: int, differ: set | None,
+                         codes: list[int], subs: int) -> None:
+        """The source rows (of the buckets ``differ`` and the sub-buckets ``codes`` when
+        digests were compared) into ``comparer``."""
         counted = [0]
         target, decoder = self.target, self.decoder
         for table in self.tables:
@@ -131,11 +175,11 @@ class _Topic:
 
             if differ is None:
                 await self.reader.copy(table.select(), deliver, f"reading {table.name}")
-            elif differ:
+            elif differ or codes:
                 select = rows_select(table, self.schemas[table.name],
-                                     target.filters[table.name], buckets)
-                await self.reader.copy(select, deliver, f"reading {table.name}",
-                                       (sorted(differ),))
+                                     target.filters[table.name], buckets, subs)
+                args = (sorted(differ), codes) if subs else (sorted(differ),)
+                await self.reader.copy(select, deliver, f"reading {table.name}", args)
 
 
 async def _rows(reader: TableReader, tables) -> int:
@@ -147,19 +191,6 @@ async def _rows(reader: TableReader, tables) -> int:
         n += await reader.sql.fetchval(f"SELECT count(*) FROM ONLY {ident(t.table[0])}."
                                        f"{ident(t.table[1])}")
     return n
-
-
-def narrow(comparer: Comparer, buckets: int, source: dict[int, list]) -> set[int]:
-    """The tables' bucket digests (``source``, computed by PostgreSQL) against the folded
-    topic's: the rows of equal buckets count as matching and leave the comparison; returns
-    the buckets that differ (whose rows are read and compared one by one)."""
-    sums, where = bucket_sums(comparer.topic, buckets)
-    differ = differing(source, sums)
-    comparer.result.buckets = buckets
-    comparer.result.buckets_differing += len(differ)
-    comparer.skip_equal(sum(n for b, (n, _h) in source.items() if b not in differ),
-                        lambda k: where[k] in differ)
-    return differ
 
 
 async def _encoded(reshape, chunk) -> list:

@@ -14,6 +14,8 @@ Rules:
 
 from __future__ import annotations
 
+import msgspec
+
 from router.config import Config
 from router.publications import resolve
 from router.schema import TableSchema
@@ -63,41 +65,58 @@ def _bucket(key: str, buckets: int) -> str:
     return f"(('x' || substr(md5({key}), 1, 7))::bit(28)::int % {int(buckets)})"
 
 
+def _sub(key: str, subs: int) -> str:
+    return f"(('x' || substr(md5({key}), 8, 7))::bit(28)::int % {int(subs)})"
+
+
 def sums_select(table: SnapshotTable, schema: TableSchema, where: str | None,
-                buckets: int) -> str:
-    """bucket, rows, digest sum (text) of the table's rows the route takes."""
+                buckets: int, subs: int = 0) -> str:
+    """bucket, rows, digest sum (text) of the table's rows the route takes: one md5 a row
+    (``router.verify_digest.row_digest``), over the columns' texts computed once. With
+    ``subs``: of the rows of the buckets ``$1`` (int[]) by sub-bucket, ``b`` being
+    ``bucket * subs + sub`` (``router.verify_digest.sub_sums``)."""
     by_name = {c.name: c for c in schema.columns}
     key = _key(schema, by_name)
-    cols = " + ".join(
-        f"('x' || substr(md5(__k || {_literal('|' + c.name)} || coalesce(':' || {_text(c)}, "
-        "'!')), 1, 15))::bit(60)::int8::numeric" for c in schema.columns)
+    names = sorted(by_name)
+    texts = ", ".join(f"{_text(by_name[n])} AS __c{i}" for i, n in enumerate(names))
+    head = _literal(msgspec.json.encode(names).decode())
+    row = f"array_to_json(ARRAY[{', '.join(f'__c{i}' for i in range(len(names)))}]::text[])"
     conds = _conds(table, where)
     src = f"ONLY {ident(table.table[0])}.{ident(table.table[1])}"
-    inner = (f"SELECT {key} AS __k, * FROM {src}"
+    inner = (f"SELECT {key} AS __k, {texts} FROM {src}"
              + (f" WHERE {' AND '.join(conds)}" if conds else ""))
-    return (f"SELECT {_bucket('__k', buckets)} AS b, count(*)::int8 AS n, "
-            f"sum({cols})::text AS h FROM ({inner}) r GROUP BY 1")
+    digest = f"('x' || substr(md5(__k || {head} || {row}::text), 1, 15))::bit(60)::int8"
+    group, only = _bucket("__k", buckets), ""
+    if subs:
+        only = f" WHERE {group} = ANY($1::int[])"
+        group = f"({group}::int8 * {int(subs)} + {_sub('__k', subs)})"
+    return (f"SELECT {group} AS b, count(*)::int8 AS n, "
+            f"sum({digest})::text AS h FROM ({inner}) r{only} GROUP BY 1")
 
 
 def rows_select(table: SnapshotTable, schema: TableSchema, where: str | None,
-                buckets: int) -> str:
-    """The rows of the buckets ``$1`` (int[]), as ``SnapshotTable.select`` reads them."""
+                buckets: int, subs: int = 0) -> str:
+    """The rows of the buckets ``$1`` (int[]) and, with ``subs``, of the sub-buckets ``$2``
+    (int8[], ``bucket * subs + sub``), as ``SnapshotTable.select`` reads them."""
     by_name = {c.name: c for c in schema.columns}
     cols = ", ".join(ident(c.name) for c in table.relation.columns)
-    conds = _conds(table, where) + [f"{_bucket(_key(schema, by_name), buckets)} = "
-                                    "ANY($1::int[])"]
+    key = _key(schema, by_name)
+    which = f"{_bucket(key, buckets)} = ANY($1::int[])"
+    if subs:
+        which = (f"({which} OR ({_bucket(key, buckets)}::int8 * {int(subs)} + "
+                 f"{_sub(key, subs)}) = ANY($2::int8[]))")
+    conds = _conds(table, where) + [which]
     return (f"SELECT {cols} FROM ONLY {ident(table.table[0])}.{ident(table.table[1])} "
             f"WHERE {' AND '.join(conds)}")
 
 
 async def sql_sums(sql, table: SnapshotTable, schema: TableSchema, where: str | None,
-                   buckets: int, into: dict[int, list]) -> None:
-    """Adds the table's bucket sums to ``into`` (bucket -> [rows, sum])."""
-    for r in await sql.fetch(sums_select(table, schema, where, buckets)):
+                   buckets: int, into: dict[int, list], subs: int = 0,
+                   split: list[int] | None = None) -> None:
+    """Adds the table's bucket sums to ``into`` (bucket -> [rows, sum]; with ``subs``, of
+    the buckets ``split`` by sub-bucket)."""
+    args = (split,) if subs else ()
+    for r in await sql.fetch(sums_select(table, schema, where, buckets, subs), *args):
         acc = into.setdefault(r["b"], [0, 0])
         acc[0] += r["n"]
         acc[1] += int(r["h"])
-
-
-def differing(a: dict[int, list], b: dict[int, list]) -> set[int]:
-    return {k for k in set(a) | set(b) if a.get(k) != b.get(k)}

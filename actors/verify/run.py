@@ -48,7 +48,7 @@ from ..services.sql import SqlSession
 from ..snapshot.initial import type_names
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
-from .compare import compare_target
+from .compare import SPLIT_ROWS, compare_target
 from .digests import route_filter
 from .point import VerifyPoint, wait_delivered
 
@@ -153,7 +153,7 @@ class Progress:
 
 async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: float,
                  examples: int, progress: Progress, warn, repairs: list | None = None,
-                 max_keys: int = MAX_KEYS) -> list[Comparison]:
+                 max_keys: int = MAX_KEYS, split_rows: int = SPLIT_ROWS) -> list[Comparison]:
     """The comparisons; with ``repairs`` (a list), what each differing topic needs is
     appended to it (``actors.verify.repair.Repair``)."""
     async with trio_asyncio.open_loop():
@@ -175,7 +175,8 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
                 results = []
                 for target in targets:
                     results.extend(await compare_target(cfg, target, reader, point.lsn,
-                                                        examples, progress, repairs, max_keys))
+                                                        examples, progress, repairs, max_keys,
+                                                        split_rows))
                 return results
             finally:
                 await reader.close()

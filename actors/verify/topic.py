@@ -6,6 +6,10 @@ Rules:
 * Records are decoded by ``Decoder``: pgrouter's JSON and Kafka Connect's JSON by their shape,
   Avro (first byte ``0x00``) with the schemas of ``[kafka.registry]``; the same decoder reads
   the source side's records, so both sides are compared in one representation.
+* pgrouter's JSON format, the one read fastest, is taken apart by a typed decoder
+  (``Decoder.feeder``: the operation, ``before``, ``after`` and the position, the rest of the
+  envelope skipped unread) into ``TopicFold.apply``; a record of another shape goes the
+  general way (``Decoder.key``, ``Decoder.value``, ``TopicFold.add``), which folds alike.
 * A topic that does not exist, or whose first offset is not 0 (retention or
   ``kafka-delete-records`` removed its oldest records: the fold would lack rows) is a
   ``SinkError`` naming it; so is a Kafka that cannot be reached.
@@ -33,12 +37,63 @@ PROGRESS_EVERY = 50_000
 TIMEOUT = 60.0
 
 
+class _Source(msgspec.Struct):
+    commit_lsn: int | None = None
+    seq: int | None = None
+
+
+class _Change(msgspec.Struct):
+    """What the fold takes of a JSON-format change record (other fields are skipped)."""
+
+    op: str = ""
+    before: dict | None = None
+    after: dict | None = None
+    source: _Source | None = None
+    unchanged_toast: list | None = None
+
+
+_OPS = frozenset({"c", "r", "u", "d", "t"})
+
+
 class Decoder:
     """``(key bytes, value bytes) -> (key, envelope)`` for every format the router writes."""
 
     def __init__(self, registry_cfg):
         self.avro = decoder_for(registry_cfg)
         self._json = msgspec.json.Decoder()
+        self._change = msgspec.json.Decoder(_Change)
+
+    def feeder(self, fold: TopicFold, keyless: bool):
+        """``(key bytes, value bytes) -> None`` into ``fold``: pgrouter's JSON format taken
+        apart by a typed decoder (the fields the fold needs, the rest skipped unread); any
+        other record (Kafka Connect, Avro, not a change) through ``key`` and ``value``."""
+        change, apply, add = self._change.decode, fold.apply, fold.add
+        key = (lambda _: None) if keyless else self.key
+        value, plain = self.value, self._json.decode
+
+        def feed(kb: bytes | None, vb: bytes | None) -> None:
+            if vb is None:
+                return
+            try:
+                c = change(vb)
+            except msgspec.DecodeError:  # not this shape: the general way
+                add(key(kb), value(vb))
+                return
+            op = c.op
+            if op not in _OPS:
+                if not op:  # a Connect record, transaction metadata…
+                    add(key(kb), value(vb))
+                return
+            src = c.source
+            pos = 0 if src is None else ((src.commit_lsn or 0) << 64) | (src.seq or 0)
+            after, toast = c.after, c.unchanged_toast
+            if toast and after:
+                after = {k: v for k, v in after.items() if k not in toast}
+            # the JSON format's key: a plain object (None: a keyless table's or a truncate's)
+            apply(None if keyless or kb is None else plain(kb), op, pos, c.before, after,
+                  toast)
+
+        return feed
 
     def key(self, data: bytes | None):
         if data is None:
@@ -114,7 +169,7 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
         ends = {p: end for p, (_b, end) in marks.items()}
         left = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in left])
-        key, value = (lambda _: None) if keyless else decoder.key, decoder.value
+        feed = decoder.feeder(fold, keyless)
         n = 0
         deadline = time.monotonic() + timeout
         while left:
@@ -129,7 +184,7 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
                     continue
                 p = m.partition()
                 if p in left and m.offset() < ends[p]:
-                    fold.add(key(m.key()), value(m.value()))
+                    feed(m.key(), m.value())
                     n += 1
                     if progress is not None and n % PROGRESS_EVERY == 0:
                         progress(n)
@@ -168,7 +223,7 @@ def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
         consumer.seek_to_beginning(*tps)
         n = 0
         deadline = time.monotonic() + timeout
-        key, value = (lambda _: None) if keyless else decoder.key, decoder.value
+        feed = decoder.feeder(fold, keyless)
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             batch = consumer.poll(timeout_ms=500, max_records=5000)
             if batch:
@@ -180,7 +235,7 @@ def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
                 end = ends[tp]
                 for m in msgs:
                     if m.offset < end:
-                        fold.add(key(m.key), value(m.value))
+                        feed(m.key, m.value)
                         n += 1
                         if progress is not None and n % PROGRESS_EVERY == 0:
                             progress(n)

@@ -12,6 +12,7 @@
  *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
  *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
  *               avro_values.c its JSON tokens and values (avro_values.h)
+ *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic)
  *
  * Rules these files keep:
  *
@@ -47,6 +48,7 @@ int codec_setup(PyObject *module);
 int records_setup(PyObject *module);
 int delivery_setup(PyObject *module);
 int avro_setup(PyObject *module);
+int verify_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 

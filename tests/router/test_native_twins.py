@@ -590,6 +590,49 @@ def golden_hand_over():
     return [(SAME, case) for case in cases]
 
 
+def check_verify_row(python, fast, case):
+    got = fast(*case)
+    if got is None:
+        assert any(type(v) not in (str, int, float, bool, type(None))
+                   for v in case[0] + case[2]), case
+        return DECLINED
+    assert got == python(*case), case
+    return SAME
+
+
+_HEAD = b'["a","b","c"]'
+_TEXTS = ["", "x", "é€😀", '"\\/', "\x00\x01\x1f\x7f\b\f\n\r\t", "y" * 70, "z" * 200]
+
+
+def golden_verify_row():
+    same = [((1,), _HEAD, ("x", None, ""), 7), ((None,), b"[]", (), 1),
+            ((2, "x,1"), _HEAD, (True, False, -5), 3), ((2**70,), _HEAD, (2**70, -2**63, 0), 9),
+            ((0.5, True), _HEAD, (0.1, -0.0, 1e300), 65536),
+            (("k" * 60,), _HEAD, tuple(_TEXTS[2:5]), 5),
+            (("é" * 130, None), b'["' + b"n" * 100 + b'"]', ("y" * 1000,), 11)]
+    declined = [((1,), _HEAD, ([1], 1, None), 7), ((1,), _HEAD, ({"a": 1},), 7),
+                (([1],), _HEAD, (1,), 7)]
+    return [(SAME, c) for c in same] + [(DECLINED, c) for c in declined]
+
+
+def gen_verify_row(rng):
+    def value():
+        kind = rng.random()
+        if kind < 0.4:
+            return rng.choice(_TEXTS) + "".join(chr(rng.randrange(1, 0x3000))
+                                                for _ in range(rng.randrange(0, 90)))
+        if kind < 0.6:
+            return rng.randint(-2**80, 2**80) if rng.random() < 0.2 else rng.randint(-999, 999)
+        if kind < 0.7:
+            return rng.uniform(-1e9, 1e9)
+        return rng.choice([None, True, False])
+
+    key = tuple(value() for _ in range(rng.randrange(1, 4)))
+    values = [value() for _ in range(rng.randrange(0, 9))]
+    if rng.random() < 0.1:
+        values.append(rng.choice([[1], {"a": "b"}]))
+    return key, _HEAD, tuple(values), rng.randint(1, 65536)
+
 LANES: dict[str, Lane] = {
     "read_tuple": Lane(check_read_tuple, golden_read_tuple, gen_read_tuple, True),
     "decode_row": Lane(check_decode_row, golden_decode_row, gen_decode_row, True),
@@ -603,6 +646,7 @@ LANES: dict[str, Lane] = {
     "drain": Lane(check_drain, golden_drain, drain_case, False),
     "hand_over": Lane(check_hand_over, golden_hand_over, hand_over_case, False),
     "avro": Lane(check_avro, golden_avro, gen_avro, True),
+    "verify_row": Lane(check_verify_row, golden_verify_row, gen_verify_row, True),
 }
 
 

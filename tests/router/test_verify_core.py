@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from router.verify import (MISSING, Comparer, Comparison, TopicFold, digest, envelope_of,
-                           packed, unpacked)
+                           unpacked)
 
 ALL = frozenset({"insert", "update", "delete", "truncate"})
 
@@ -135,8 +136,8 @@ def test_digests_tell_json_types_apart():
 
 
 def test_bucket_digest_texts_are_what_postgresql_renders():
-    from router.verify_digest import (bucket_of, bucket_sums, column_digest, key_text, pg_text,
-                                      row_columns)
+    from router.verify_digest import (bucket_in, bucket_of, bucket_sums, digester, key_text,
+                                      pg_text, row_digest)
 
     assert pg_text(True) == "true" and pg_text(7) == "7" and pg_text("1.10") == "1.10"
     assert pg_text(0.1) == "3fb999999999999a"  # float8send('0.1'::float8), hex
@@ -146,12 +147,111 @@ def test_bucket_digest_texts_are_what_postgresql_renders():
     assert key_text({"b": "x,1", "a": 2}) == key_text({"a": 2, "b": "x,1"}) == "1:2,3:x,1"
     assert key_text({"a": None}) == "!"
     k = key_text({"id": 1})
-    assert column_digest(k, "v", None) != column_digest(k, "v", "")
-    assert column_digest(k, "v", "a") != column_digest(key_text({"id": 2}), "v", "a")
-    cols, digests = row_columns({"id": 1}, {"id": 1, "v": "a"})
-    assert cols == ("id", "v") and unpacked(digests)[1] == column_digest(k, "v", "a")
-    assert 0 <= bucket_of(k, 7) < 7
-    fold = folded([({"id": i}, rec("r", 10, i, after={"id": i})) for i in range(20)])
-    sums, where = bucket_sums({key: packed(("id",), [5]) for key in fold.keyed()}, 3)
-    assert len(where) == 20 and set(where.values()) <= {0, 1, 2}
-    assert sum(n for n, _ in sums.values()) == 20 and sum(h for _, h in sums.values()) == 100
+    # md5('1:1["id","v"]["1","a"]'), its first 15 hex digits: what the SQL side computes
+    assert row_digest(k, {"v": "a", "id": 1}) == 0x477c2841383a301
+    assert row_digest(k, {"id": 1, "v": None}) != row_digest(k, {"id": 1, "v": ""})
+    assert row_digest(k, {"id": 1, "v": "a"}) != row_digest(key_text({"id": 2}),
+                                                            {"id": 1, "v": "a"})
+    # JSON keeps a value from mimicking the next column
+    assert row_digest(k, {"a": 'x","y', "b": None}) != row_digest(k, {"a": "x", "b": "y"})
+    assert row_digest(k, {"a": "x", "b": "y"}) != row_digest(k, {"a": "x", "c": "y"})
+    row = digester(7)
+    cols, digests = row({"id": 1}, {"v": "a", "id": 1})
+    d = unpacked(digests)
+    assert cols == ("id", "v") and len(d) == 4
+    assert d[2] == bucket_of(k, 7) and 0 <= d[2] < 7
+    assert d[3] == row_digest(k, {"id": 1, "v": "a"})
+    # a column's digest tells values apart (values compare by their PostgreSQL text)
+    assert row({"id": 1}, {"id": 1, "v": "b"})[1] != row({"id": 1}, {"id": 1, "v": "a"})[1]
+    assert row({"id": 1}, {"id": 1, "v": 0.1})[1] == row({"id": 1}, {"v": 0.1, "id": 1})[1]
+    fold = TopicFold(1000, digester(3))
+    for i in range(20):
+        fold.add({"id": i}, envelope_of(rec("r", 10, i, after={"id": i, "v": "x"})))
+    sums = bucket_sums(fold.keyed())
+    assert set(sums) <= {0, 1, 2} and len(sums) > 1
+    assert {bucket_in(r) for r in fold.keyed().values()} == set(sums)
+    assert sum(n for n, _ in sums.values()) == 20
+    assert sum(h for _, h in sums.values()) == sum(
+        row_digest(key_text({"id": i}), {"id": i, "v": "x"}) for i in range(20))
+    # a row whose column was carried (unchanged TOAST): its bucket cannot be equal
+    fold.add({"id": 3}, envelope_of(rec("u", 20, 0, after={"id": 3}, toast=["v"])))
+    sums = bucket_sums(fold.keyed())
+    assert sums[bucket_in(fold.keyed()[msgspec.json.encode({"id": 3})])][1] is None
+    assert sum(h is None for _, h in sums.values()) == 1
+
+
+def test_a_big_differing_bucket_is_bisected_down_to_the_damaged_rows():
+    """Source sums computed by the rules (as SQL does) against a topic with one row altered
+    and one lost, all in one bucket: splitting it leaves only the two rows' sub-buckets."""
+    from router.verify_digest import (bucket_sums, differing, digester, key_text, row_digest,
+                                      sub_of, sub_sums, subs_for, to_split)
+
+    rows = {i: {"id": i, "v": f"v{i}"} for i in range(3000)}
+    fold = TopicFold(1000, digester(1))
+    for i, row in rows.items():
+        after = dict(row, v="altered") if i == 17 else row
+        if i != 2021:
+            fold.add({"id": i}, envelope_of(rec("r", 10, i, after=after)))
+    keyed = fold.keyed()
+    topic = bucket_sums(keyed)
+    source = {0: [3000, sum(row_digest(key_text({"id": i}), r) for i, r in rows.items())]}
+    differ = differing(source, topic)
+    assert differ == {0} and to_split(differ, source, topic, 3000) == set()
+    split = to_split(differ, source, topic, 100)
+    assert split == {0}
+    subs = subs_for(source, topic, split, rows=50)
+    assert subs == 60
+    mine: dict[int, list] = {}
+    for i, r in rows.items():
+        acc = mine.setdefault(sub_of(key_text({"id": i}), subs), [0, 0])
+        acc[0] += 1
+        acc[1] += row_digest(key_text({"id": i}), r)
+    theirs, codes = sub_sums(keyed, split, subs)
+    assert len(codes) == 2999 and sum(n for n, _ in theirs.values()) == 2999
+    bad = differing(mine, theirs)
+    assert bad == {sub_of(key_text({"id": 17}), subs), sub_of(key_text({"id": 2021}), subs)}
+    # only the rows of those sub-buckets are left to read: about 2 × 3000 / 60
+    left = sum(mine[c][0] for c in bad)
+    assert left < 200
+    # a row whose column was carried (unchanged TOAST) makes its sub-bucket differ too
+    fold.add({"id": 99}, envelope_of(rec("u", 20, 0, after={"id": 99}, toast=["v"])))
+    theirs, codes = sub_sums(fold.keyed(), split, subs)
+    assert differing(mine, theirs) == bad | {sub_of(key_text({"id": 99}), subs)}
+
+
+def test_the_typed_json_decoder_folds_as_the_general_one():
+    """``actors.verify.topic.Decoder.feeder`` (pgrouter's JSON taken apart by a Struct) folds
+    every kind of record as ``Decoder.key``/``value`` + ``TopicFold.add`` do."""
+    from actors.verify.topic import Decoder
+    from router.verify_digest import digester
+
+    enc = msgspec.json.encode
+    connect = {"schema": {}, "payload": rec("r", 10, 9, after={"id": 8, "v": "connect"})}
+    records = [({"id": 1}, rec("r", 10, 0, after={"id": 1, "v": "a", "big": "x" * 50})),
+               ({"id": 2}, rec("r", 10, 1, after={"id": 2, "v": 2.5, "big": None})),
+               ({"id": 1}, rec("u", 20, 0, after={"id": 1, "v": "b", "big": "?"},
+                               toast=["big"])),
+               ({"id": 3}, rec("c", 30, 0, after={"id": 3, "v": True, "big": "y"})),
+               ({"id": 4}, rec("u", 40, 0, before={"id": 3},
+                               after={"id": 4, "v": True, "big": "y"})),
+               ({"id": 2}, rec("d", 50, 0, before={"id": 2})),
+               ({"id": 5}, rec("c", 2000, 0, after={"id": 5, "v": "after the cut"})),
+               (None, {"op": "m", "message": {"prefix": "p"}, "source": {"commit_lsn": 5}}),
+               (None, {"status": "BEGIN", "id": "1"}),
+               ({"schema": {}, "payload": {"id": 8}}, connect),
+               ({"id": 6}, {"op": "r", "after": [1], "source": {"commit_lsn": 10}}),
+               ({"id": 7}, None)]
+    raw = [(enc(k) if k is not None else None, enc(v) if v is not None else None)
+           for k, v in records]
+    decoder = Decoder(None)
+    for keyless in (False, True):
+        general, typed = (TopicFold(1000, digester(4)) for _ in range(2))
+        feed = decoder.feeder(typed, keyless)
+        for k, v in raw:
+            general.add(None if keyless else decoder.key(k), decoder.value(v))
+            feed(k, v)
+        assert typed.keyed() == general.keyed() and len(general.keyed()) == (0 if keyless
+                                                                             else 4)
+        assert typed.keyless() == general.keyless()
+        assert (typed.records, typed.after_cut) == (general.records, general.after_cut)
+        assert typed.taken() == general.keyed() and typed.rows == {}  # what Comparer takes

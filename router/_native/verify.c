@@ -1,0 +1,383 @@
+/* verify_row: the digests ``pgrouter verify`` keeps of one row of a JSON-format topic
+ * (router.verify_digest; its Python twin: router.verify_digest:row_digests_py).
+ *
+ * verify_row(key, head, values, buckets) -> bytes | None: the texts of the key's values
+ * and of the row's (str as they are, int in decimal, bool true/false, None NULL, float the
+ * hex of its big-endian float8), then (native int64 each) the hash of each row value's text,
+ * the key's bucket (the md5 of the key's text, its first 28 bits, modulo buckets) and the
+ * row's digest (the md5 of the key's text, head and the JSON array of the texts, its first
+ * 60 bits). None for any other value (the twin renders it).
+ */
+#include "native.h"
+
+/* ------------------------------------------------------------------------------------------
+ * MD5 (RFC 1321)
+ */
+typedef struct {
+    uint32_t h[4];
+    uint64_t len;
+    unsigned char buf[64];
+    size_t n;
+} Md5;
+
+static const uint32_t md5_k[64] = {
+    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613,
+    0xfd469501, 0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193,
+    0xa679438e, 0x49b40821, 0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, 0xd62f105d,
+    0x02441453, 0xd8a1e681, 0xe7d3fbc8, 0x21e1cde6, 0xc33707d6, 0xf4d50d87, 0x455a14ed,
+    0xa9e3e905, 0xfcefa3f8, 0x676f02d9, 0x8d2a4c8a, 0xfffa3942, 0x8771f681, 0x6d9d6122,
+    0xfde5380c, 0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70, 0x289b7ec6, 0xeaa127fa,
+    0xd4ef3085, 0x04881d05, 0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665, 0xf4292244,
+    0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1,
+    0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb,
+    0xeb86d391};
+
+static const unsigned char md5_s[64] = {
+    7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22,
+    5, 9,  14, 20, 5, 9,  14, 20, 5, 9,  14, 20, 5, 9,  14, 20,
+    4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
+    6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21};
+
+static void
+md5_init(Md5 *m)
+{
+    m->h[0] = 0x67452301;
+    m->h[1] = 0xefcdab89;
+    m->h[2] = 0x98badcfe;
+    m->h[3] = 0x10325476;
+    m->len = 0;
+    m->n = 0;
+}
+
+static void
+md5_block(Md5 *m, const unsigned char *p)
+{
+    uint32_t w[16], a = m->h[0], b = m->h[1], c = m->h[2], d = m->h[3];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] | ((uint32_t)p[4 * i + 1] << 8) |
+               ((uint32_t)p[4 * i + 2] << 16) | ((uint32_t)p[4 * i + 3] << 24);
+    for (int i = 0; i < 64; i++) {
+        uint32_t f;
+        int g;
+        if (i < 16) {
+            f = (b & c) | (~b & d);
+            g = i;
+        }
+        else if (i < 32) {
+            f = (d & b) | (~d & c);
+            g = (5 * i + 1) & 15;
+        }
+        else if (i < 48) {
+            f = b ^ c ^ d;
+            g = (3 * i + 5) & 15;
+        }
+        else {
+            f = c ^ (b | ~d);
+            g = (7 * i) & 15;
+        }
+        uint32_t x = a + f + md5_k[i] + w[g];
+        a = d;
+        d = c;
+        c = b;
+        b = b + ((x << md5_s[i]) | (x >> (32 - md5_s[i])));
+    }
+    m->h[0] += a;
+    m->h[1] += b;
+    m->h[2] += c;
+    m->h[3] += d;
+}
+
+static void
+md5_update(Md5 *m, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    m->len += n;
+    if (m->n) {
+        size_t take = 64 - m->n < n ? 64 - m->n : n;
+        memcpy(m->buf + m->n, p, take);
+        m->n += take;
+        p += take;
+        n -= take;
+        if (m->n < 64)
+            return;
+        md5_block(m, m->buf);
+        m->n = 0;
+    }
+    for (; n >= 64; p += 64, n -= 64)
+        md5_block(m, p);
+    memcpy(m->buf, p, n);
+    m->n = n;
+}
+
+/* the first 8 bytes of the digest, big-endian (md5's words are little-endian) */
+static uint64_t
+md5_head64(Md5 *m)
+{
+    uint64_t bits = m->len * 8;
+    unsigned char pad[72] = {0x80};
+    size_t padn = (m->n < 56 ? 56 - m->n : 120 - m->n);
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (unsigned char)(bits >> (8 * i));
+    md5_update(m, pad, padn);
+    md5_update(m, len, 8);
+    uint64_t out = 0;
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < 4; i++)
+            out = (out << 8) | ((m->h[w] >> (8 * i)) & 0xff);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * the JSON array of the texts, as msgspec writes it
+ */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    char stack[2048];
+} Buf;
+
+static int
+buf_need(Buf *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap * 2;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *p = PyMem_Malloc(cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(p, b->p, b->len);
+    if (b->p != b->stack)
+        PyMem_Free(b->p);
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int
+buf_string(Buf *b, const char *s, Py_ssize_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (buf_need(b, (size_t)n * 6 + 2) < 0)
+        return -1;
+    char *o = b->p + b->len;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *o++ = (char)c;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        default:
+            *o++ = 'u';
+            *o++ = '0';
+            *o++ = '0';
+            *o++ = hex[c >> 4];
+            *o++ = hex[c & 15];
+        }
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->p);
+    return 0;
+}
+
+static PyObject *str_true, *str_false;
+
+static int
+plain(PyObject *v)
+{
+    return PyUnicode_CheckExact(v) || v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) ||
+           PyFloat_CheckExact(v);
+}
+
+/* the text of a value other than None (new reference) */
+static PyObject *
+text_of(PyObject *v)
+{
+    if (PyUnicode_CheckExact(v))
+        return Py_NewRef(v);
+    if (PyBool_Check(v))
+        return Py_NewRef(v == Py_True ? str_true : str_false);
+    if (PyLong_CheckExact(v))
+        return PyObject_Str(v);
+    double d = PyFloat_AS_DOUBLE(v);
+    unsigned char raw[8];
+    char hexed[16];
+    static const char hex[] = "0123456789abcdef";
+    memcpy(raw, &d, 8);
+    for (int j = 0; j < 8; j++) { /* big-endian: struct.pack(">d") */
+        unsigned char c = raw[PY_LITTLE_ENDIAN ? 7 - j : j];
+        hexed[2 * j] = hex[c >> 4];
+        hexed[2 * j + 1] = hex[c & 15];
+    }
+    return PyUnicode_FromStringAndSize(hexed, 16);
+}
+
+/* the key's text (router.verify_digest.key_text): ``length:text`` of each value, ``!`` for
+ * None, joined by ``,`` (0; -1 error; 1 surrogates: the twin raises) */
+static int
+key_text(Buf *b, PyObject *key)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(key); i++) {
+        PyObject *v = PyTuple_GET_ITEM(key, i);
+        if (buf_need(b, 32) < 0)
+            return -1;
+        if (i)
+            b->p[b->len++] = ',';
+        if (v == Py_None) {
+            b->p[b->len++] = '!';
+            continue;
+        }
+        PyObject *text = text_of(v);
+        if (text == NULL)
+            return -1;
+        Py_ssize_t tlen;
+        const char *t = PyUnicode_AsUTF8AndSize(text, &tlen);
+        if (t == NULL) {
+            Py_DECREF(text);
+            return PyErr_ExceptionMatches(PyExc_UnicodeError) ? (PyErr_Clear(), 1) : -1;
+        }
+        b->len += (size_t)sprintf(b->p + b->len, "%zd:", PyUnicode_GET_LENGTH(text));
+        int bad = buf_need(b, (size_t)tlen) < 0;
+        if (!bad) {
+            memcpy(b->p + b->len, t, (size_t)tlen);
+            b->len += (size_t)tlen;
+        }
+        Py_DECREF(text);
+        if (bad)
+            return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * verify_row
+ */
+static PyObject *
+native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyBytes_Check(args[1]) ||
+        !PyTuple_Check(args[2]) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "verify_row(key: tuple, head: bytes, values: tuple, "
+                                         "buckets: int)");
+        return NULL;
+    }
+    PyObject *key = args[0], *values = args[2];
+    Py_ssize_t n = PyTuple_GET_SIZE(values);
+    long long buckets = PyLong_AsLongLong(args[3]);
+    if (buckets <= 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "verify_row: buckets must be positive");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(key); i++)
+        if (!plain(PyTuple_GET_ITEM(key, i)))
+            Py_RETURN_NONE; /* not a JSON scalar: the twin renders it */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!plain(PyTuple_GET_ITEM(values, i)))
+            Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (n + 2) * 8);
+    if (out == NULL)
+        return NULL;
+    int64_t *digests = (int64_t *)PyBytes_AS_STRING(out);
+    Buf b = {.len = 0, .cap = sizeof(b.stack)}, k = {.len = 0, .cap = sizeof(k.stack)};
+    b.p = b.stack;
+    k.p = k.stack;
+    int declined = key_text(&k, key);
+    if (declined)
+        goto done;
+    b.p[b.len++] = '[';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(values, i);
+        if (i) {
+            if (buf_need(&b, 1) < 0)
+                goto fail;
+            b.p[b.len++] = ',';
+        }
+        if (v == Py_None) {
+            if (buf_need(&b, 4) < 0)
+                goto fail;
+            memcpy(b.p + b.len, "null", 4);
+            b.len += 4;
+            digests[i] = (int64_t)PyObject_Hash(v);
+            continue;
+        }
+        PyObject *text = text_of(v);
+        if (text == NULL)
+            goto fail;
+        Py_ssize_t tlen;
+        const char *t = PyUnicode_AsUTF8AndSize(text, &tlen);
+        Py_hash_t h = t == NULL ? -1 : PyObject_Hash(text);
+        int bad = t == NULL || h == -1 || buf_string(&b, t, tlen) < 0;
+        Py_DECREF(text);
+        if (bad) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeError))
+                goto fail;
+            PyErr_Clear(); /* surrogates: the twin raises */
+            declined = 1;
+            goto done;
+        }
+        digests[i] = (int64_t)h;
+    }
+    if (buf_need(&b, 1) < 0)
+        goto fail;
+    b.p[b.len++] = ']';
+    Md5 kmd5, row;
+    md5_init(&kmd5);
+    md5_update(&kmd5, k.p, k.len);
+    row = kmd5;
+    uint64_t first = md5_head64(&kmd5);
+    digests[n] = (int64_t)(((first >> 32) >> 4) % (uint64_t)buckets);
+    md5_update(&row, PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]));
+    md5_update(&row, b.p, b.len);
+    digests[n + 1] = (int64_t)(md5_head64(&row) >> 4);
+done:
+    if (b.p != b.stack)
+        PyMem_Free(b.p);
+    if (k.p != k.stack)
+        PyMem_Free(k.p);
+    if (declined < 0)
+        goto fail_freed;
+    if (declined) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+fail:
+    if (b.p != b.stack)
+        PyMem_Free(b.p);
+    if (k.p != k.stack)
+        PyMem_Free(k.p);
+fail_freed:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyMethodDef verify_methods[] = {
+    {"verify_row", (PyCFunction)(void (*)(void))native_verify_row, METH_FASTCALL,
+     "verify_row(key, head, values, buckets) -> bytes | None: router.verify_digest's "
+     "digests of one row"},
+    {NULL}};
+
+int
+verify_setup(PyObject *module)
+{
+    str_true = PyUnicode_InternFromString("true");
+    str_false = PyUnicode_InternFromString("false");
+    if (str_true == NULL || str_false == NULL)
+        return -1;
+    return PyModule_AddFunctions(module, verify_methods);
+}
