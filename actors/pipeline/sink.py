@@ -111,7 +111,6 @@ class SinkActor:
         self.reshape = reshape
         if getattr(reshape, "registers", False) and self._plain is not None:
             self._defer = True
-            self._plain = self._plain_deferred
 
     # -- delivery callbacks (client thread) ---------------------------------------------------
 
@@ -297,11 +296,9 @@ class SinkActor:
         whole = chunk.last and not self._in_txn
         self._register(chunk)
         await self._needs(chunk, batch)
-        if self._defer:
+        if self._defer:  # queued as they are (``_queue``), converted by ``_convert_produce``
             self.reshape.learn(chunk)
-            self._queue(chunk, batch, whole, chunk.records)
-            return
-        if getattr(self.reshape, "registers", False) and chunk.records:
+        elif getattr(self.reshape, "registers", False) and chunk.records:
             records = await self._registered(chunk)
             self._queue(chunk, batch, whole, records)
             return
@@ -334,14 +331,6 @@ class SinkActor:
         whole = chunk.last and not self._in_txn
         self._register(chunk)
         self._queue(chunk, batch, whole)
-        return True
-
-    def _plain_deferred(self, chunk: RoutedChunk, batch: list) -> bool:
-        """``_plain_chunk`` when records convert in the producing thread: queued as they
-        are."""
-        whole = chunk.last and not self._in_txn
-        self._register(chunk)
-        self._queue(chunk, batch, whole, chunk.records)
         return True
 
     def _register(self, chunk: RoutedChunk) -> None:
@@ -389,7 +378,8 @@ class SinkActor:
         ticket = self._current
         if chunk.records:
             if records is None:
-                records = chunk.records if self.reshape is None else self.reshape(chunk)
+                records = (chunk.records if self.reshape is None or self._defer
+                           else self.reshape(chunk))
             with self._lock:
                 self._txns[ticket].sent += len(records)
             self._sent_records += len(records)

@@ -210,3 +210,68 @@ async def test_a_sink_failure_is_what_the_pipeline_reports_not_its_peers_echo():
 async def _drain(rx):
     async for _ in rx:
         pass
+
+
+class SplittingFormat:
+    """A format that registers schemas (as Avro does): a record whose value starts with
+    ``b"kc"`` becomes two (a key change), and records of topic ``"new"`` need a schema until
+    ``register`` is called."""
+
+    registers = True
+
+    def __init__(self):
+        self.registered: list = []
+        self.threads: set = set()
+
+    def learn(self, chunk):
+        pass
+
+    def convert(self, records):
+        import threading
+
+        from router.avro import SchemasNeeded, Subject
+
+        self.threads.add(threading.current_thread().name)
+        if any(r[0] == "new" for r in records) and not self.registered:
+            raise SchemasNeeded([Subject("new-value", "{}", "new")])
+        out = []
+        for r in records:
+            out.extend([r, r] if r[2].startswith(b"kc") else [r])
+        return out
+
+    def register(self, subjects):
+        self.registered.extend(s.subject for s in subjects)
+
+
+async def test_converted_in_the_producing_thread_and_done_only_with_the_extra_records():
+    """With a format that registers schemas, records are converted where they are produced
+    (not on the trio thread); a record the conversion makes two of counts twice before it
+    is produced, so its transaction is done only when both are acknowledged; a schema
+    without an id is registered and the batch goes on from the records that need it."""
+    client = HeldClient()
+    fmt = SplittingFormat()
+    chunks_tx, chunks_rx = trio.open_memory_channel(8)
+    prog_tx, progress = trio.open_memory_channel(64)
+    sink = SinkActor(client=client, inbox=chunks_rx, progress=prog_tx, schema_topic="schemas",
+                     topic_specs={"r": TopicSpec("r", 3)})
+    sink.set_reshape(fmt)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sink.run)
+        kc = RoutedChunk(1, 100, 100, [("t", b"k", b"v0", []), ("t", b"k", b"kc1", [])], [],
+                         True, [])
+        await chunks_tx.send([kc])
+        assert await expect(progress, 1) == [Registered(0, 100)]
+        assert [r[2] for _, r in client.pending] == [b"v0", b"kc1", b"kc1"]
+        client.ack(2)
+        assert await expect(progress, 0) == [], "done before the key change's second record"
+        client.ack()
+        assert await expect(progress, 1) == [Acked(0, 3)]
+        late = RoutedChunk(1, 200, 200, [("new", b"k", b"v1", [])], [], True, [])
+        await chunks_tx.send([late])
+        assert await expect(progress, 1) == [Registered(1, 200)]
+        assert fmt.registered == ["new-value"]
+        assert [r[2] for _, r in client.pending] == [b"v1"]
+        client.ack()
+        assert await expect(progress, 1) == [Acked(1, 1)]
+        assert fmt.threads and "MainThread" not in fmt.threads  # the producing thread's
+        await chunks_tx.aclose()
