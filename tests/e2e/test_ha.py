@@ -120,13 +120,14 @@ def _stop(group: Group, bootstrap: str, topic: str) -> float:
     produced = zombie.produced()
     took = group.taken_over(old, start)
     time.sleep(1.0)
-    assert zombie.produced() == produced, "the woken zombie produced records"
+    produced_later = zombie.produced()
     started = [line for line in new.text(since_mark=True).splitlines()
                if "supervisor: starting " in line]
     assert started, new.text()[-3000:]
     resumed = lsn_int(started[-1].split("confirmed_lsn=")[1].split()[0])
     assert resumed == frozen_at, (f"the slot moved from {frozen_at:X} to {resumed:X} after the "
                                   "leader froze: the zombie confirmed")
+    assert produced_later == produced, "the woken zombie produced records"
     wait_for(lambda: "leadership lost" in zombie.text(since_mark=True), timeout=30,
              what="the zombie to say it lost leadership")
     assert zombie.get("/readyz") == (503, "standby\n")
