@@ -112,7 +112,6 @@ class Leadership:
         self.health = health
         self._conf = consumer_conf(cfg, self.client_id)
         self._stop = threading.Event()
-        self._rejoin = threading.Event()
         self._owned = False
         self._thread: threading.Thread | None = None
         self.failure: ConfigError | None = None  # the thread's, raised by ``serve``
@@ -157,7 +156,6 @@ class Leadership:
                     consumer.close()  # leaves the group: the others rebalance at once
                 except Exception:  # noqa: BLE001 — a session that expired already
                     pass
-            self._rejoin.clear()
 
     def _member(self, consumer) -> None:
         def assigned(c, parts):
@@ -173,7 +171,7 @@ class Leadership:
 
         consumer.subscribe([self.topic], on_assign=assigned, on_revoke=taken, on_lost=taken)
         lease = self.lease
-        while not self._stop.is_set() and not self._rejoin.is_set():
+        while not self._stop.is_set():
             started = time.monotonic()
             consumer.poll(POLL)
             if self.member_id is None or not self._owned:
@@ -211,10 +209,11 @@ class Leadership:
                           term=term, member_id=self.member_id)
                 if await self._lead(body):
                     return
+                # librdkafka joins again by itself after a revocation; after an expired
+                # lease the group thread leaves and joins as a new member
                 log.event(_log, "leadership lost: streaming stopped, nothing more is produced "
                           "or confirmed; standing by", level=logging.WARNING, group=self.group,
                           term=term)
-                self._rejoin.set()
         finally:
             self.role = "leaving"
             self._stop.set()

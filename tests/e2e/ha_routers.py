@@ -101,6 +101,9 @@ class Group:
 
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM every router (the leader drains); each must exit 0."""
+        for r in self.routers:  # a router started a moment ago handles signals once it joins
+            wait_for(lambda: r.proc.poll() is not None or "joining the leadership group"
+                     in r.text(), timeout=60, what=f"{r.log.name} to start")
         for r in self.routers:
             if r.proc.poll() is None:
                 r.signal(signal.SIGCONT)

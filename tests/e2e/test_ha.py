@@ -22,6 +22,8 @@ import json
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -30,7 +32,7 @@ from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, delete_top
                                  topic_size, verify, wait_for)
 from tests.e2e.ha_routers import Group
 from tests.e2e.test_exactly_once import read_committed
-from tests.helpers import Pg, fold_rows, read_topic, unique, write_config
+from tests.helpers import ROOT, Pg, fold_rows, read_topic, unique, write_config
 
 pytestmark = pytest.mark.services
 
@@ -117,23 +119,41 @@ def _stop(group: Group, bootstrap: str, topic: str) -> float:
     time.sleep(max(0.0, start + STOP - time.time()))
     inside = group.holder() == old
     zombie.signal(signal.SIGCONT)
-    produced = zombie.produced()
+    woke = time.time()
+    # its pipeline stops at once (a hand-over that ran before the freeze may still be
+    # counted when it wakes); from then on nothing more is handed to Kafka
+    wait_for(lambda: "leadership lost" in zombie.text(since_mark=True), timeout=30,
+             what="the zombie to say it lost leadership", interval=0.02)
+    stopped = time.time() - woke
     took = group.taken_over(old, start)
-    time.sleep(1.0)
-    produced_later = zombie.produced()
+    produced = zombie.produced()
     started = [line for line in new.text(since_mark=True).splitlines()
                if "supervisor: starting " in line]
     assert started, new.text()[-3000:]
     resumed = lsn_int(started[-1].split("confirmed_lsn=")[1].split()[0])
     assert resumed == frozen_at, (f"the slot moved from {frozen_at:X} to {resumed:X} after the "
                                   "leader froze: the zombie confirmed")
-    assert produced_later == produced, "the woken zombie produced records"
-    wait_for(lambda: "leadership lost" in zombie.text(since_mark=True), timeout=30,
-             what="the zombie to say it lost leadership")
+    time.sleep(1.0)
+    assert zombie.produced() == produced, "the zombie produced records after losing leadership"
     assert zombie.get("/readyz") == (503, "standby\n")
-    print(f"SIGSTOP for {time.time() - start:.1f} s: zombie woken "
-          f"{'while its walsender still held the slot' if inside else 'after the fence'}")
+    assert stopped < 3, f"the zombie's pipeline stopped {stopped:.1f} s after it woke"
+    print(f"SIGSTOP for {woke - start:.1f} s: zombie woken "
+          f"{'while its walsender still held the slot' if inside else 'after the fence'}, "
+          f"its pipeline stopped within {stopped:.1f} s")
     return took
+
+
+def _status_names_the_leader(group: Group, config) -> None:
+    """``pgrouter status`` lists the three routers and names the leader (from Kafka)."""
+    leader = group.routers[group.leader()].proc.pid
+    out = subprocess.run([sys.executable, "-m", "actors.cli", "status", "-c", str(config),
+                          "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    ha = json.loads(out.stdout)["ha"]
+    assert len(ha["members"]) == 3 and ha["leader"].endswith(f"-{leader}"), ha
+    assert sorted(m["role"] for m in ha["members"]) == ["leader", "standby", "standby"]
+    text = subprocess.run([sys.executable, "-m", "actors.cli", "status", "-c", str(config)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
+    assert f"leader {ha['leader']}, 3 member(s)" in text, text
 
 
 def _faults(group: Group, bootstrap: str, topic: str) -> dict[str, list[float]]:
@@ -162,6 +182,7 @@ def test_leader_faults_under_load_lose_nothing(slot_table, pg_dsn, kafka_bootstr
         # one streams, the others stand by without a replication connection
         states = sorted(r.get("/readyz") for r in group.routers)
         assert states == [(200, "streaming\n"), (503, "standby\n"), (503, "standby\n")]
+        _status_names_the_leader(group, tmp_path / "router.toml")
         sampler.start()
         load.start()
         wait_for(lambda: topic_size(kafka_bootstrap, name) > 300, timeout=60,
