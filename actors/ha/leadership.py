@@ -100,8 +100,9 @@ class Leadership:
         try:
             import confluent_kafka  # noqa: F401
         except ImportError as exc:
-            raise ConfigError("leadership needs confluent-kafka (librdkafka): pip install "
-                              "confluent-kafka", path="ha.enabled") from exc
+            raise ConfigError("leadership needs confluent-kafka: install pgrouter with its "
+                              "librdkafka extra (pip install '.[librdkafka]')",
+                              path="ha.enabled") from exc
         self.cfg = cfg
         self.topic = control_topic(cfg.ha, cfg.source.slot)
         self.group = group_id(cfg.ha, cfg.source.slot)

@@ -143,6 +143,21 @@ def _stop(group: Group, bootstrap: str, topic: str) -> float:
     return took
 
 
+def _sigterm(group: Group) -> float:
+    """SIGTERM on the leader: it drains, exits 0 and leaves the group; a standby streams
+    about a second later, without waiting for the session timeout."""
+    i = group.leader()
+    old, start = group.holder(), time.time()
+    leaving = group.routers[i]
+    leaving.proc.terminate()
+    assert leaving.proc.wait(timeout=60) == 0, leaving.text()[-3000:]
+    assert "left the leadership group" in leaving.text()
+    took = group.taken_over(old, start)
+    assert took < 5, f"the handover took {took:.1f} s"
+    group.replace(i)
+    return took
+
+
 def _status_names_the_leader(group: Group, config) -> None:
     """``pgrouter status`` lists the three routers and names the leader (from Kafka)."""
     leader = group.routers[group.leader()].proc.pid
@@ -188,6 +203,7 @@ def test_leader_faults_under_load_lose_nothing(slot_table, pg_dsn, kafka_bootstr
         wait_for(lambda: topic_size(kafka_bootstrap, name) > 300, timeout=60,
                  what="records before the first fault")
         times = _faults(group, kafka_bootstrap, name)
+        handover = _sigterm(group)
         rows = load.stop()
         wait_for(lambda: pg.one("select confirmed_flush_lsn >= pg_current_wal_lsn() from "
                                 "pg_replication_slots where slot_name = %s", name),
@@ -199,6 +215,7 @@ def test_leader_faults_under_load_lose_nothing(slot_table, pg_dsn, kafka_bootstr
     figures = verify(pg, kafka_bootstrap, name, f"{name}_oracle", sampler.stop(), rows=rows)
     assert figures["checked"] > 50, figures
     _report("at-least-once", times)
+    print(f"SIGTERM handover: {handover:.1f} s")
 
 
 def test_exactly_once_failover_shows_each_change_once(slot_table, pg_dsn, kafka_bootstrap,
