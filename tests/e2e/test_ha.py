@@ -12,8 +12,8 @@ one streams, and faults of the leader under a steady load.
 * The same in exactly-once mode: no position reaches a ``read_committed`` consumer twice;
   and a new leader's transactional id fences the old producer (its commit fails, nothing of
   its open transaction becomes visible).
-* The leader killed during the initial snapshot: the new leader finishes it (by backfill,
-  from the snapshot state topic); the folded topic equals the table.
+* The leader killed during the initial snapshot, and later during a backfill: the new
+  leader finishes each (from the snapshot state topic); the folded topic equals the table.
 """
 
 from __future__ import annotations
@@ -116,6 +116,11 @@ def _stop(group: Group, bootstrap: str, topic: str) -> float:
     new = wait_for(lambda: next((r for r in others if "still held by another process"
                                  in r.text(since_mark=True)), None),
                    timeout=60, what="a standby to take leadership and fence the slot")
+    took = None  # the takeover while the zombie is still frozen, if it comes before STOP
+    while took is None and time.time() < start + STOP:
+        if group.holder() not in (None, old):
+            took = time.time() - start
+        time.sleep(0.05)
     time.sleep(max(0.0, start + STOP - time.time()))
     inside = group.holder() == old
     zombie.signal(signal.SIGCONT)
@@ -125,7 +130,8 @@ def _stop(group: Group, bootstrap: str, topic: str) -> float:
     wait_for(lambda: "leadership lost" in zombie.text(since_mark=True), timeout=30,
              what="the zombie to say it lost leadership", interval=0.02)
     stopped = time.time() - woke
-    took = group.taken_over(old, start)
+    if took is None:
+        took = group.taken_over(old, start)
     produced = zombie.produced()
     started = [line for line in new.text(since_mark=True).splitlines()
                if "supervisor: starting " in line]
@@ -303,6 +309,26 @@ def test_leader_killed_during_the_initial_snapshot(slot_table, pg_dsn, kafka_boo
                  what="the new leader to finish the snapshot")
         assert any("initial snapshot was interrupted; finishing it by backfill" in r.text()
                    for r in group.routers)
+        # a backfill asked for later (pgrouter snapshot), the leader killed in the middle
+        for r in group.routers:
+            r.set_mark()
+        asked = subprocess.run([sys.executable, "-m", "actors.cli", "snapshot", "-c",
+                                str(tmp_path / "router.toml"), "--route", name],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert asked.returncode == 0, asked.stderr
+        second = wait_for(lambda: next((r for r in group.routers if "backfill: table started"
+                                        in r.text(since_mark=True)), None),
+                          timeout=60, what="the backfill to start")
+        time.sleep(1.0)
+        second.signal(signal.SIGKILL)
+        second.proc.wait(timeout=30)
+        assert "backfill: table done" not in second.text(since_mark=True), \
+            "the backfill ended before the kill"
+        group.replace(group.routers.index(second))
+        wait_for(lambda: any("backfill resumed" in r.text(since_mark=True)
+                             and "backfill: table done" in r.text(since_mark=True)
+                             for r in group.routers), timeout=120,
+                 what="the new leader to resume and finish the backfill")
         group.stop()
     except BaseException:
         group.kill_all()
