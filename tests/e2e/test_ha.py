@@ -26,8 +26,10 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 
+from tests.e2e.console_schema import RunStatus
 from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, delete_topics, lsn_int,
                                  topic_size, verify, wait_for)
 from tests.e2e.ha_routers import Group
@@ -166,7 +168,11 @@ def _sigterm(group: Group) -> float:
 
 def _status_names_the_leader(group: Group, config) -> None:
     """``pgrouter status`` lists the three routers and names the leader (from Kafka)."""
-    leader = group.routers[group.leader()].proc.pid
+    i = group.leader()
+    leader = group.routers[i].proc.pid
+    for j, r in enumerate(group.routers):  # /api/status: the documented shape, the role
+        doc = msgspec.json.decode(r.get("/api/status", timeout=5)[1], type=RunStatus)
+        assert doc.ha.role == ("leader" if j == i else "standby"), doc.ha
     out = subprocess.run([sys.executable, "-m", "actors.cli", "status", "-c", str(config),
                           "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     ha = json.loads(out.stdout)["ha"]
