@@ -19,6 +19,7 @@ from .config_files import decode_toml, read_config_text
 from .console_config import ConsoleConfig, validate_console
 from .errors import ConfigError
 from .exactly_once import validate_exactly_once
+from .ha import HaConfig, validate_ha
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
@@ -216,6 +217,8 @@ class Config(_Base):
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     #: which transactions to publish by replication origin (router.origins); default "any"
     origin: OriginSetting | None = None
+    #: standby routers coordinated by Kafka's group coordinator (router.ha)
+    ha: HaConfig = msgspec.field(default_factory=HaConfig)
 
 
 def resolve_client(client: str, rdkafka_installed: bool) -> str:
@@ -329,6 +332,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     _validate_metrics(cfg.metrics, source)
     validate_console(cfg.console, source=source)
     validate_exactly_once(cfg.kafka, source=source)
+    validate_ha(cfg.ha, source=source)
 
 
 def parse_listen(listen: str, *, path: str = "metrics.listen",

@@ -178,6 +178,11 @@ class Aborted(PgRouterError):
         super().__init__(message)
 
 
+class LeadershipLost(PgRouterError):
+    """With ``[ha]``: this router no longer leads its group (its lease expired or Kafka took
+    partition 0 away); it stops streaming without confirming or producing (router.ha)."""
+
+
 # --- bugs ----------------------------------------------------------------------------------
 
 
@@ -208,6 +213,7 @@ RETRYABLE: dict[type[BaseException], bool] = {
     ApplyError: False,
     GaveUp: False,
     Aborted: False,
+    LeadershipLost: False,
     InternalError: False,
 }
 

@@ -5,7 +5,8 @@ the slot (active, confirmed flush LSN, lag in bytes, WAL retained, ``wal_status`
 before ``max_slot_wal_keep_size`` would invalidate it), and per route the Kafka topics its
 topic template produces with their offsets (the record count, unless Kafka transactions
 write the topic: ``[kafka] exactly_once``, whose commit markers take offsets too) and the
-commit time of the newest record delivered to each (pgrouter's format or Connect's). ``--json`` prints the same as one JSON object.
+commit time of the newest record delivered to each (pgrouter's format or Connect's); with
+``[ha] enabled`` the leadership group's members and its leader (``actors.ha.group``). ``--json`` prints the same as one JSON object.
 
 Exit status: 0, or 1 when the slot is missing or invalidated or a server cannot be reached
 (what could be read is still printed).
@@ -25,6 +26,7 @@ from router.config import Config
 from router.errors import PgRouterError
 from router.lsn import format_lsn
 
+from ..ha import group
 from ..pipeline.slot_monitor import sample_slot
 from ..kafka.registry import decoder_for
 from ..kafka.survey import survey
@@ -94,6 +96,11 @@ async def _gather(cfg: Config) -> tuple[dict, list[str]]:
         report["routes"] = await trio.to_thread.run_sync(kafka_status, cfg)
     except Exception as exc:  # noqa: BLE001 — any failure to talk to Kafka is the report
         problems.append(f"kafka.bootstrap_servers: Kafka not reachable: {exc}")
+    if cfg.ha.enabled:
+        try:
+            report["ha"] = await trio.to_thread.run_sync(group.describe_group, cfg)
+        except Exception as exc:  # noqa: BLE001 — any failure to talk to Kafka is the report
+            problems.append(f"ha: the leadership group cannot be described: {exc}")
     times = [t["last_commit_time"] for ts in report["routes"].values() for t in ts
              if t["last_commit_time"]]
     report["last_delivered_commit_time"] = max(times) if times else None
@@ -119,6 +126,8 @@ def _text(report: dict) -> str:
                      f"{t['offsets']} offsets (records and Kafka transaction markers)")
             lines.append(f"  {t['topic']}: {count}, last commit "
                          f"{t['last_commit_time'] or '-'}")
+    if report.get("ha"):
+        lines.extend(group.text(report["ha"]))
     lines.append(f"last delivered commit: {report['last_delivered_commit_time'] or '-'}")
     lines.extend(report["problems"])
     return "\n".join(lines)

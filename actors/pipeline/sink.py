@@ -23,6 +23,8 @@ Rules (the delivery contract, whichever Kafka client is behind it):
   record is sent, and no position confirmed, ahead of its schema's id.
 * The client's blocking calls run in a worker thread; delivery callbacks arrive on the
   client's own thread and are handed to trio with ``run_sync_soon``.
+* With ``[ha]`` (``holds``) a router whose leadership lease expired hands no record over
+  (checked in the producing thread per hand-over and per schema record; router.ha).
 * Chunks already waiting in the inbox are taken together (a stream of small transactions
   is one chunk per transaction) and their records handed to the client in one worker-thread
   call. Consecutive whole transactions of such a group share one ticket: its ``Registered``
@@ -43,7 +45,7 @@ from time import perf_counter
 import trio
 
 from router.avro import SchemasNeeded
-from router.errors import SinkError
+from router.errors import LeadershipLost, SinkError
 from router.routing import RoutedChunk
 from router.schema import encode_schema
 from router.topics import TopicSpec
@@ -73,8 +75,10 @@ class SinkActor:
     def __init__(self, *, client, inbox: trio.MemoryReceiveChannel,
                  progress: trio.MemorySendChannel, schema_topic: str,
                  topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None,
-                 metrics=None):
+                 metrics=None, holds=None):
         self.client = client
+        #: with ``[ha]``: ``Leadership.holds``, asked before every hand-over of records
+        self.holds = holds
         self.inbox = inbox
         self.progress = progress
         self.schema_topic = schema_topic
@@ -240,7 +244,7 @@ class SinkActor:
         started = perf_counter()
         if self._defer:
             await self._convert_and_produce(batch)
-        elif len(batch) == 1:
+        elif len(batch) == 1 and self.holds is None:
             await trio.to_thread.run_sync(self.client.produce, *batch[0], self._on_delivery)
         else:
             await trio.to_thread.run_sync(self._produce_all, batch)
@@ -253,7 +257,14 @@ class SinkActor:
         self._sent_records = 0
         batch.clear()
 
+    def _check_lease(self) -> None:
+        """With ``[ha]``, in the producing thread right before records go: a router whose
+        leadership lease expired hands nothing more over (router.ha)."""
+        if self.holds is not None and not self.holds():
+            raise LeadershipLost("leadership lost: records not produced")
+
     def _produce_all(self, batch: list) -> None:
+        self._check_lease()
         produce, on_delivery = self.client.produce, self._on_delivery
         for records, ticket in batch:
             produce(records, ticket, on_delivery)
@@ -273,6 +284,7 @@ class SinkActor:
         entry whose schemas have no id yet (nothing of it handed over). A conversion that
         makes more records than the router's (a key change is two) counts them into its
         ticket before they go, so the ticket cannot complete early."""
+        self._check_lease()
         convert, produce, on_delivery = self.reshape.convert, self.client.produce, self._on_delivery
         for i in range(start, len(batch)):
             raw, ticket = batch[i]
@@ -402,6 +414,7 @@ class SinkActor:
         self._schema_ready = True
         for schema in schemas:
             key, value = encode_schema(schema)
+            self._check_lease()
             await trio.to_thread.run_sync(self.client.produce_sync, self.schema_topic, key, value)
             log.event(_log, "schema published", schema_id=schema.schema_id,
                       table=f"{schema.schema}.{schema.table}", topic=self.schema_topic)

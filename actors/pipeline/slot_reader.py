@@ -13,6 +13,8 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
   of small transactions is confirmed in batches, not one update per commit) and at least
   every ``status_interval`` seconds; when idle they ask the server for a keepalive, so quiet
   slots confirm recent positions.
+* With ``[ha]`` (``holds``) no status update is sent once the leadership lease is not held:
+  the reader fails with ``LeadershipLost`` instead (router.ha).
 * Draining: ``stop_reading()`` ends the read loop and closes the output channel; the
   connection stays open until the confirm actor closes the flush mailbox, so the final
   flush position is sent before the connection closes.
@@ -28,7 +30,7 @@ import psycopg2.extensions
 import psycopg2.extras
 import trio
 
-from router.errors import PublicationMissing, SlotInUse, SlotMissing, SourceError, SourceUnavailable
+from router.errors import LeadershipLost, PublicationMissing, SlotInUse, SlotMissing, SourceError, SourceUnavailable
 from router.lsn import format_lsn
 from router.native import NATIVE
 
@@ -109,7 +111,7 @@ drain = NATIVE.drain if NATIVE is not None else _drain_py
 class SlotReader:
     def __init__(self, *, dsn: str, slot: str, options: dict[str, str],
                  out: trio.MemorySendChannel, flush: Latest, status_interval: float = 2.0,
-                 stats=None):
+                 stats=None, holds=None):
         self.dsn = dsn
         self.slot = slot
         self.options = options
@@ -117,6 +119,8 @@ class SlotReader:
         self.flush = flush
         self.status_interval = status_interval
         self.stats = stats
+        #: with ``[ha]``: ``Leadership.holds``, asked before every status update (router.ha)
+        self.holds = holds
         self._stop = trio.Event()
         self._conn = None
         self._cur = None
@@ -211,6 +215,8 @@ class SlotReader:
         lsn = self.flush.value
         if not force and lsn <= self._sent_flush:
             return
+        if self.holds is not None and not self.holds():
+            raise LeadershipLost("leadership lost: the slot is not confirmed any further")
         try:
             self._cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, reply=reply,
                                     force=True)

@@ -77,7 +77,13 @@ class TransactionalSinkActor(SinkActor):
     async def _commit(self) -> None:
         end, self._sealed_end, self._began = self._sealed_end, None, None
         if self.client.in_transaction:
-            await trio.to_thread.run_sync(self.client.commit, end)
+            await trio.to_thread.run_sync(self._commit_leading, end)
+
+    def _commit_leading(self, end: int) -> None:
+        # with [ha] a router that lost its lease never commits: its open transaction is
+        # aborted by the next leader's init_transactions, which also fences this producer
+        self._check_lease()
+        self.client.commit(end)
 
     async def _consume(self) -> None:
         await super()._consume()

@@ -89,7 +89,7 @@ async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
         if time.monotonic() > deadline:
             raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
                             f"{slot['active_pid']}; stop that consumer first")
-        await trio.sleep(0.5)
+        await trio.sleep(0.2)  # a standby taking over waits here for its predecessor
     proto = src.proto_version or max_proto_version(version)
     pks = await load_primary_keys(sql)
     return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,

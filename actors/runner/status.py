@@ -114,6 +114,7 @@ def run_status(sup) -> dict:
                       "bootstrap_servers": redacted(cfg.kafka)["bootstrap_servers"],
                       "in_flight": max(0, stats.sent_records - stats.acked_records)},
             "problems": board.problems.snapshot(),
+            "ha": sup.leadership.describe() if getattr(sup, "leadership", None) else None,
             "config": redacted(cfg)}
 
 

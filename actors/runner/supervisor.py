@@ -21,6 +21,9 @@ Rules:
   holds cannot land after the new pipeline's records of the same key.
 * SIGTERM/SIGINT drain: stop reading, let every channel empty, flush Kafka, send the final
   flush LSN, exit 0. A second signal aborts (``Aborted``: one line, exit 1).
+* With ``[ha] enabled`` all of this runs only while this process leads its group
+  (``actors.ha.leadership``); a router that lost leadership closes its producer without
+  waiting for what it still queued.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from ..pipeline.mailbox import CHUNKS, EVENT_BATCHES, ACKS, WAL_BATCHES, Latest
 from ..console.board import Rates
 from ..console.web import Console
 from ..services.http import Endpoint, Health
+from ..ha.leadership import Leadership
 from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
 from ..pipeline.confirmer import ConfirmActor, Stats
@@ -94,6 +98,7 @@ class Supervisor:
         self.metrics = Metrics() if cfg.metrics.listen else None
         activate(self.metrics)
         self.health = Health()
+        self.leadership = Leadership(cfg, self.health) if cfg.ha.enabled else None
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
         #: "wal"/"poll"/None (``publication_mode.mode``); with "wal" the routers' definitions
@@ -121,8 +126,10 @@ class Supervisor:
     async def _run(self) -> int:
         try:
             async with trio_asyncio.open_loop():
-                await guarded(self._run_with_retries, self._signals, self.slot_owner,
-                              lambda: self.aborted)
+                body = self._run_with_retries
+                if self.leadership is not None:
+                    body = functools.partial(self.leadership.serve, body, self.drain)
+                await guarded(body, self._signals, self.slot_owner, lambda: self.aborted)
         except BaseExceptionGroup as group:
             if only_cancelled(group):
                 raise
@@ -200,9 +207,10 @@ class Supervisor:
             if snapshot is not None:  # its exported snapshot's connection, if still open
                 await trio.to_thread.run_sync(snapshot.close)
             self._streaming(False, "not streaming (starting, restarting or stopped)")
+            leading = self.leadership is None or self.leadership.holds()
             with trio.move_on_after(15) as scope:
                 scope.shield = True
-                await trio.to_thread.run_sync(client.close, 10.0)
+                await trio.to_thread.run_sync(client.close, 10.0 if leading else 0.0)
 
     async def _pipeline(self, info: ServerInfo, client,
                         snapshot: InitialSnapshot | None = None) -> None:
@@ -218,7 +226,7 @@ class Supervisor:
         keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
         slot = SlotReader(
             dsn=src.dsn, slot=src.slot, out=wal_tx, flush=flush,
-            status_interval=src.status_interval, stats=self.stats,
+            status_interval=src.status_interval, stats=self.stats, holds=self._holds(),
             options=pgoutput_options(proto_version=info.proto_version,
                                      publications=src.publications, streaming=src.streaming,
                                      # definitions and TRUNCATE markers
@@ -274,7 +282,7 @@ class Supervisor:
         sink = sink_class(cfg)(client=client, inbox=chunk_rx, progress=prog_tx,
                          schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
                          create_topics=cfg.kafka.create_topics, stats=self.stats,
-                         metrics=self.metrics)
+                         metrics=self.metrics, holds=self._holds())
         progress = ConfirmActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
                                  stats=self.stats, interval=cfg.log.progress_interval,
                                  until_lsn=self.until_lsn, caught_up=caught_up)
@@ -332,6 +340,9 @@ class Supervisor:
                       gid=held.gid, prepare_lsn=format_lsn(held.prepare_lsn),
                       confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))
+
+    def _holds(self):
+        return None if self.leadership is None else self.leadership.holds
 
     def _streaming(self, on: bool, reason: str) -> None:
         self.health.set(on, reason)

@@ -17,6 +17,7 @@ FLOORS = {
     "verify": 4,       # `pgrouter verify`: topics against the source at one position
     "snapshot": 3,     # initial snapshots and backfills: sources feeding the pipeline's sink
     "pipeline": 2,     # the streaming actors
+    "ha": 2,           # leadership of several routers on one slot (Kafka group)
     "apply": 2,        # `pgrouter apply`
     "services": 1,     # checks, catalog, SQL, logs, retries, metrics
     "kafka": 0,        # Kafka clients and their API knowledge

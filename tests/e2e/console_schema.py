@@ -88,6 +88,15 @@ class Actions(msgspec.Struct, forbid_unknown_fields=True):
     backfill: bool
 
 
+class Leadership(msgspec.Struct, forbid_unknown_fields=True):
+    group: str
+    topic: str
+    role: str
+    client_id: str
+    member_id: str | None
+    term: int
+
+
 class RunStatus(msgspec.Struct, forbid_unknown_fields=True):
     """``/api/status`` of ``pgrouter run``, schema 1 (docs/console.md)."""
     schema: int
@@ -103,4 +112,5 @@ class RunStatus(msgspec.Struct, forbid_unknown_fields=True):
     problems: list[Problem]
     config: dict
     actions: Actions
+    ha: Leadership | None = None
     csrf: str | None = None

@@ -1,0 +1,1 @@
+"""High availability: standby routers coordinated by Kafka's group coordinator."""
