@@ -43,7 +43,10 @@ from collections import deque
 
 import msgspec
 
+from .native import NATIVE
 from .pgoutput import UNCHANGED_TOAST
+
+_copy_rows = NATIVE.copy_rows if NATIVE is not None else None
 
 PREFIX = "pgrouter.snapshot"
 #: bits of ``seq`` left for the row ordinal of one table in an initial snapshot
@@ -108,6 +111,21 @@ def parse_copy_data(data: str) -> list[tuple]:
     if "\\" not in data:
         return [tuple(line.split("\t")) for line in lines]
     return [parse_copy_line(line) for line in lines]
+
+
+def copy_rows_py(data: bytes) -> list[tuple]:
+    """Whole lines of COPY text output as bytes (UTF-8) as row tuples: the reference of
+    ``router._native.copy_rows``."""
+    return parse_copy_data(data.decode())
+
+
+def copy_rows(data: bytes) -> list[tuple]:
+    """``copy_rows_py`` by the accelerator where it takes the input (``router.native``)."""
+    if _copy_rows is not None:
+        rows = _copy_rows(data)
+        if rows is not None:
+            return rows
+    return parse_copy_data(data.decode())
 
 
 # -- watermarks and requests ----------------------------------------------------------------
