@@ -51,13 +51,17 @@ def done_blocks(states, slot: str, snapshot: str, table: str, filenode: int
     return [(a, None if b < 0 else b) for a, b in out]
 
 
-def block_ranges(blocks: int, sessions: int) -> list[tuple[int, int | None]]:
-    """A table of ``blocks`` blocks as ``[first, end)`` block ranges for ``sessions``
-    sessions reading it at once (``ctid`` ranges: TID range scans): none smaller than
-    ``MIN_RANGE_BLOCKS``, at most ``RANGES_PER_SESSION`` per session. The first starts at
-    block 0, the last is open (``end`` None: blocks added since the size was read), so the
-    ranges cover the table whatever its size now. One range ``(0, None)``: not split."""
-    n = max(1, min(blocks // MIN_RANGE_BLOCKS, sessions * RANGES_PER_SESSION, MAX_RANGES))
+def block_ranges(blocks: int, sessions: int, rows: int = 0) -> list[tuple[int, int | None]]:
+    """A table of ``blocks`` blocks (about ``rows`` rows) as ``[first, end)`` block ranges
+    for ``sessions`` sessions reading it at once (``ctid`` ranges: TID range scans): none
+    smaller than ``MIN_RANGE_BLOCKS``, at most ``RANGES_PER_SESSION`` per session — or more,
+    so that a range holds well under ``2^RANGE_SHIFT`` rows (its positions). The first
+    starts at block 0, the last is open (``end`` None: blocks added since the size was
+    read), so the ranges cover the table whatever its size now. One range ``(0, None)``:
+    not split."""
+    per_session = sessions * RANGES_PER_SESSION
+    enough = -(-4 * rows // (1 << RANGE_SHIFT))  # a quarter of a range's positions each
+    n = max(1, min(blocks // MIN_RANGE_BLOCKS, max(per_session, enough), MAX_RANGES))
     if sessions <= 1 or n == 1:
         return [(0, None)]
     bounds = [blocks * i // n for i in range(n + 1)]

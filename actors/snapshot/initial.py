@@ -255,9 +255,18 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                             estimate = await r.estimate(table.table)
                         report.start(name, estimate)
                     seq = [initial_position(cp, ordinal, 0, part)[1]]
+                    whole = len(split[name]) == 1
+                    what = f"copying {name}" + ("" if whole else f" (blocks {blocks[0]} to "
+                                                f"{'the end' if blocks[1] is None else blocks[1]})")
+                    # positions past it would be the next range's or table's
+                    limit = seq[0] + (1 << (TABLE_SHIFT if whole else RANGE_SHIFT))
                     pending[key] = 0
 
-                    async def deliver(batch, table=table, seq=seq, key=key):
+                    async def deliver(batch, table=table, seq=seq, key=key, limit=limit,
+                                      what=what):
+                        if seq[0] + len(batch) > limit:
+                            raise SourceError(f"{what}: too many rows for the snapshot's "
+                                              "positions")
                         chunk = rows.chunk(table.relation, batch, tx, seq[0])
                         seq[0] += len(batch)
                         report.add(table.name, len(batch))
@@ -273,12 +282,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                             pending[key] -= 1
                             raise
 
-                    whole = len(split[name]) == 1
-                    what = f"copying {name}" + ("" if whole else f" (blocks {blocks[0]} to "
-                                                f"{'the end' if blocks[1] is None else blocks[1]})")
-                    n = await r.copy(table.select(blocks), deliver, what)
-                    if n >= 1 << (TABLE_SHIFT if whole else RANGE_SHIFT):
-                        raise SourceError(f"{what}: too many rows for the snapshot's positions")
+                    await r.copy(table.select(blocks), deliver, what)
                     read.add(key)
                     unread[name] -= 1
                     if not unread[name]:
@@ -350,8 +354,9 @@ async def _block_ranges(cfg: Config, tables: list[SnapshotTable]) -> tuple[dict,
             "where (n.nspname, c.relname) in (select * from unnest($1::text[], $2::text[]))",
             [t.table[0] for t in tables], [t.table[1] for t in tables])
     blocks = {r["name"]: int(r["blocks"]) for r in sizes}
-    return ({t.name: block_ranges(blocks.get(t.name, 0), cfg.snapshot.parallel)
-             for t in tables}, {r["name"]: int(r["estimate"]) for r in sizes},
+    estimate = {r["name"]: int(r["estimate"]) for r in sizes}
+    return ({t.name: block_ranges(blocks.get(t.name, 0), cfg.snapshot.parallel,
+                                  estimate.get(t.name, 0)) for t in tables}, {r["name"]: int(r["estimate"]) for r in sizes},
             {r["name"]: int(r["filenode"] or 0) for r in sizes})
 
 

@@ -216,6 +216,8 @@ def test_block_ranges_cover_the_table_and_split_only_big_ones():
     assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # no gap, no overlap
     assert all(b - a >= MIN_RANGE_BLOCKS for a, b in parts[:-1])
     assert len(block_ranges(10**9, 1000)) == MAX_RANGES
+    # a range's rows stay well within its positions: more ranges for a huge table
+    assert len(block_ranges(10**8, 2, rows=10**11)) == 94  # ceil(4e11 / 2^32)
 
 
 def test_done_blocks_are_this_snapshots_merged_and_dropped_after_a_rewrite():
