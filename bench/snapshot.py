@@ -27,7 +27,6 @@ import json
 import os
 import pathlib
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 COLUMNS = "id, grp, amount, note, created"
 SETTINGS = {"linger_ms": 5}  # the router's [kafka] settings here and the ceiling's
+ROUTER_RSS: list[float] = []  # MB, of each router run
 
 
 def psql() -> str:
@@ -60,6 +60,38 @@ def copy_seconds(dsn: str, table: str) -> float:
         subprocess.run([psql(), dsn, "-X", "-q", "-c",
                         f"COPY (SELECT {COLUMNS} FROM ONLY {table}) TO STDOUT"],
                        stdout=null, check=True)
+    return time.monotonic() - started
+
+
+def copy_ranges_seconds(dsn: str, table: str, sessions: int) -> float:
+    """The table's rows by ``COPY … TO STDOUT`` of its block ranges (as the snapshot splits
+    it for ``sessions`` sessions, ``router.snapshot_ranges``) in ``sessions`` psql
+    processes at once, to /dev/null: what PostgreSQL alone gives when a table is read by
+    several sessions."""
+    from router.snapshot_ranges import block_ranges
+
+    conn = psycopg2.connect(dsn)
+    try:
+        cur = conn.cursor()
+        cur.execute("select pg_relation_size(%s::regclass) / current_setting('block_size')::int, "
+                    "reltuples::int8 from pg_class where oid = %s::regclass", (table, table))
+        blocks, rows = cur.fetchone()
+    finally:
+        conn.close()
+    ranges = block_ranges(blocks, sessions, rows)
+    scripts = [[] for _ in range(sessions)]
+    for i, (first, end) in enumerate(ranges):
+        cond = f"ctid >= '({first},0)'::tid" + ("" if end is None else
+                                                 f" and ctid < '({end},0)'::tid")
+        scripts[i % sessions].append(f"COPY (SELECT {COLUMNS} FROM ONLY {table} WHERE {cond})"
+                                     " TO STDOUT")
+    started = time.monotonic()
+    with open("/dev/null", "wb") as null:
+        procs = [subprocess.Popen([psql(), dsn, "-X", "-q"] + [a for c in script
+                                                              for a in ("-c", c)],
+                                  stdout=null) for script in scripts if script]
+        if any(p.wait() != 0 for p in procs):
+            raise SystemExit("psql failed")
     return time.monotonic() - started
 
 
@@ -87,18 +119,22 @@ progress_interval = 30
 name = "{slot}"
 tables = {json.dumps(tables)}
 """)
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
-                               "--until-caught-up"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=3600)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        err = pathlib.Path(tmp) / "router.log"
+        with open(err, "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
+                                     "--until-caught-up"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                    stderr=fh)
+            # this router's own CPU time and peak RSS
+            _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        stderr = err.read_text()
     if proc.returncode != 0:
-        raise SystemExit(f"pgrouter failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    m = re.search(r"initial snapshot: done tables=\d+ rows=(\d+) seconds=([\d.]+)", proc.stderr)
+        raise SystemExit(f"pgrouter failed ({proc.returncode}):\n{stderr[-3000:]}")
+    m = re.search(r"initial snapshot: done tables=\d+ rows=(\d+) seconds=([\d.]+)", stderr)
     if not m:
-        raise SystemExit(f"no snapshot summary in the log:\n{proc.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return float(m.group(2)), int(m.group(1)), cpu
+        raise SystemExit(f"no snapshot summary in the log:\n{stderr[-3000:]}")
+    ROUTER_RSS.append(usage.ru_maxrss / 1024)
+    return float(m.group(2)), int(m.group(1)), usage.ru_utime + usage.ru_stime
 
 
 def table_records(dsn: str, table: str, route: str):
@@ -204,9 +240,9 @@ def main() -> None:
                 note(f"snap{sessions} cpu", cpu)
                 note(f"snap{sessions}/ceiling", secs / runs["ceiling"][-1])
             note("copy", copy_seconds(args.dsn, big))
+            note("copy ranges", copy_ranges_seconds(args.dsn, big, args.sessions))
             note("speedup", runs["snap1"][-1] / runs[f"snap{args.sessions}"][-1])
-            # the largest child so far is the router (psql stays small)
-            rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            rss_mb = max(ROUTER_RSS)  # of the one-table runs
             note("copy many", sum(copy_seconds(args.dsn, s) for s in small))
             slots.append(f"{tag}_many{r}")
             secs, rows_many, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
@@ -228,6 +264,8 @@ def main() -> None:
                   f"{rows / med(f'snap{s}'):12,.0f} rows/s  cpu {med(f'snap{s} cpu'):6.2f} s"
                   f"  ({med(f'snap{s}/ceiling'):.2f}x the ceiling's time)")
         print(f"  {k} sessions / 1 session  {med('speedup'):8.2f}x rows/s")
+        print(f"  COPY of its ranges, {k} sessions at once {med('copy ranges'):6.2f} s "
+              f"({med('copy') / med('copy ranges'):.2f}x one COPY's rows/s)")
         print(f"  snapshot / COPY          {med('snap1') / med('copy'):8.2f}")
         print(f"  router max RSS           {rss_mb:8.0f} MB")
         print(f"{args.tables} tables, {rows_many} rows:")
