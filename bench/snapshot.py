@@ -124,8 +124,19 @@ tables = {json.dumps(tables)}
             proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
                                      "--until-caught-up"], cwd=ROOT, stdout=subprocess.DEVNULL,
                                     stderr=fh)
-            # this router's own CPU time and peak RSS
-            _, status, usage = os.wait4(proc.pid, 0)
+            # this router's own CPU time (wait4) and peak RSS (VmHWM: the rusage's counts
+            # the fork of this big process before the exec)
+            hwm = 0
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                try:
+                    status_text = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+                    hwm = max(hwm, int(re.search(r"VmHWM:\s+(\d+)", status_text).group(1)))
+                except (OSError, AttributeError):
+                    pass
+                time.sleep(0.2)
         proc.returncode = os.waitstatus_to_exitcode(status)
         stderr = err.read_text()
     if proc.returncode != 0:
@@ -133,7 +144,7 @@ tables = {json.dumps(tables)}
     m = re.search(r"initial snapshot: done tables=\d+ rows=(\d+) seconds=([\d.]+)", stderr)
     if not m:
         raise SystemExit(f"no snapshot summary in the log:\n{stderr[-3000:]}")
-    ROUTER_RSS.append(usage.ru_maxrss / 1024)
+    ROUTER_RSS.append(hwm / 1024)
     return float(m.group(2)), int(m.group(1)), usage.ru_utime + usage.ru_stime
 
 
