@@ -15,6 +15,7 @@ import pytest
 
 from router.snapshot import RANGE_SHIFT, TABLE_SHIFT
 from router.snapshot_ranges import MIN_RANGE_BLOCKS
+from tests.e2e.guarantee import delete_topics
 from tests.e2e.test_snapshot import _initial_done
 from tests.helpers import (Pg, database_dsn, fold_rows, kill9, read_topic, start_router, table_rows, unique,
                            write_config)
@@ -100,7 +101,10 @@ def test_a_table_read_by_two_sessions_is_the_table(big, pg_dsn, kafka_bootstrap,
     finally:
         kill9(proc)
         pg.drop_slot(slot)
-    records, got = _folded(kafka_bootstrap, f"{slot}.t")
+    try:
+        records, got = _folded(kafka_bootstrap, f"{slot}.t")
+    finally:
+        delete_topics(kafka_bootstrap, [f"{slot}.t"])
     assert got == table_rows(pg.conn, name, ["id", "n", "v"])
     snap = [r for r in records if r["value"]["op"] == "r"]
     assert len(snap) == ROWS  # every row once
@@ -157,7 +161,10 @@ def test_a_table_read_by_two_sessions_after_a_kill_is_the_table(big, pg_dsn, kaf
         kill9(proc)
         proxy.close()
         pg.drop_slot(slot)
-    records, got = _folded(kafka_bootstrap, topic)
+    try:
+        records, got = _folded(kafka_bootstrap, topic)
+    finally:
+        delete_topics(kafka_bootstrap, [topic])
     assert got == table_rows(pg.conn, name, ["id", "n", "v"])
     # the range recorded done is not read again: the backfill read fewer rows than the table
     first = min(r["value"]["source"]["commit_lsn"] for r in records)
