@@ -45,9 +45,9 @@ def big(pg_dsn):
     pg.close()
 
 
-#: bytes/s the router reads from PostgreSQL in the kill test: the table (~3.5 MB of COPY
-#: text) takes seconds, so its records reach Kafka chunk by chunk, and ranges are recorded
-#: done one by one
+#: bytes/s a connection of the router reads from PostgreSQL in the kill test: the table
+#: (~3.5 MB of COPY text) takes seconds, so its records reach Kafka chunk by chunk, and
+#: ranges are recorded done one by one
 SLOW_LINK = 1_500_000
 
 
@@ -57,6 +57,24 @@ def _config(tmp_path, dsn, bootstrap, name, slot):
                         routes=f'[[routes]]\nname = "{slot}"\ntables = ["public.{name}"]\n'
                                f'topic = "{slot}.t"\n',
                         extra="[snapshot]\nparallel = 2\nchunk_rows = 5000\n")
+
+
+class _SlowSource:
+    """The source's DSN through a forwarder that caps each connection at ``SLOW_LINK``."""
+
+    def __init__(self, dsn: str):
+        from psycopg2.extensions import parse_dsn
+
+        from tests.e2e.tcp_proxy import PausableProxy
+
+        d = parse_dsn(dsn)
+        port = int(d.get("port", 5432))
+        self.proxy = PausableProxy((d.get("host", "127.0.0.1"), port), rate=SLOW_LINK)
+        self.dsn = database_dsn(dsn, d.get("dbname", "postgres")).replace(
+            f":{port}/", f":{self.proxy.port}/")
+
+    def close(self) -> None:
+        self.proxy.close()
 
 
 def _wait(what, check, proc, log, deadline):
@@ -119,18 +137,12 @@ def test_a_table_read_by_two_sessions_after_a_kill_is_the_table(big, pg_dsn, kaf
     next start finishes the snapshot by backfill without reading that range again, and the
     folded topic equals the table, changes made meanwhile included."""
     from kafka import KafkaConsumer, TopicPartition
-    from psycopg2.extensions import parse_dsn
-
-    from tests.e2e.tcp_proxy import PausableProxy
 
     pg, name = big
     slot = unique("snapr")
     topic = f"{slot}.t"
-    d = parse_dsn(pg_dsn)
-    proxy = PausableProxy((d.get("host", "127.0.0.1"), int(d.get("port", 5432))), rate=SLOW_LINK)
-    slow = database_dsn(pg_dsn, d.get("dbname", "postgres")).replace(
-        f":{d.get('port', 5432)}/", f":{proxy.port}/")
-    cfg = _config(tmp_path, slow, kafka_bootstrap, name, slot)
+    source = _SlowSource(pg_dsn)
+    cfg = _config(tmp_path, source.dsn, kafka_bootstrap, name, slot)
     log = tmp_path / "router.log"
     consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap)
     part = TopicPartition(topic, 0)
@@ -159,7 +171,7 @@ def test_a_table_read_by_two_sessions_after_a_kill_is_the_table(big, pg_dsn, kaf
     finally:
         consumer.close()
         kill9(proc)
-        proxy.close()
+        source.close()
         pg.drop_slot(slot)
     try:
         records, got = _folded(kafka_bootstrap, topic)
