@@ -54,25 +54,30 @@ def make_records(topic: str, n: int) -> list[tuple]:
     return out
 
 
-def client_for(name: str, bootstrap: str):
+def client_for(name: str, bootstrap: str, settings: dict | None = None):
     if name == "librdkafka":
         from actors.kafka.librdkafka import RdKafkaClient
-        return RdKafkaClient(bootstrap, {})
+        return RdKafkaClient(bootstrap, settings or {})
     from actors.kafka.kafka_python import KafkaPythonClient
-    client = KafkaPythonClient(bootstrap, {})
+    client = KafkaPythonClient(bootstrap, settings or {})
     if name == SEND:
         client._fast = False
     return client
 
 
-def run_one(name: str, bootstrap: str, n: int, partitions: int) -> tuple[float, float]:
+def run_one(name: str, bootstrap: str, n: int, partitions: int,
+            make=make_records, settings: dict | None = None) -> tuple[float, float]:
+    """Seconds (and CPU seconds of this process, all threads) from the first ``produce`` to
+    the last delivery report of ``make(topic, n)`` (records as the sink hands them over) on
+    a fresh topic; ``settings``: the client's (``[kafka] settings``)."""
     topic = f"bench.sink.{name}.{uuid.uuid4().hex[:8]}"
-    client = client_for(name, bootstrap)
+    client = client_for(name, bootstrap, settings)
     try:
         client.ensure_topics([TopicSpec(topic, partitions, 1)])
         # warm-up: metadata, connections, producer id
         client.produce_sync(topic, b"null", b"{}")
-        records = make_records(topic, n)
+        records = make(topic, n)
+        n = len(records)
         done = threading.Event()
         state = {"acked": 0, "failed": None}
         lock = threading.Lock()

@@ -1,23 +1,32 @@
 """Initial snapshot throughput: rows/s of pgrouter's snapshot of a big table into Kafka
-against ``COPY (SELECT …) TO STDOUT`` of the same rows to /dev/null (psql), side by side in
-one run; then K tables read in parallel against K sequential COPYs.
+against the Kafka producer's own ceiling — the same records (the table's rows encoded by the
+snapshot's encoder) produced by the same client with the same settings, with no PostgreSQL
+(``bench/sink.py``'s producing code) — and against ``COPY (SELECT …) TO STDOUT`` of the same
+rows to /dev/null (psql); the big table read by ``--sessions`` sessions at once (its block
+ranges, ``[snapshot] parallel``) against one session; then K tables read in parallel against
+K sequential COPYs. Every figure of a round comes from the same run, side by side; with
+``--repeat`` the rounds are interleaved and the medians printed.
 
-    python bench/snapshot.py [--rows 2000000] [--tables 4] [--client librdkafka|kafka-python]
-                             [--dsn ...] [--kafka ...]
+    python bench/snapshot.py [--rows 2000000] [--tables 4] [--sessions 2] [--repeat 3]
+                             [--client librdkafka|kafka-python] [--dsn ...] [--kafka ...]
 
 The snapshot's time is the one its summary line reports (reading, routing, encoding and
 Kafka's acknowledgements, from the first table started to the last record acknowledged);
-slot creation and the short stream afterwards are left out. The router's peak RSS during
-the one-table run shows that memory does not grow with the table.
+slot creation and the short stream afterwards are left out. The ceiling's clock runs from
+the first ``produce`` to the last delivery report (topic created and producer warmed up
+before). CPU seconds: the router process (user + system, all threads) and the producing
+process. The router's peak RSS during the one-table runs shows that memory does not grow
+with the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import pathlib
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -25,10 +34,15 @@ import tempfile
 import time
 import uuid
 
+import statistics
+
 import psycopg2
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 COLUMNS = "id, grp, amount, note, created"
+SETTINGS = {"linger_ms": 5}  # the router's [kafka] settings here and the ceiling's
+ROUTER_RSS: list[float] = []  # MB, of each router run
 
 
 def psql() -> str:
@@ -49,8 +63,41 @@ def copy_seconds(dsn: str, table: str) -> float:
     return time.monotonic() - started
 
 
+def copy_ranges_seconds(dsn: str, table: str, sessions: int) -> float:
+    """The table's rows by ``COPY … TO STDOUT`` of its block ranges (as the snapshot splits
+    it for ``sessions`` sessions, ``router.snapshot_ranges``) in ``sessions`` psql
+    processes at once, to /dev/null: what PostgreSQL alone gives when a table is read by
+    several sessions."""
+    from router.snapshot_ranges import block_ranges
+
+    conn = psycopg2.connect(dsn)
+    try:
+        cur = conn.cursor()
+        cur.execute("select pg_relation_size(%s::regclass) / current_setting('block_size')::int, "
+                    "reltuples::int8 from pg_class where oid = %s::regclass", (table, table))
+        blocks, rows = cur.fetchone()
+    finally:
+        conn.close()
+    ranges = block_ranges(blocks, sessions, rows)
+    scripts = [[] for _ in range(sessions)]
+    for i, (first, end) in enumerate(ranges):
+        cond = f"ctid >= '({first},0)'::tid" + ("" if end is None else
+                                                 f" and ctid < '({end},0)'::tid")
+        scripts[i % sessions].append(f"COPY (SELECT {COLUMNS} FROM ONLY {table} WHERE {cond})"
+                                     " TO STDOUT")
+    started = time.monotonic()
+    with open("/dev/null", "wb") as null:
+        procs = [subprocess.Popen([psql(), dsn, "-X", "-q"] + [a for c in script
+                                                              for a in ("-c", c)],
+                                  stdout=null) for script in scripts if script]
+        if any(p.wait() != 0 for p in procs):
+            raise SystemExit("psql failed")
+    return time.monotonic() - started
+
+
 def snapshot_seconds(dsn: str, kafka: str, client: str, slot: str, pub: str,
-                     tables: list[str], parallel: int) -> tuple[float, int]:
+                     tables: list[str], parallel: int) -> tuple[float, int, float]:
+    """(seconds, rows, router CPU seconds) of one initial snapshot."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = pathlib.Path(tmp) / "router.toml"
         cfg.write_text(f"""
@@ -62,7 +109,7 @@ create_slot = true
 [kafka]
 bootstrap_servers = {json.dumps(kafka)}
 client = {json.dumps(client)}
-settings = {{ linger_ms = 5 }}
+settings = {{ {", ".join(f"{k} = {v}" for k, v in SETTINGS.items())} }}
 [snapshot]
 parallel = {parallel}
 [log]
@@ -72,25 +119,98 @@ progress_interval = 30
 name = "{slot}"
 tables = {json.dumps(tables)}
 """)
-        proc = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
-                               "--until-caught-up"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=3600)
+        err = pathlib.Path(tmp) / "router.log"
+        with open(err, "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
+                                     "--until-caught-up"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                    stderr=fh)
+            # this router's own CPU time (wait4) and peak RSS (VmHWM: the rusage's counts
+            # the fork of this big process before the exec)
+            hwm = 0
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                try:
+                    status_text = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+                    hwm = max(hwm, int(re.search(r"VmHWM:\s+(\d+)", status_text).group(1)))
+                except (OSError, AttributeError):
+                    pass
+                time.sleep(0.2)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        stderr = err.read_text()
     if proc.returncode != 0:
-        raise SystemExit(f"pgrouter failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    m = re.search(r"initial snapshot: done tables=\d+ rows=(\d+) seconds=([\d.]+)", proc.stderr)
+        raise SystemExit(f"pgrouter failed ({proc.returncode}):\n{stderr[-3000:]}")
+    m = re.search(r"initial snapshot: done tables=\d+ rows=(\d+) seconds=([\d.]+)", stderr)
     if not m:
-        raise SystemExit(f"no snapshot summary in the log:\n{proc.stderr[-3000:]}")
-    return float(m.group(2)), int(m.group(1))
+        raise SystemExit(f"no snapshot summary in the log:\n{stderr[-3000:]}")
+    ROUTER_RSS.append(hwm / 1024)
+    return float(m.group(2)), int(m.group(1)), usage.ru_utime + usage.ru_stime
+
+
+def table_records(dsn: str, table: str, route: str):
+    """``make(topic, n)`` for ``bench/sink.py``: the table's rows as the snapshot encodes
+    them (its COPY text, ``router.snapshot.copy_rows``, ``SnapshotRows`` with the table's
+    columns and key), to ``topic``. Read from PostgreSQL once, before any clock runs."""
+    from router.envelope import TxContext
+    from router.pgoutput import Relation
+    from router.pgoutput.messages import RelationColumn
+    from router.routing import CHUNK_RECORDS, ChangeRouter, RouteSpec
+    from router.snapshot import copy_rows
+    from router.snapshot_rows import SnapshotRows
+
+    conn = psycopg2.connect(dsn)
+    try:
+        cur = conn.cursor()
+        cur.execute("select a.attname, a.atttypid::int, a.atttypmod, coalesce(i.indisprimary, "
+                    "false) from pg_attribute a left join pg_index i on i.indrelid = a.attrelid"
+                    " and i.indisprimary and a.attnum = any(i.indkey::int2[]) where a.attrelid "
+                    "= %s::regclass and a.attnum > 0 and not a.attisdropped order by a.attnum",
+                    (table,))
+        cols = tuple(RelationColumn(1 if pk else 0, name, oid, mod)
+                     for name, oid, mod, pk in cur.fetchall())
+        buf = io.BytesIO()
+        cur.copy_expert(f"COPY (SELECT {', '.join(c.name for c in cols)} FROM ONLY {table}) "
+                        "TO STDOUT", buf)
+    finally:
+        conn.close()
+    rows = copy_rows(buf.getvalue())
+    rel = Relation(relation_id=1, namespace="public", name=table, replica_identity="d",
+                   columns=cols)
+    key = tuple(c.name for c in cols if c.flags)
+
+    def make(topic: str, n: int) -> list:
+        encoder = SnapshotRows(ChangeRouter(
+            [RouteSpec(route, tables=frozenset({("public", table)}), topic=topic)],
+            db="postgres", primary_keys={("public", table): key}))
+        tx = TxContext(xid=0, commit_lsn=1 << 30, end_lsn=(1 << 30) + 1, commit_time=0)
+        out: list = []
+        for i in range(0, len(rows), CHUNK_RECORDS):
+            out += encoder.chunk(rel, rows[i:i + CHUNK_RECORDS], tx, i).records
+        return out
+
+    return make, len(rows)
+
+
+def ceiling_seconds(client: str, kafka: str, make, n: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) of ``bench/sink.py``'s producing of ``make``'s records."""
+    import sink  # bench/sink.py
+
+    return sink.run_one(client, kafka, n, 1, make=make, settings=SETTINGS)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--tables", type=int, default=4)
+    ap.add_argument("--sessions", type=int, default=2,
+                    help="sessions reading the big table at once ([snapshot] parallel)")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds (medians)")
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--kafka", default="127.0.0.1:9092")
     ap.add_argument("--client", default="librdkafka", choices=["kafka-python", "librdkafka"])
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
     tag = f"bs_{uuid.uuid4().hex[:8]}"
     conn = psycopg2.connect(args.dsn)
     conn.autocommit = True
@@ -98,6 +218,14 @@ def main() -> None:
     big = f"{tag}_big"
     small = [f"{tag}_p{i}" for i in range(args.tables)]
     slots = []
+    runs: dict[str, list] = {}
+
+    def note(name: str, value: float) -> None:
+        runs.setdefault(name, []).append(value)
+
+    def med(name: str) -> float:
+        return statistics.median(runs[name])
+
     try:
         for t, n in [(big, args.rows)] + [(s, args.rows // args.tables) for s in small]:
             cur.execute(f"create table {t} (id bigint primary key, grp int, amount numeric(12,2),"
@@ -107,26 +235,56 @@ def main() -> None:
                         f"from generate_series(1, {n}) g")
             cur.execute(f"vacuum analyze {t}")
             cur.execute(f"create publication {t} for table {t}")
-        copy_one = copy_seconds(args.dsn, big)
-        slots.append(f"{tag}_one")
-        snap_one, rows = snapshot_seconds(args.dsn, args.kafka, args.client, slots[-1], big,
-                                          [big], 1)
-        # the largest child so far is the router (psql stays small)
-        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        copy_many = sum(copy_seconds(args.dsn, s) for s in small)
         cur.execute(f"create publication {tag}_many for table {', '.join(small)}")
-        slots.append(f"{tag}_many")
-        snap_many, rows_many = snapshot_seconds(args.dsn, args.kafka, args.client, slots[-1],
-                                                f"{tag}_many", small, args.tables)
-        print(f"one table, {rows} rows ({args.client}):")
-        print(f"  COPY to /dev/null      {copy_one:8.2f} s  {args.rows / copy_one:12,.0f} rows/s")
-        print(f"  snapshot into Kafka    {snap_one:8.2f} s  {rows / snap_one:12,.0f} rows/s")
-        print(f"  ratio snapshot/COPY    {snap_one / copy_one:8.2f}")
-        print(f"  router max RSS         {rss_mb:8.0f} MB")
+        make, n_records = table_records(args.dsn, big, f"{tag}_one0_1")  # a route's name
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+        for r in range(args.repeat):
+            secs, cpu = ceiling_seconds(args.client, args.kafka, make, n_records)
+            note("ceiling", secs)
+            note("ceiling cpu", cpu)
+            for sessions in sorted({1, args.sessions}):
+                slots.append(f"{tag}_one{r}_{sessions}")
+                secs, rows, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
+                                                   slots[-1], big, [big], sessions)
+                assert rows == args.rows, rows
+                note(f"snap{sessions}", secs)
+                note(f"snap{sessions} cpu", cpu)
+                note(f"snap{sessions}/ceiling", secs / runs["ceiling"][-1])
+            note("copy", copy_seconds(args.dsn, big))
+            note("copy ranges", copy_ranges_seconds(args.dsn, big, args.sessions))
+            note("speedup", runs["snap1"][-1] / runs[f"snap{args.sessions}"][-1])
+            rss_mb = max(ROUTER_RSS)  # of the one-table runs
+            note("copy many", sum(copy_seconds(args.dsn, s) for s in small))
+            slots.append(f"{tag}_many{r}")
+            secs, rows_many, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
+                                                    slots[-1], f"{tag}_many", small,
+                                                    args.tables)
+            note("snap many", secs)
+            note("snap many cpu", cpu)
+            print(f"  round {r + 1}: ceiling {runs['ceiling'][-1]:.2f} s, snapshot 1 session "
+                  f"{runs['snap1'][-1]:.2f} s, {args.sessions} sessions "
+                  f"{runs[f'snap{args.sessions}'][-1]:.2f} s, COPY {runs['copy'][-1]:.2f} s",
+                  flush=True)
+        rows, k = args.rows, args.sessions
+        print(f"one table, {rows} rows ({args.client}), medians of {args.repeat} round(s):")
+        print(f"  COPY to /dev/null        {med('copy'):8.2f} s  {rows / med('copy'):12,.0f} rows/s")
+        print(f"  producer ceiling         {med('ceiling'):8.2f} s  {rows / med('ceiling'):12,.0f}"
+              f" records/s  cpu {med('ceiling cpu'):6.2f} s (bench/sink.py, same records)")
+        for s in sorted({1, k}):
+            print(f"  snapshot, {s} session(s)   {med(f'snap{s}'):8.2f} s  "
+                  f"{rows / med(f'snap{s}'):12,.0f} rows/s  cpu {med(f'snap{s} cpu'):6.2f} s"
+                  f"  ({med(f'snap{s}/ceiling'):.2f}x the ceiling's time)")
+        print(f"  {k} sessions / 1 session  {med('speedup'):8.2f}x rows/s")
+        print(f"  COPY of its ranges, {k} sessions at once {med('copy ranges'):6.2f} s "
+              f"({med('copy') / med('copy ranges'):.2f}x one COPY's rows/s)")
+        print(f"  snapshot / COPY          {med('snap1') / med('copy'):8.2f}")
+        print(f"  router max RSS           {rss_mb:8.0f} MB")
         print(f"{args.tables} tables, {rows_many} rows:")
-        print(f"  sequential COPYs       {copy_many:8.2f} s  {rows_many / copy_many:12,.0f} rows/s")
-        print(f"  parallel snapshot      {snap_many:8.2f} s  {rows_many / snap_many:12,.0f} rows/s")
-        print(f"  ratio snapshot/COPYs   {snap_many / copy_many:8.2f}")
+        print(f"  sequential COPYs       {med('copy many'):8.2f} s  "
+              f"{rows_many / med('copy many'):12,.0f} rows/s")
+        print(f"  parallel snapshot      {med('snap many'):8.2f} s  "
+              f"{rows_many / med('snap many'):12,.0f} rows/s  cpu {med('snap many cpu'):6.2f} s")
+        print(f"  ratio snapshot/COPYs   {med('snap many') / med('copy many'):8.2f}")
     finally:
         for s in slots:
             cur.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots "

@@ -52,6 +52,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "hand_over": ("actors.kafka.librdkafka:_hand_over_py", "hand_over"),
     "avro": ("router.avro:AvroFormat._convert_all_py", "AvroConverter"),
     "verify_row": ("router.verify_digest:row_digests_py", "verify_row"),
+    "copy_rows": ("router.snapshot:copy_rows_py", "copy_rows"),
 }
 
 

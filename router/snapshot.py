@@ -43,19 +43,29 @@ from collections import deque
 
 import msgspec
 
+from .native import NATIVE
 from .pgoutput import UNCHANGED_TOAST
+
+_copy_rows = NATIVE.copy_rows if NATIVE is not None else None
 
 PREFIX = "pgrouter.snapshot"
 #: bits of ``seq`` left for the row ordinal of one table in an initial snapshot
 TABLE_SHIFT = 40
 
+#: bits of ``seq`` left for the row ordinal within one block range of a split table
+#: (``router.snapshot_ranges``)
+RANGE_SHIFT = 32
+
 _UNESCAPE = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
 
 
-def initial_position(consistent_point: int, table_ordinal: int, row: int) -> tuple[int, int]:
+def initial_position(consistent_point: int, table_ordinal: int, row: int,
+                     block_range: int = 0) -> tuple[int, int]:
     """(commit_lsn, seq) of row ``row`` of the ``table_ordinal``-th table of an initial
-    snapshot taken at ``consistent_point``."""
-    return consistent_point - 1, (table_ordinal << TABLE_SHIFT) + row
+    snapshot taken at ``consistent_point``; of a split table, row ``row`` of its
+    ``block_range``-th range."""
+    return (consistent_point - 1,
+            (table_ordinal << TABLE_SHIFT) + (block_range << RANGE_SHIFT) + row)
 
 
 def _unescape(field: str) -> str:
@@ -110,6 +120,21 @@ def parse_copy_data(data: str) -> list[tuple]:
     return [parse_copy_line(line) for line in lines]
 
 
+def copy_rows_py(data: bytes) -> list[tuple]:
+    """Whole lines of COPY text output as bytes (UTF-8) as row tuples: the reference of
+    ``router._native.copy_rows``."""
+    return parse_copy_data(data.decode())
+
+
+def copy_rows(data: bytes) -> list[tuple]:
+    """``copy_rows_py`` by the accelerator where it takes the input (``router.native``)."""
+    if _copy_rows is not None:
+        rows = _copy_rows(data)
+        if rows is not None:
+            return rows
+    return parse_copy_data(data.decode())
+
+
 # -- watermarks and requests ----------------------------------------------------------------
 
 
@@ -152,8 +177,13 @@ def decode_watermark(prefix: str, content: bytes) -> Watermark | None:
 
 class SnapshotState(msgspec.Struct, frozen=True, omit_defaults=True):
     """One progress record. ``kind``: ``initial`` (the initial snapshot of a slot, ``state``
-    ``started``/``done``) or ``backfill`` (one route and table:
-    ``last_key`` done so far as text values, ``state`` ``running``/``done``)."""
+    ``started``/``done``), ``backfill`` (one route and table:
+    ``last_key`` done so far as text values, ``state`` ``running``/``done``) or ``range``
+    (one block range of a table an initial snapshot split, ``blocks`` ``[first, end)``, end
+    -1: to the end, all its records in Kafka for every route; ``filenode`` the table's
+    ``pg_relation_filenode`` then: a rewrite moves rows to other blocks). An ``initial``
+    record's ``request`` names that snapshot (a slot dropped and created again under the
+    same name starts another); its ``range`` records carry it."""
 
     kind: str
     slot: str
@@ -165,6 +195,8 @@ class SnapshotState(msgspec.Struct, frozen=True, omit_defaults=True):
     rows: int = 0
     #: a repair's keys (``Watermark.keys``): a resumed job reads only them
     keys: tuple[tuple, ...] = ()
+    blocks: tuple[int, ...] = ()
+    filenode: int = 0
 
 
 _progress_decoder = msgspec.json.Decoder(SnapshotState)
@@ -174,6 +206,9 @@ def state_key(p: SnapshotState) -> bytes:
     """A JSON object, like every key pgrouter writes."""
     if p.kind == "initial":
         return msgspec.json.encode({"kind": "initial", "slot": p.slot})
+    if p.kind == "range":
+        return msgspec.json.encode({"kind": "range", "slot": p.slot, "table": p.table,
+                                    "blocks": p.blocks})
     return msgspec.json.encode({"kind": "backfill", "slot": p.slot, "route": p.route,
                                 "table": p.table})
 

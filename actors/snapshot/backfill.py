@@ -43,7 +43,7 @@ from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
 from .initial import type_names
-from .jobs import Job, plan_jobs, route_rows
+from .jobs import Job, done_ranges, plan_jobs, route_rows
 from .reader import TableReader, close_session
 from .report import Reporter
 from .store import StateStore
@@ -244,6 +244,9 @@ class BackfillActor:
         jobs, problems = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, request,
                                          routes, tables, type_names,
                                          whole_keyless=request == INITIAL, keys=keys)
+        if request == INITIAL:
+            await done_ranges(self.sql, self.cfg, self.catalog, self.store.records.values(),
+                              self.slot, jobs)
         names = await type_names(self.sql, [job.table for job in jobs])
         pks = await load_primary_keys(self.sql) if jobs else {}
         encoders: dict = {}  # one per route: a schema or topic is announced once
@@ -349,7 +352,7 @@ class BackfillActor:
             try:
                 await self._emit(sql, Watermark("low", self.slot, chunk=cid))
                 select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
-                                                        limit, job.keys)
+                                                        limit, job.keys, job.skip)
                 rows: list = []
 
                 async def keep(batch: list) -> None:

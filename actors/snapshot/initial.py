@@ -33,6 +33,7 @@ Rules:
 from __future__ import annotations
 
 import time
+import uuid
 
 import psycopg2
 import psycopg2.errors
@@ -44,7 +45,8 @@ from router.envelope import TxContext
 from router.errors import SlotInUse, SourceError, SourceUnavailable
 from router.lsn import format_lsn, parse_lsn
 from router.routing import ChangeRouter
-from router.snapshot import SnapshotState, TABLE_SHIFT, initial_position
+from router.snapshot import RANGE_SHIFT, TABLE_SHIFT, SnapshotState, initial_position
+from router.snapshot_ranges import block_ranges
 from router.snapshot_rows import SnapshotRows
 
 from ..pipeline.mailbox import Acked, Keepalive, Registered
@@ -139,7 +141,9 @@ class InitialSnapshot:
                                  position_headers=cfg.kafka.position_headers)
         self.tables = [t for t in tables if self.rows.routed(t.relation)]
         await self.store.aload()
-        await self.store.aput(SnapshotState("initial", src.slot, "started"))
+        # a name of this snapshot for its range records (``router.snapshot_ranges``)
+        await self.store.aput(SnapshotState("initial", src.slot, "started",
+                                            request=uuid.uuid4().hex))
         self.slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot,
                                                   src.two_phase, src.failover)
         log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
@@ -204,15 +208,35 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
     tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
                    commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
     report = Reporter("initial snapshot", cfg.log.progress_interval)
-    queue = list(enumerate(tables))
+    split, estimates, filenodes = await _block_ranges(cfg, tables)
+    started = store.get(SnapshotState("initial", cfg.source.slot, ""))
+    snapshot = started.request if started is not None else ""
+    # (table ordinal, table, range ordinal, blocks): the ranges of one table follow each
+    # other, so every session reads the big table when it comes
+    queue = [(o, t, i, b) for o, t in enumerate(tables) for i, b in enumerate(split[t.name])]
+    sessions = max(1, min(cfg.snapshot.parallel, len(queue)))
     queue.reverse()
     acked = _AckedPrefix()
-    pending = {t.name: 0 for t in tables}  # chunks sent and not known durable, per table
-    read: set[str] = set()
+    pending: dict[tuple, int] = {}  # chunks sent and not known durable, per (table, range)
+    read: set[tuple] = set()  # (table, range) read whole
+    unread = {t.name: len(split[t.name]) for t in tables}  # ranges not read whole
+    undone = dict(unread)  # ranges whose records are not all durable
     routes_of = {t.name: sorted({p.route for p in rows.router.plans_for(t.relation)})
                  for t in tables}
 
-    async def durable(name: str) -> None:
+    async def durable(name: str, part: int) -> None:
+        """All records of a range are in Kafka: recorded (when the table is split), and
+        the table done once every range is."""
+        if len(split[name]) > 1:
+            first, end = split[name][part]
+            await store.aput(SnapshotState(
+                "range", cfg.source.slot, "done", request=snapshot, table=name,
+                blocks=(first, -1 if end is None else end), filenode=filenodes.get(name, 0)))
+            log.event(_log, "initial snapshot: range done", table=name,
+                      blocks=f"{first}-{'' if end is None else end}")
+        undone[name] -= 1
+        if undone[name]:
+            return
         for route in routes_of[name]:
             await store.aput(SnapshotState("backfill", cfg.source.slot, "done", request="initial",
                                       route=route, table=name))
@@ -223,33 +247,48 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
             await r.import_snapshot(slot.snapshot)
             with out:
                 while queue:
-                    ordinal, table = queue.pop()
-                    report.start(table.name, await r.estimate(table.table))
-                    seq = [initial_position(cp, ordinal, 0)[1]]
+                    ordinal, table, part, blocks = queue.pop()
+                    name, key = table.name, (table.name, part)
+                    if name not in report.tables:
+                        estimate = estimates.get(name)
+                        if estimate is None:  # read per table when not split
+                            estimate = await r.estimate(table.table)
+                        report.start(name, estimate)
+                    seq = [initial_position(cp, ordinal, 0, part)[1]]
+                    whole = len(split[name]) == 1
+                    what = f"copying {name}" + ("" if whole else f" (blocks {blocks[0]} to "
+                                                f"{'the end' if blocks[1] is None else blocks[1]})")
+                    # positions past it would be the next range's or table's
+                    limit = seq[0] + (1 << (TABLE_SHIFT if whole else RANGE_SHIFT))
+                    pending[key] = 0
 
-                    async def deliver(batch, table=table, seq=seq):
+                    async def deliver(batch, table=table, seq=seq, key=key, limit=limit,
+                                      what=what):
+                        if seq[0] + len(batch) > limit:
+                            raise SourceError(f"{what}: too many rows for the snapshot's "
+                                              "positions")
                         chunk = rows.chunk(table.relation, batch, tx, seq[0])
                         seq[0] += len(batch)
                         report.add(table.name, len(batch))
                         # nothing awaits between the entry and the send, and blocked senders
                         # are served in order: the entries are in the sink's order
-                        entry = acked.sending(table.name, len(chunk.records))
-                        pending[table.name] += 1
+                        entry = acked.sending(key, len(chunk.records))
+                        pending[key] += 1
                         try:
                             await out.send([chunk])
                         except BaseException:
                             # a send that raised (cancelled by the drain) delivered nothing
                             acked.unsent(entry)
-                            pending[table.name] -= 1
+                            pending[key] -= 1
                             raise
 
-                    n = await r.copy(table.select(), deliver, f"copying {table.name}")
-                    if n >= 1 << TABLE_SHIFT:
-                        raise SourceError(f"table {table.name} has more than 2^40 rows")
-                    report.finish(table.name)
-                    read.add(table.name)
-                    if not pending[table.name]:
-                        await durable(table.name)
+                    await r.copy(table.select(blocks), deliver, what)
+                    read.add(key)
+                    unread[name] -= 1
+                    if not unread[name]:
+                        report.finish(name)
+                    if not pending[key]:
+                        await durable(name, part)
         finally:
             await r.close()
 
@@ -260,10 +299,10 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                 if kind is Registered:
                     acked.registered(ev.ticket)
                 elif kind is Acked:
-                    for name in acked.done(ev.ticket, ev.records):
-                        pending[name] -= 1
-                        if not pending[name] and name in read:
-                            await durable(name)
+                    for key in acked.done(ev.ticket, ev.records):
+                        pending[key] -= 1
+                        if not pending[key] and key in read:
+                            await durable(*key)
 
     reading = trio.CancelScope()
 
@@ -279,7 +318,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
             work.start_soon(await_acks)
             with reading:
                 async with trio.open_nursery() as readers:
-                    for _ in range(max(1, min(cfg.snapshot.parallel, len(tables)))):
+                    for _ in range(sessions):
                         readers.start_soon(reader, out.clone())
             # the readers are done (or stopped): a position with nothing after it lets the
             # sink close its last ticket; what they sent is acknowledged next (or the sink
@@ -288,7 +327,37 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
             await out.send([Keepalive(cp)])
         outer.cancel_scope.cancel()
     report.summary()
-    return not reading.cancelled_caught and len(read) == len(tables)
+    return not reading.cancelled_caught and not any(unread.values())
+
+
+#: the server version from which ``ctid`` ranges are read by TID range scans
+TID_RANGE_SCANS = 140000
+
+
+async def _block_ranges(cfg: Config, tables: list[SnapshotTable]) -> tuple[dict, dict, dict]:
+    """The block ranges each table is read in (``router.snapshot.block_ranges``): a big
+    table is read by every session at once. Not split before PostgreSQL 14 (a ``ctid``
+    range would scan the whole table) or with one session. And, of the tables split, the
+    planner's row estimate (progress lines: the ranges start at once) and
+    ``pg_relation_filenode`` (``router.snapshot.done_blocks``)."""
+    whole = {t.name: [(0, None)] for t in tables}
+    if cfg.snapshot.parallel <= 1 or not tables:
+        return whole, {}, {}
+    async with session(cfg.source.dsn) as sql:
+        if sql.server_version < TID_RANGE_SCANS:
+            return whole, {}, {}
+        sizes = await sql.fetch(
+            "select n.nspname || '.' || c.relname as name, greatest(c.reltuples, 0)::int8 "
+            "as estimate, pg_relation_filenode(c.oid)::int8 as filenode, "
+            "pg_relation_size(c.oid) / current_setting('block_size')::int8 as blocks "
+            "from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+            "where (n.nspname, c.relname) in (select * from unnest($1::text[], $2::text[]))",
+            [t.table[0] for t in tables], [t.table[1] for t in tables])
+    blocks = {r["name"]: int(r["blocks"]) for r in sizes}
+    estimate = {r["name"]: int(r["estimate"]) for r in sizes}
+    return ({t.name: block_ranges(blocks.get(t.name, 0), cfg.snapshot.parallel,
+                                  estimate.get(t.name, 0)) for t in tables}, {r["name"]: int(r["estimate"]) for r in sizes},
+            {r["name"]: int(r["filenode"] or 0) for r in sizes})
 
 
 class _AckedPrefix:
@@ -298,7 +367,7 @@ class _AckedPrefix:
     records of that prefix of tickets reach past the chunk's last record."""
 
     def __init__(self):
-        self.entries: list[list] = []  # [table, records] per chunk, in the sink's order
+        self.entries: list[list] = []  # [(table, range), records] per chunk, in the sink's order
         self.first = 0                 # entries before it are known durable
         self.through = 0               # records of those entries
         self.durable_records = 0       # records of the acknowledged prefix of tickets
@@ -306,8 +375,8 @@ class _AckedPrefix:
         self.out_of_order: dict[int, int] = {}  # acknowledged after a gap: ticket -> records
         self.all_sent = False
 
-    def sending(self, table: str, records: int) -> list:
-        entry = [table, records]
+    def sending(self, key: tuple, records: int) -> list:
+        entry = [key, records]
         self.entries.append(entry)
         return entry
 
@@ -321,9 +390,9 @@ class _AckedPrefix:
         if self.next_ticket is None:
             self.next_ticket = ticket
 
-    def done(self, ticket: int, records: int) -> list[str]:
-        """A ticket acknowledged: the tables of the chunks now known durable (one name per
-        chunk)."""
+    def done(self, ticket: int, records: int) -> list[tuple]:
+        """A ticket acknowledged: the (table, range) of the chunks now known durable (one
+        per chunk)."""
         self.out_of_order[ticket] = records
         while self.next_ticket in self.out_of_order:
             self.durable_records += self.out_of_order.pop(self.next_ticket)

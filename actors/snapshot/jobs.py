@@ -6,6 +6,8 @@ Rules:
 * A route's tables are those it takes among the tables the slot streams
   (``actors.snapshot.tables.slot_tables``); ``--table`` names narrow them (a partitioned table
   names its leaves).
+* Finishing an interrupted initial snapshot, a job leaves out the block ranges of its table
+  the snapshot recorded done (``done_ranges``).
 * Chunks go by the table's key: the replica identity (the primary key, or the index of
   REPLICA IDENTITY USING INDEX), or the primary key of a REPLICA IDENTITY FULL table — the
   columns the stream's changes are keyed by, so a change inside a window names the chunk
@@ -21,10 +23,15 @@ import msgspec
 from router.config import Config, qualified
 from router.errors import ConfigError
 from router.routing import ChangeRouter
+from router.snapshot_ranges import done_blocks
 from router.snapshot_rows import SnapshotRows
 
+from ..services import log
+from ..services.catalog import build_route_specs
 from ..services.sql import SqlSession
 from .tables import SnapshotTable, ident, slot_tables, snapshot_specs
+
+_log = log.get("snapshot")
 
 _PRIMARY_KEY = """
 select array_agg(a.attname::text order by array_position(i.indkey::int2[], a.attnum))
@@ -51,6 +58,8 @@ class Job(msgspec.Struct):
     keys: tuple = ()
     #: the route's ``SnapshotRows`` (with the type names of the request's tables)
     encoder: object = None
+    #: block ranges not to read again (``done_ranges``)
+    skip: tuple = ()
 
     @property
     def name(self) -> str:
@@ -130,3 +139,33 @@ async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str
                 continue
             jobs.append(Job(request, route, t, key, types, row_key, keys=tuple(keys)))
     return jobs, problems
+
+
+async def done_ranges(sql: SqlSession, cfg: Config, catalog, states, slot: str,
+                      jobs: list[Job]) -> None:
+    """Jobs finishing the interrupted initial snapshot of ``slot`` skip the block ranges of
+    their table it recorded done (``states``: the state topic's records): those rows are
+    in Kafka as of the consistent point, and every later change of them is in the stream.
+    A row that was in a range not done and moved into a done one since was moved by an
+    update, which the stream carries: so only for routes that publish UPDATE of the
+    table, and not when the table was rewritten since (VACUUM FULL, CLUSTER: another
+    ``pg_relation_filenode``, the rows moved)."""
+    streaming = ChangeRouter([s for s in build_route_specs(cfg, catalog, skip_missing=True)
+                              if s is not None], db="")
+    states = list(states)
+    initial = [p for p in states if p.kind == "initial" and p.slot == slot]
+    snapshot = initial[-1].request if initial else ""
+    filenodes: dict[str, int] = {}
+    for job in jobs:
+        plans = [p for p in streaming.plans_for(job.table.relation) if p.route == job.route]
+        if not plans or not all(p.publish_update for p in plans):
+            continue
+        if job.name not in filenodes:
+            filenodes[job.name] = int(await sql.fetchval(
+                "select pg_relation_filenode(to_regclass($1))::int8",
+                f"{ident(job.table.table[0])}.{ident(job.table.table[1])}") or 0)
+        job.skip = tuple(done_blocks(states, slot, snapshot, job.name, filenodes[job.name]))
+        if job.skip:
+            log.event(_log, "backfill leaves out the block ranges the initial snapshot did",
+                      route=job.route, table=job.name,
+                      blocks=" ".join(f"{a}-{'' if b is None else b}" for a, b in job.skip))

@@ -22,7 +22,7 @@ import asyncpg
 import trio
 
 from router.errors import SourceError
-from router.snapshot import parse_copy_data, snapshot_xip
+from router.snapshot import copy_rows, snapshot_xip
 
 from ..services.sql import SqlSession
 
@@ -80,7 +80,7 @@ class TableReader:
             end = data.rfind(b"\n") + 1
             state["rest"] = data[end:]
             if end:
-                state["rows"].extend(parse_copy_data(data[:end].decode()))
+                state["rows"].extend(copy_rows(data[:end]))
                 if len(state["rows"]) >= batch_rows:
                     await flush()
 

@@ -76,21 +76,42 @@ class SnapshotTable(msgspec.Struct, frozen=True):
     def name(self) -> str:
         return f"{self.table[0]}.{self.table[1]}"
 
-    def select(self) -> str:
+    def select(self, blocks: tuple[int, int | None] = (0, None)) -> str:
+        """The read of the table, or of its rows in the blocks ``[first, end)`` (``end``
+        None: to the end; ``router.snapshot.block_ranges``)."""
         cols = ", ".join(ident(c.name) for c in self.relation.columns)
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
-        return sql if self.where is None else f"{sql} WHERE {self.where}"
+        conds = [] if self.where is None else [f"({self.where})"]
+        first, end = int(blocks[0]), blocks[1]
+        if first:
+            conds.append(f"ctid >= '({first},0)'::tid")
+        if end is not None:
+            conds.append(f"ctid < '({int(end)},0)'::tid")
+        return sql if not conds else f"{sql} WHERE {' AND '.join(conds)}"
+
+    @staticmethod
+    def outside(spans: tuple) -> list[str]:
+        """Conditions that leave out the rows in the blocks of ``spans`` (``[first, end)``,
+        end None: to the end)."""
+        conds = []
+        for first, end in spans:
+            inside = [f"ctid >= '({int(first)},0)'::tid"] if first else []
+            if end is not None:
+                inside.append(f"ctid < '({int(end)},0)'::tid")
+            conds.append(f"NOT ({' AND '.join(inside) or 'true'})")
+        return conds
 
 
     def chunk_select(self, key: tuple[str, ...], key_types: tuple[str, ...],
                      after: tuple | None, limit: int | None,
-                     keys: tuple = ()) -> tuple[str, tuple]:
+                     keys: tuple = (), skip: tuple = ()) -> tuple[str, tuple]:
         """The next chunk by key order: rows whose key is after ``after`` (text values),
-        ``limit`` of them, only those of ``keys`` when given (``keys_json``): SQL with ``$n``
-        parameters, and the parameters."""
+        ``limit`` of them, only those of ``keys`` when given (``keys_json``), none in the
+        blocks of ``skip`` (``outside``): SQL with ``$n`` parameters, and the parameters."""
         cols = ", ".join(ident(c.name) for c in self.relation.columns)
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
         conds = [] if self.where is None else [f"({self.where})"]
+        conds += self.outside(skip)
         params: tuple = ()
         names = ", ".join(ident(k) for k in key)
         if after is not None:

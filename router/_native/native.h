@@ -13,6 +13,7 @@
  *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
  *               avro_values.c its JSON tokens and values (avro_values.h)
  *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic)
+ *   copytext.c  copy_rows (COPY text rows of a snapshot's read)
  *
  * Rules these files keep:
  *
@@ -49,6 +50,7 @@ int records_setup(PyObject *module);
 int delivery_setup(PyObject *module);
 int avro_setup(PyObject *module);
 int verify_setup(PyObject *module);
+int copytext_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 

@@ -1,16 +1,21 @@
 """A TCP forwarder the test can close and open again on the same port: "Kafka unreachable"
 for one router (its bootstrap address) without touching the shared broker. Closed, the port
-refuses connections and the connections it carried are cut; opened, it forwards again."""
+refuses connections and the connections it carried are cut; opened, it forwards again.
+``rate`` (bytes/s) caps what each connection forwards from the server to the client: a slow
+link (a table that takes seconds to read)."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 
 class PausableProxy:
-    def __init__(self, target: tuple[str, int], *, start_open: bool = True):
+    def __init__(self, target: tuple[str, int], *, start_open: bool = True,
+                 rate: int | None = None):
         self.target = target
+        self.rate = rate
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
         self.port = probe.getsockname()[1]
@@ -56,14 +61,16 @@ class PausableProxy:
                 continue
             with self._lock:
                 self._conns += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+            for a, b, rate in ((client, server, None), (server, client, self.rate)):
+                threading.Thread(target=_pipe, args=(a, b, rate), daemon=True).start()
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, rate: int | None = None) -> None:
     try:
-        while data := src.recv(65536):
+        while data := src.recv(65536 if rate is None else max(1, rate // 50)):
             dst.sendall(data)
+            if rate is not None:
+                time.sleep(len(data) / rate)
     except OSError:
         pass
     finally:

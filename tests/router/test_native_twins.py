@@ -633,6 +633,31 @@ def gen_verify_row(rng):
         values.append(rng.choice([[1], {"a": "b"}]))
     return key, _HEAD, tuple(values), rng.randint(1, 65536)
 
+
+def check_copy_rows(python, fast, case):
+    got = fast(case)
+    if got is None:
+        assert b"\\" in case or any(b >= 0x80 for b in case), case
+        return DECLINED
+    assert got == python(case), case
+    return SAME
+
+
+_COPY = [b"", b"\n", b"a\tb\n", b"1\t\\N\tx\n", b"a\\tb\t\\\\\t\\n\\r\\b\\f\\v\\q\\x\n",
+         b"tail\\", "\u00e9\u20ac\U0001f600\t\\N\n".encode(), b"no newline\tat end", b"\t\t\n\n"]
+
+
+def golden_copy_rows():
+    declined = [b"\\101\n", b"\\x41\n", b"\xff\n", "\\\u00e9\n".encode()]
+    return [(SAME, c) for c in _COPY] + [(DECLINED, c) for c in declined]
+
+
+def gen_copy_rows(rng):
+    pieces = ["a", "é€", "\t", "\n", "\\N", "\\t", "\\\\", "\\n", "x" * 40, "", "7"]
+    if rng.random() < 0.1:
+        pieces.append(rng.choice(["\\12", "\\x4f"]))
+    return "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 60))).encode()
+
 LANES: dict[str, Lane] = {
     "read_tuple": Lane(check_read_tuple, golden_read_tuple, gen_read_tuple, True),
     "decode_row": Lane(check_decode_row, golden_decode_row, gen_decode_row, True),
@@ -647,6 +672,7 @@ LANES: dict[str, Lane] = {
     "hand_over": Lane(check_hand_over, golden_hand_over, hand_over_case, False),
     "avro": Lane(check_avro, golden_avro, gen_avro, True),
     "verify_row": Lane(check_verify_row, golden_verify_row, gen_verify_row, True),
+    "copy_rows": Lane(check_copy_rows, golden_copy_rows, gen_copy_rows, True),
 }
 
 

@@ -15,7 +15,7 @@ from router.routing import ChangeRouter, RouteSpec
 from router.snapshot import (PREFIX, TABLE_SHIFT, ChunkWindow, SnapshotState, Watermark,
                              decode_state, decode_watermark, encode_state,
                              encode_watermark, eta, initial_position, parse_copy_data,
-                             parse_copy_line)
+                             parse_copy_line, state_key)
 from router.snapshot_rows import SnapshotRows
 
 REL = Relation(relation_id=1, namespace="public", name="t", replica_identity="d",
@@ -200,3 +200,44 @@ def test_changes_committed_before_the_window_but_invisible_to_the_read_count():
     for i in range(5):
         recent.add(1, Change("insert", 4, _rel(), None, False, (str(i), "x", "0")))
     assert len(recent.changes) == 3
+
+
+# -- block ranges (router.snapshot_ranges) ---------------------------------------------------
+
+
+def test_block_ranges_cover_the_table_and_split_only_big_ones():
+    from router.snapshot_ranges import MAX_RANGES, MIN_RANGE_BLOCKS, block_ranges
+
+    assert block_ranges(10 * MIN_RANGE_BLOCKS, 1) == [(0, None)]  # one session
+    assert block_ranges(2 * MIN_RANGE_BLOCKS - 1, 4) == [(0, None)]  # too small
+    parts = block_ranges(10 * MIN_RANGE_BLOCKS, 2)
+    assert len(parts) == 8  # 4 a session
+    assert parts[0][0] == 0 and parts[-1][1] is None  # from block 0, open at the end
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # no gap, no overlap
+    assert all(b - a >= MIN_RANGE_BLOCKS for a, b in parts[:-1])
+    assert len(block_ranges(10**9, 1000)) == MAX_RANGES
+    # a range's rows stay well within its positions: more ranges for a huge table
+    assert len(block_ranges(10**8, 2, rows=10**11)) == 94  # ceil(4e11 / 2^32)
+
+
+def test_done_blocks_are_this_snapshots_merged_and_dropped_after_a_rewrite():
+    from router.snapshot_ranges import done_blocks
+
+    def rng(first, end, request="s1", filenode=7, table="public.t", slot="slot"):
+        return SnapshotState("range", slot, "done", request=request, table=table,
+                             blocks=(first, end), filenode=filenode)
+
+    states = [rng(100, 200), rng(0, 100), rng(300, -1), rng(200, 300, request="old"),
+              rng(0, 50, table="public.u"), rng(0, 50, slot="other"),
+              SnapshotState("initial", "slot", "started", request="s1")]
+    assert done_blocks(states, "slot", "s1", "public.t", 7) == [(0, 200), (300, None)]
+    assert done_blocks(states, "slot", "s1", "public.t", 8) == []  # rewritten since
+    assert done_blocks(states, "slot", "", "public.t", 7) == []  # an unnamed snapshot
+    assert done_blocks(states + [rng(200, 300)], "slot", "s1", "public.t", 7) == [(0, None)]
+
+
+def test_range_states_are_keyed_by_their_blocks():
+    a = SnapshotState("range", "s", "done", table="public.t", blocks=(0, 10))
+    b = SnapshotState("range", "s", "done", table="public.t", blocks=(10, -1))
+    assert state_key(a) != state_key(b)
+    assert decode_state(encode_state(b)[1]) == b
