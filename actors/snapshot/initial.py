@@ -141,6 +141,7 @@ class InitialSnapshot:
                                  position_headers=cfg.kafka.position_headers)
         self.tables = [t for t in tables if self.rows.routed(t.relation)]
         await self.store.aload()
+        await self.store.forget_initial(src.slot)
         # a name of this snapshot for its range records (``router.snapshot_ranges``)
         await self.store.aput(SnapshotState("initial", src.slot, "started",
                                             request=uuid.uuid4().hex))

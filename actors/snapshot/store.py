@@ -65,3 +65,14 @@ class StateStore:
 
     async def aload(self) -> dict[bytes, SnapshotState]:
         return await trio.to_thread.run_sync(self.load)
+
+    async def forget_initial(self, slot: str) -> None:
+        """A new initial snapshot of ``slot`` (the slot was created again): the per-table
+        records an earlier snapshot of that name left (request ``initial``, done or
+        running) say nothing of this one, so finishing this one by backfill must neither
+        skip nor resume those tables on their word. They are overwritten (state
+        ``superseded``, no request)."""
+        for p in list(self.records.values()):
+            if p.kind == "backfill" and p.slot == slot and p.request == "initial":
+                await self.aput(SnapshotState("backfill", slot, "superseded", route=p.route,
+                                              table=p.table))

@@ -184,3 +184,55 @@ def test_a_table_read_by_two_sessions_after_a_kill_is_the_table(big, pg_dsn, kaf
              and r["value"]["source"]["commit_lsn"] > first]
     assert 0 < len(again) < len(got) * 0.9, (len(again), len(got))
     assert "leaves out the block ranges the initial snapshot did" in log.read_text()
+
+
+def test_a_slot_created_again_does_not_trust_the_earlier_snapshots_records(big, pg_dsn,
+                                                                        kafka_bootstrap,
+                                                                        tmp_path):
+    """A slot dropped and created again under its name takes a new initial snapshot; when
+    that one is interrupted before its table is done, finishing it by backfill reads the
+    table again: the earlier snapshot's "table done" record (same slot, route and table)
+    does not count for it. Rows changed while no slot existed are in the topic."""
+    pg, name = big
+    slot = unique("snapr")
+    topic = f"{slot}.t"
+    log = tmp_path / "router.log"
+    deadline = time.monotonic() + DEADLINE
+    proc = start_router(_config(tmp_path, pg_dsn, kafka_bootstrap, name, slot), log)
+    source = _SlowSource(pg_dsn)
+    try:
+        _wait("the first initial snapshot", lambda: "initial snapshot done" in log.read_text(),
+              proc, log, deadline)
+        kill9(proc)
+        pg.drop_slot(slot)
+        pg.run(f"update {name} set n = 7 where id % 300 = 0")  # no slot: not streamed
+        # the second snapshot, killed before its table is in Kafka
+        slow = _config(tmp_path, source.dsn, kafka_bootstrap, name, slot)
+        log.write_text("")
+        proc = start_router(slow, log)
+        _wait("the second snapshot's slot", lambda: "exported snapshot" in log.read_text(),
+              proc, log, deadline)
+        kill9(proc)
+        assert "range done" not in log.read_text() and "snapshot done" not in log.read_text()
+        log.write_text("")
+        proc = start_router(_config(tmp_path, pg_dsn, kafka_bootstrap, name, slot), log)
+        _wait("the snapshot to be finished by backfill", lambda: "finishing it by backfill"
+              in log.read_text() and _last_initial(kafka_bootstrap, slot) == "done", proc,
+              log, deadline)
+        _caught_up(pg, slot, proc, log, deadline)
+    finally:
+        kill9(proc)
+        source.close()
+        pg.drop_slot(slot)
+    try:
+        _records, got = _folded(kafka_bootstrap, topic)
+    finally:
+        delete_topics(kafka_bootstrap, [topic])
+    assert got == table_rows(pg.conn, name, ["id", "n", "v"])
+
+
+def _last_initial(bootstrap: str, slot: str) -> str | None:
+    """The state of the slot's latest ``initial`` progress record."""
+    states = [r["value"]["state"] for r in read_topic(bootstrap, "pgrouter.snapshots")
+              if r["value"]["kind"] == "initial" and r["value"]["slot"] == slot]
+    return states[-1] if states else None
