@@ -6,7 +6,8 @@
 
 ``--writers`` connections insert one row per transaction (autocommit), paced together at
 ``--rate`` transactions a second (open loop: each writer follows its own schedule, so a slow
-commit does not lower the offered rate). ``pgrouter run`` streams the table to a topic of its
+commit does not lower the offered rate); they run as threads of a process of their own, apart
+from the consumer's (which measures), so neither waits for the other's interpreter lock. ``pgrouter run`` streams the table to a topic of its
 own; a consumer (confluent-kafka when installed, else kafka-python) reads it and measures,
 for every record, the time from the source transaction's commit (the value's
 ``source.commit_time``, the server's clock; server, router and consumer share this machine's
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing
 import os
 import pathlib
 import signal
@@ -156,6 +158,23 @@ def writer(dsn: str, table: str, wid: int, rate: float, start: float, until: flo
         errors.append(exc)
 
 
+def writers_process(dsn: str, table: str, writers: int, rate: float, start: float,
+                    until: float, out) -> None:
+    """The writers' process (apart from the consumer's, so neither waits for the other's
+    GIL): one thread per writer; sends back the ids written and the first error."""
+    written: list[int] = []
+    errors: list = []
+    threads = [threading.Thread(target=writer, args=(
+        dsn, table, w, rate / writers, start + w / rate, until, written, errors))
+        for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.send((written, repr(errors[0]) if errors else None))
+    out.close()
+
+
 def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
@@ -209,20 +228,19 @@ def main() -> None:
                 time.sleep(0.05)
             client_line = next((ln for ln in open(log.name) if "kafka_client=" in ln), "")
             client = client_line.split("kafka_client=")[1].split()[0] if client_line else "?"
-            written: list[int] = []
-            errors: list = []
-            start = time.time() + 0.2
+            ctx = multiprocessing.get_context("spawn")
+            start = time.time() + 1.0  # the writers' process starts meanwhile
             until = start + args.seconds
-            threads = [threading.Thread(target=writer, args=(
-                args.dsn, table, w, args.rate / args.writers, start + w / args.rate, until,
-                written, errors)) for w in range(args.writers)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=writers_process, args=(
+                args.dsn, table, args.writers, args.rate, start, until, send))
+            proc.start()
+            send.close()
+            written, error = recv.recv()
+            proc.join()
             took = time.time() - start
-            if errors:
-                raise SystemExit(f"writer failed: {errors[0]!r}")
+            if error:
+                raise SystemExit(f"writer failed: {error}")
             deadline = time.time() + 60
             while any(r not in consumer.seen for r in written[-200:]) or \
                     len(consumer.seen) < len(written) + 1:

@@ -10,7 +10,10 @@ Rules:
 * The origin moves only with a committed transaction (``actors.apply.target``): its setup
   is the last statement before COMMIT, so a transaction that fails never moves it (nor the
   offsets in the progress table, which roll back with it); a COMMIT that fails after it
-  puts the origin back.
+  puts the origin back. When the transaction's last statement executes a prepared one-row
+  statement (and the target has no deferrable checks to force first), the setup is folded
+  into it (``router.batches.with_origin``: evaluated after that change and its check), so a
+  one-row transaction is three statements, not four.
 * The last transaction of a batch that carries restart offsets also writes them to the
   progress table, so they commit with it.
 * Any SQL error of the fast path (a conflict, a missing column…) rolls back the transaction
@@ -34,7 +37,7 @@ import asyncpg
 import trio
 
 from router.apply_config import ApplyConfig
-from router.batches import Prepared, statements
+from router.batches import Prepared, statements, with_origin
 from router.errors import ApplyError, SourceUnavailable
 from router.lsn import format_lsn
 from router.reassembly import SourceTransaction
@@ -226,6 +229,10 @@ class WriterActor:
                 failed = batch[done]
                 log.event(_log, "applying change by change", transaction=failed.id,
                           reason=str(exc).splitlines()[0], level=logging.DEBUG)
+                # the target may have changed (a trigger made, a column added): read its
+                # tables again before going on
+                self._tables.clear()
+                await self._ensure_tables(failed)
                 await self.rows.apply(failed, self.progress_lsn, self.deferrable)
                 self.stats.slow += 1
                 self._applied([failed])
@@ -296,10 +303,25 @@ class WriterActor:
                     self._applied(batch[:i])
                 raise
             parts.append("begin;")
-            for stmt in stmts:
+            folded = None
+            if stmts and not self.deferrable:
+                folded = with_origin(stmts[-1], self.prepared, format_lsn(txn.commit_lsn),
+                                     txn.commit_time)
+            if folded is None:
+                for stmt in stmts:
+                    parts.append(stmt)
+                    parts.append(";")
+                parts.append(self._end(txn, i == last))
+                continue
+            # the progress row first: the folded statement must be the transaction's last
+            if i == last:
+                parts.append(progress_statement(self.cfg.target, txn.commit_lsn, txn.resume)
+                             + ";")
+            for stmt in stmts[:-1]:
                 parts.append(stmt)
                 parts.append(";")
-            parts.append(self._end(txn, i == last))
+            parts.append(folded)
+            parts.append(";commit;")
         await self._send(parts)
 
     async def _stream(self, txn: SourceTransaction) -> None:
