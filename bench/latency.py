@@ -3,6 +3,7 @@
     .venv/bin/python bench/latency.py [--rate 1000] [--writers 4] [--seconds 20]
                                       [--client auto|librdkafka|kafka-python]
                                       [--setting linger_ms=5 ...] [--dsn …] [--bootstrap …]
+                                      [--router-root DIR]
 
 ``--writers`` connections insert one row per transaction (autocommit), paced together at
 ``--rate`` transactions a second (open loop: each writer follows its own schedule, so a slow
@@ -175,6 +176,11 @@ def writers_process(dsn: str, table: str, writers: int, rate: float, start: floa
     out.close()
 
 
+def router_cpu(pid: int) -> float:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
@@ -192,6 +198,9 @@ def main() -> None:
         "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
                                                           "127.0.0.1:9092"))
+    ap.add_argument("--router-root", default=str(ROOT), metavar="DIR",
+                    help="the checkout whose pgrouter run is measured (another commit's, to "
+                         "compare; its C module built)")
     args = ap.parse_args()
     settings = dict(s.split("=", 1) for s in args.setting)
     tag = uuid.uuid4().hex[:8]
@@ -208,8 +217,9 @@ def main() -> None:
             cfg.write_text(config(args.dsn, args.bootstrap, slot, pub, table, args.client,
                                   topic, prefix, settings))
             log = open(pathlib.Path(tmp) / "router.log", "w+")
+            env = dict(os.environ, PYTHONPATH=args.router_root)
             router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg)],
-                                      cwd=ROOT, stderr=log, stdout=log)
+                                      cwd=args.router_root, stderr=log, stdout=log, env=env)
             # the first row creates the topic; the consumer starts once it exists
             deadline = time.time() + 60
             while not sql(args.dsn, "select 1 from pg_replication_slots where slot_name = "
@@ -254,6 +264,8 @@ def main() -> None:
                     for i in range(int(args.warmup * args.rate / args.writers))}
             lat = sorted(consumer.seen[r] * 1000 for r in written
                          if r in consumer.seen and r not in warm)
+            cpu = router_cpu(router.pid)
+            print(f"router {args.router_root}: {cpu:.1f} CPU s (user+sys, its whole run)")
             print(f"client {client}, {args.writers} writers, offered {args.rate:.0f} txn/s, "
                   f"achieved {len(written) / took:.0f} txn/s for {took:.1f} s "
                   f"({len(written)} rows; settings {settings or 'default'})")

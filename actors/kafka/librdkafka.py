@@ -33,9 +33,15 @@ from router.native import NATIVE
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import LIBRDKAFKA, translate
 
-#: librdkafka's own defaults are tuned for latency; these match KafkaPythonClient's
+#: batch sizes and buffers match KafkaPythonClient's; latency (bench/latency.py,
+#: docs/performance.md): no lingering (a record waited up to 5 ms for a batch to fill, which a
+#: stream of small transactions never does; a backlog still fills batches, because records
+#: queue up while earlier requests are in flight), and no Nagle on the broker sockets (a small
+#: produce request waited for the previous one's TCP acknowledgement; kafka-python sets
+#: TCP_NODELAY too)
 DEFAULTS = {
-    "linger.ms": 5,
+    "linger.ms": 0,
+    "socket.nagle.disable": True,
     "batch.size": 1024 * 1024,
     "batch.num.messages": 10_000,
     "queue.buffering.max.messages": 100_000,
