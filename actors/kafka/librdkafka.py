@@ -33,14 +33,13 @@ from router.native import NATIVE
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import LIBRDKAFKA, translate
 
-#: batch sizes and buffers match KafkaPythonClient's; latency (bench/latency.py,
-#: docs/performance.md): no lingering (a record waited up to 5 ms for a batch to fill, which a
-#: stream of small transactions never does; a backlog still fills batches, because records
-#: queue up while earlier requests are in flight), and no Nagle on the broker sockets (a small
-#: produce request waited for the previous one's TCP acknowledgement; kafka-python sets
-#: TCP_NODELAY too)
+#: batch sizes and buffers match KafkaPythonClient's; no Nagle on the broker sockets (a small
+#: produce request may wait for the TCP acknowledgement of the previous one; kafka-python
+#: sets TCP_NODELAY too). ``linger.ms`` stays 5: 0 made the router's librdkafka send a
+#: request per record at 1,000 one-row transactions/s, +30% CPU (bench/latency.py), which
+#: on a busy machine cost more latency than the linger saved (docs/performance.md)
 DEFAULTS = {
-    "linger.ms": 0,
+    "linger.ms": 5,
     "socket.nagle.disable": True,
     "batch.size": 1024 * 1024,
     "batch.num.messages": 10_000,
