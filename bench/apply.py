@@ -1,7 +1,7 @@
 """``pgrouter apply`` against PostgreSQL's own apply worker, on the same changes.
 
     .venv/bin/python bench/apply.py [--rows 200000] [--txn-rows 1000] [--updates 50000]
-                                    [--rounds 2] [--profile FILE]
+                                    [--rounds 2] [--profile FILE] [--group-rows N]
 
 One source database (dev-stack node ``pg2``) with a six-column table. Before any write, one
 slot for the router and one per round for native subscriptions are created, so every
@@ -12,11 +12,13 @@ transaction topic) puts them into Kafka once, untimed.
 
 Each round, in alternating order: a native subscription (``copy_data = false``, its own
 slot) into a fresh database on node ``pg3``, and ``pgrouter apply --until-caught-up`` into
-another fresh database there (a new origin: it reads the topics from the beginning). Both
+another fresh database there (a new origin: it reads the topics from the beginning); with
+``--group-rows N`` also ``pgrouter apply`` with ``[target] group_rows = N``. All
 are timed the same way: the target's replication origin progress is polled; a phase runs
 from the first commit seen (inserts) or the end of the previous phase (updates) to its last
 transaction's commit. Both targets are checked equal to the source. Printed: rows/s and
-transactions/s per phase and contender, the ratio pgrouter/native (best round each), the
+transactions/s per phase and contender, the ratio pgrouter/native (best round each; and
+each round's time over native's time in that round), the
 applier's CPU per row (user+sys of its process, per phase) and its peak RSS, and the target
 server's CPU per row for each (the apply worker's process, the applier's backend): a
 figure a busy machine disturbs less than the wall-clock ratio. Everything
@@ -43,6 +45,7 @@ import psycopg2  # noqa: E402
 TABLE = ("create table t (id int primary key, a int not null, b text, c numeric(14,2), "
          "d timestamptz, e boolean)")
 TICK = os.sysconf("SC_CLK_TCK")
+GROUPED = "pgrouter grouped"
 
 
 def sql(dsn: str, query: str, *args, fetch: bool = False):
@@ -159,7 +162,7 @@ def run_native(src_dsn: str, server: str, slot: str, a_end: int, b_end: int, tag
 
 
 def run_pgrouter(server: str, bootstrap: str, tx_topic: str, prefix: str, a_end: int,
-                 b_end: int, tag: str, profile: str | None) -> dict:
+                 b_end: int, tag: str, profile: str | None, group_rows: int = 1) -> dict:
     db = f"bapply_p_{tag}"
     sql(server, f"create database {db}")
     dsn = with_db(server, db)
@@ -173,6 +176,7 @@ topics = ["{prefix}.*"]
 [target]
 dsn = "{dsn}"
 origin = "{origin}"
+group_rows = {group_rows}
 [log]
 progress_interval = 600
 """)
@@ -230,6 +234,8 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--profile", help="cProfile output of the first pgrouter round")
+    ap.add_argument("--group-rows", type=int, default=0, metavar="N",
+                    help="also measure pgrouter apply with [target] group_rows = N")
     args = ap.parse_args()
     from devstack import ensure_up
 
@@ -283,17 +289,20 @@ topic = "{prefix}.{{schema}}.{{table}}"
         last_a, last_b = ends[n_a - 1]["source"], ends[-1]["source"]
         expected = fingerprint(src)
         results: dict[str, list[dict]] = {"native": [], "pgrouter": []}
+        if args.group_rows:
+            results[GROUPED] = []
         for r in range(args.rounds):
-            order = ["native", "pgrouter"] if r % 2 == 0 else ["pgrouter", "native"]
+            order = list(results) if r % 2 == 0 else list(reversed(results))
             for who in order:
-                rtag = f"{tag}{r}"
+                rtag = f"{tag}{r}{'g' if who == GROUPED else ''}"
                 if who == "native":
                     res = run_native(src, dst_server, slots[r], last_a["end_lsn"],
                                      last_b["end_lsn"], rtag)
                 else:
                     res = run_pgrouter(dst_server, info.kafka_bootstrap, tx_topic, prefix,
                                        last_a["commit_lsn"], last_b["commit_lsn"], rtag,
-                                       args.profile if r == 0 else None)
+                                       args.profile if r == 0 and who == "pgrouter" else None,
+                                       args.group_rows if who == GROUPED else 1)
                 assert res["fp"] == expected, f"{who} round {r}: target differs from source"
                 results[who].append(res)
                 print(f"round {r} {who}: inserts {res['a'] - res['first']:.2f}s, "
@@ -324,18 +333,30 @@ def report(args, results: dict) -> None:
     rows_a, txns_b = args.rows, args.updates
     best = {who: {"a": min(r["a"] - r["first"] for r in rs), "b": min(r["b"] - r["a"] for r in rs)}
             for who, rs in results.items()}
-    print(f"\n{'phase':<34} {'native':>14} {'pgrouter apply':>16} {'ratio':>7}")
-    n, p = best["native"], best["pgrouter"]
-    print(f"{f'inserts ({rows_a} rows, {args.txn_rows}-row txns)':<34} "
-          f"{rows_a / n['a']:>9,.0f} r/s {rows_a / p['a']:>11,.0f} r/s {n['a'] / p['a']:>6.2f}x")
-    print(f"{f'updates ({txns_b} one-row txns)':<34} "
-          f"{txns_b / n['b']:>9,.0f} t/s {txns_b / p['b']:>11,.0f} t/s {n['b'] / p['b']:>6.2f}x")
-    pr = results["pgrouter"]
-    cpu_a = min(r["cpu_a"] for r in pr) / rows_a * 1e6
-    cpu_b = min(r["cpu_b"] for r in pr) / txns_b * 1e6
-    print(f"\npgrouter apply CPU (its process, user+sys, process start included in inserts): "
-          f"{cpu_a:.1f} µs per inserted row, {cpu_b:.1f} µs per one-row transaction; "
-          f"peak RSS {max(r['rss_mb'] for r in pr):.0f} MB")
+    for who in (w for w in results if w != "native"):
+        print(f"\n{'phase':<34} {'native':>14} {who:>16} {'ratio':>7}")
+        n, p = best["native"], best[who]
+        print(f"{f'inserts ({rows_a} rows, {args.txn_rows}-row txns)':<34} "
+              f"{rows_a / n['a']:>9,.0f} r/s {rows_a / p['a']:>11,.0f} r/s "
+              f"{n['a'] / p['a']:>6.2f}x")
+        print(f"{f'updates ({txns_b} one-row txns)':<34} "
+              f"{txns_b / n['b']:>9,.0f} t/s {txns_b / p['b']:>11,.0f} t/s "
+              f"{n['b'] / p['b']:>6.2f}x")
+        # per round, interleaved: pgrouter's time / native's (the issue's "× native's time")
+        times = [(p_r["a"] - p_r["first"]) / (n_r["a"] - n_r["first"])
+                 for p_r, n_r in zip(results[who], results["native"])]
+        times_b = [(p_r["b"] - p_r["a"]) / (n_r["b"] - n_r["a"])
+                   for p_r, n_r in zip(results[who], results["native"])]
+        print(f"  time / native's time, per round: inserts "
+              f"{', '.join(f'{t:.2f}' for t in times)}; updates "
+              f"{', '.join(f'{t:.2f}' for t in times_b)}")
+    for who in (w for w in results if w != "native"):
+        pr = results[who]
+        cpu_a = min(r["cpu_a"] for r in pr) / rows_a * 1e6
+        cpu_b = min(r["cpu_b"] for r in pr) / txns_b * 1e6
+        print(f"\n{who} CPU (its process, user+sys, process start included in inserts): "
+              f"{cpu_a:.1f} µs per inserted row, {cpu_b:.1f} µs per one-row transaction; "
+              f"peak RSS {max(r['rss_mb'] for r in pr):.0f} MB")
     srv = {who: (min(r["server_a"] for r in rs) / rows_a * 1e6,
                  min(r["server_b"] for r in rs) / txns_b * 1e6) for who, rs in results.items()}
     print("target server CPU (the apply worker / the applier's backend, after its first "

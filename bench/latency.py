@@ -3,10 +3,12 @@
     .venv/bin/python bench/latency.py [--rate 1000] [--writers 4] [--seconds 20]
                                       [--client auto|librdkafka|kafka-python]
                                       [--setting linger_ms=5 ...] [--dsn …] [--bootstrap …]
+                                      [--router-root DIR]
 
 ``--writers`` connections insert one row per transaction (autocommit), paced together at
 ``--rate`` transactions a second (open loop: each writer follows its own schedule, so a slow
-commit does not lower the offered rate). ``pgrouter run`` streams the table to a topic of its
+commit does not lower the offered rate); they run as threads of a process of their own, apart
+from the consumer's (which measures), so neither waits for the other's interpreter lock. ``pgrouter run`` streams the table to a topic of its
 own; a consumer (confluent-kafka when installed, else kafka-python) reads it and measures,
 for every record, the time from the source transaction's commit (the value's
 ``source.commit_time``, the server's clock; server, router and consumer share this machine's
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing
 import os
 import pathlib
 import signal
@@ -156,6 +159,28 @@ def writer(dsn: str, table: str, wid: int, rate: float, start: float, until: flo
         errors.append(exc)
 
 
+def writers_process(dsn: str, table: str, writers: int, rate: float, start: float,
+                    until: float, out) -> None:
+    """The writers' process (apart from the consumer's, so neither waits for the other's
+    GIL): one thread per writer; sends back the ids written and the first error."""
+    written: list[int] = []
+    errors: list = []
+    threads = [threading.Thread(target=writer, args=(
+        dsn, table, w, rate / writers, start + w / rate, until, written, errors))
+        for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.send((written, repr(errors[0]) if errors else None))
+    out.close()
+
+
+def router_cpu(pid: int) -> float:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
@@ -173,6 +198,9 @@ def main() -> None:
         "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
                                                           "127.0.0.1:9092"))
+    ap.add_argument("--router-root", default=str(ROOT), metavar="DIR",
+                    help="the checkout whose pgrouter run is measured (another commit's, to "
+                         "compare; its C module built)")
     args = ap.parse_args()
     settings = dict(s.split("=", 1) for s in args.setting)
     tag = uuid.uuid4().hex[:8]
@@ -189,8 +217,9 @@ def main() -> None:
             cfg.write_text(config(args.dsn, args.bootstrap, slot, pub, table, args.client,
                                   topic, prefix, settings))
             log = open(pathlib.Path(tmp) / "router.log", "w+")
+            env = dict(os.environ, PYTHONPATH=args.router_root)
             router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg)],
-                                      cwd=ROOT, stderr=log, stdout=log)
+                                      cwd=args.router_root, stderr=log, stdout=log, env=env)
             # the first row creates the topic; the consumer starts once it exists
             deadline = time.time() + 60
             while not sql(args.dsn, "select 1 from pg_replication_slots where slot_name = "
@@ -209,20 +238,19 @@ def main() -> None:
                 time.sleep(0.05)
             client_line = next((ln for ln in open(log.name) if "kafka_client=" in ln), "")
             client = client_line.split("kafka_client=")[1].split()[0] if client_line else "?"
-            written: list[int] = []
-            errors: list = []
-            start = time.time() + 0.2
+            ctx = multiprocessing.get_context("spawn")
+            start = time.time() + 1.0  # the writers' process starts meanwhile
             until = start + args.seconds
-            threads = [threading.Thread(target=writer, args=(
-                args.dsn, table, w, args.rate / args.writers, start + w / args.rate, until,
-                written, errors)) for w in range(args.writers)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=writers_process, args=(
+                args.dsn, table, args.writers, args.rate, start, until, send))
+            proc.start()
+            send.close()
+            written, error = recv.recv()
+            proc.join()
             took = time.time() - start
-            if errors:
-                raise SystemExit(f"writer failed: {errors[0]!r}")
+            if error:
+                raise SystemExit(f"writer failed: {error}")
             deadline = time.time() + 60
             while any(r not in consumer.seen for r in written[-200:]) or \
                     len(consumer.seen) < len(written) + 1:
@@ -236,6 +264,8 @@ def main() -> None:
                     for i in range(int(args.warmup * args.rate / args.writers))}
             lat = sorted(consumer.seen[r] * 1000 for r in written
                          if r in consumer.seen and r not in warm)
+            cpu = router_cpu(router.pid)
+            print(f"router {args.router_root}: {cpu:.1f} CPU s (user+sys, its whole run)")
             print(f"client {client}, {args.writers} writers, offered {args.rate:.0f} txn/s, "
                   f"achieved {len(written) / took:.0f} txn/s for {took:.1f} s "
                   f"({len(written)} rows; settings {settings or 'default'})")

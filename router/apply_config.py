@@ -72,6 +72,11 @@ class ApplyTarget(_Base):
     #: largest transactions spill to temporary files in ``spill_dir``
     memory_limit: int = 64 * 1024 * 1024
     spill_dir: str | None = None
+    #: consecutive source transactions applied in one target transaction, up to this many
+    #: rows together (the origin moves to the last one's commit with it; one that fails is
+    #: found by applying them again one by one); 1 (the default): a target transaction per
+    #: source transaction, as PostgreSQL's apply worker does
+    group_rows: Annotated[int, msgspec.Meta(ge=1)] = 1
 
 
 class ApplyMetrics(_Base):

@@ -27,6 +27,12 @@ Rules:
 * A run of one row (the common small transaction) executes a prepared statement of its
   shape (``Prepared``: the caller PREPAREs what ``new`` lists before sending the script), so
   the server neither parses nor plans it again: ``execute pgr_3('7', 'x')``.
+* The origin setup of a one-row transaction can be folded into its statement
+  (``with_origin``): ``begin; execute; commit``, one statement less, which is what the
+  server's time per one-row transaction went to (each statement of a script pays its own
+  start, snapshot and portal; measured, the extended protocol's pipeline mode with the same
+  statements cost the server as much as this script). It is evaluated only after the change
+  succeeded and was checked.
 * Tables without a key on the target, truncates and records the run shape cannot express go
   one by one with the same strictness.
 * ``upsert=True`` (snapshot and backfill rows, which carry the row as of their position):
@@ -70,6 +76,7 @@ class Execute(str):
     name: str
     values: list
     args: str
+    table: TargetTable | None = None  # a one-row statement's table (``_one``)
 
 
 class Prepared:
@@ -89,6 +96,9 @@ class Prepared:
             self.new.append(f"prepare {found}({', '.join(['text'] * params)}) as {text}")
         return found
 
+    def body(self, name: str) -> str:
+        return self._bodies[name]
+
     def execute(self, key: tuple, values: list, body, args: str | None = None) -> Execute:
         name = self.name(key, len(values), body)
         if args is None:
@@ -107,6 +117,39 @@ def _check(table: TargetTable, cols: Iterable[str]) -> None:
 
 def _expect(dml: str, n: int) -> str:
     return f"with _w as ({dml} returning 1) select 1 / (count(*) = {n})::int from _w"
+
+
+_STRICT_ONE = " select 1 / (count(*) = 1)::int from _w"
+
+
+def with_origin(stmt: str, prepared: Prepared, lsn: str, commit_time: str | None) -> str | None:
+    """A one-row statement (``_one``'s ``execute``) of a ``plain`` table folded with the
+    transaction's ``pg_replication_origin_xact_setup``: a one-row transaction is ``begin;
+    this; commit``. The setup is called by the projection, after the change ran (an insert's
+    unique violation raises there) and after ``HAVING`` checked that it touched its one
+    row. Checks that run at the end of a statement (foreign keys, constraint triggers) would
+    come after the setup: ``HAVING`` also fails, before the setup, when the table has
+    triggers or rules by now (made while the applier runs; its catalog is read after the
+    statement's lock, which such DDL waits for), and the caller applies that transaction
+    another way. None for any other statement (the caller sends the setup on its own)."""
+    if type(stmt) is not Execute or stmt.table is None or not stmt.table.plain:
+        return None
+    body = prepared.body(stmt.name)
+    if body.endswith(_STRICT_ONE):
+        cte = body[:-len(_STRICT_ONE)]
+    elif body.startswith("insert into ") and " on conflict " not in body:
+        cte = f"with _w as ({body} returning 1)"
+    else:
+        return None
+    n, table = len(stmt.values), stmt.table.sql_name
+
+    def folded():
+        return (f"{cte} select pg_replication_origin_xact_setup(${n + 1}::pg_lsn, "
+                f"${n + 2}::timestamptz) from _w having 1 / (count(*) = 1 and not (select "
+                f"relhastriggers or relhasrules from pg_class where oid = "
+                f"{literal(table)}::regclass))::int = 1")
+    return prepared.execute(stmt.key + ("origin",), stmt.values + [lsn, commit_time], folded,
+                            f"{stmt.args}, {literal(lsn)}, {literal(commit_time)}")
 
 
 class _Run:
@@ -242,6 +285,12 @@ def _statement(run: _Run, prepared: Prepared, upsert: bool = False) -> str:
 
 def _one(run: _Run, prepared: Prepared, upsert: bool = False) -> str:
     """A one-row run as the execution of a prepared statement of its shape."""
+    out = _one_execute(run, prepared, upsert)
+    out.table = run.table
+    return out
+
+
+def _one_execute(run: _Run, prepared: Prepared, upsert: bool) -> Execute:
     t, rec = run.table, run.rows[0]
     key = (run.op, t.sql_name, run.shape, upsert)
     if run.op == "c":

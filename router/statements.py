@@ -44,7 +44,7 @@ class TargetTable:
     """A target table's columns (name -> SQL type) and key, read from its catalog."""
 
     def __init__(self, schema: str, name: str, columns: dict[str, str], key: tuple[str, ...],
-                 json_columns: frozenset[str] = frozenset()):
+                 json_columns: frozenset[str] = frozenset(), plain: bool = False):
         self.schema = schema
         self.name = name
         self.columns = columns
@@ -52,6 +52,10 @@ class TargetTable:
         #: columns of type json or jsonb (or a domain over them): records hold their text,
         #: which ``json_populate_recordset`` would store as a JSON string
         self.json_columns = json_columns
+        #: no trigger (foreign keys and constraint triggers are triggers that check at the
+        #: end of a statement) and no rule, not partitioned: a one-row statement on it may
+        #: carry the origin setup (``router.batches.with_origin``)
+        self.plain = plain
         self.sql_name = f"{quote_ident(schema)}.{quote_ident(name)}"
 
     def _param(self, column: str, index: int) -> str:

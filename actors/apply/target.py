@@ -10,8 +10,9 @@ Rules:
   session's origin to the LSN given to ``pg_replication_origin_xact_setup`` at the end of
   the transaction, also when it aborts (its abort record carries the origin too). So the
   setup is the last statement before COMMIT, after every change, the progress row and
-  ``set constraints all immediate`` (when the target has deferrable constraints): a change
-  that fails never reaches it. Only COMMIT itself can fail after it (a deferrable
+  ``set constraints all immediate`` (when the target has deferrable constraints), or is
+  folded into the last change's statement and evaluated after it (``with_origin``): a
+  change that fails never reaches it. Only COMMIT itself can fail after it (a deferrable
   constraint added while applying, a commit-time hook): the writer then puts the origin
   back (``rewind_origin``).
 * The progress table (``target.progress_table``, one row per origin) holds the Kafka
@@ -157,8 +158,11 @@ async def load_table(sql: SqlSession, t_schema: str, t_name: str) -> TargetTable
             "a.attnum = k.n order by k.o) as cols from pg_index i where i.indrelid = "
             "$1::text::regclass and (i.indisprimary or i.indisreplident) "
             "order by i.indisprimary desc", qname)
+        plain = await sql.fetchval(
+            "select c.relkind <> 'p' and not c.relhastriggers and not c.relhasrules from "
+            "pg_class c where c.oid = $1::text::regclass", qname)
     except asyncpg.UndefinedTableError as exc:
         raise ApplyError(f"target table {t_schema}.{t_name} does not exist") from exc
     key = tuple(keys[0]["cols"]) if keys else ()
     return TargetTable(t_schema, t_name, {r["attname"]: r["type"] for r in rows}, key,
-                       frozenset(r["attname"] for r in rows if r["is_json"]))
+                       frozenset(r["attname"] for r in rows if r["is_json"]), plain=bool(plain))

@@ -3,14 +3,22 @@
 Rules:
 
 * Fast path (``router.batches``): the transactions waiting in the inbox, up to
-  ``BATCH_ROWS`` rows, go to the target as one simple-query script, each its own
-  ``begin; set-based statements; origin xact setup; commit``: many small transactions cost
-  one round trip. A transaction of ``STREAM_ROWS`` rows or more (or spilled to disk) is
+  ``BATCH_ROWS`` rows, go to the target as one simple-query script: many small
+  transactions cost one round trip. Consecutive ones of at most ``target.group_rows`` rows
+  together share one target transaction, ``begin; set-based statements; origin xact setup
+  (the last one's); commit``: the server's time per one-row transaction went to its
+  statements (each pays its start, snapshot and executor), which a group's set-based
+  statements share. A group commits whole or not at all, so the origin's progress is
+  always exactly the last source transaction applied; a group that fails is sent again one
+  transaction a target transaction, so the failing one is found as before. A transaction of ``STREAM_ROWS`` rows or more (or spilled to disk) is
   streamed into one open target transaction, ``STREAM_ROWS`` rows an execute.
 * The origin moves only with a committed transaction (``actors.apply.target``): its setup
   is the last statement before COMMIT, so a transaction that fails never moves it (nor the
   offsets in the progress table, which roll back with it); a COMMIT that fails after it
-  puts the origin back.
+  puts the origin back. When the transaction's last statement executes a prepared one-row
+  statement (and the target has no deferrable checks to force first), the setup is folded
+  into it (``router.batches.with_origin``: evaluated after that change and its check), so a
+  one-row transaction is three statements, not four.
 * The last transaction of a batch that carries restart offsets also writes them to the
   progress table, so they commit with it.
 * Any SQL error of the fast path (a conflict, a missing column…) rolls back the transaction
@@ -29,12 +37,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from itertools import chain
 
 import asyncpg
 import trio
 
 from router.apply_config import ApplyConfig
-from router.batches import Prepared, statements
+from router.batches import Prepared, statements, with_origin
 from router.errors import ApplyError, SourceUnavailable
 from router.lsn import format_lsn
 from router.reassembly import SourceTransaction
@@ -93,6 +102,8 @@ class WriterActor:
         #: the target has deferrable checks: forced before the origin setup
         self.deferrable: bool | None = None
         self.rows = ChangeByChange(sql, cfg, stats, self._tables)
+        #: the groups of the last script: first transaction's index -> the next group's
+        self._group_end: dict[int, int] = {}
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Receives lists of released transactions (or ``CAUGHT_UP``), applies them in
@@ -198,11 +209,16 @@ class WriterActor:
         await self._apply(batch)
 
     async def _apply(self, batch: list[SourceTransaction]) -> None:
+        solo = 0  # transactions at the head of the batch to send one by one: a failed group
         while batch:
+            self._group_end = {}
             try:
                 if self._streamed(batch[0]):
                     await self._stream(batch[0])
                     done = 1
+                elif solo:
+                    await self._script(batch[:solo], grouped=False)
+                    done = solo
                 else:
                     await self._script(batch)
                     done = len(batch)
@@ -215,27 +231,40 @@ class WriterActor:
                 applied = await session_progress(self.sql)
                 if commit_failed and applied > self.progress_lsn:
                     # a COMMIT failed past its origin setup, and the abort moved the origin
-                    # to that transaction: the ones before it are what committed
-                    applied = max((t.commit_lsn for t in batch if t.commit_lsn < applied),
-                                  default=self.progress_lsn)
+                    # to that transaction (a group's last): those before it committed
+                    failed_at = sum(1 for t in batch if t.commit_lsn < applied)
+                    first = next((i for i, j in self._group_end.items() if i <= failed_at < j),
+                                 failed_at)
+                    applied = batch[first - 1].commit_lsn if first else self.progress_lsn
                     await rewind_origin(self.sql, self.cfg.target.origin, applied)
                 done = sum(1 for t in batch if t.commit_lsn <= applied)
                 self._applied(batch[:done])
                 if done == len(batch):  # failed after the last commit: nothing to redo
                     return
-                failed = batch[done]
+                end = self._group_end.get(done, done + 1)
+                batch = batch[done:]
+                if end - done > 1:  # which transaction of the group failed: each on its own
+                    solo = end - done
+                    continue
+                solo = 0
+                failed = batch[0]
                 log.event(_log, "applying change by change", transaction=failed.id,
                           reason=str(exc).splitlines()[0], level=logging.DEBUG)
+                # the target may have changed (a trigger made, a column added): read its
+                # tables again before going on
+                self._tables.clear()
+                await self._ensure_tables(failed)
                 await self.rows.apply(failed, self.progress_lsn, self.deferrable)
                 self.stats.slow += 1
                 self._applied([failed])
-                batch = batch[done + 1:]
+                batch = batch[1:]
                 continue
             except BaseException:
                 await self._rollback()
                 raise
             self._applied(batch[:done])
             batch = batch[done:]
+            solo = 0
 
     async def _forget_prepared(self) -> None:
         """Drop this writer's prepared statements (a failed PREPARE may have left some
@@ -284,22 +313,53 @@ class WriterActor:
             self.stats.progress_lsn = self.progress_lsn
             txn.records.close()
 
-    async def _script(self, batch: list[SourceTransaction]) -> None:
+    def _groups(self, batch: list[SourceTransaction], grouped: bool):
+        """The batch cut into runs of consecutive transactions of at most ``group_rows``
+        rows together (one transaction each when not ``grouped``)."""
+        limit = self.cfg.target.group_rows if grouped else 1
+        i = 0
+        while i < len(batch):
+            j, rows = i + 1, batch[i].count
+            while j < len(batch) and rows + batch[j].count <= limit:
+                rows += batch[j].count
+                j += 1
+            yield i, j
+            i = j
+
+    async def _script(self, batch: list[SourceTransaction], grouped: bool = True) -> None:
         parts: list[str] = []
         last = max((i for i, t in enumerate(batch) if t.resume is not None), default=-1)
-        for i, txn in enumerate(batch):
+        groups = list(self._groups(batch, grouped))
+        self._group_end = dict(groups)
+        while groups:
+            i, j = groups.pop(0)
             try:
-                stmts = list(statements(txn.records, self._tables, self.prepared))
+                stmts = list(statements(chain.from_iterable(t.records for t in batch[i:j]),
+                                        self._tables, self.prepared))
             except ApplyError:
+                if j - i > 1:  # which transaction: each on its own
+                    groups[:0] = [(k, k + 1) for k in range(i, j)]
+                    continue
                 if i:  # the transactions before it go in
                     await self._send(parts)
                     self._applied(batch[:i])
                 raise
+            txn = batch[j - 1]
             parts.append("begin;")
+            folded = None
+            if j - i == 1 and stmts and not self.deferrable:
+                folded = with_origin(stmts[-1], self.prepared, format_lsn(txn.commit_lsn),
+                                     txn.commit_time)
+            # the progress row first: the origin setup is the transaction's last statement
+            if i <= last < j:
+                parts.append(progress_statement(self.cfg.target, batch[last].commit_lsn,
+                                                batch[last].resume) + ";")
+            if folded is not None:
+                stmts[-1] = folded
             for stmt in stmts:
                 parts.append(stmt)
                 parts.append(";")
-            parts.append(self._end(txn, i == last))
+            parts.append("commit;" if folded is not None else self._end(txn, False))
         await self._send(parts)
 
     async def _stream(self, txn: SourceTransaction) -> None:

@@ -33,9 +33,14 @@ from router.native import NATIVE
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import LIBRDKAFKA, translate
 
-#: librdkafka's own defaults are tuned for latency; these match KafkaPythonClient's
+#: batch sizes and buffers match KafkaPythonClient's; no Nagle on the broker sockets (a small
+#: produce request may wait for the TCP acknowledgement of the previous one; kafka-python
+#: sets TCP_NODELAY too). ``linger.ms`` stays 5: 0 made the router's librdkafka send a
+#: request per record at 1,000 one-row transactions/s, +30% CPU (bench/latency.py), which
+#: on a busy machine cost more latency than the linger saved (docs/performance.md)
 DEFAULTS = {
     "linger.ms": 5,
+    "socket.nagle.disable": True,
     "batch.size": 1024 * 1024,
     "batch.num.messages": 10_000,
     "queue.buffering.max.messages": 100_000,

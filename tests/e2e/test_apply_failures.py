@@ -114,6 +114,69 @@ def test_postgres_advances_an_origin_past_a_rolled_back_transaction(node_db):
         conn.close()
 
 
+def test_an_origin_setup_folded_into_a_one_row_statement_moves_only_when_it_applied(node_db):
+    """``router.batches.with_origin`` on the server, the statements as the writer makes
+    them: the setup inside a one-row insert, update or delete moves the origin when the
+    change applied (and was committed), never when it failed: a duplicate key, a missing
+    row, a foreign key (checked at the statement's end, after the projection: the table's
+    triggers fail the statement before the setup)."""
+    import json
+
+    from router.batches import Prepared, statements, with_origin
+    from router.reassembly import _decode_data
+    from router.statements import TargetTable
+
+    dsn = node_db("pg3", "f")
+    origin = f"fold_{uuid.uuid4().hex[:8]}"
+    node_db.origins.append((node_db.nodes["pg3"], origin))
+    sql(dsn, "create table u (id int primary key, v text); create table p (id int primary key);"
+             "create table k (id int primary key references p, v text)")
+    sql(dsn, "select pg_replication_origin_create(%s)", origin)
+    cols = {"id": "integer", "v": "text"}
+    tables = {("public", "u"): TargetTable("public", "u", cols, ("id",), plain=True),
+              # made plain on purpose: the statement's own guard must catch the trigger
+              ("public", "k"): TargetTable("public", "k", cols, ("id",), plain=True)}
+    prepared = Prepared()
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    cur = conn.cursor()
+    lsn = [0x100]
+
+    def apply(op: str, table: str, before, after) -> str:
+        """One one-row transaction at the next LSN; the origin's progress after it."""
+        lsn[0] += 0x100
+        record = _decode_data(json.dumps({"op": op, "before": before, "after": after,
+                                          "source": {"schema": "public", "table": table}}))
+        (stmt,) = statements([("x", record)], tables, prepared)
+        folded = with_origin(stmt, prepared, f"0/{lsn[0]:X}", "2026-01-01 00:00:00+00")
+        assert folded is not None
+        for text in prepared.new:
+            cur.execute(text)
+        prepared.new = []
+        try:
+            cur.execute(f"begin; {folded}; commit")
+        except psycopg2.Error:
+            cur.execute("rollback")
+        cur.execute("select pg_replication_origin_session_progress(false)::text")
+        return cur.fetchone()[0]
+    try:
+        cur.execute("select pg_replication_origin_session_setup(%s)", (origin,))
+        assert apply("c", "u", None, {"id": 1, "v": "a"}) == "0/200"
+        assert apply("c", "u", None, {"id": 1, "v": "b"}) == "0/200"  # duplicate key
+        assert apply("u", "u", None, {"id": 1, "v": "c"}) == "0/400"
+        assert apply("u", "u", None, {"id": 9, "v": "c"}) == "0/400"  # missing row
+        assert apply("d", "u", {"id": 9}, None) == "0/400"  # missing row
+        assert apply("d", "u", {"id": 1}, None) == "0/700"
+        # the foreign key's check would fail after the setup: the guard stops it first,
+        # for a parent that exists too
+        assert apply("c", "k", None, {"id": 1, "v": "a"}) == "0/700"
+        sql(dsn, "insert into p values (2)")
+        assert apply("c", "k", None, {"id": 2, "v": "a"}) == "0/700"
+        assert table_rows(dsn, "u") == [] and table_rows(dsn, "k") == []
+    finally:
+        conn.close()
+
+
 SOURCE_DDL = """
 create table items (id int primary key, v text);
 create table nums (id int primary key, n text);

@@ -91,7 +91,8 @@ progress_interval = 60
 """)
         return path
 
-    def apply_config(self, source: "Node", conflict: str = "error") -> pathlib.Path:
+    def apply_config(self, source: "Node", conflict: str = "error",
+                     group_rows: int = 1) -> pathlib.Path:
         """Applier config: ``source``'s topics into this node."""
         path = self.tmp / f"apply-{source.name}-to-{self.name}.toml"
         path.write_text(f"""
@@ -104,6 +105,7 @@ poll_timeout = 0.1
 dsn = "{self.dsn}"
 origin = "{source.origin_name}"
 conflict = "{conflict}"
+group_rows = {group_rows}
 [log]
 progress_interval = 60
 """)
@@ -355,7 +357,11 @@ origin = "none"
                b.origin_name, fetch=True)[0][0] == 1
 
 
-def test_applier_kill_9_exactly_once(node_db, kafka_bootstrap, tmp_path, procs):
+@pytest.mark.parametrize("group_rows", [1, 1000])
+def test_applier_kill_9_exactly_once(node_db, kafka_bootstrap, tmp_path, procs, group_rows):
+    """Killed mid-way and started again: every change applied once. With ``group_rows``
+    source transactions share target transactions (the restart's backlog surely), each
+    whole in one of them."""
     tag = uuid.uuid4().hex[:6]
     a = Node(node_db, "pg2", "a", tmp_path, kafka_bootstrap, tag)
     b = Node(node_db, "pg3", "b", tmp_path, kafka_bootstrap, tag)
@@ -369,7 +375,7 @@ def test_applier_kill_9_exactly_once(node_db, kafka_bootstrap, tmp_path, procs):
         create trigger audit after insert or update or delete on t
           for each row execute function audit_t();""")
     procs.start("run", a.router_config('origin = "none"'))
-    applier = procs.start("apply", b.apply_config(a))
+    applier = procs.start("apply", b.apply_config(a, group_rows=group_rows))
     result = {}
     load = threading.Thread(target=lambda: result.__setitem__("n", workload(a.dsn, 1, 400, 0.02)))
     load.start()
@@ -379,13 +385,22 @@ def test_applier_kill_9_exactly_once(node_db, kafka_bootstrap, tmp_path, procs):
     applier.wait(timeout=10)
     killed_at = audit()
     assert load.is_alive(), "the load finished before the applier was killed"
-    procs.start("apply", b.apply_config(a))
+    procs.start("apply", b.apply_config(a, group_rows=group_rows))
     load.join(timeout=120)
     total = result["n"]
     wait_for(lambda: rows(a.dsn) == rows(b.dsn), "B to catch up after the restart", 90, procs)
     time.sleep(1)
     assert killed_at < total
     assert audit() == total  # every row change applied once: none twice, none lost
-    # and atomically: each source transaction is one target transaction, whole
+    # and atomically: each source transaction is one target transaction, whole (or, grouped,
+    # whole in one: no source transaction's changes in two target transactions)
     per_txn = sql(b.dsn, "select count(distinct txid) from audit", fetch=True)[0][0]
-    assert per_txn == 400
+    if group_rows == 1:
+        assert per_txn == 400
+    else:
+        assert per_txn < 400
+        # a source transaction's insert and update of one key, in two target transactions
+        split = sql(b.dsn, "select count(*) from audit i join audit u on u.id = i.id and "
+                           "u.op = 'UPDATE' and u.txid <> i.txid where i.op = 'INSERT'",
+                    fetch=True)[0][0]
+        assert split == 0
