@@ -345,7 +345,7 @@ def test_killed_router_confirms_nothing_kafka_lacks(client, pg_dsn, kafka_bootst
         assert ids == {r[0] for r in pg.run(f"select id from {name}")}
         assert len(ids) == rows
         faults.assert_identical_duplicates(records)
-        txns = guarantee.oracle_transactions(pg, f"{name}_oracle")
+        txns = guarantee.oracle_transactions(pg, f"{name}_oracle", name)
         for confirmed, in_kafka in samples:
             unsafe = [lsn for lsn, t_ids in txns if lsn <= confirmed and not t_ids <= in_kafka]
             assert not unsafe, f"{len(unsafe)} transactions confirmed but not in Kafka"
