@@ -52,6 +52,8 @@ TWINS: dict[str, tuple[str, str]] = {
     "hand_over": ("actors.kafka.librdkafka:_hand_over_py", "hand_over"),
     "avro": ("router.avro:AvroFormat._convert_all_py", "AvroConverter"),
     "verify_row": ("router.verify_digest:row_digests_py", "verify_row"),
+    "verify_fold": ("router.verify_digest:fold_batch_py", "verify_fold"),
+    "verify_copy": ("router.verify_digest:copy_sums_py", "verify_copy"),
 }
 
 

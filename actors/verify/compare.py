@@ -32,7 +32,7 @@ from router.verify_digest import (bucket_in, bucket_of, bucket_sums, buckets_for
 from ..pipeline.formats import record_reshaper
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import ident
-from .digests import rows_select, sql_sums
+from .digests import copy_sums, rows_select, sql_sums
 from .repair import Repair
 from .topic import Decoder, fold_topic
 
@@ -96,8 +96,8 @@ class _Topic:
                 both.start_soon(self._read_topic, fold)
                 if self.by_buckets and p == 0:
                     for t in self.tables:
-                        await sql_sums(self.reader.sql, t, self.schemas[t.name],
-                                       self.target.filters[t.name], buckets, source)
+                        await copy_sums(self.reader.sql, t, self.schemas[t.name],
+                                        self.target.filters[t.name], buckets, source)
             comparer = Comparer(result, fold, self.target.actions, examples, collect)
             differ, codes, subs = None, [], 0
             if self.by_buckets:

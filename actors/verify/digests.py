@@ -14,12 +14,16 @@ Rules:
 
 from __future__ import annotations
 
+import asyncpg
 import msgspec
 
 from router.config import Config
+from router.errors import SourceError
+from router.native import NATIVE
 from router.publications import resolve
 from router.schema import TableSchema
 from router.values import BPCHAR, FLOAT4, FLOAT8
+from router.verify_digest import acc_sums, copy_sums_py
 
 from ..snapshot.tables import SnapshotTable, as_copied, ident
 
@@ -108,6 +112,60 @@ def rows_select(table: SnapshotTable, schema: TableSchema, where: str | None,
     conds = _conds(table, where) + [which]
     return (f"SELECT {cols} FROM ONLY {ident(table.table[0])}.{ident(table.table[1])} "
             f"WHERE {' AND '.join(conds)}")
+
+
+def texts_select(table: SnapshotTable, schema: TableSchema,
+                 where: str | None) -> tuple[str, tuple[int, ...], bytes]:
+    """The SELECT of the texts of the columns (sorted by name) of the table's rows the route
+    takes, the indexes of the key's among them, and the names' JSON (``copy_sums``)."""
+    by_name = {c.name: c for c in schema.columns}
+    names = sorted(by_name)
+    conds = _conds(table, where)
+    select = (f"SELECT {', '.join(_text(by_name[n]) for n in names)} FROM ONLY "
+              f"{ident(table.table[0])}.{ident(table.table[1])}"
+              + (f" WHERE {' AND '.join(conds)}" if conds else ""))
+    keys = tuple(names.index(k) for k in sorted(schema.key_columns))
+    return select, keys, msgspec.json.encode(names)
+
+
+#: COPY data handed to the digests at a time
+COPY_CHUNK = 1 << 20
+
+
+async def copy_sums(sql, table: SnapshotTable, schema: TableSchema, where: str | None,
+                    buckets: int, into: dict[int, list]) -> None:
+    """Adds the table's bucket sums to ``into`` (bucket -> [rows, sum]): PostgreSQL renders
+    the columns' texts (``COPY``), the C accelerator digests them without the GIL
+    (``router._native.verify_copy``; ``router.verify_digest.copy_sums_py`` without it), so
+    the topic's fold runs meanwhile."""
+    select, keys, head = texts_select(table, schema, where)
+    columns = len(schema.columns)
+    acc = bytearray(buckets * 24)
+    digest = getattr(NATIVE, "verify_copy", None) or copy_sums_py
+    state = {"rest": b"", "parts": [], "size": 0}
+
+    def take(final: bool = False) -> None:
+        data = b"".join([state["rest"], *state["parts"]])
+        end = len(data) if final else data.rfind(b"\n") + 1
+        state["rest"], state["parts"], state["size"] = data[end:], [], 0
+        if end:
+            digest(data[:end], keys, columns, head, buckets, acc)
+
+    async def sink(data: bytes) -> None:
+        state["parts"].append(data)
+        state["size"] += len(data)
+        if state["size"] >= COPY_CHUNK:
+            take()
+
+    try:
+        await sql.copy_out(select, sink=sink)
+        take(final=True)
+    except asyncpg.PostgresError as exc:
+        raise SourceError(f"verify: reading the digests of {table.name} failed: "
+                          f"{exc}") from exc
+    except ValueError as exc:  # a line the digests cannot take apart
+        raise SourceError(f"verify: the COPY rows of {table.name}: {exc}") from exc
+    acc_sums(acc, into)
 
 
 async def sql_sums(sql, table: SnapshotTable, schema: TableSchema, where: str | None,

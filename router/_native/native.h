@@ -13,6 +13,8 @@
  *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
  *               avro_values.c its JSON tokens and values (avro_values.h)
  *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic)
+ *   verify_fold.c  verify_fold (a batch of such a topic's messages folded)
+ *   verify_copy.c  verify_copy (the same digests of COPY text rows, summed by bucket)
  *
  * Rules these files keep:
  *
@@ -51,6 +53,28 @@ int avro_setup(PyObject *module);
 int verify_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
+
+/* verify.c: router.verify_digest's digests of a row, its key's values and its values each in
+ * their names' order (new bytes; Py_None, a new reference, when declined; NULL on error);
+ * verify_fold.c: verify_fold, readied by verify_setup */
+PyObject *row_digests(PyObject *const *key, Py_ssize_t nk, const char *head,
+                      Py_ssize_t headlen, PyObject *const *values, Py_ssize_t n,
+                      long long buckets);
+int fold_setup(void);
+
+/* verify.c: MD5 (RFC 1321), also for verify_copy.c (md5_head64: the digest's first 8 bytes,
+ * big-endian) */
+typedef struct {
+    uint32_t h[4];
+    uint64_t len;
+    unsigned char buf[64];
+    size_t n;
+} Md5;
+void md5_init(Md5 *m);
+void md5_update(Md5 *m, const void *data, size_t n);
+uint64_t md5_head64(Md5 *m);
+PyObject *native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case
  * (0, nothing appended), error (-1) */

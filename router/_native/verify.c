@@ -13,12 +13,6 @@
 /* ------------------------------------------------------------------------------------------
  * MD5 (RFC 1321)
  */
-typedef struct {
-    uint32_t h[4];
-    uint64_t len;
-    unsigned char buf[64];
-    size_t n;
-} Md5;
 
 static const uint32_t md5_k[64] = {
     0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613,
@@ -38,7 +32,7 @@ static const unsigned char md5_s[64] = {
     4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
     6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21};
 
-static void
+void
 md5_init(Md5 *m)
 {
     m->h[0] = 0x67452301;
@@ -87,7 +81,7 @@ md5_block(Md5 *m, const unsigned char *p)
     m->h[3] += d;
 }
 
-static void
+void
 md5_update(Md5 *m, const void *data, size_t n)
 {
     const unsigned char *p = data;
@@ -110,7 +104,7 @@ md5_update(Md5 *m, const void *data, size_t n)
 }
 
 /* the first 8 bytes of the digest, big-endian (md5's words are little-endian) */
-static uint64_t
+uint64_t
 md5_head64(Md5 *m)
 {
     uint64_t bits = m->len * 8;
@@ -229,10 +223,10 @@ text_of(PyObject *v)
 /* the key's text (router.verify_digest.key_text): ``length:text`` of each value, ``!`` for
  * None, joined by ``,`` (0; -1 error; 1 surrogates: the twin raises) */
 static int
-key_text(Buf *b, PyObject *key)
+key_text(Buf *b, PyObject *const *key, Py_ssize_t nk)
 {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(key); i++) {
-        PyObject *v = PyTuple_GET_ITEM(key, i);
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *v = key[i];
         if (buf_need(b, 32) < 0)
             return -1;
         if (i)
@@ -266,28 +260,19 @@ key_text(Buf *b, PyObject *key)
 /* ------------------------------------------------------------------------------------------
  * verify_row
  */
-static PyObject *
-native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+
+/* the digests of a row (key values and row values each in their names' order): new bytes,
+ * Py_None (new reference) when declined (a value that is not a JSON scalar, surrogates: the
+ * twin renders it or raises), NULL on error */
+PyObject *
+row_digests(PyObject *const *key, Py_ssize_t nk, const char *head, Py_ssize_t headlen,
+            PyObject *const *values, Py_ssize_t n, long long buckets)
 {
-    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyBytes_Check(args[1]) ||
-        !PyTuple_Check(args[2]) || !PyLong_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "verify_row(key: tuple, head: bytes, values: tuple, "
-                                         "buckets: int)");
-        return NULL;
-    }
-    PyObject *key = args[0], *values = args[2];
-    Py_ssize_t n = PyTuple_GET_SIZE(values);
-    long long buckets = PyLong_AsLongLong(args[3]);
-    if (buckets <= 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "verify_row: buckets must be positive");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(key); i++)
-        if (!plain(PyTuple_GET_ITEM(key, i)))
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (!plain(key[i]))
             Py_RETURN_NONE; /* not a JSON scalar: the twin renders it */
     for (Py_ssize_t i = 0; i < n; i++)
-        if (!plain(PyTuple_GET_ITEM(values, i)))
+        if (!plain(values[i]))
             Py_RETURN_NONE;
     PyObject *out = PyBytes_FromStringAndSize(NULL, (n + 2) * 8);
     if (out == NULL)
@@ -296,12 +281,12 @@ native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Buf b = {.len = 0, .cap = sizeof(b.stack)}, k = {.len = 0, .cap = sizeof(k.stack)};
     b.p = b.stack;
     k.p = k.stack;
-    int declined = key_text(&k, key);
+    int declined = key_text(&k, key, nk);
     if (declined)
         goto done;
     b.p[b.len++] = '[';
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyTuple_GET_ITEM(values, i);
+        PyObject *v = values[i];
         if (i) {
             if (buf_need(&b, 1) < 0)
                 goto fail;
@@ -341,7 +326,7 @@ native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     row = kmd5;
     uint64_t first = md5_head64(&kmd5);
     digests[n] = (int64_t)(((first >> 32) >> 4) % (uint64_t)buckets);
-    md5_update(&row, PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]));
+    md5_update(&row, head, (size_t)headlen);
     md5_update(&row, b.p, b.len);
     digests[n + 1] = (int64_t)(md5_head64(&row) >> 4);
 done:
@@ -366,10 +351,37 @@ fail_freed:
     return NULL;
 }
 
+static PyObject *
+native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyBytes_Check(args[1]) ||
+        !PyTuple_Check(args[2]) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "verify_row(key: tuple, head: bytes, values: tuple, "
+                                         "buckets: int)");
+        return NULL;
+    }
+    long long buckets = PyLong_AsLongLong(args[3]);
+    if (buckets <= 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "verify_row: buckets must be positive");
+        return NULL;
+    }
+    return row_digests(((PyTupleObject *)args[0])->ob_item, PyTuple_GET_SIZE(args[0]),
+                       PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]),
+                       ((PyTupleObject *)args[2])->ob_item, PyTuple_GET_SIZE(args[2]),
+                       buckets);
+}
+
 static PyMethodDef verify_methods[] = {
     {"verify_row", (PyCFunction)(void (*)(void))native_verify_row, METH_FASTCALL,
      "verify_row(key, head, values, buckets) -> bytes | None: router.verify_digest's "
      "digests of one row"},
+    {"verify_fold", (PyCFunction)(void (*)(void))native_verify_fold, METH_FASTCALL,
+     "verify_fold(msgs, ends, rows, cut, buckets, tools) -> (read, after_cut, folded): "
+     "router.verify_digest.fold_batch_py, a batch of a JSON-format topic's messages folded"},
+    {"verify_copy", (PyCFunction)(void (*)(void))native_verify_copy, METH_FASTCALL,
+     "verify_copy(data, keys, columns, head, buckets, acc) -> rows: "
+     "router.verify_digest.copy_sums_py, COPY text rows' digests summed by bucket"},
     {NULL}};
 
 int
@@ -377,7 +389,7 @@ verify_setup(PyObject *module)
 {
     str_true = PyUnicode_InternFromString("true");
     str_false = PyUnicode_InternFromString("false");
-    if (str_true == NULL || str_false == NULL)
+    if (str_true == NULL || str_false == NULL || fold_setup() < 0)
         return -1;
     return PyModule_AddFunctions(module, verify_methods);
 }
