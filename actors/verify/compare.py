@@ -43,7 +43,7 @@ SPLIT_ROWS = 10_000
 
 async def compare_target(cfg: Config, target, reader: TableReader, cut: int, examples: int,
                          progress, repairs: list | None, max_keys: int,
-                         split_rows: int = SPLIT_ROWS) -> list[Comparison]:
+                         split_rows: int = SPLIT_ROWS, metrics=None) -> list[Comparison]:
     decoder = Decoder(cfg.kafka.registry)
     reshape = record_reshaper(cfg)
     tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
@@ -52,12 +52,14 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
         started = time.monotonic()
         result = Comparison(target.route, topic, sorted({t.name for t in tables}))
         job = _Topic(cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
-                     split_rows)
+                     split_rows, metrics)
         send: list = []
         delete: list = []
         await job.run(result, cut, examples, repairs is not None, max_keys, send, delete)
         result.seconds = round(time.monotonic() - started, 3)
         out.append(result)
+        if metrics is not None:
+            metrics.result(result)
         if repairs is not None and not result.ok:
             repairs.append(Repair(target.route, topic, tables, target.keyless(topic), send,
                                   delete))
@@ -66,7 +68,8 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
 
 class _Topic:
     def __init__(self, cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
-                 split_rows: int = SPLIT_ROWS):
+                 split_rows: int = SPLIT_ROWS, metrics=None):
+        self.metrics = metrics
         self.cfg, self.target, self.topic, self.tables = cfg, target, topic, tables
         self.reader, self.decoder, self.reshape, self.tx = reader, decoder, reshape, tx
         self.progress = progress
@@ -116,6 +119,8 @@ class _Topic:
 
         def report(n):
             self.progress(f"route {self.target.route}: topic {topic}: {n} records read")
+            if self.metrics is not None:
+                self.metrics.records_read(self.target.route, topic, n)
 
         await trio.to_thread.run_sync(lambda: fold_topic(
             cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, self.decoder,

@@ -153,9 +153,11 @@ class Progress:
 
 async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: float,
                  examples: int, progress: Progress, warn, repairs: list | None = None,
-                 max_keys: int = MAX_KEYS, split_rows: int = SPLIT_ROWS) -> list[Comparison]:
+                 max_keys: int = MAX_KEYS, split_rows: int = SPLIT_ROWS,
+                 metrics=None) -> list[Comparison]:
     """The comparisons; with ``repairs`` (a list), what each differing topic needs is
-    appended to it (``actors.verify.repair.Repair``)."""
+    appended to it (``actors.verify.repair.Repair``); ``metrics``
+    (``actors.verify.metrics.VerifyMetrics``) learns each result and the records read."""
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
             targets = await plan(sql, cfg, routes, tables, warn)
@@ -176,7 +178,7 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
                 for target in targets:
                     results.extend(await compare_target(cfg, target, reader, point.lsn,
                                                         examples, progress, repairs, max_keys,
-                                                        split_rows))
+                                                        split_rows, metrics))
                 return results
             finally:
                 await reader.close()

@@ -10,11 +10,14 @@ Rules:
   (``Decoder.feeder``: the operation, ``before``, ``after`` and the position, the rest of the
   envelope skipped unread) into ``TopicFold.apply``; a record of another shape goes the
   general way (``Decoder.key``, ``Decoder.value``, ``TopicFold.add``), which folds alike.
+* A record that cannot be read (its key or value not what pgrouter writes: a foreign
+  producer, a damaged topic) is a ``SinkError`` naming the topic and the record's key;
+  a value that is not JSON, Connect or Avro at all is skipped (no change record).
 * A topic that does not exist, or whose first offset is not 0 (retention or
   ``kafka-delete-records`` removed its oldest records: the fold would lack rows) is a
   ``SinkError`` naming it; so is a Kafka that cannot be reached.
-* Blocking (kafka-python): run in a worker thread. ``progress(n)`` is called every
-  ``PROGRESS_EVERY`` records.
+* Blocking: run in a worker thread. ``progress(n)`` is called after each batch read (the
+  caller prints a line at its own pace).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from ..kafka.compacted import kafka_python_conf
 from ..kafka.registry import decoder_for
 from ..kafka.versions import known_api_version
 
-PROGRESS_EVERY = 50_000
 BATCH = 10_000  # messages a consume() call returns at most
 TIMEOUT = 60.0
 
@@ -73,9 +75,16 @@ class Decoder:
         change, apply, add = self._change.decode, fold.apply, fold.add
         key = (lambda _: None) if keyless else self.key
         value, plain = self.value, self._json.decode
-        buckets = getattr(fold.digester, "buckets", None)
 
         def feed(kb: bytes | None, vb: bytes | None) -> None:
+            try:
+                fold_one(kb, vb)
+            except PgRouterError:
+                raise
+            except Exception as exc:  # noqa: BLE001 — whatever a foreign record breaks
+                raise BadRecord(kb, exc) from exc
+
+        def fold_one(kb: bytes | None, vb: bytes | None) -> None:
             if vb is None:
                 return
             try:
@@ -166,11 +175,23 @@ def fold_topic(bootstrap_servers, settings: dict, topic: str, fold: TopicFold,
     try:
         return read(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
                     timeout)
+    except BadRecord as exc:
+        raise SinkError(f"topic {topic!r} holds {exc}: it cannot be verified") from exc
     except PgRouterError:
         raise
     except Exception as exc:  # noqa: BLE001 — whatever the client raises: Kafka is not usable
         raise SinkUnavailable(f"kafka.bootstrap_servers: cannot read topic {topic!r} at "
                               f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+
+
+class BadRecord(SinkError):
+    """A record verify cannot read (not written by pgrouter, or damaged); ``fold_topic``
+    names its topic."""
+
+    def __init__(self, key: bytes | None, exc: Exception):
+        shown = key if key is None or len(key) <= 60 else key[:60] + b"..."
+        super().__init__(f"a record that is not a change record verify can read (key "
+                         f"{shown!r}): {type(exc).__name__}: {exc}")
 
 
 def _missing(topic: str, bootstrap_servers) -> SinkError:
@@ -217,7 +238,7 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
                 raise SinkUnavailable(f"timed out reading topic {topic!r}: no records for "
                                       f"{timeout:g} s before its end")
             n += batch(msgs, ends)
-            if progress is not None and n - shown >= PROGRESS_EVERY:
+            if progress is not None and n > shown:
                 shown = n
                 progress(n)
             for tp in consumer.position([TopicPartition(topic, p) for p in left]):
@@ -269,8 +290,8 @@ def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
                     if m.offset < end:
                         feed(m.key, m.value)
                         n += 1
-                        if progress is not None and n % PROGRESS_EVERY == 0:
-                            progress(n)
+            if progress is not None and batch:
+                progress(n)
         return n
     finally:
         consumer.close()
