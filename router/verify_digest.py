@@ -1,6 +1,10 @@
-"""Bucket digests ``pgrouter verify`` computes on both sides of a JSON-format topic: in SQL by
-PostgreSQL over the table's rows (``actors.verify.digests``), and here over the folded topic,
-so that only the rows of buckets whose digests differ are read and compared.
+"""Bucket digests ``pgrouter verify`` computes on both sides of a topic: over the table's rows,
+from the columns' texts PostgreSQL renders (``actors.verify.digests``; ``copy_sums_py``,
+``router._native.verify_copy`` in C), and over the folded topic (``digester``;
+``fold_batch_py``, ``router._native.verify_fold`` in C, a batch of messages at a time), so
+that only the rows of buckets whose digests differ are read and compared. The JSON format's
+rules follow; the Connect and Avro formats use them for the types they carry alike
+(``actors.verify.digests.digestible``).
 
 Rules (both sides compute exactly this):
 
@@ -15,8 +19,9 @@ Rules (both sides compute exactly this):
 * A row's digest: the first 15 hex digits of the md5 of the key's text, the JSON array of
   the column names sorted, and the JSON array of their texts in that order (``null`` for
   NULL; PostgreSQL's ``array_to_json`` of a ``text[]``, which escapes as msgspec does), as
-  an integer: one md5 a row on each side. A bucket's digest is its row count and the sum of
-  its rows'.
+  an integer: one md5 a row on each side (the SQL side's sub-buckets of a bisect compute it
+  in SQL, ``array_to_json`` escaping as msgspec and the C code do). A bucket's digest is its
+  row count and the sum of its rows'.
 * A value that does not fit these rules (a list, a dict) gets a text no SQL side produces: its
   bucket differs, and its rows are compared one by one, so digests never make a difference
   disappear, they only save reading rows that are equal. So does a row whose columns were

@@ -13,10 +13,12 @@ Rules:
   values compare in one representation, whatever the format (JSON, Connect, Avro).
 * The topic side: every record up to the end offsets once the router delivered past the
   point, folded by ``router.verify.TopicFold`` at the point.
-* JSON-format topics of keyed tables are compared by bucket digests first
-  (``actors.verify.digests``, ``router.verify_digest``), PostgreSQL's computed while the topic
-  is read: only the rows of buckets that differ are read and compared one by one. Other
-  topics have every row read.
+* Topics of keyed tables (JSON format; Connect and Avro when every column's type renders
+  alike, ``actors.verify.digests.digestible``) are compared by bucket digests first
+  (``actors.verify.digests``, ``router.verify_digest``), the source's computed while the
+  topic is read: only the rows of buckets that differ are read and compared one by one.
+  Other topics have every row read.
+* Metrics (``actors.verify.metrics``): each topic's result as it is known, the records read.
 * The route's actions decide what counts as a difference (``router.verify.Comparer``).
 * Tables without a primary key or replica identity index: with REPLICA IDENTITY FULL their
   rows are compared as multisets (the topic keys them by the whole row, which repeats);
