@@ -52,7 +52,7 @@ _tail = struct.Struct("=qq").unpack_from
 _acc = struct.Struct("=qQQ")
 _from_bytes = int.from_bytes
 _json = msgspec.json.encode
-_sorted_encode = msgspec.json.Encoder(order="sorted").encode  # router.verify.key_of
+_decode = msgspec.json.decode
 
 
 def pg_text(value) -> str | None:
@@ -182,8 +182,8 @@ def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
 
     * A message with an error, or at or past its partition's end in ``ends`` (or of a
       partition not in it), is not read; one without a value is read and skipped.
-    * The plain case is folded here: a ``c``/``r``/``u`` record (``tools[0]`` decodes it)
-      with a key (``tools[1]`` decodes it to a dict, ``tools[2]`` to the fold's key bytes),
+    * The plain case is folded here: a ``c``/``r``/``u`` record (``tools[0]`` decodes it;
+      ``before`` and ``after`` may be left as their JSON, ``msgspec.Raw``) with a key (``tools[1]`` decodes it to a dict, ``tools[2]`` to the fold's key bytes),
       a source, ``after``, no ``before``, no ``unchanged_toast``: as
       ``router.verify.TopicFold.apply`` with ``digester`` (``tools[3]``: ``layout_of``;
       ``tools[5]``: ``row_digests_py``). Its position at or past the cut: ignored.
@@ -218,6 +218,10 @@ def _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key,
     try:
         c = decode_change(vb)
         op, src, after, before, toast = c.op, c.source, c.after, c.before, c.unchanged_toast
+        if before is not None and not isinstance(before, dict):  # JSON left raw
+            before = _decode(before)
+        if after is not None and not isinstance(after, dict):
+            after = _decode(after)
     except Exception:  # noqa: BLE001 — the slow way decodes it again and says why
         return 0
     if (op not in ("c", "r", "u") or src is None or type(after) is not dict

@@ -57,6 +57,17 @@ class _Change(msgspec.Struct):
     unchanged_toast: list | None = None
 
 
+class _RawChange(msgspec.Struct):
+    """``_Change`` with ``before`` and ``after`` left as their JSON (the C fold takes
+    ``after`` apart itself, ``router._native.verify_fold``)."""
+
+    op: str = ""
+    before: msgspec.Raw = msgspec.Raw(b"null")
+    after: msgspec.Raw = msgspec.Raw(b"null")
+    source: _Source | None = None
+    unchanged_toast: list | None = None
+
+
 _OPS = frozenset({"c", "r", "u", "d", "t"})
 
 
@@ -67,6 +78,7 @@ class Decoder:
         self.avro = decoder_for(registry_cfg)
         self._json = msgspec.json.Decoder()
         self._change = msgspec.json.Decoder(_Change)
+        self._raw = msgspec.json.Decoder(_RawChange)
 
     def feeder(self, fold: TopicFold, keyless: bool):
         """``(key bytes, value bytes) -> None`` into ``fold``: pgrouter's JSON format taken
@@ -117,7 +129,7 @@ class Decoder:
         buckets = getattr(fold.digester, "buckets", None)
         if buckets is not None and not keyless and fold.part is None:
             fast = getattr(NATIVE, "verify_fold", None) or fold_batch_py
-            tools = (self._change.decode, self._json.decode, key_of, layout_of, feed,
+            tools = (self._raw.decode, self._json.decode, key_of, layout_of, feed,
                      row_digests_py)
             rows, cut = fold.rows, fold.cut
 

@@ -73,6 +73,14 @@ typedef struct {
 void md5_init(Md5 *m);
 void md5_update(Md5 *m, const void *data, size_t n);
 uint64_t md5_head64(Md5 *m);
+/* verify.c: a growing buffer (its first 2 KB on the stack) and msgspec's JSON of a string */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    char stack[2048];
+} Buf;
+int buf_need(Buf *b, size_t more);
+int buf_string(Buf *b, const char *s, Py_ssize_t n);
 PyObject *native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -125,13 +125,8 @@ md5_head64(Md5 *m)
 /* ------------------------------------------------------------------------------------------
  * the JSON array of the texts, as msgspec writes it
  */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    char stack[2048];
-} Buf;
 
-static int
+int
 buf_need(Buf *b, size_t more)
 {
     if (b->len + more <= b->cap)
@@ -152,7 +147,7 @@ buf_need(Buf *b, size_t more)
     return 0;
 }
 
-static int
+int
 buf_string(Buf *b, const char *s, Py_ssize_t n)
 {
     static const char hex[] = "0123456789abcdef";

@@ -17,6 +17,8 @@
  */
 #include "native.h"
 
+#include <math.h>
+
 static PyObject *s_error, *s_partition, *s_offset, *s_key, *s_value, *s_op, *s_source,
     *s_after, *s_before, *s_toast, *s_lsn, *s_seq, *sixty_four;
 
@@ -41,87 +43,396 @@ fold_setup(void)
     return sixty_four == NULL ? -1 : 0;
 }
 
-/* a column layout: the names in the record's order (cols), sorted (names), the JSON of the
- * sorted names (head), and for each sorted name its index in the record (order) */
+/* ------------------------------------------------------------------------------------------
+ * a flat JSON object (the record's ``after``, its key) taken apart without Python objects:
+ * each member's name and its value's text as router.verify_digest renders it (str as it is,
+ * int in decimal, bool true/false, a float as the hex of its big-endian float8, null NULL)
+ */
 typedef struct {
-    PyObject *cols, *names, *head;
+    const char *name;
+    size_t nlen;
+    size_t start, len; /* the text in Flat.texts */
+    int null;
+    char kind; /* 's' string, 'i' int, 'f' float, 'b' bool, 'n' null */
+} Member;
+
+typedef struct {
+    Member m[FOLD_MAX_COLUMNS];
     Py_ssize_t n;
-    Py_ssize_t order[FOLD_MAX_COLUMNS];
+    char *texts;
+    size_t tlen, tcap;
+} Flat;
+
+static int
+flat_need(Flat *f, size_t more)
+{
+    if (f->tlen + more <= f->tcap)
+        return 0;
+    size_t cap = f->tcap ? f->tcap * 2 : 1024;
+    while (cap < f->tlen + more)
+        cap *= 2;
+    char *p = PyMem_Realloc(f->texts, cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    f->texts = p;
+    f->tcap = cap;
+    return 0;
+}
+
+static const char *
+ws(const char *p, const char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+static int
+hex4(const char *p, unsigned *out)
+{
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = p[i] >= '0' && p[i] <= '9'   ? p[i] - '0'
+                : p[i] >= 'a' && p[i] <= 'f' ? p[i] - 'a' + 10
+                : p[i] >= 'A' && p[i] <= 'F' ? p[i] - 'A' + 10
+                                             : -1;
+        if (h < 0)
+            return -1;
+        v = v * 16 + (unsigned)h;
+    }
+    *out = v;
+    return 0;
+}
+
+static void
+put_cp(char *o, size_t *len, unsigned cp)
+{
+    if (cp < 0x80) {
+        o[(*len)++] = (char)cp;
+    } else if (cp < 0x800) {
+        o[(*len)++] = (char)(0xC0 | (cp >> 6));
+        o[(*len)++] = (char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        o[(*len)++] = (char)(0xE0 | (cp >> 12));
+        o[(*len)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[(*len)++] = (char)(0x80 | (cp & 0x3F));
+    } else {
+        o[(*len)++] = (char)(0xF0 | (cp >> 18));
+        o[(*len)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        o[(*len)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[(*len)++] = (char)(0x80 | (cp & 0x3F));
+    }
+}
+
+/* a JSON string at p (after its opening quote) unescaped into f->texts; returns the end
+ * (after the closing quote), NULL when not the plain case (a lone surrogate, a control
+ * character, bytes that are not UTF-8 as msgspec would refuse...), or (const char *)1 on a
+ * Python error */
+static const char *
+string_text(Flat *f, const char *p, const char *e)
+{
+    if (flat_need(f, (size_t)(e - p)) < 0)
+        return (const char *)1;
+    char *o = f->texts;
+    while (p < e) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"')
+            return p + 1;
+        if (c < 0x20)
+            return NULL;
+        if (c >= 0x80) { /* UTF-8 as it is; only well-formed sequences */
+            int n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+            if (!n || c > 0xF4 || p + n > e)
+                return NULL;
+            for (int i = 1; i < n; i++)
+                if (((unsigned char)p[i] & 0xC0) != 0x80)
+                    return NULL;
+            unsigned char c1 = (unsigned char)p[1];
+            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) ||
+                (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
+                return NULL; /* overlong, surrogates, past U+10FFFF */
+            memcpy(o + f->tlen, p, (size_t)n);
+            f->tlen += (size_t)n;
+            p += n;
+            continue;
+        }
+        if (c != '\\') {
+            o[f->tlen++] = (char)c;
+            p++;
+            continue;
+        }
+        if (p + 1 >= e)
+            return NULL;
+        char x = p[1];
+        p += 2;
+        switch (x) {
+        case '"': o[f->tlen++] = '"'; break;
+        case '\\': o[f->tlen++] = '\\'; break;
+        case '/': o[f->tlen++] = '/'; break;
+        case 'b': o[f->tlen++] = '\b'; break;
+        case 'f': o[f->tlen++] = '\f'; break;
+        case 'n': o[f->tlen++] = '\n'; break;
+        case 'r': o[f->tlen++] = '\r'; break;
+        case 't': o[f->tlen++] = '\t'; break;
+        case 'u': {
+            unsigned cp, lo;
+            if (p + 4 > e || hex4(p, &cp) < 0)
+                return NULL;
+            p += 4;
+            if (cp >= 0xDC00 && cp <= 0xDFFF)
+                return NULL;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (p + 6 > e || p[0] != '\\' || p[1] != 'u' || hex4(p + 2, &lo) < 0 ||
+                    lo < 0xDC00 || lo > 0xDFFF)
+                    return NULL;
+                p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            put_cp(o, &f->tlen, cp);
+            break;
+        }
+        default:
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+/* the flat object in [p, e): 1 taken apart, 0 not the plain case, -1 error */
+static int
+flat_scan(Flat *f, const char *p, const char *e)
+{
+    f->n = 0;
+    f->tlen = 0;
+    p = ws(p, e);
+    if (p >= e || *p++ != '{')
+        return 0;
+    p = ws(p, e);
+    if (p < e && *p == '}')
+        return ws(p + 1, e) == e;
+    for (;;) {
+        if (f->n >= FOLD_MAX_COLUMNS || p >= e || *p != '"')
+            return 0;
+        Member *m = &f->m[f->n];
+        const char *q = ++p;
+        while (p < e && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+            p++;
+        if (p >= e || *p != '"')
+            return 0; /* an escaped name: not the plain case */
+        m->name = q;
+        m->nlen = (size_t)(p - q);
+        for (Py_ssize_t i = 0; i < f->n; i++)
+            if (f->m[i].nlen == m->nlen && memcmp(f->m[i].name, q, m->nlen) == 0)
+                return 0; /* a name twice */
+        p = ws(p + 1, e);
+        if (p >= e || *p++ != ':')
+            return 0;
+        p = ws(p, e);
+        if (p >= e)
+            return 0;
+        m->start = f->tlen;
+        m->null = 0;
+        char c = *p;
+        if (c == '"') {
+            m->kind = 's';
+            const char *end = string_text(f, p + 1, e);
+            if (end == (const char *)1)
+                return -1;
+            if (end == NULL)
+                return 0;
+            p = end;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            const char *q0 = p;
+            int flt = 0;
+            if (*p == '-')
+                p++;
+            if (p >= e || !(*p >= '0' && *p <= '9'))
+                return 0;
+            if (*p == '0' && p + 1 < e && p[1] >= '0' && p[1] <= '9')
+                return 0;
+            while (p < e && *p >= '0' && *p <= '9')
+                p++;
+            if (p < e && *p == '.') {
+                flt = 1;
+                p++;
+                if (p >= e || !(*p >= '0' && *p <= '9'))
+                    return 0;
+                while (p < e && *p >= '0' && *p <= '9')
+                    p++;
+            }
+            if (p < e && (*p == 'e' || *p == 'E')) {
+                flt = 1;
+                p++;
+                if (p < e && (*p == '+' || *p == '-'))
+                    p++;
+                if (p >= e || !(*p >= '0' && *p <= '9'))
+                    return 0;
+                while (p < e && *p >= '0' && *p <= '9')
+                    p++;
+            }
+            size_t n = (size_t)(p - q0);
+            if (flat_need(f, 32) < 0)
+                return -1;
+            if (!flt) {
+                /* an int: its decimal text as written, when canonical and of 18 digits
+                 * at most ("-0" is 0; longer ones: Python's int, the slow way) */
+                if (n > 18 + (*q0 == '-') || (n == 2 && q0[0] == '-' && q0[1] == '0'))
+                    return 0;
+                m->kind = 'i';
+                memcpy(f->texts + f->tlen, q0, n);
+                f->tlen += n;
+            } else {
+                char tmp[64];
+                if (n >= sizeof(tmp))
+                    return 0;
+                memcpy(tmp, q0, n);
+                tmp[n] = 0;
+                char *endp;
+                double d = PyOS_string_to_double(tmp, &endp, NULL);
+                if (d == -1.0 && PyErr_Occurred())
+                    return PyErr_Clear(), 0;
+                if (endp != tmp + n || !isfinite(d))
+                    return 0;
+                static const char hex[] = "0123456789abcdef";
+                unsigned char raw[8];
+                memcpy(raw, &d, 8);
+                for (int j = 0; j < 8; j++) {
+                    unsigned char b = raw[PY_LITTLE_ENDIAN ? 7 - j : j];
+                    f->texts[f->tlen++] = hex[b >> 4];
+                    f->texts[f->tlen++] = hex[b & 15];
+                }
+                m->kind = 'f';
+            }
+        } else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
+            m->kind = 'b';
+            if (flat_need(f, 4) < 0)
+                return -1;
+            memcpy(f->texts + f->tlen, "true", 4);
+            f->tlen += 4;
+            p += 4;
+        } else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
+            m->kind = 'b';
+            if (flat_need(f, 5) < 0)
+                return -1;
+            memcpy(f->texts + f->tlen, "false", 5);
+            f->tlen += 5;
+            p += 5;
+        } else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
+            m->kind = 'n';
+            m->null = 1;
+            p += 4;
+        } else {
+            return 0; /* an array, an object: the slow way renders it */
+        }
+        m->len = f->tlen - m->start;
+        f->n++;
+        p = ws(p, e);
+        if (p < e && *p == ',') {
+            p = ws(p + 1, e);
+            continue;
+        }
+        if (p < e && *p == '}')
+            return ws(p + 1, e) == e;
+        return 0;
+    }
+}
+
+static int
+member_cmp(const void *a, const void *b)
+{
+    const Member *x = *(const Member *const *)a, *y = *(const Member *const *)b;
+    size_t n = x->nlen < y->nlen ? x->nlen : y->nlen;
+    int c = memcmp(x->name, y->name, n);
+    return c ? c : (x->nlen > y->nlen) - (x->nlen < y->nlen);
+}
+
+/* the members sorted by name (UTF-8 bytes order: Python's order of the names) */
+static void
+flat_sorted(Flat *f, Member **out)
+{
+    for (Py_ssize_t i = 0; i < f->n; i++)
+        out[i] = &f->m[i];
+    qsort(out, (size_t)f->n, sizeof(Member *), member_cmp);
+}
+
+/* the layout of the last row: its names sorted, as a tuple and as JSON (head) */
+typedef struct {
+    PyObject *names, *head;
+    char *joined; /* the sorted names, each followed by a NUL */
+    size_t jlen;
 } Layout;
 
 static void
 layout_clear(Layout *l)
 {
-    Py_CLEAR(l->cols);
     Py_CLEAR(l->names);
     Py_CLEAR(l->head);
-    l->n = -1;
+    PyMem_Free(l->joined);
+    l->joined = NULL;
+    l->jlen = 0;
 }
 
-/* the dict's values in its layout's sorted order into out (1), not the plain case (0: more
- * columns than FOLD_MAX_COLUMNS, a layout_of that answers oddly), error (-1) */
+/* the layout of the sorted members (the cached one when their names are the same) */
 static int
-sorted_values(PyObject *d, Layout *l, PyObject *layout_of, PyObject **out)
+layout_for(Layout *l, Member **s, Py_ssize_t n)
 {
-    Py_ssize_t n = PyDict_GET_SIZE(d), pos = 0, j = 0;
-    PyObject *k, *v, *vals[FOLD_MAX_COLUMNS];
-    if (n > FOLD_MAX_COLUMNS)
-        return 0;
-    int same = l->n == n;
-    while (PyDict_Next(d, &pos, &k, &v)) {
-        vals[j] = v;
-        if (same) {
-            PyObject *c = PyTuple_GET_ITEM(l->cols, j);
-            if (c != k && !(PyUnicode_CheckExact(k) && PyUnicode_Compare(c, k) == 0)) {
-                if (PyErr_Occurred())
-                    return -1;
-                same = 0;
-            }
+    size_t jlen = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        jlen += s[i]->nlen + 1;
+    if (l->names != NULL && jlen == l->jlen && PyTuple_GET_SIZE(l->names) == n) {
+        size_t at = 0;
+        Py_ssize_t i = 0;
+        for (; i < n; i++) {
+            if (memcmp(l->joined + at, s[i]->name, s[i]->nlen) || l->joined[at + s[i]->nlen])
+                break;
+            at += s[i]->nlen + 1;
         }
-        j++;
-    }
-    if (!same) {
-        layout_clear(l);
-        PyObject *cols = PyTuple_New(n), *got = NULL;
-        if (cols == NULL)
-            return -1;
-        pos = 0, j = 0;
-        while (PyDict_Next(d, &pos, &k, &v))
-            PyTuple_SET_ITEM(cols, j++, Py_NewRef(k));
-        got = PyObject_CallOneArg(layout_of, cols);
-        if (got == NULL) {
-            Py_DECREF(cols);
-            return -1;
-        }
-        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 3 ||
-            !PyTuple_Check(PyTuple_GET_ITEM(got, 2)) ||
-            !PyBytes_Check(PyTuple_GET_ITEM(got, 1)) ||
-            PyTuple_GET_SIZE(PyTuple_GET_ITEM(got, 2)) != n) {
-            Py_DECREF(cols);
-            Py_DECREF(got);
+        if (i == n)
             return 0;
-        }
-        PyObject *order = PyTuple_GET_ITEM(got, 2);
-        for (j = 0; j < n; j++) {
-            Py_ssize_t o = PyLong_AsSsize_t(PyTuple_GET_ITEM(order, j));
-            if (o < 0 || o >= n) {
-                Py_DECREF(cols);
-                Py_DECREF(got);
-                if (PyErr_Occurred())
-                    return -1;
-                return 0;
-            }
-            l->order[j] = o;
-        }
-        l->cols = cols;
-        l->names = Py_NewRef(PyTuple_GET_ITEM(got, 0));
-        l->head = Py_NewRef(PyTuple_GET_ITEM(got, 1));
-        l->n = n;
-        Py_DECREF(got);
     }
-    for (j = 0; j < n; j++)
-        out[j] = vals[l->order[j]];
-    return 1;
+    layout_clear(l);
+    l->joined = PyMem_Malloc(jlen + 1);
+    PyObject *names = PyTuple_New(n), *head = NULL;
+    char *h = PyMem_Malloc(jlen * 1 + 3 * (size_t)n + 3);
+    if (l->joined == NULL || names == NULL || h == NULL)
+        goto fail;
+    size_t at = 0, hl = 0;
+    h[hl++] = '[';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyUnicode_DecodeUTF8(s[i]->name, (Py_ssize_t)s[i]->nlen, NULL);
+        if (name == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(names, i, name);
+        memcpy(l->joined + at, s[i]->name, s[i]->nlen);
+        at += s[i]->nlen;
+        l->joined[at++] = 0;
+        if (i)
+            h[hl++] = ',';
+        h[hl++] = '"';
+        memcpy(h + hl, s[i]->name, s[i]->nlen);
+        hl += s[i]->nlen;
+        h[hl++] = '"';
+    }
+    h[hl++] = ']';
+    head = PyBytes_FromStringAndSize(h, (Py_ssize_t)hl);
+    PyMem_Free(h);
+    h = NULL;
+    if (head == NULL)
+        goto fail;
+    l->names = names;
+    l->head = head;
+    l->jlen = jlen;
+    return 0;
+fail:
+    PyMem_Free(h);
+    Py_XDECREF(names);
+    PyMem_Free(l->joined);
+    l->joined = NULL;
+    if (!PyErr_Occurred())
+        PyErr_NoMemory();
+    return -1;
 }
 
 /* an attribute's value as an unsigned 64-bit integer, None as 0 (0; 1 not the plain case) */
@@ -148,21 +459,196 @@ u64_of(PyObject *obj, PyObject *name, unsigned long long *out)
 }
 
 typedef struct {
-    PyObject *rows, *decode_change, *decode_key, *encode_key, *layout_of, *row_py;
+    PyObject *rows, *decode_change;
     unsigned long long cut;
     long long buckets;
-    Layout row, key;
+    Layout row;
+    Flat after, key;
+    Member *sorted[FOLD_MAX_COLUMNS], *ksorted[FOLD_MAX_COLUMNS];
 } Fold;
+
+/* a Raw value's bytes (borrowed into view; 0 ok, -1 not a buffer: not the plain case) */
+static int
+raw_view(PyObject *raw, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(raw, view, PyBUF_SIMPLE) < 0)
+        return PyErr_Clear(), -1;
+    return 0;
+}
+
+static int
+is_null(Py_buffer *v)
+{
+    const char *p = ws(v->buf, (const char *)v->buf + v->len), *e = (const char *)v->buf + v->len;
+    return e - p >= 4 && memcmp(p, "null", 4) == 0 && ws(p + 4, e) == e;
+}
+
+/* msgspec's JSON of the key (router.verify.key_of: names sorted) as new bytes; None (a new
+ * reference) when not the plain case (a float in the key) */
+static PyObject *
+key_bytes(Fold *f, Py_ssize_t n)
+{
+    Flat *k = &f->key;
+    Buf b = {.len = 0, .cap = sizeof(b.stack)};
+    b.p = b.stack;
+    PyObject *out = NULL;
+    if (buf_need(&b, 1) < 0)
+        goto done;
+    b.p[b.len++] = '{';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Member *m = f->ksorted[i];
+        if (m->kind == 'f') {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (buf_need(&b, m->nlen + 8) < 0)
+            goto done;
+        if (i)
+            b.p[b.len++] = ',';
+        b.p[b.len++] = '"';
+        memcpy(b.p + b.len, m->name, m->nlen);
+        b.len += m->nlen;
+        b.p[b.len++] = '"';
+        b.p[b.len++] = ':';
+        if (m->null) {
+            memcpy(b.p + b.len, "null", 4);
+            b.len += 4;
+        } else if (m->kind == 's') {
+            if (buf_string(&b, k->texts + m->start, (Py_ssize_t)m->len) < 0)
+                goto done;
+        } else {
+            if (buf_need(&b, m->len) < 0)
+                goto done;
+            memcpy(b.p + b.len, k->texts + m->start, m->len);
+            b.len += m->len;
+        }
+    }
+    if (buf_need(&b, 1) < 0)
+        goto done;
+    b.p[b.len++] = '}';
+    out = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
+done:
+    if (b.p != b.stack)
+        PyMem_Free(b.p);
+    return out;
+}
+
+static int
+ascii(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] >= 0x80)
+            return 0;
+    return 1;
+}
+
+/* Python's hash of a text (router.verify_digest.row_digests_py hashes the str) */
+static Py_hash_t
+text_hash(const char *p, size_t n)
+{
+    if (ascii(p, n))
+        return _Py_HashBytes(p, (Py_ssize_t)n); /* a compact ASCII str hashes its bytes */
+    PyObject *s = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, NULL);
+    if (s == NULL)
+        return -1;
+    Py_hash_t h = PyObject_Hash(s);
+    Py_DECREF(s);
+    return h;
+}
+
+static size_t
+utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* the digests of the scanned row (row_digests' layout: a hash per column, the key's bucket,
+ * the row's digest) as new bytes */
+static PyObject *
+scanned_digests(Fold *f, Py_ssize_t n, Py_ssize_t nk)
+{
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (n + 2) * 8);
+    if (out == NULL)
+        return NULL;
+    int64_t *digests = (int64_t *)PyBytes_AS_STRING(out);
+    Buf b = {.len = 0, .cap = sizeof(b.stack)}, k = {.len = 0, .cap = sizeof(k.stack)};
+    b.p = b.stack;
+    k.p = k.stack;
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        Member *m = f->ksorted[i];
+        if (buf_need(&k, m->len + 32) < 0)
+            goto fail;
+        if (i)
+            k.p[k.len++] = ',';
+        if (m->null) {
+            k.p[k.len++] = '!';
+            continue;
+        }
+        k.len += (size_t)sprintf(k.p + k.len, "%zu:",
+                                 utf8_chars(f->key.texts + m->start, m->len));
+        memcpy(k.p + k.len, f->key.texts + m->start, m->len);
+        k.len += m->len;
+    }
+    if (buf_need(&b, 1) < 0)
+        goto fail;
+    b.p[b.len++] = '[';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Member *m = f->sorted[i];
+        if (buf_need(&b, 5) < 0)
+            goto fail;
+        if (i)
+            b.p[b.len++] = ',';
+        if (m->null) {
+            memcpy(b.p + b.len, "null", 4);
+            b.len += 4;
+            digests[i] = (int64_t)PyObject_Hash(Py_None);
+            continue;
+        }
+        const char *t = f->after.texts + m->start;
+        Py_hash_t h = text_hash(t, m->len);
+        if (h == -1 || buf_string(&b, t, (Py_ssize_t)m->len) < 0)
+            goto fail;
+        digests[i] = (int64_t)h;
+    }
+    if (buf_need(&b, 1) < 0)
+        goto fail;
+    b.p[b.len++] = ']';
+    Md5 kmd5, row;
+    md5_init(&kmd5);
+    md5_update(&kmd5, k.p, k.len);
+    row = kmd5;
+    uint64_t first = md5_head64(&kmd5);
+    digests[n] = (int64_t)(((first >> 32) >> 4) % (uint64_t)f->buckets);
+    md5_update(&row, PyBytes_AS_STRING(f->row.head), (size_t)PyBytes_GET_SIZE(f->row.head));
+    md5_update(&row, b.p, b.len);
+    digests[n + 1] = (int64_t)(md5_head64(&row) >> 4);
+    if (b.p != b.stack)
+        PyMem_Free(b.p);
+    if (k.p != k.stack)
+        PyMem_Free(k.p);
+    return out;
+fail:
+    if (b.p != b.stack)
+        PyMem_Free(b.p);
+    if (k.p != k.stack)
+        PyMem_Free(k.p);
+    Py_DECREF(out);
+    return NULL;
+}
 
 /* one message's key and value: folded (1), at or past the cut (2), not the plain case (0:
  * nothing done), error (-1) */
 static int
 fold_one(Fold *f, PyObject *kb, PyObject *vb)
 {
-    int res = 0;
+    int res = 0, got;
     PyObject *c = NULL, *op = NULL, *src = NULL, *after = NULL, *before = NULL, *toast = NULL,
-             *key = NULL, *k = NULL, *pos = NULL, *digests = NULL;
-    if (kb == Py_None)
+             *k = NULL, *pos = NULL, *digests = NULL;
+    Py_buffer av = {0}, bv = {0}, kv = {0};
+    if (kb == Py_None || !PyBytes_Check(kb))
         return 0;
     c = PyObject_CallOneArg(f->decode_change, vb);
     if (c == NULL)
@@ -177,8 +663,11 @@ fold_one(Fold *f, PyObject *kb, PyObject *vb)
     if (!PyUnicode_CheckExact(op) || PyUnicode_GET_LENGTH(op) != 1)
         goto done;
     Py_UCS4 o = PyUnicode_READ_CHAR(op, 0);
-    if ((o != 'c' && o != 'r' && o != 'u') || src == Py_None || !PyDict_CheckExact(after) ||
-        before != Py_None)
+    if ((o != 'c' && o != 'r' && o != 'u') || src == Py_None)
+        goto done;
+    if (raw_view(before, &bv) < 0)
+        goto done;
+    if (!is_null(&bv))
         goto done;
     int t = PyObject_IsTrue(toast);
     if (t != 0) {
@@ -189,32 +678,33 @@ fold_one(Fold *f, PyObject *kb, PyObject *vb)
     unsigned long long lsn, seq;
     if (u64_of(src, s_lsn, &lsn) || u64_of(src, s_seq, &seq))
         goto done;
+    if (raw_view(after, &av) < 0)
+        goto done;
+    if ((got = flat_scan(&f->after, av.buf, (const char *)av.buf + av.len)) <= 0) {
+        res = got;
+        goto done;
+    }
     if (lsn >= f->cut) {
         res = 2;
         goto done;
     }
-    key = PyObject_CallOneArg(f->decode_key, kb);
-    if (key == NULL) {
-        PyErr_Clear();
+    if (raw_view(kb, &kv) < 0)
         goto done;
-    }
-    if (!PyDict_CheckExact(key))
-        goto done;
-    PyObject *vals[FOLD_MAX_COLUMNS], *kvals[FOLD_MAX_COLUMNS];
-    int got = sorted_values(after, &f->row, f->layout_of, vals);
-    if (got <= 0) {
+    if ((got = flat_scan(&f->key, kv.buf, (const char *)kv.buf + kv.len)) <= 0) {
         res = got;
         goto done;
     }
-    got = sorted_values(key, &f->key, f->layout_of, kvals);
-    if (got <= 0) {
-        res = got;
+    Py_ssize_t n = f->after.n, nk = f->key.n;
+    flat_sorted(&f->after, f->sorted);
+    flat_sorted(&f->key, f->ksorted);
+    if ((k = key_bytes(f, nk)) == NULL) {
+        res = -1;
         goto done;
     }
+    if (k == Py_None)
+        goto done;
     /* from here on the message is folded (1) or an error (-1) */
     res = -1;
-    if ((k = PyObject_CallOneArg(f->encode_key, key)) == NULL)
-        goto done;
     PyObject *hi = PyLong_FromUnsignedLongLong(lsn), *lo = NULL, *shifted = NULL;
     if (hi != NULL && (shifted = PyNumber_Lshift(hi, sixty_four)) != NULL &&
         (lo = PyLong_FromUnsignedLongLong(seq)) != NULL)
@@ -236,26 +726,9 @@ fold_one(Fold *f, PyObject *kb, PyObject *vb)
             goto done;
         }
     }
-    Py_ssize_t n = f->row.n, nk = f->key.n;
-    digests = row_digests(kvals, nk, PyBytes_AS_STRING(f->row.head),
-                          PyBytes_GET_SIZE(f->row.head), vals, n, f->buckets);
-    if (digests == Py_None) { /* a value that is not a JSON scalar: the twin renders it */
-        Py_DECREF(digests);
-        PyObject *kt = PyTuple_New(nk), *vt = PyTuple_New(n), *nb = NULL;
-        if (kt != NULL && vt != NULL && (nb = PyLong_FromLongLong(f->buckets)) != NULL) {
-            for (Py_ssize_t i = 0; i < nk; i++)
-                PyTuple_SET_ITEM(kt, i, Py_NewRef(kvals[i]));
-            for (Py_ssize_t i = 0; i < n; i++)
-                PyTuple_SET_ITEM(vt, i, Py_NewRef(vals[i]));
-            digests = PyObject_CallFunctionObjArgs(f->row_py, kt, f->row.head, vt, nb, NULL);
-        } else {
-            digests = NULL;
-        }
-        Py_XDECREF(kt);
-        Py_XDECREF(vt);
-        Py_XDECREF(nb);
-    }
-    if (digests == NULL)
+    if (layout_for(&f->row, f->sorted, n) < 0)
+        goto done;
+    if ((digests = scanned_digests(f, n, nk)) == NULL)
         goto done;
     PyObject *row = PyTuple_Pack(2, f->row.names, digests);
     PyObject *value = row == NULL ? NULL : PyTuple_Pack(2, pos, row);
@@ -267,13 +740,18 @@ fold_one(Fold *f, PyObject *kb, PyObject *vb)
     if (!bad)
         res = 1;
 done:
+    if (av.obj != NULL)
+        PyBuffer_Release(&av);
+    if (bv.obj != NULL)
+        PyBuffer_Release(&bv);
+    if (kv.obj != NULL)
+        PyBuffer_Release(&kv);
     Py_XDECREF(c);
     Py_XDECREF(op);
     Py_XDECREF(src);
     Py_XDECREF(after);
     Py_XDECREF(before);
     Py_XDECREF(toast);
-    Py_XDECREF(key);
     Py_XDECREF(k);
     Py_XDECREF(pos);
     Py_XDECREF(digests);
@@ -291,14 +769,12 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *tools = args[5], *slow = PyTuple_GET_ITEM(tools, 4);
-    Fold f = {.rows = args[2],
-              .decode_change = PyTuple_GET_ITEM(tools, 0),
-              .decode_key = PyTuple_GET_ITEM(tools, 1),
-              .encode_key = PyTuple_GET_ITEM(tools, 2),
-              .layout_of = PyTuple_GET_ITEM(tools, 3),
-              .row_py = PyTuple_GET_ITEM(tools, 5)};
-    f.row.n = f.key.n = -1;
-    f.row.cols = f.row.names = f.row.head = f.key.cols = f.key.names = f.key.head = NULL;
+    static Fold f; /* big (its members' arrays): one a call, under the GIL */
+    f.rows = args[2];
+    f.decode_change = PyTuple_GET_ITEM(tools, 0);
+    f.row.names = f.row.head = NULL;
+    f.row.joined = NULL;
+    f.row.jlen = 0;
     f.cut = PyLong_AsUnsignedLongLong(args[3]);
     f.buckets = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred())
@@ -357,10 +833,8 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         after_cut += r == 2;
     }
     layout_clear(&f.row);
-    layout_clear(&f.key);
     return Py_BuildValue("(nnn)", read, after_cut, folded);
 fail:
     layout_clear(&f.row);
-    layout_clear(&f.key);
     return NULL;
 }
