@@ -16,12 +16,15 @@ Rules:
 * A topic that does not exist, or whose first offset is not 0 (retention or
   ``kafka-delete-records`` removed its oldest records: the fold would lack rows) is a
   ``SinkError`` naming it; so is a Kafka that cannot be reached.
+* The cyclic garbage collector is off while a topic is read: the fold makes millions of
+  tuples and no cycle, and each of its passes would walk every key held.
 * Blocking: run in a worker thread. ``progress(n)`` is called after each batch read (the
   caller prints a line at its own pace).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 
 import msgspec
@@ -184,6 +187,8 @@ def fold_topic(bootstrap_servers, settings: dict, topic: str, fold: TopicFold,
     multiset of rows, whatever the keys), read with ``library`` (``[kafka] client``:
     librdkafka reads about ten times faster); returns the count."""
     read = _fold_rdkafka if library == LIBRDKAFKA else _fold
+    collecting = gc.isenabled()
+    gc.disable()  # the fold makes containers by the million, none of them cyclic
     try:
         return read(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
                     timeout)
@@ -194,6 +199,9 @@ def fold_topic(bootstrap_servers, settings: dict, topic: str, fold: TopicFold,
     except Exception as exc:  # noqa: BLE001 — whatever the client raises: Kafka is not usable
         raise SinkUnavailable(f"kafka.bootstrap_servers: cannot read topic {topic!r} at "
                               f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class BadRecord(SinkError):

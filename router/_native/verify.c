@@ -50,31 +50,42 @@ md5_block(Md5 *m, const unsigned char *p)
     for (int i = 0; i < 16; i++)
         w[i] = (uint32_t)p[4 * i] | ((uint32_t)p[4 * i + 1] << 8) |
                ((uint32_t)p[4 * i + 2] << 16) | ((uint32_t)p[4 * i + 3] << 24);
-    for (int i = 0; i < 64; i++) {
-        uint32_t f;
-        int g;
-        if (i < 16) {
-            f = (b & c) | (~b & d);
-            g = i;
-        }
-        else if (i < 32) {
-            f = (d & b) | (~d & c);
-            g = (5 * i + 1) & 15;
-        }
-        else if (i < 48) {
-            f = b ^ c ^ d;
-            g = (3 * i + 5) & 15;
-        }
-        else {
-            f = c ^ (b | ~d);
-            g = (7 * i) & 15;
-        }
-        uint32_t x = a + f + md5_k[i] + w[g];
-        a = d;
-        d = c;
-        c = b;
-        b = b + ((x << md5_s[i]) | (x >> (32 - md5_s[i])));
-    }
+    /* the 64 steps unrolled: step i takes word g(i), constant md5_k[i], shift md5_s[i] */
+#define MD5_F(x, y, z) ((z) ^ ((x) & ((y) ^ (z))))
+#define MD5_G(x, y, z) ((y) ^ ((z) & ((x) ^ (y))))
+#define MD5_H(x, y, z) ((x) ^ (y) ^ (z))
+#define MD5_I(x, y, z) ((y) ^ ((x) | ~(z)))
+#define MD5_STEP(f, a, b, c, d, x, k, s)                                                    \
+    (a) += f((b), (c), (d)) + (x) + (k);                                                    \
+    (a) = ((a) << (s)) | ((a) >> (32 - (s)));                                               \
+    (a) += (b);
+#define MD5_ROUND(f, i, g0, g1, g2, g3)                                                     \
+    MD5_STEP(f, a, b, c, d, w[g0], md5_k[i], md5_s[i])                                      \
+    MD5_STEP(f, d, a, b, c, w[g1], md5_k[i + 1], md5_s[i + 1])                              \
+    MD5_STEP(f, c, d, a, b, w[g2], md5_k[i + 2], md5_s[i + 2])                              \
+    MD5_STEP(f, b, c, d, a, w[g3], md5_k[i + 3], md5_s[i + 3])
+    MD5_ROUND(MD5_F, 0, 0, 1, 2, 3)
+    MD5_ROUND(MD5_F, 4, 4, 5, 6, 7)
+    MD5_ROUND(MD5_F, 8, 8, 9, 10, 11)
+    MD5_ROUND(MD5_F, 12, 12, 13, 14, 15)
+    MD5_ROUND(MD5_G, 16, 1, 6, 11, 0)
+    MD5_ROUND(MD5_G, 20, 5, 10, 15, 4)
+    MD5_ROUND(MD5_G, 24, 9, 14, 3, 8)
+    MD5_ROUND(MD5_G, 28, 13, 2, 7, 12)
+    MD5_ROUND(MD5_H, 32, 5, 8, 11, 14)
+    MD5_ROUND(MD5_H, 36, 1, 4, 7, 10)
+    MD5_ROUND(MD5_H, 40, 13, 0, 3, 6)
+    MD5_ROUND(MD5_H, 44, 9, 12, 15, 2)
+    MD5_ROUND(MD5_I, 48, 0, 7, 14, 5)
+    MD5_ROUND(MD5_I, 52, 12, 3, 10, 1)
+    MD5_ROUND(MD5_I, 56, 8, 15, 6, 13)
+    MD5_ROUND(MD5_I, 60, 4, 11, 2, 9)
+#undef MD5_ROUND
+#undef MD5_STEP
+#undef MD5_F
+#undef MD5_G
+#undef MD5_H
+#undef MD5_I
     m->h[0] += a;
     m->h[1] += b;
     m->h[2] += c;

@@ -19,8 +19,7 @@
 
 #include <math.h>
 
-static PyObject *s_error, *s_partition, *s_offset, *s_key, *s_value, *s_op, *s_source,
-    *s_after, *s_before, *s_toast, *s_lsn, *s_seq, *sixty_four;
+static PyObject *s_error, *s_partition, *s_offset, *s_key, *s_value, *sixty_four;
 
 #define FOLD_MAX_COLUMNS 1664
 
@@ -30,12 +29,8 @@ fold_setup(void)
     struct {
         PyObject **at;
         const char *name;
-    } names[] = {{&s_error, "error"},   {&s_partition, "partition"},
-                 {&s_offset, "offset"}, {&s_key, "key"},
-                 {&s_value, "value"},   {&s_op, "op"},
-                 {&s_source, "source"}, {&s_after, "after"},
-                 {&s_before, "before"}, {&s_toast, "unchanged_toast"},
-                 {&s_lsn, "commit_lsn"}, {&s_seq, "seq"}};
+    } names[] = {{&s_error, "error"}, {&s_partition, "partition"}, {&s_offset, "offset"},
+                 {&s_key, "key"},     {&s_value, "value"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL)
             return -1;
@@ -339,6 +334,306 @@ flat_scan(Flat *f, const char *p, const char *e)
     }
 }
 
+/* ------------------------------------------------------------------------------------------
+ * the envelope of a JSON-format record taken apart without msgspec: op, before, after, the
+ * source's commit_lsn and seq, unchanged_toast; every other member skipped (its JSON checked)
+ */
+static const char *skip_value(const char *p, const char *e, int depth);
+
+/* a string's end (p after its opening quote), NULL when not valid (as msgspec reads it) */
+static const char *
+skip_string(const char *p, const char *e)
+{
+    while (p < e) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"')
+            return p + 1;
+        if (c < 0x20)
+            return NULL;
+        if (c == '\\') {
+            if (p + 1 >= e)
+                return NULL;
+            char x = p[1];
+            if (x == 'u') {
+                unsigned cp;
+                if (p + 6 > e || hex4(p + 2, &cp) < 0)
+                    return NULL;
+                p += 6;
+            } else if (strchr("\"\\/bfnrt", x) && x) {
+                p += 2;
+            } else {
+                return NULL;
+            }
+            continue;
+        }
+        if (c >= 0x80) {
+            int n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+            if (!n || c > 0xF4 || p + n > e)
+                return NULL;
+            for (int i = 1; i < n; i++)
+                if (((unsigned char)p[i] & 0xC0) != 0x80)
+                    return NULL;
+            unsigned char c1 = (unsigned char)p[1];
+            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) ||
+                (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
+                return NULL;
+            p += n;
+            continue;
+        }
+        p++;
+    }
+    return NULL;
+}
+
+static const char *
+skip_number(const char *p, const char *e)
+{
+    if (p < e && *p == '-')
+        p++;
+    if (p >= e || !(*p >= '0' && *p <= '9'))
+        return NULL;
+    if (*p == '0' && p + 1 < e && p[1] >= '0' && p[1] <= '9')
+        return NULL;
+    while (p < e && *p >= '0' && *p <= '9')
+        p++;
+    if (p < e && *p == '.') {
+        p++;
+        if (p >= e || !(*p >= '0' && *p <= '9'))
+            return NULL;
+        while (p < e && *p >= '0' && *p <= '9')
+            p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= e || !(*p >= '0' && *p <= '9'))
+            return NULL;
+        while (p < e && *p >= '0' && *p <= '9')
+            p++;
+    }
+    return p;
+}
+
+/* any JSON value at p (whitespace skipped before): its end, NULL when not valid or deeper
+ * than 64 */
+static const char *
+skip_value(const char *p, const char *e, int depth)
+{
+    p = ws(p, e);
+    if (p >= e || depth > 64)
+        return NULL;
+    char c = *p;
+    if (c == '"')
+        return skip_string(p + 1, e);
+    if (c == '-' || (c >= '0' && c <= '9'))
+        return skip_number(p, e);
+    if (e - p >= 4 && (memcmp(p, "true", 4) == 0 || memcmp(p, "null", 4) == 0))
+        return p + 4;
+    if (e - p >= 5 && memcmp(p, "false", 5) == 0)
+        return p + 5;
+    if (c == '[' || c == '{') {
+        char close = c == '[' ? ']' : '}';
+        p = ws(p + 1, e);
+        if (p < e && *p == close)
+            return p + 1;
+        for (;;) {
+            if (c == '{') {
+                p = ws(p, e);
+                if (p >= e || *p != '"' || (p = skip_string(p + 1, e)) == NULL)
+                    return NULL;
+                p = ws(p, e);
+                if (p >= e || *p++ != ':')
+                    return NULL;
+            }
+            if ((p = skip_value(p, e, depth + 1)) == NULL)
+                return NULL;
+            p = ws(p, e);
+            if (p < e && *p == ',') {
+                p++;
+                continue;
+            }
+            if (p < e && *p == close)
+                return p + 1;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+/* a member's name at p (at its opening quote), no escapes: its end after the closing quote */
+static const char *
+plain_name(const char *p, const char *e, const char **name, size_t *len)
+{
+    if (p >= e || *p != '"')
+        return NULL;
+    const char *q = ++p;
+    while (p < e && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+        p++;
+    if (p >= e || *p != '"')
+        return NULL;
+    *name = q;
+    *len = (size_t)(p - q);
+    return p + 1;
+}
+
+static int
+is_name(const char *name, size_t len, const char *lit)
+{
+    return strlen(lit) == len && memcmp(name, lit, len) == 0;
+}
+
+/* a non-negative int of 64 bits or null at p: its end; NULL otherwise */
+static const char *
+u64_value(const char *p, const char *e, unsigned long long *out)
+{
+    if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
+        *out = 0;
+        return p + 4;
+    }
+    const char *q = skip_number(p, e);
+    if (q == NULL || *p == '-' || q - p > 19)
+        return NULL;
+    unsigned long long v = 0;
+    for (const char *d = p; d < q; d++) {
+        if (*d < '0' || *d > '9')
+            return NULL; /* a fraction or an exponent: not an int */
+        v = v * 10 + (unsigned long long)(*d - '0');
+    }
+    *out = v;
+    return q;
+}
+
+typedef struct {
+    char op;
+    const char *after, *after_end;
+    unsigned long long lsn, seq;
+    int has_source;
+} Envelope;
+
+/* the record's envelope: 1 the plain case (c/r/u, before null, after an object, a source,
+ * no unchanged TOAST), 0 anything else */
+static int
+envelope_scan(const char *p, const char *e, Envelope *env)
+{
+    int seen = 0; /* op 1, before 2, after 4, source 8, unchanged_toast 16 */
+    env->op = 0;
+    env->after = NULL;
+    env->lsn = env->seq = 0;
+    env->has_source = 0;
+    p = ws(p, e);
+    if (p >= e || *p++ != '{')
+        return 0;
+    p = ws(p, e);
+    if (p < e && *p == '}')
+        return 0;
+    for (;;) {
+        const char *name;
+        size_t len;
+        int bit = 0;
+        p = ws(p, e);
+        if ((p = plain_name(p, e, &name, &len)) == NULL)
+            return 0;
+        p = ws(p, e);
+        if (p >= e || *p++ != ':')
+            return 0;
+        p = ws(p, e);
+        if (p >= e)
+            return 0;
+        if (is_name(name, len, "op")) {
+            bit = 1;
+            if (e - p < 3 || p[0] != '"' || p[2] != '"')
+                return 0;
+            env->op = p[1];
+            p += 3;
+        } else if (is_name(name, len, "before")) {
+            bit = 2;
+            if (e - p < 4 || memcmp(p, "null", 4) != 0)
+                return 0;
+            p += 4;
+        } else if (is_name(name, len, "after")) {
+            bit = 4;
+            if (*p != '{')
+                return 0;
+            env->after = p;
+            if ((p = skip_value(p, e, 0)) == NULL)
+                return 0;
+            env->after_end = p;
+        } else if (is_name(name, len, "source")) {
+            bit = 8;
+            if (*p != '{')
+                return 0;
+            env->has_source = 1;
+            int got = 0; /* commit_lsn 1, seq 2 */
+            p = ws(p + 1, e);
+            if (p < e && *p == '}') {
+                p++;
+            } else {
+                for (;;) {
+                    const char *sn;
+                    size_t sl;
+                    p = ws(p, e);
+                    if ((p = plain_name(p, e, &sn, &sl)) == NULL)
+                        return 0;
+                    p = ws(p, e);
+                    if (p >= e || *p++ != ':')
+                        return 0;
+                    p = ws(p, e);
+                    int sb = is_name(sn, sl, "commit_lsn") ? 1 : is_name(sn, sl, "seq") ? 2 : 0;
+                    if (sb) {
+                        if (got & sb)
+                            return 0;
+                        got |= sb;
+                        p = u64_value(p, e, sb == 1 ? &env->lsn : &env->seq);
+                    } else {
+                        p = skip_value(p, e, 1);
+                    }
+                    if (p == NULL)
+                        return 0;
+                    p = ws(p, e);
+                    if (p < e && *p == ',') {
+                        p++;
+                        continue;
+                    }
+                    if (p < e && *p == '}') {
+                        p++;
+                        break;
+                    }
+                    return 0;
+                }
+            }
+        } else if (is_name(name, len, "unchanged_toast")) {
+            bit = 16;
+            if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
+                p += 4;
+            } else if (*p == '[') {
+                p = ws(p + 1, e);
+                if (p >= e || *p++ != ']')
+                    return 0;
+            } else {
+                return 0;
+            }
+        } else if ((p = skip_value(p, e, 0)) == NULL) {
+            return 0;
+        }
+        if (seen & bit)
+            return 0;
+        seen |= bit;
+        p = ws(p, e);
+        if (p < e && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < e && *p == '}')
+            break;
+        return 0;
+    }
+    if (ws(p + 1, e) != e)
+        return 0;
+    return (env->op == 'c' || env->op == 'r' || env->op == 'u') && env->after != NULL &&
+           env->has_source;
+}
+
 static int
 member_cmp(const void *a, const void *b)
 {
@@ -435,53 +730,14 @@ fail:
     return -1;
 }
 
-/* an attribute's value as an unsigned 64-bit integer, None as 0 (0; 1 not the plain case) */
-static int
-u64_of(PyObject *obj, PyObject *name, unsigned long long *out)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return PyErr_Clear(), 1;
-    if (v == Py_None) {
-        *out = 0;
-    } else if (PyLong_CheckExact(v)) {
-        *out = PyLong_AsUnsignedLongLong(v);
-        if (PyErr_Occurred()) {
-            Py_DECREF(v);
-            return PyErr_Clear(), 1;
-        }
-    } else {
-        Py_DECREF(v);
-        return 1;
-    }
-    Py_DECREF(v);
-    return 0;
-}
-
 typedef struct {
-    PyObject *rows, *decode_change;
+    PyObject *rows;
     unsigned long long cut;
     long long buckets;
     Layout row;
     Flat after, key;
     Member *sorted[FOLD_MAX_COLUMNS], *ksorted[FOLD_MAX_COLUMNS];
 } Fold;
-
-/* a Raw value's bytes (borrowed into view; 0 ok, -1 not a buffer: not the plain case) */
-static int
-raw_view(PyObject *raw, Py_buffer *view)
-{
-    if (PyObject_GetBuffer(raw, view, PyBUF_SIMPLE) < 0)
-        return PyErr_Clear(), -1;
-    return 0;
-}
-
-static int
-is_null(Py_buffer *v)
-{
-    const char *p = ws(v->buf, (const char *)v->buf + v->len), *e = (const char *)v->buf + v->len;
-    return e - p >= 4 && memcmp(p, "null", 4) == 0 && ws(p + 4, e) == e;
-}
 
 /* msgspec's JSON of the key (router.verify.key_of: names sorted) as new bytes; None (a new
  * reference) when not the plain case (a float in the key) */
@@ -645,52 +901,22 @@ static int
 fold_one(Fold *f, PyObject *kb, PyObject *vb)
 {
     int res = 0, got;
-    PyObject *c = NULL, *op = NULL, *src = NULL, *after = NULL, *before = NULL, *toast = NULL,
-             *k = NULL, *pos = NULL, *digests = NULL;
-    Py_buffer av = {0}, bv = {0}, kv = {0};
-    if (kb == Py_None || !PyBytes_Check(kb))
+    PyObject *k = NULL, *pos = NULL, *digests = NULL;
+    if (kb == Py_None || !PyBytes_Check(kb) || !PyBytes_Check(vb))
         return 0;
-    c = PyObject_CallOneArg(f->decode_change, vb);
-    if (c == NULL)
-        return PyErr_Clear(), 0; /* the slow way decodes it again and says why */
-    if ((op = PyObject_GetAttr(c, s_op)) == NULL || (src = PyObject_GetAttr(c, s_source)) == NULL ||
-        (after = PyObject_GetAttr(c, s_after)) == NULL ||
-        (before = PyObject_GetAttr(c, s_before)) == NULL ||
-        (toast = PyObject_GetAttr(c, s_toast)) == NULL) {
-        PyErr_Clear();
-        goto done;
-    }
-    if (!PyUnicode_CheckExact(op) || PyUnicode_GET_LENGTH(op) != 1)
-        goto done;
-    Py_UCS4 o = PyUnicode_READ_CHAR(op, 0);
-    if ((o != 'c' && o != 'r' && o != 'u') || src == Py_None)
-        goto done;
-    if (raw_view(before, &bv) < 0)
-        goto done;
-    if (!is_null(&bv))
-        goto done;
-    int t = PyObject_IsTrue(toast);
-    if (t != 0) {
-        if (t < 0)
-            PyErr_Clear();
-        goto done;
-    }
-    unsigned long long lsn, seq;
-    if (u64_of(src, s_lsn, &lsn) || u64_of(src, s_seq, &seq))
-        goto done;
-    if (raw_view(after, &av) < 0)
-        goto done;
-    if ((got = flat_scan(&f->after, av.buf, (const char *)av.buf + av.len)) <= 0) {
-        res = got;
-        goto done;
-    }
+    Envelope env;
+    if (!envelope_scan(PyBytes_AS_STRING(vb), PyBytes_AS_STRING(vb) + PyBytes_GET_SIZE(vb),
+                       &env))
+        return 0; /* the slow way (msgspec) reads it */
+    unsigned long long lsn = env.lsn, seq = env.seq;
+    if ((got = flat_scan(&f->after, env.after, env.after_end)) <= 0)
+        return got;
     if (lsn >= f->cut) {
         res = 2;
         goto done;
     }
-    if (raw_view(kb, &kv) < 0)
-        goto done;
-    if ((got = flat_scan(&f->key, kv.buf, (const char *)kv.buf + kv.len)) <= 0) {
+    if ((got = flat_scan(&f->key, PyBytes_AS_STRING(kb),
+                         PyBytes_AS_STRING(kb) + PyBytes_GET_SIZE(kb))) <= 0) {
         res = got;
         goto done;
     }
@@ -740,18 +966,6 @@ fold_one(Fold *f, PyObject *kb, PyObject *vb)
     if (!bad)
         res = 1;
 done:
-    if (av.obj != NULL)
-        PyBuffer_Release(&av);
-    if (bv.obj != NULL)
-        PyBuffer_Release(&bv);
-    if (kv.obj != NULL)
-        PyBuffer_Release(&kv);
-    Py_XDECREF(c);
-    Py_XDECREF(op);
-    Py_XDECREF(src);
-    Py_XDECREF(after);
-    Py_XDECREF(before);
-    Py_XDECREF(toast);
     Py_XDECREF(k);
     Py_XDECREF(pos);
     Py_XDECREF(digests);
@@ -771,7 +985,6 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *tools = args[5], *slow = PyTuple_GET_ITEM(tools, 4);
     static Fold f; /* big (its members' arrays): one a call, under the GIL */
     f.rows = args[2];
-    f.decode_change = PyTuple_GET_ITEM(tools, 0);
     f.row.names = f.row.head = NULL;
     f.row.joined = NULL;
     f.row.jlen = 0;
