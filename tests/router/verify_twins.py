@@ -108,7 +108,6 @@ def golden_verify_fold():
         Msg(b'{"id":1}', None),  # a tombstone
         Msg(b'{"id":1}', b'{"op":"r",'),  # bad JSON
         Msg(b'{"id":1}', b'{"schema":{},"payload":{"op":"r"}}'),  # Connect
-        Msg(b'[1]', _record(key={"id": 4}, after={"id": 4})[1]),  # a key not an object
         Msg(*_record(key={"id": 5}, after={"id": 5}, lsn=None, seq=None)),
         Msg(*_record(key={"id": 6}, after={"id": 6}, lsn=-1)),
         Msg(*_record(key={"id": 7}, after={"id": 7}, lsn=2**70)),
@@ -122,11 +121,29 @@ def golden_verify_fold():
             Msg(b'{"id":1,"id":2}', _record(after={"id": 2})[1]),  # a name twice
             Msg(b'{"id":1.5}', _record(after={"id": 1.5})[1]),  # a float key
             Msg(b'{"id":123456789012345678901}', _record(after={"x": 1})[1])]
+    env = [  # envelopes the C scanner takes apart or leaves to msgspec
+        b'{"op":"\\u0072","after":{"id":20},"source":{"commit_lsn":1}}',
+        b'{"op":"r","op":"c","after":{"id":21},"source":{"commit_lsn":1}}',
+        b' { "x" : [1, {"y": ["\\"", null]}], "op" : "u" , "after" : {"id" : 22} , '
+        b'"source" : {"z": {"a": [true, false, -1.5e3]}, "seq": 2, "commit_lsn": 3} , '
+        b'"unchanged_toast" : [ ] } ',
+        b'{"op":"r","after":{"id":23},"source":{"commit_lsn":1.0}}',
+        b'{"op":"r","after":{"id":24},"source":{"commit_lsn":18446744073709551616}}',
+        b'{"op":"r","after":{"id":25},"source":{"commit_lsn":1,"commit_lsn":2}}',
+        b'{"op":"r","after":{"id":26},"source":null}',
+        b'{"op":"r","after":{"id":27},"source":{"commit_lsn":1},"x":"\xff"}',
+        b'{"op":"r","after":{"id":28},"source":{"commit_lsn":1}} x',
+        b'{"op":"r","after":{"id":29},"unchanged_toast":["v"],"source":{"commit_lsn":1}}',
+        b'{"op":"r","before":{"id":1},"after":{"id":30},"source":{"commit_lsn":1}}',
+    ]
+    odd += [Msg(_enc({"id": 20 + i}), v) for i, v in enumerate(env)]
     for i, m in enumerate(odd):
         m.o = i
     cases.append((odd, {0: 100}, {}, 100, 3))
     bad = [Msg(*plain[0]), Msg(b'{"id":1', plain[1][1], 0, 1), Msg(*plain[2], 0, 2)]
     cases.append((bad, {0: 10}, {}, 100, 7))  # a key not JSON: the feeder's one line
+    bad = [Msg(*plain[0]), Msg(b'[1]', plain[1][1], 0, 1)]
+    cases.append((bad, {0: 10}, {}, 100, 7))  # a key not an object: the same
     return [(SAME, c) for c in cases]
 
 
