@@ -15,6 +15,7 @@
  *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic)
  *   verify_fold.c  verify_fold (a batch of such a topic's messages folded)
  *   verify_copy.c  verify_copy (the same digests of COPY text rows, summed by bucket)
+ *   verify_json.c  the topic's JSON records taken apart for verify_fold
  *
  * Rules these files keep:
  *
@@ -82,6 +83,34 @@ typedef struct {
 int buf_need(Buf *b, size_t more);
 int buf_string(Buf *b, const char *s, Py_ssize_t n);
 PyObject *native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* verify_json.c: a record's envelope and a flat object taken apart (for verify_fold.c) */
+#define FOLD_MAX_COLUMNS 1664
+typedef struct {
+    const char *name;
+    size_t nlen;
+    size_t start, len; /* the text in Flat.texts */
+    int null;
+    char kind; /* 's' string, 'i' int, 'f' float, 'b' bool, 'n' null */
+} Member;
+
+typedef struct {
+    Member m[FOLD_MAX_COLUMNS];
+    Py_ssize_t n;
+    char *texts;
+    size_t tlen, tcap;
+} Flat;
+
+typedef struct {
+    char op;
+    const char *after, *after_end;
+    unsigned long long lsn, seq;
+    int has_source;
+} Envelope;
+int flat_scan(Flat *f, const char *p, const char *e);
+int envelope_scan(const char *p, const char *e, Envelope *env);
+void flat_sorted(Flat *f, Member **out); /* by name, as Python orders the names */
+const char *ws(const char *p, const char *e);
 PyObject *native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case
