@@ -40,7 +40,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the router to deliver up to the verify "
                         "snapshot, and for repairs to finish (default 60)")
     p.add_argument("--max-keys", type=int, default=MAX_KEYS, metavar="N",
-                   help="keys of a topic held in memory at once (about 340 bytes each); a "
+                   help="keys of a topic held in memory at once (about 450 bytes each); a "
                         "bigger table is verified in passes over its topic (default "
                         f"{MAX_KEYS})")
     p.add_argument("--split-rows", type=int, default=SPLIT_ROWS, metavar="N",

@@ -55,7 +55,7 @@ from .digests import route_filter
 from .point import VerifyPoint, wait_delivered
 
 
-#: keys of one topic folded at a time by default (``--max-keys``): about 340 bytes each
+#: keys of one topic folded at a time by default (``--max-keys``): about 450 bytes each
 MAX_KEYS = 2_000_000
 
 
