@@ -7,17 +7,17 @@
  *   msgs     confluent-kafka Messages (error(), partition(), offset(), key(), value())
  *   ends     partition -> end offset: messages at or past it are not read
  *   rows     the fold's dict: key bytes -> (position, (names, digests))
- *   tools    (decode_change, decode_key, encode_key, layout_of, slow, row_py)
+ *   tools    (decode_change, decode_key, encode_key, layout_of, slow, row_py): the twin's;
+ *            this side calls only slow
  *
- * A message is folded here only in the plain case: a change record ``c``/``r``/``u`` with a
- * key, a source, ``after``, no ``before`` and no ``unchanged_toast``, a key that decodes to
- * a dict. Anything else (and any error decoding it) goes to ``slow(key, value)``, the Python
- * feeder, which folds it or raises the precise error; values that are not JSON scalars get
- * their digests from ``row_py`` (router.verify_digest.row_digests_py).
+ * A message is folded here only in the plain case: a change record ``c``/``r``/``u`` whose
+ * envelope and key verify_json.c takes apart (a key of scalars, without a float; a source;
+ * ``after`` an object of scalars; no ``before``, no ``unchanged_toast``). Anything else goes
+ * to ``slow(key, value)``, the Python feeder (msgspec), which folds it or raises the precise
+ * error. Each column's digest is Python's hash of its text (a str's, computed from the bytes
+ * when they are ASCII); keys, positions and rows are stored as the Python fold stores them.
  */
 #include "native.h"
-
-#include <math.h>
 
 static PyObject *s_error, *s_partition, *s_offset, *s_key, *s_value, *sixty_four;
 
