@@ -6,7 +6,8 @@ code alone (slower; the router's ``starting`` log line says which: ``hot_path=na
 from setuptools import Extension, setup
 
 SOURCES = ["module.c", "pgoutput.c", "short.c", "codec.c", "recorder.c", "tx.c", "delivery.c",
-           "avro.c", "avro_values.c", "verify.c", "copytext.c"]
+           "avro.c", "avro_values.c", "verify.c", "copytext.c", "verify_fold.c",
+           "verify_copy.c", "verify_json.c"]
 
 setup(ext_modules=[Extension("router._native", [f"router/_native/{name}" for name in SOURCES],
                              depends=["router/_native/native.h", "router/_native/codec.h",

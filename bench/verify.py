@@ -3,13 +3,17 @@ the router's initial snapshot) against ``COPY (SELECT …) TO STDOUT`` of the sa
 /dev/null (psql), side by side in one run.
 
     python bench/verify.py [--rows 1000000] [--format json|connect|avro] [--dsn ...]
-                           [--kafka ...] [--registry URL]
+                           [--kafka ...] [--registry URL] [--repeat 3]
 
 A router streams the table's slot in the background (verify waits until it delivered past
 its snapshot); the time measured is verify's whole run (a fresh process: catalog, snapshot,
 reading and folding the topic, reading and comparing the table), and its own per-topic
-duration. Prints one JSON line with both and their ratio; the tables, slot and topic are
-dropped afterwards.
+duration, and its CPU seconds. The reference, measured right after each verify run: ``COPY``
+of the table plus reading the whole topic once with the same client (confluent-kafka, no
+decoding). ``--repeat N`` runs (default 3) interleaved; prints one JSON line with the
+medians, their ratios (``verify_over_reference``: the whole run, process start included;
+``compare_over_reference``: the topic's comparison) and each run; the tables, slot and
+topic are dropped afterwards.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import pathlib
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,6 +55,8 @@ def main() -> None:
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--kafka", default="127.0.0.1:9092")
     ap.add_argument("--registry", default="http://127.0.0.1:8081/apis/ccompat/v7")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="verify runs (each followed by the reference's): medians printed")
     args = ap.parse_args()
     u = uuid.uuid4().hex[:8]
     table, slot, route = f"bench_verify_{u}", f"bench_verify_{u}", f"bv_{u}"
@@ -102,15 +109,25 @@ tables = ["{table}"]
                 raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
             waited = time.monotonic() - started
             usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c", str(cfg),
-                                   "--json"], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=7200)
-            wall = time.monotonic() - started
-            if proc.returncode != 0:
-                raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-            [res] = json.loads(proc.stdout)["results"]
-            copy = copy_seconds(args.dsn, table)
+            runs = []
+            for _ in range(args.repeat):  # verify and the reference, interleaved
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                started = time.monotonic()
+                proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c",
+                                       str(cfg), "--json"], cwd=ROOT, capture_output=True,
+                                      text=True, timeout=7200)
+                wall = time.monotonic() - started
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if proc.returncode != 0:
+                    raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+                [res] = json.loads(proc.stdout)["results"]
+                copy = copy_seconds(args.dsn, table)
+                read = read_seconds(args.kafka, topic)
+                runs.append({"wall": wall, "compare": res["seconds"], "copy": copy,
+                             "read": read,
+                             "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime
+                                                                         + before.ru_stime)})
+            usage = max(usage, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
         finally:
             if router is not None:
                 router.terminate()
@@ -129,19 +146,51 @@ tables = ["{table}"]
             if topic in admin.list_topics():
                 admin.delete_topics([topic])
             admin.close()
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    reference = med["copy"] + med["read"]
     print(json.dumps({
         "rows": args.rows, "format": args.format, "compared": res["compared"],
-        "equal": res["equal"],
+        "equal": res["equal"], "runs": args.repeat,
         "rows_read_one_by_one": res["rows_read"], "buckets": res["buckets"],
         "buckets_differing": res["buckets_differing"],
-        "verify_seconds": round(wall, 2), "verify_compare_seconds": res["seconds"],
-        "verify_rows_per_s": round(res["compared"] / wall),
-        "copy_seconds": round(copy, 3), "copy_rows_per_s": round(args.rows / copy),
-        "verify_over_copy": round(wall / copy, 1),
+        "verify_seconds": round(med["wall"], 2),
+        "verify_compare_seconds": round(med["compare"], 2),
+        "verify_cpu_seconds": round(med["cpu"], 2),
+        "verify_rows_per_s": round(res["compared"] / med["wall"]),
+        "copy_seconds": round(med["copy"], 3), "read_topic_seconds": round(med["read"], 3),
+        "reference_seconds": round(reference, 3),
+        "verify_over_reference": round(med["wall"] / reference, 2),
+        "compare_over_reference": round(med["compare"] / reference, 2),
+        "verify_over_copy": round(med["wall"] / med["copy"], 1),
         "first_run_with_snapshot_seconds": round(waited, 1),
         "peak_child_rss_mb": round(usage / 1024),
+        "each": [{k: round(v, 2) for k, v in r.items()} for r in runs],
         "columns": COLUMNS,
     }))
+
+
+def read_seconds(kafka: str, topic: str) -> float:
+    """Reading the whole topic once with the client verify uses (confluent-kafka, in this
+    process, in batches as verify reads), no decoding: the reference's other half."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    started = time.monotonic()
+    consumer = Consumer({"bootstrap.servers": kafka, "group.id": "bench-verify-read",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                for p in meta.partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end])
+        left, size = sum(ends.values()), 0
+        while left > 0:
+            for m in consumer.consume(10_000, 1.0):
+                if m.error() is None:
+                    size += len(m.value() or b"")
+                    left -= 1
+    finally:
+        consumer.close()
+    return time.monotonic() - started
 
 
 if __name__ == "__main__":

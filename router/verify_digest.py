@@ -1,6 +1,10 @@
-"""Bucket digests ``pgrouter verify`` computes on both sides of a JSON-format topic: in SQL by
-PostgreSQL over the table's rows (``actors.verify.digests``), and here over the folded topic,
-so that only the rows of buckets whose digests differ are read and compared.
+"""Bucket digests ``pgrouter verify`` computes on both sides of a topic: over the table's rows,
+from the columns' texts PostgreSQL renders (``actors.verify.digests``; ``copy_sums_py``,
+``router._native.verify_copy`` in C), and over the folded topic (``digester``;
+``fold_batch_py``, ``router._native.verify_fold`` in C, a batch of messages at a time), so
+that only the rows of buckets whose digests differ are read and compared. The JSON format's
+rules follow; the Connect and Avro formats use them for the types they carry alike
+(``actors.verify.digests.digestible``).
 
 Rules (both sides compute exactly this):
 
@@ -15,8 +19,9 @@ Rules (both sides compute exactly this):
 * A row's digest: the first 15 hex digits of the md5 of the key's text, the JSON array of
   the column names sorted, and the JSON array of their texts in that order (``null`` for
   NULL; PostgreSQL's ``array_to_json`` of a ``text[]``, which escapes as msgspec does), as
-  an integer: one md5 a row on each side. A bucket's digest is its row count and the sum of
-  its rows'.
+  an integer: one md5 a row on each side (the SQL side's sub-buckets of a bisect compute it
+  in SQL, ``array_to_json`` escaping as msgspec and the C code do). A bucket's digest is its
+  row count and the sum of its rows'.
 * A value that does not fit these rules (a list, a dict) gets a text no SQL side produces: its
   bucket differs, and its rows are compared one by one, so digests never make a difference
   disappear, they only save reading rows that are equal. So does a row whose columns were
@@ -39,12 +44,15 @@ from operator import itemgetter
 import msgspec
 
 from .native import NATIVE
+from .snapshot import parse_copy_data
 from .verify import MISSING
 
 _pack = struct.Struct(">d").pack
 _tail = struct.Struct("=qq").unpack_from
+_acc = struct.Struct("=qQQ")
 _from_bytes = int.from_bytes
 _json = msgspec.json.encode
+_decode = msgspec.json.decode
 
 
 def pg_text(value) -> str | None:
@@ -155,7 +163,131 @@ def digester(buckets: int):
                 return layout.names, out
         return layout.names, row_digests_py(kv, layout.head, values, buckets)
 
+    row_columns.buckets = buckets  # the batch fold's sign (``fold_batch_py``)
     return row_columns
+
+
+def layout_of(cols: tuple) -> tuple[tuple, bytes, tuple]:
+    """A column layout for ``fold_batch_py``: its names sorted, their JSON, and for each
+    sorted name its index in ``cols``."""
+    layout = _layout(cols)
+    return layout.names, layout.head, tuple(map(cols.index, layout.names))
+
+
+def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
+                  tools: tuple) -> tuple[int, int, int]:
+    """A batch of a JSON-format topic's messages into a fold's ``rows`` (key bytes ->
+    (position, (names, digests of ``digester(buckets)``))); ``router._native.verify_fold``
+    computes the same. Returns (messages read, ignored as at or past ``cut``, folded here).
+
+    * A message with an error, or at or past its partition's end in ``ends`` (or of a
+      partition not in it), is not read; one without a value is read and skipped.
+    * The plain case is folded here: a ``c``/``r``/``u`` record (``tools[0]`` decodes it;
+      ``before`` and ``after`` may be left as their JSON, ``msgspec.Raw``) with a key (``tools[1]`` decodes it to a dict, ``tools[2]`` to the fold's key bytes),
+      a source, ``after``, no ``before``, no ``unchanged_toast``: as
+      ``router.verify.TopicFold.apply`` with ``digester`` (``tools[3]``: ``layout_of``;
+      ``tools[5]``: ``row_digests_py``). Its position at or past the cut: ignored.
+    * Anything else (and a record that does not decode) goes to ``tools[4](key, value)``,
+      the feeder that folds every record (``actors.verify.topic.Decoder.feeder``)."""
+    decode_change, decode_key, encode_key, layout, slow, row_py = tools
+    read = after_cut = folded = 0
+    for m in msgs:
+        if m.error() is not None:
+            continue
+        end = ends.get(m.partition())
+        if end is None or not m.offset() < end:
+            continue
+        read += 1
+        kb, vb = m.key(), m.value()
+        if vb is None:
+            continue
+        done = _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key,
+                         layout, row_py)
+        if done == 0:
+            slow(kb, vb)
+        folded += done == 1
+        after_cut += done == 2
+    return read, after_cut, folded
+
+
+def _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key, layout,
+              row_py) -> int:
+    """1 folded, 2 past the cut, 0 not the plain case (nothing done)."""
+    if kb is None:
+        return 0
+    try:
+        c = decode_change(vb)
+        op, src, after, before, toast = c.op, c.source, c.after, c.before, c.unchanged_toast
+        if before is not None and not isinstance(before, dict):  # JSON left raw
+            before = _decode(before)
+        if after is not None and not isinstance(after, dict):
+            after = _decode(after)
+    except Exception:  # noqa: BLE001 — the slow way decodes it again and says why
+        return 0
+    if (op not in ("c", "r", "u") or src is None or type(after) is not dict
+            or before is not None or toast):
+        return 0
+    try:
+        lsn, seq = src.commit_lsn or 0, src.seq or 0
+        if not (type(lsn) is int and type(seq) is int and 0 <= lsn < 2**64
+                and 0 <= seq < 2**64):
+            return 0
+    except Exception:  # noqa: BLE001
+        return 0
+    if lsn >= cut:
+        return 2
+    try:
+        key = decode_key(kb)
+    except Exception:  # noqa: BLE001
+        return 0
+    if type(key) is not dict:
+        return 0
+    names, head, order = layout(tuple(after))
+    values = tuple(after[c] for c in names)
+    kv = tuple(key[c] for c in layout(tuple(key))[0])
+    k = encode_key(key)
+    pos = (lsn << 64) | seq
+    held = rows.get(k)
+    if held is not None and held[0] >= pos:
+        return 1
+    rows[k] = (pos, (names, row_py(kv, head, values, buckets)))
+    return 1
+
+
+def copy_sums_py(data: bytes, keys: tuple, columns: int, head: bytes, buckets: int,
+                 acc: bytearray) -> int:
+    """The source side's digests from whole lines of ``COPY (SELECT <the columns' texts, in
+    the order of their names>) TO STDOUT`` (``router.snapshot.parse_copy_data``): per row,
+    its key's text (the fields ``keys``, ``key_text``'s rules), its bucket and its digest
+    (``row_digest``'s rules, ``head`` the names' JSON), added to ``acc`` (per bucket 24
+    bytes: the row count, int64, and the digests' sum, 128 bits, the low 64 first, native
+    byte order). Returns the rows; a line of another number of fields than ``columns`` is a
+    ``ValueError``. ``router._native.verify_copy`` computes the same without the GIL."""
+    rows = 0
+    for row in parse_copy_data(data.decode()):
+        if len(row) != columns:
+            raise ValueError(f"verify_copy: a row without {columns} fields")
+        ktext = ",".join(["!" if row[k] is None else f"{len(row[k])}:{row[k]}"
+                          for k in keys]).encode()
+        h = md5(ktext)
+        bucket = (_from_bytes(h.digest()[:4], "big") >> 4) % buckets
+        h.update(head + _json(list(row)))
+        count, lo, hi = _acc.unpack_from(acc, bucket * 24)
+        total = ((hi << 64) | lo) + (_from_bytes(h.digest()[:8], "big") >> 4)
+        _acc.pack_into(acc, bucket * 24, count + 1, total & (2**64 - 1),
+                       (total >> 64) & (2**64 - 1))
+        rows += 1
+    return rows
+
+
+def acc_sums(acc: bytearray, into: dict[int, list]) -> None:
+    """``copy_sums_py``'s accumulator added to ``into`` (bucket -> [rows, digest sum])."""
+    for b in range(len(acc) // 24):
+        count, lo, hi = _acc.unpack_from(acc, b * 24)
+        if count:
+            got = into.setdefault(b, [0, 0])
+            got[0] += count
+            got[1] += (hi << 64) | lo
 
 
 def bucket_sums(rows: dict) -> dict[int, list]:

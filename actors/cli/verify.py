@@ -22,6 +22,7 @@ from router.errors import ConfigError, PgRouterError
 
 from ..services.retry import primary
 from ..verify.repair import request, wait_repaired
+from ..verify.metrics import VerifyMetrics, serve
 from ..verify.run import MAX_KEYS, SPLIT_ROWS, Progress, verify
 from .config_file import load
 
@@ -39,13 +40,16 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the router to deliver up to the verify "
                         "snapshot, and for repairs to finish (default 60)")
     p.add_argument("--max-keys", type=int, default=MAX_KEYS, metavar="N",
-                   help="keys of a topic held in memory at once (about 340 bytes each); a "
+                   help="keys of a topic held in memory at once (about 450 bytes each); a "
                         "bigger table is verified in passes over its topic (default "
                         f"{MAX_KEYS})")
     p.add_argument("--split-rows", type=int, default=SPLIT_ROWS, metavar="N",
                    help="a differing bucket of more rows than this is split into "
                         "sub-buckets compared by digests again, rather than read whole "
                         f"(default {SPLIT_ROWS})")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT", default=None,
+                   help="serve the pgrouter_verify_* metrics there while verify runs "
+                        "(default: [metrics] listen; \"\": none)")
     p.add_argument("--repair", action="store_true",
                    help="ask the running router to re-send what differs (a backfill of "
                         "exactly those keys; deletes for extra keys), then verify again")
@@ -57,10 +61,19 @@ def run(args: argparse.Namespace) -> int:
     def warn(line: str) -> None:
         print(f"pgrouter verify: warning: {line}", file=sys.stderr)
 
+    endpoint = None
     try:
         cfg = load(args.config, "verify")
+        metrics = VerifyMetrics()
+        listen = cfg.metrics.listen if args.metrics_listen is None else args.metrics_listen
+        if listen:
+            endpoint = serve(listen, metrics, warn, "metrics.listen" if args.metrics_listen
+                             is None else "--metrics-listen")
+            if endpoint is not None:
+                print(f"pgrouter verify: metrics on http://{endpoint.host}:{endpoint.port}"
+                      "/metrics", file=sys.stderr, flush=True)
         try:
-            results = trio.run(_verify, cfg, args, progress, warn)
+            results = trio.run(_verify, cfg, args, progress, warn, metrics)
         except BaseExceptionGroup as group:  # trio-asyncio's loop wraps what escapes it
             raise primary(group) from None
     except ConfigError as exc:
@@ -69,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     except PgRouterError as exc:
         print(f"pgrouter verify: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     ok = all(r.ok for r in results)
     if args.json:
         doc = {"equal": ok, "results": [dict(msgspec.structs.asdict(r), equal=r.ok)
@@ -81,12 +97,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-async def _verify(cfg, args, progress, warn):
+async def _verify(cfg, args, progress, warn, metrics):
     repairs: list | None = [] if args.repair else None
     results = await verify(cfg, args.route, args.table, wait=args.wait,
                            examples=args.examples, progress=progress, warn=warn,
                            repairs=repairs, max_keys=args.max_keys,
-                           split_rows=args.split_rows)
+                           split_rows=args.split_rows, metrics=metrics)
     if not repairs:
         return results
     out = sys.stdout if not args.json else sys.stderr
@@ -96,12 +112,14 @@ async def _verify(cfg, args, progress, warn):
     asked = await request(cfg, repairs, lambda line: print(f"pgrouter verify: {line}",
                                                             file=sys.stderr, flush=True))
     if asked:
+        metrics.pending = len(asked)
         await wait_repaired(cfg, asked, args.wait)
+        metrics.pending = 0
         print(f"pgrouter verify: {len(asked)} repair(s) done; verifying again",
               file=sys.stderr, flush=True)
     return await verify(cfg, args.route, args.table, wait=args.wait, examples=args.examples,
                         progress=progress, warn=warn, max_keys=args.max_keys,
-                        split_rows=args.split_rows)
+                        split_rows=args.split_rows, metrics=metrics)
 
 
 def summary(r) -> str:

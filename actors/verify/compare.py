@@ -8,8 +8,9 @@ Rules:
   estimate, else a count) is verified in passes, each folding and comparing only the keys of
   its part (by bucket where digests are compared, else by a hash of the key); each pass reads
   the topic again. Keyless tables (multisets) are verified in one pass.
-* JSON-format topics of keyed tables: PostgreSQL's bucket digests are computed (once, while
-  the topic is read) and only the rows of buckets that differ are read; a differing bucket
+* Topics of keyed tables in the JSON format, and in the Connect and Avro formats when every
+  column's type renders alike on both sides (``actors.verify.digests.digestible``): the
+  source's bucket digests are computed (once, while the topic is read) and only the rows of buckets that differ are read; a differing bucket
   of more than ``split_rows`` rows is split into sub-buckets whose digests both sides compute
   again, and only the rows of differing sub-buckets are read (bisect). Other topics have
   every row read and compared.
@@ -32,7 +33,7 @@ from router.verify_digest import (bucket_in, bucket_of, bucket_sums, buckets_for
 from ..pipeline.formats import record_reshaper
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import ident
-from .digests import rows_select, sql_sums
+from .digests import copy_sums, digestible, rows_select, sql_sums
 from .repair import Repair
 from .topic import Decoder, fold_topic
 
@@ -43,7 +44,7 @@ SPLIT_ROWS = 10_000
 
 async def compare_target(cfg: Config, target, reader: TableReader, cut: int, examples: int,
                          progress, repairs: list | None, max_keys: int,
-                         split_rows: int = SPLIT_ROWS) -> list[Comparison]:
+                         split_rows: int = SPLIT_ROWS, metrics=None) -> list[Comparison]:
     decoder = Decoder(cfg.kafka.registry)
     reshape = record_reshaper(cfg)
     tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
@@ -52,12 +53,14 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
         started = time.monotonic()
         result = Comparison(target.route, topic, sorted({t.name for t in tables}))
         job = _Topic(cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
-                     split_rows)
+                     split_rows, metrics)
         send: list = []
         delete: list = []
         await job.run(result, cut, examples, repairs is not None, max_keys, send, delete)
         result.seconds = round(time.monotonic() - started, 3)
         out.append(result)
+        if metrics is not None:
+            metrics.result(result)
         if repairs is not None and not result.ok:
             repairs.append(Repair(target.route, topic, tables, target.keyless(topic), send,
                                   delete))
@@ -66,7 +69,8 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
 
 class _Topic:
     def __init__(self, cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
-                 split_rows: int = SPLIT_ROWS):
+                 split_rows: int = SPLIT_ROWS, metrics=None):
+        self.metrics = metrics
         self.cfg, self.target, self.topic, self.tables = cfg, target, topic, tables
         self.reader, self.decoder, self.reshape, self.tx = reader, decoder, reshape, tx
         self.progress = progress
@@ -74,9 +78,10 @@ class _Topic:
         self.schemas = {t.name: next(p.encoder.schema for p in target.rows.router.plans_for(
             t.relation) if p.topic == topic) for t in tables}
         self.keyless = target.keyless(topic)
-        self.by_buckets = cfg.kafka.format == "json" and not self.keyless and all(
+        self.fmt = cfg.kafka.format
+        self.by_buckets = not self.keyless and all(
             s.key_columns and set(s.key_columns) <= {c.name for c in s.columns}
-            for s in self.schemas.values())
+            and digestible(self.fmt, s) for s in self.schemas.values())
 
     async def run(self, result: Comparison, cut: int, examples: int, collect: bool,
                   max_keys: int, send: list, delete: list) -> None:
@@ -96,8 +101,9 @@ class _Topic:
                 both.start_soon(self._read_topic, fold)
                 if self.by_buckets and p == 0:
                     for t in self.tables:
-                        await sql_sums(self.reader.sql, t, self.schemas[t.name],
-                                       self.target.filters[t.name], buckets, source)
+                        await copy_sums(self.reader.sql, t, self.schemas[t.name],
+                                        self.target.filters[t.name], buckets, source,
+                                        self.fmt)
             comparer = Comparer(result, fold, self.target.actions, examples, collect)
             differ, codes, subs = None, [], 0
             if self.by_buckets:
@@ -116,6 +122,8 @@ class _Topic:
 
         def report(n):
             self.progress(f"route {self.target.route}: topic {topic}: {n} records read")
+            if self.metrics is not None:
+                self.metrics.records_read(self.target.route, topic, n)
 
         await trio.to_thread.run_sync(lambda: fold_topic(
             cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, self.decoder,
@@ -139,7 +147,7 @@ class _Topic:
             for t in self.tables:
                 await sql_sums(self.reader.sql, t, self.schemas[t.name],
                                self.target.filters[t.name], buckets, mine, subs,
-                               sorted(split))
+                               sorted(split), self.fmt)
             theirs, keys = sub_sums(comparer.topic, split, subs)
             codes = differing(mine, theirs)
             equal += sum(n for c, (n, _h) in mine.items() if c not in codes)
@@ -177,7 +185,7 @@ class _Topic:
                 await self.reader.copy(table.select(), deliver, f"reading {table.name}")
             elif differ or codes:
                 select = rows_select(table, self.schemas[table.name],
-                                     target.filters[table.name], buckets, subs)
+                                     target.filters[table.name], buckets, subs, self.fmt)
                 args = (sorted(differ), codes) if subs else (sorted(differ),)
                 await self.reader.copy(select, deliver, f"reading {table.name}", args)
 

@@ -1,6 +1,8 @@
-"""Bucket digests in SQL (``router.verify_digest``'s rules, computed by PostgreSQL), for the
-topics of JSON-format routes: only the rows of buckets whose digests differ from the folded
-topic's are read and compared row by row.
+"""The source side of the bucket digests (``router.verify_digest``'s rules): PostgreSQL renders
+the columns' texts, the C accelerator digests them (``copy_sums``; the sub-buckets of a
+bisect in SQL, ``sql_sums``), for the topics of JSON-format routes and of Connect and Avro
+routes whose columns' types all render alike (``digestible``): only the rows of buckets whose
+digests differ from the folded topic's are read and compared row by row.
 
 Rules:
 
@@ -14,21 +16,47 @@ Rules:
 
 from __future__ import annotations
 
+import asyncpg
 import msgspec
 
 from router.config import Config
+from router.errors import SourceError
+from router.native import NATIVE
 from router.publications import resolve
 from router.schema import TableSchema
-from router.values import BPCHAR, FLOAT4, FLOAT8
+from router.values import (BOOL, BPCHAR, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON,
+                           JSONB, NAME, OID, TEXT, UUID, VARCHAR)
+from router.verify_digest import acc_sums, copy_sums_py
 
 from ..snapshot.tables import SnapshotTable, as_copied, ident
 
 
-def _text(col) -> str:
+CIDR, INET, MACADDR = 650, 869, 829
+
+#: types whose text the SQL side renders as the Connect and Avro formats' decoded values read
+#: (PostgreSQL's text form, in a string; ints; booleans); floats apart (``_text``)
+_PLAIN = frozenset({BOOL, INT2, INT4, INT8, OID, NAME, TEXT, VARCHAR, BPCHAR, JSON, JSONB,
+                    UUID, INTERVAL, INET, CIDR, MACADDR})
+
+
+def digestible(fmt: str, schema: TableSchema) -> bool:
+    """Whether the SQL side renders every column of ``schema`` as the topic side reads the
+    format's values: every column in the JSON format; in the Connect and Avro formats those
+    of ``_PLAIN`` and floats (the others — numeric, dates and times, bytea, arrays, enums… —
+    have their rows read one by one)."""
+    return fmt == "json" or all(c.type_oid in _PLAIN or c.type_oid in (FLOAT4, FLOAT8)
+                                for c in schema.columns)
+
+
+def _text(col, fmt: str = "json") -> str:
     c = ident(col.name)
     if col.type_oid in (FLOAT4, FLOAT8):
-        return (f"CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN {c}::text "
-                f"ELSE encode(float8send({c}::text::float8), 'hex') END")
+        # Connect and Avro carry NaN and ±Infinity as null; Avro's float4 is a float32 (its
+        # float8 exactly), the others the float8 of its text
+        odd = f"{c}::text" if fmt == "json" else "NULL"
+        value = f"{c}::float8" if fmt == "avro" and col.type_oid == FLOAT4 else f"{c}::text::float8"
+        return (f"CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN {odd} "
+                f"ELSE encode(float8send({value}), 'hex') END")
     if col.type_oid == BPCHAR:  # its cast to text trims the padding its output keeps
         return f"(CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END)"
     return f"{c}::text"
@@ -49,10 +77,10 @@ def route_filter(cfg: Config, catalog, route: str, table: SnapshotTable) -> str 
     return r.where or None
 
 
-def _key(schema: TableSchema, by_name: dict) -> str:
+def _key(schema: TableSchema, by_name: dict, fmt: str) -> str:
     parts = []
     for name in sorted(schema.key_columns):
-        t = _text(by_name[name])
+        t = _text(by_name[name], fmt)
         parts.append(f"coalesce(length({t})::text || ':' || {t}, '!')")
     return " || ',' || ".join(parts)
 
@@ -70,15 +98,15 @@ def _sub(key: str, subs: int) -> str:
 
 
 def sums_select(table: SnapshotTable, schema: TableSchema, where: str | None,
-                buckets: int, subs: int = 0) -> str:
+                buckets: int, subs: int = 0, fmt: str = "json") -> str:
     """bucket, rows, digest sum (text) of the table's rows the route takes: one md5 a row
     (``router.verify_digest.row_digest``), over the columns' texts computed once. With
     ``subs``: of the rows of the buckets ``$1`` (int[]) by sub-bucket, ``b`` being
     ``bucket * subs + sub`` (``router.verify_digest.sub_sums``)."""
     by_name = {c.name: c for c in schema.columns}
-    key = _key(schema, by_name)
+    key = _key(schema, by_name, fmt)
     names = sorted(by_name)
-    texts = ", ".join(f"{_text(by_name[n])} AS __c{i}" for i, n in enumerate(names))
+    texts = ", ".join(f"{_text(by_name[n], fmt)} AS __c{i}" for i, n in enumerate(names))
     head = _literal(msgspec.json.encode(names).decode())
     row = f"array_to_json(ARRAY[{', '.join(f'__c{i}' for i in range(len(names)))}]::text[])"
     conds = _conds(table, where)
@@ -95,12 +123,12 @@ def sums_select(table: SnapshotTable, schema: TableSchema, where: str | None,
 
 
 def rows_select(table: SnapshotTable, schema: TableSchema, where: str | None,
-                buckets: int, subs: int = 0) -> str:
+                buckets: int, subs: int = 0, fmt: str = "json") -> str:
     """The rows of the buckets ``$1`` (int[]) and, with ``subs``, of the sub-buckets ``$2``
     (int8[], ``bucket * subs + sub``), as ``SnapshotTable.select`` reads them."""
     by_name = {c.name: c for c in schema.columns}
     cols = ", ".join(ident(c.name) for c in table.relation.columns)
-    key = _key(schema, by_name)
+    key = _key(schema, by_name, fmt)
     which = f"{_bucket(key, buckets)} = ANY($1::int[])"
     if subs:
         which = (f"({which} OR ({_bucket(key, buckets)}::int8 * {int(subs)} + "
@@ -110,13 +138,67 @@ def rows_select(table: SnapshotTable, schema: TableSchema, where: str | None,
             f"WHERE {' AND '.join(conds)}")
 
 
+def texts_select(table: SnapshotTable, schema: TableSchema, where: str | None,
+                 fmt: str = "json") -> tuple[str, tuple[int, ...], bytes]:
+    """The SELECT of the texts of the columns (sorted by name) of the table's rows the route
+    takes, the indexes of the key's among them, and the names' JSON (``copy_sums``)."""
+    by_name = {c.name: c for c in schema.columns}
+    names = sorted(by_name)
+    conds = _conds(table, where)
+    select = (f"SELECT {', '.join(_text(by_name[n], fmt) for n in names)} FROM ONLY "
+              f"{ident(table.table[0])}.{ident(table.table[1])}"
+              + (f" WHERE {' AND '.join(conds)}" if conds else ""))
+    keys = tuple(names.index(k) for k in sorted(schema.key_columns))
+    return select, keys, msgspec.json.encode(names)
+
+
+#: COPY data handed to the digests at a time
+COPY_CHUNK = 1 << 20
+
+
+async def copy_sums(sql, table: SnapshotTable, schema: TableSchema, where: str | None,
+                    buckets: int, into: dict[int, list], fmt: str = "json") -> None:
+    """Adds the table's bucket sums to ``into`` (bucket -> [rows, sum]): PostgreSQL renders
+    the columns' texts (``COPY``), the C accelerator digests them without the GIL
+    (``router._native.verify_copy``; ``router.verify_digest.copy_sums_py`` without it), so
+    the topic's fold runs meanwhile."""
+    select, keys, head = texts_select(table, schema, where, fmt)
+    columns = len(schema.columns)
+    acc = bytearray(buckets * 24)
+    digest = getattr(NATIVE, "verify_copy", None) or copy_sums_py
+    state = {"rest": b"", "parts": [], "size": 0}
+
+    def take(final: bool = False) -> None:
+        data = b"".join([state["rest"], *state["parts"]])
+        end = len(data) if final else data.rfind(b"\n") + 1
+        state["rest"], state["parts"], state["size"] = data[end:], [], 0
+        if end:
+            digest(data[:end], keys, columns, head, buckets, acc)
+
+    async def sink(data: bytes) -> None:
+        state["parts"].append(data)
+        state["size"] += len(data)
+        if state["size"] >= COPY_CHUNK:
+            take()
+
+    try:
+        await sql.copy_out(select, sink=sink)
+        take(final=True)
+    except asyncpg.PostgresError as exc:
+        raise SourceError(f"verify: reading the digests of {table.name} failed: "
+                          f"{exc}") from exc
+    except ValueError as exc:  # a line the digests cannot take apart
+        raise SourceError(f"verify: the COPY rows of {table.name}: {exc}") from exc
+    acc_sums(acc, into)
+
+
 async def sql_sums(sql, table: SnapshotTable, schema: TableSchema, where: str | None,
                    buckets: int, into: dict[int, list], subs: int = 0,
-                   split: list[int] | None = None) -> None:
+                   split: list[int] | None = None, fmt: str = "json") -> None:
     """Adds the table's bucket sums to ``into`` (bucket -> [rows, sum]; with ``subs``, of
     the buckets ``split`` by sub-bucket)."""
     args = (split,) if subs else ()
-    for r in await sql.fetch(sums_select(table, schema, where, buckets, subs), *args):
+    for r in await sql.fetch(sums_select(table, schema, where, buckets, subs, fmt), *args):
         acc = into.setdefault(r["b"], [0, 0])
         acc[0] += r["n"]
         acc[1] += int(r["h"])

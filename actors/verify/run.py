@@ -13,10 +13,12 @@ Rules:
   values compare in one representation, whatever the format (JSON, Connect, Avro).
 * The topic side: every record up to the end offsets once the router delivered past the
   point, folded by ``router.verify.TopicFold`` at the point.
-* JSON-format topics of keyed tables are compared by bucket digests first
-  (``actors.verify.digests``, ``router.verify_digest``), PostgreSQL's computed while the topic
-  is read: only the rows of buckets that differ are read and compared one by one. Other
-  topics have every row read.
+* Topics of keyed tables (JSON format; Connect and Avro when every column's type renders
+  alike, ``actors.verify.digests.digestible``) are compared by bucket digests first
+  (``actors.verify.digests``, ``router.verify_digest``), the source's computed while the
+  topic is read: only the rows of buckets that differ are read and compared one by one.
+  Other topics have every row read.
+* Metrics (``actors.verify.metrics``): each topic's result as it is known, the records read.
 * The route's actions decide what counts as a difference (``router.verify.Comparer``).
 * Tables without a primary key or replica identity index: with REPLICA IDENTITY FULL their
   rows are compared as multisets (the topic keys them by the whole row, which repeats);
@@ -53,7 +55,7 @@ from .digests import route_filter
 from .point import VerifyPoint, wait_delivered
 
 
-#: keys of one topic folded at a time by default (``--max-keys``): about 340 bytes each
+#: keys of one topic folded at a time by default (``--max-keys``): about 450 bytes each
 MAX_KEYS = 2_000_000
 
 
@@ -153,9 +155,11 @@ class Progress:
 
 async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: float,
                  examples: int, progress: Progress, warn, repairs: list | None = None,
-                 max_keys: int = MAX_KEYS, split_rows: int = SPLIT_ROWS) -> list[Comparison]:
+                 max_keys: int = MAX_KEYS, split_rows: int = SPLIT_ROWS,
+                 metrics=None) -> list[Comparison]:
     """The comparisons; with ``repairs`` (a list), what each differing topic needs is
-    appended to it (``actors.verify.repair.Repair``)."""
+    appended to it (``actors.verify.repair.Repair``); ``metrics``
+    (``actors.verify.metrics.VerifyMetrics``) learns each result and the records read."""
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
             targets = await plan(sql, cfg, routes, tables, warn)
@@ -176,7 +180,7 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
                 for target in targets:
                     results.extend(await compare_target(cfg, target, reader, point.lsn,
                                                         examples, progress, repairs, max_keys,
-                                                        split_rows))
+                                                        split_rows, metrics))
                 return results
             finally:
                 await reader.close()

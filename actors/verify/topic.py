@@ -10,21 +10,29 @@ Rules:
   (``Decoder.feeder``: the operation, ``before``, ``after`` and the position, the rest of the
   envelope skipped unread) into ``TopicFold.apply``; a record of another shape goes the
   general way (``Decoder.key``, ``Decoder.value``, ``TopicFold.add``), which folds alike.
+* A record that cannot be read (its key or value not what pgrouter writes: a foreign
+  producer, a damaged topic) is a ``SinkError`` naming the topic and the record's key;
+  a value that is not JSON, Connect or Avro at all is skipped (no change record).
 * A topic that does not exist, or whose first offset is not 0 (retention or
   ``kafka-delete-records`` removed its oldest records: the fold would lack rows) is a
   ``SinkError`` naming it; so is a Kafka that cannot be reached.
-* Blocking (kafka-python): run in a worker thread. ``progress(n)`` is called every
-  ``PROGRESS_EVERY`` records.
+* The cyclic garbage collector is off while a topic is read: the fold makes millions of
+  tuples and no cycle, and each of its passes would walk every key held.
+* Blocking: run in a worker thread. ``progress(n)`` is called after each batch read (the
+  caller prints a line at its own pace).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 
 import msgspec
 
 from router.errors import ConfigError, PgRouterError, SinkError, SinkUnavailable
-from router.verify import TopicFold, envelope_of, key_payload
+from router.verify import TopicFold, envelope_of, key_of, key_payload
+from router.native import NATIVE
+from router.verify_digest import fold_batch_py, layout_of, row_digests_py
 
 from router.kafka_settings import KAFKA_PYTHON, LIBRDKAFKA
 
@@ -33,7 +41,7 @@ from ..kafka.compacted import kafka_python_conf
 from ..kafka.registry import decoder_for
 from ..kafka.versions import known_api_version
 
-PROGRESS_EVERY = 50_000
+BATCH = 10_000  # messages a consume() call returns at most
 TIMEOUT = 60.0
 
 
@@ -52,6 +60,17 @@ class _Change(msgspec.Struct):
     unchanged_toast: list | None = None
 
 
+class _RawChange(msgspec.Struct):
+    """``_Change`` with ``before`` and ``after`` left as their JSON (the C fold takes
+    ``after`` apart itself, ``router._native.verify_fold``)."""
+
+    op: str = ""
+    before: msgspec.Raw = msgspec.Raw(b"null")
+    after: msgspec.Raw = msgspec.Raw(b"null")
+    source: _Source | None = None
+    unchanged_toast: list | None = None
+
+
 _OPS = frozenset({"c", "r", "u", "d", "t"})
 
 
@@ -62,6 +81,7 @@ class Decoder:
         self.avro = decoder_for(registry_cfg)
         self._json = msgspec.json.Decoder()
         self._change = msgspec.json.Decoder(_Change)
+        self._raw = msgspec.json.Decoder(_RawChange)
 
     def feeder(self, fold: TopicFold, keyless: bool):
         """``(key bytes, value bytes) -> None`` into ``fold``: pgrouter's JSON format taken
@@ -72,6 +92,14 @@ class Decoder:
         value, plain = self.value, self._json.decode
 
         def feed(kb: bytes | None, vb: bytes | None) -> None:
+            try:
+                fold_one(kb, vb)
+            except PgRouterError:
+                raise
+            except Exception as exc:  # noqa: BLE001 — whatever a foreign record breaks
+                raise BadRecord(kb, exc) from exc
+
+        def fold_one(kb: bytes | None, vb: bytes | None) -> None:
             if vb is None:
                 return
             try:
@@ -94,6 +122,39 @@ class Decoder:
                   toast)
 
         return feed
+
+    def batcher(self, fold: TopicFold, keyless: bool):
+        """``(messages, ends) -> messages read`` into ``fold``: confluent-kafka's messages
+        before their partition's end offset in ``ends``; with bucket digests, the plain
+        records folded in one call of the C accelerator (``router._native.verify_fold``,
+        its twin ``router.verify_digest.fold_batch_py``), the others through ``feeder``."""
+        feed = self.feeder(fold, keyless)
+        buckets = getattr(fold.digester, "buckets", None)
+        if buckets is not None and not keyless and fold.part is None:
+            fast = getattr(NATIVE, "verify_fold", None) or fold_batch_py
+            tools = (self._raw.decode, self._json.decode, key_of, layout_of, feed,
+                     row_digests_py)
+            rows, cut = fold.rows, fold.cut
+
+            def batch(msgs: list, ends: dict) -> int:
+                read, after_cut, folded = fast(msgs, ends, rows, cut, buckets, tools)
+                fold.after_cut += after_cut
+                fold.records += folded
+                return read
+
+            return batch
+
+        def each(msgs: list, ends: dict) -> int:
+            n = 0
+            for m in msgs:
+                if m.error() is None:
+                    end = ends.get(m.partition())
+                    if end is not None and m.offset() < end:
+                        feed(m.key(), m.value())
+                        n += 1
+            return n
+
+        return each
 
     def key(self, data: bytes | None):
         if data is None:
@@ -126,14 +187,31 @@ def fold_topic(bootstrap_servers, settings: dict, topic: str, fold: TopicFold,
     multiset of rows, whatever the keys), read with ``library`` (``[kafka] client``:
     librdkafka reads about ten times faster); returns the count."""
     read = _fold_rdkafka if library == LIBRDKAFKA else _fold
+    collecting = gc.isenabled()
+    gc.disable()  # the fold makes containers by the million, none of them cyclic
     try:
         return read(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
                     timeout)
+    except BadRecord as exc:
+        raise SinkError(f"topic {topic!r} holds {exc}: it cannot be verified") from exc
     except PgRouterError:
         raise
     except Exception as exc:  # noqa: BLE001 — whatever the client raises: Kafka is not usable
         raise SinkUnavailable(f"kafka.bootstrap_servers: cannot read topic {topic!r} at "
                               f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if collecting:
+            gc.enable()
+
+
+class BadRecord(SinkError):
+    """A record verify cannot read (not written by pgrouter, or damaged); ``fold_topic``
+    names its topic."""
+
+    def __init__(self, key: bytes | None, exc: Exception):
+        shown = key if key is None or len(key) <= 60 else key[:60] + b"..."
+        super().__init__(f"a record that is not a change record verify can read (key "
+                         f"{shown!r}): {type(exc).__name__}: {exc}")
 
 
 def _missing(topic: str, bootstrap_servers) -> SinkError:
@@ -169,25 +247,20 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
         ends = {p: end for p, (_b, end) in marks.items()}
         left = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in left])
-        feed = decoder.feeder(fold, keyless)
-        n = 0
+        batch = decoder.batcher(fold, keyless)
+        n = shown = 0
         deadline = time.monotonic() + timeout
         while left:
-            msgs = consumer.consume(5000, 0.2)
+            msgs = consumer.consume(BATCH, 0.2)
             if msgs:
                 deadline = time.monotonic() + timeout
             elif time.monotonic() > deadline:
                 raise SinkUnavailable(f"timed out reading topic {topic!r}: no records for "
                                       f"{timeout:g} s before its end")
-            for m in msgs:
-                if m.error() is not None:
-                    continue
-                p = m.partition()
-                if p in left and m.offset() < ends[p]:
-                    feed(m.key(), m.value())
-                    n += 1
-                    if progress is not None and n % PROGRESS_EVERY == 0:
-                        progress(n)
+            n += batch(msgs, ends)
+            if progress is not None and n > shown:
+                shown = n
+                progress(n)
             for tp in consumer.position([TopicPartition(topic, p) for p in left]):
                 if tp.offset >= ends[tp.partition]:
                     left.discard(tp.partition)
@@ -237,8 +310,8 @@ def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
                     if m.offset < end:
                         feed(m.key, m.value)
                         n += 1
-                        if progress is not None and n % PROGRESS_EVERY == 0:
-                            progress(n)
+            if progress is not None and batch:
+                progress(n)
         return n
     finally:
         consumer.close()

@@ -14,6 +14,9 @@
  *               avro_values.c its JSON tokens and values (avro_values.h)
  *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic)
  *   copytext.c  copy_rows (COPY text rows of a snapshot's read)
+ *   verify_fold.c  verify_fold (a batch of such a topic's messages folded)
+ *   verify_copy.c  verify_copy (the same digests of COPY text rows, summed by bucket)
+ *   verify_json.c  the topic's JSON records taken apart for verify_fold
  *
  * Rules these files keep:
  *
@@ -53,6 +56,64 @@ int verify_setup(PyObject *module);
 int copytext_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
+
+/* verify.c: router.verify_digest's digests of a row, its key's values and its values each in
+ * their names' order (new bytes; Py_None, a new reference, when declined; NULL on error);
+ * verify_fold.c: verify_fold, readied by verify_setup */
+PyObject *row_digests(PyObject *const *key, Py_ssize_t nk, const char *head,
+                      Py_ssize_t headlen, PyObject *const *values, Py_ssize_t n,
+                      long long buckets);
+int fold_setup(void);
+
+/* verify.c: MD5 (RFC 1321), also for verify_copy.c (md5_head64: the digest's first 8 bytes,
+ * big-endian) */
+typedef struct {
+    uint32_t h[4];
+    uint64_t len;
+    unsigned char buf[64];
+    size_t n;
+} Md5;
+void md5_init(Md5 *m);
+void md5_update(Md5 *m, const void *data, size_t n);
+uint64_t md5_head64(Md5 *m);
+/* verify.c: a growing buffer (its first 2 KB on the stack) and msgspec's JSON of a string */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    char stack[2048];
+} Buf;
+int buf_need(Buf *b, size_t more);
+int buf_string(Buf *b, const char *s, Py_ssize_t n);
+PyObject *native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* verify_json.c: a record's envelope and a flat object taken apart (for verify_fold.c) */
+#define FOLD_MAX_COLUMNS 1664
+typedef struct {
+    const char *name;
+    size_t nlen;
+    size_t start, len; /* the text in Flat.texts */
+    int null;
+    char kind; /* 's' string, 'i' int, 'f' float, 'b' bool, 'n' null */
+} Member;
+
+typedef struct {
+    Member m[FOLD_MAX_COLUMNS];
+    Py_ssize_t n;
+    char *texts;
+    size_t tlen, tcap;
+} Flat;
+
+typedef struct {
+    char op;
+    const char *after, *after_end;
+    unsigned long long lsn, seq;
+    int has_source;
+} Envelope;
+int flat_scan(Flat *f, const char *p, const char *e);
+int envelope_scan(const char *p, const char *e, Envelope *env);
+void flat_sorted(Flat *f, Member **out); /* by name, as Python orders the names */
+const char *ws(const char *p, const char *e);
+PyObject *native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case
  * (0, nothing appended), error (-1) */

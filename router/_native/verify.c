@@ -13,12 +13,6 @@
 /* ------------------------------------------------------------------------------------------
  * MD5 (RFC 1321)
  */
-typedef struct {
-    uint32_t h[4];
-    uint64_t len;
-    unsigned char buf[64];
-    size_t n;
-} Md5;
 
 static const uint32_t md5_k[64] = {
     0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613,
@@ -38,7 +32,7 @@ static const unsigned char md5_s[64] = {
     4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
     6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21};
 
-static void
+void
 md5_init(Md5 *m)
 {
     m->h[0] = 0x67452301;
@@ -56,38 +50,49 @@ md5_block(Md5 *m, const unsigned char *p)
     for (int i = 0; i < 16; i++)
         w[i] = (uint32_t)p[4 * i] | ((uint32_t)p[4 * i + 1] << 8) |
                ((uint32_t)p[4 * i + 2] << 16) | ((uint32_t)p[4 * i + 3] << 24);
-    for (int i = 0; i < 64; i++) {
-        uint32_t f;
-        int g;
-        if (i < 16) {
-            f = (b & c) | (~b & d);
-            g = i;
-        }
-        else if (i < 32) {
-            f = (d & b) | (~d & c);
-            g = (5 * i + 1) & 15;
-        }
-        else if (i < 48) {
-            f = b ^ c ^ d;
-            g = (3 * i + 5) & 15;
-        }
-        else {
-            f = c ^ (b | ~d);
-            g = (7 * i) & 15;
-        }
-        uint32_t x = a + f + md5_k[i] + w[g];
-        a = d;
-        d = c;
-        c = b;
-        b = b + ((x << md5_s[i]) | (x >> (32 - md5_s[i])));
-    }
+    /* the 64 steps unrolled: step i takes word g(i), constant md5_k[i], shift md5_s[i] */
+#define MD5_F(x, y, z) ((z) ^ ((x) & ((y) ^ (z))))
+#define MD5_G(x, y, z) ((y) ^ ((z) & ((x) ^ (y))))
+#define MD5_H(x, y, z) ((x) ^ (y) ^ (z))
+#define MD5_I(x, y, z) ((y) ^ ((x) | ~(z)))
+#define MD5_STEP(f, a, b, c, d, x, k, s)                                                    \
+    (a) += f((b), (c), (d)) + (x) + (k);                                                    \
+    (a) = ((a) << (s)) | ((a) >> (32 - (s)));                                               \
+    (a) += (b);
+#define MD5_ROUND(f, i, g0, g1, g2, g3)                                                     \
+    MD5_STEP(f, a, b, c, d, w[g0], md5_k[i], md5_s[i])                                      \
+    MD5_STEP(f, d, a, b, c, w[g1], md5_k[i + 1], md5_s[i + 1])                              \
+    MD5_STEP(f, c, d, a, b, w[g2], md5_k[i + 2], md5_s[i + 2])                              \
+    MD5_STEP(f, b, c, d, a, w[g3], md5_k[i + 3], md5_s[i + 3])
+    MD5_ROUND(MD5_F, 0, 0, 1, 2, 3)
+    MD5_ROUND(MD5_F, 4, 4, 5, 6, 7)
+    MD5_ROUND(MD5_F, 8, 8, 9, 10, 11)
+    MD5_ROUND(MD5_F, 12, 12, 13, 14, 15)
+    MD5_ROUND(MD5_G, 16, 1, 6, 11, 0)
+    MD5_ROUND(MD5_G, 20, 5, 10, 15, 4)
+    MD5_ROUND(MD5_G, 24, 9, 14, 3, 8)
+    MD5_ROUND(MD5_G, 28, 13, 2, 7, 12)
+    MD5_ROUND(MD5_H, 32, 5, 8, 11, 14)
+    MD5_ROUND(MD5_H, 36, 1, 4, 7, 10)
+    MD5_ROUND(MD5_H, 40, 13, 0, 3, 6)
+    MD5_ROUND(MD5_H, 44, 9, 12, 15, 2)
+    MD5_ROUND(MD5_I, 48, 0, 7, 14, 5)
+    MD5_ROUND(MD5_I, 52, 12, 3, 10, 1)
+    MD5_ROUND(MD5_I, 56, 8, 15, 6, 13)
+    MD5_ROUND(MD5_I, 60, 4, 11, 2, 9)
+#undef MD5_ROUND
+#undef MD5_STEP
+#undef MD5_F
+#undef MD5_G
+#undef MD5_H
+#undef MD5_I
     m->h[0] += a;
     m->h[1] += b;
     m->h[2] += c;
     m->h[3] += d;
 }
 
-static void
+void
 md5_update(Md5 *m, const void *data, size_t n)
 {
     const unsigned char *p = data;
@@ -110,7 +115,7 @@ md5_update(Md5 *m, const void *data, size_t n)
 }
 
 /* the first 8 bytes of the digest, big-endian (md5's words are little-endian) */
-static uint64_t
+uint64_t
 md5_head64(Md5 *m)
 {
     uint64_t bits = m->len * 8;
@@ -131,13 +136,8 @@ md5_head64(Md5 *m)
 /* ------------------------------------------------------------------------------------------
  * the JSON array of the texts, as msgspec writes it
  */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    char stack[2048];
-} Buf;
 
-static int
+int
 buf_need(Buf *b, size_t more)
 {
     if (b->len + more <= b->cap)
@@ -158,7 +158,7 @@ buf_need(Buf *b, size_t more)
     return 0;
 }
 
-static int
+int
 buf_string(Buf *b, const char *s, Py_ssize_t n)
 {
     static const char hex[] = "0123456789abcdef";
@@ -229,10 +229,10 @@ text_of(PyObject *v)
 /* the key's text (router.verify_digest.key_text): ``length:text`` of each value, ``!`` for
  * None, joined by ``,`` (0; -1 error; 1 surrogates: the twin raises) */
 static int
-key_text(Buf *b, PyObject *key)
+key_text(Buf *b, PyObject *const *key, Py_ssize_t nk)
 {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(key); i++) {
-        PyObject *v = PyTuple_GET_ITEM(key, i);
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *v = key[i];
         if (buf_need(b, 32) < 0)
             return -1;
         if (i)
@@ -266,28 +266,19 @@ key_text(Buf *b, PyObject *key)
 /* ------------------------------------------------------------------------------------------
  * verify_row
  */
-static PyObject *
-native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+
+/* the digests of a row (key values and row values each in their names' order): new bytes,
+ * Py_None (new reference) when declined (a value that is not a JSON scalar, surrogates: the
+ * twin renders it or raises), NULL on error */
+PyObject *
+row_digests(PyObject *const *key, Py_ssize_t nk, const char *head, Py_ssize_t headlen,
+            PyObject *const *values, Py_ssize_t n, long long buckets)
 {
-    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyBytes_Check(args[1]) ||
-        !PyTuple_Check(args[2]) || !PyLong_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "verify_row(key: tuple, head: bytes, values: tuple, "
-                                         "buckets: int)");
-        return NULL;
-    }
-    PyObject *key = args[0], *values = args[2];
-    Py_ssize_t n = PyTuple_GET_SIZE(values);
-    long long buckets = PyLong_AsLongLong(args[3]);
-    if (buckets <= 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "verify_row: buckets must be positive");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(key); i++)
-        if (!plain(PyTuple_GET_ITEM(key, i)))
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (!plain(key[i]))
             Py_RETURN_NONE; /* not a JSON scalar: the twin renders it */
     for (Py_ssize_t i = 0; i < n; i++)
-        if (!plain(PyTuple_GET_ITEM(values, i)))
+        if (!plain(values[i]))
             Py_RETURN_NONE;
     PyObject *out = PyBytes_FromStringAndSize(NULL, (n + 2) * 8);
     if (out == NULL)
@@ -296,12 +287,12 @@ native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Buf b = {.len = 0, .cap = sizeof(b.stack)}, k = {.len = 0, .cap = sizeof(k.stack)};
     b.p = b.stack;
     k.p = k.stack;
-    int declined = key_text(&k, key);
+    int declined = key_text(&k, key, nk);
     if (declined)
         goto done;
     b.p[b.len++] = '[';
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyTuple_GET_ITEM(values, i);
+        PyObject *v = values[i];
         if (i) {
             if (buf_need(&b, 1) < 0)
                 goto fail;
@@ -341,7 +332,7 @@ native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     row = kmd5;
     uint64_t first = md5_head64(&kmd5);
     digests[n] = (int64_t)(((first >> 32) >> 4) % (uint64_t)buckets);
-    md5_update(&row, PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]));
+    md5_update(&row, head, (size_t)headlen);
     md5_update(&row, b.p, b.len);
     digests[n + 1] = (int64_t)(md5_head64(&row) >> 4);
 done:
@@ -366,10 +357,37 @@ fail_freed:
     return NULL;
 }
 
+static PyObject *
+native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyBytes_Check(args[1]) ||
+        !PyTuple_Check(args[2]) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "verify_row(key: tuple, head: bytes, values: tuple, "
+                                         "buckets: int)");
+        return NULL;
+    }
+    long long buckets = PyLong_AsLongLong(args[3]);
+    if (buckets <= 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "verify_row: buckets must be positive");
+        return NULL;
+    }
+    return row_digests(((PyTupleObject *)args[0])->ob_item, PyTuple_GET_SIZE(args[0]),
+                       PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]),
+                       ((PyTupleObject *)args[2])->ob_item, PyTuple_GET_SIZE(args[2]),
+                       buckets);
+}
+
 static PyMethodDef verify_methods[] = {
     {"verify_row", (PyCFunction)(void (*)(void))native_verify_row, METH_FASTCALL,
      "verify_row(key, head, values, buckets) -> bytes | None: router.verify_digest's "
      "digests of one row"},
+    {"verify_fold", (PyCFunction)(void (*)(void))native_verify_fold, METH_FASTCALL,
+     "verify_fold(msgs, ends, rows, cut, buckets, tools) -> (read, after_cut, folded): "
+     "router.verify_digest.fold_batch_py, a batch of a JSON-format topic's messages folded"},
+    {"verify_copy", (PyCFunction)(void (*)(void))native_verify_copy, METH_FASTCALL,
+     "verify_copy(data, keys, columns, head, buckets, acc) -> rows: "
+     "router.verify_digest.copy_sums_py, COPY text rows' digests summed by bucket"},
     {NULL}};
 
 int
@@ -377,7 +395,7 @@ verify_setup(PyObject *module)
 {
     str_true = PyUnicode_InternFromString("true");
     str_false = PyUnicode_InternFromString("false");
-    if (str_true == NULL || str_false == NULL)
+    if (str_true == NULL || str_false == NULL || fold_setup() < 0)
         return -1;
     return PyModule_AddFunctions(module, verify_methods);
 }

@@ -52,6 +52,10 @@ from test_native import (
 from test_native_records import (
     ERROR, ERROR2, KIND, POOLS, TALLY_STEPS, rand_relation, rand_row, rand_tx, tally_run,
 )
+from verify_twins import (
+    check_verify_copy, check_verify_fold, gen_verify_copy, gen_verify_fold, golden_verify_copy,
+    golden_verify_fold,
+)
 from tests.native_io_fakes import (
     Msg, drain_case, drain_run, hand_over_case, hand_over_run, rand_records,
 )
@@ -673,6 +677,8 @@ LANES: dict[str, Lane] = {
     "avro": Lane(check_avro, golden_avro, gen_avro, True),
     "verify_row": Lane(check_verify_row, golden_verify_row, gen_verify_row, True),
     "copy_rows": Lane(check_copy_rows, golden_copy_rows, gen_copy_rows, True),
+    "verify_fold": Lane(check_verify_fold, golden_verify_fold, gen_verify_fold, False),
+    "verify_copy": Lane(check_verify_copy, golden_verify_copy, gen_verify_copy, False),
 }
 
 

@@ -1,0 +1,315 @@
+/* verify_copy: the source side of ``pgrouter verify``'s bucket digests computed from the rows
+ * of ``COPY (SELECT <the columns' texts>) TO STDOUT`` (its Python twin:
+ * router.verify_digest:copy_sums_py, whose docstring holds the rules), summed by bucket.
+ *
+ * verify_copy(data, keys, columns, head, buckets, acc) -> rows
+ *
+ *   data     whole lines of COPY text output, each ending with a newline
+ *   keys     the indexes of the key's fields, in the order of their names
+ *   columns  fields a line holds
+ *   head     the JSON array of the column names (sorted), as the topic side's
+ *   acc      a bytearray of buckets * 24 bytes: per bucket its row count (int64) and the sum
+ *            of its rows' digests (128 bits, the low 64 first), native byte order
+ *
+ * The work runs without the GIL (the topic's fold runs meanwhile in another thread).
+ */
+#include "native.h"
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Raw;
+
+static int
+raw_need(Raw *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *p = PyMem_RawRealloc(b->p, cap);
+    if (p == NULL)
+        return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static void
+put_utf8(Raw *b, unsigned v) /* room for 2 bytes was made */
+{
+    if (v < 0x80) {
+        b->p[b->len++] = (char)v;
+    } else {
+        b->p[b->len++] = (char)(0xC0 | (v >> 6));
+        b->p[b->len++] = (char)(0x80 | (v & 0x3F));
+    }
+}
+
+static int
+hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* a field's text, unescaped as router.snapshot._unescape does, into out */
+static int
+unescape(Raw *out, const char *s, size_t n)
+{
+    if (raw_need(out, n * 2) < 0)
+        return -1;
+    for (size_t i = 0; i < n;) {
+        char c = s[i];
+        if (c != '\\' || i + 1 >= n) {
+            out->p[out->len++] = c;
+            i++;
+            continue;
+        }
+        char x = s[i + 1];
+        const char *plain = strchr("bfnrtv\\", x);
+        if (x && plain) {
+            static const char to[] = "\b\f\n\r\t\v\\";
+            out->p[out->len++] = to[plain - "bfnrtv\\"];
+            i += 2;
+        } else if (x >= '0' && x <= '7') {
+            size_t j = i + 1;
+            unsigned v = 0;
+            while (j < n && j < i + 4 && s[j] >= '0' && s[j] <= '7')
+                v = v * 8 + (unsigned)(s[j++] - '0');
+            put_utf8(out, v);
+            i = j;
+        } else if (x == 'x' && i + 2 < n && hexval(s[i + 2]) >= 0) {
+            size_t j = i + 2;
+            unsigned v = 0;
+            while (j < n && j < i + 4 && hexval(s[j]) >= 0)
+                v = v * 16 + (unsigned)hexval(s[j++]);
+            put_utf8(out, v);
+            i = j;
+        } else {
+            out->p[out->len++] = x;
+            i += 2;
+        }
+    }
+    return 0;
+}
+
+static int
+json_string(Raw *b, const char *s, size_t n) /* as msgspec writes a str */
+{
+    static const char hex[] = "0123456789abcdef";
+    if (raw_need(b, n * 6 + 2) < 0)
+        return -1;
+    char *o = b->p + b->len;
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *o++ = (char)c;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        default:
+            *o++ = 'u';
+            *o++ = '0';
+            *o++ = '0';
+            *o++ = hex[c >> 4];
+            *o++ = hex[c & 15];
+        }
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->p);
+    return 0;
+}
+
+static size_t
+chars(const char *s, size_t n) /* UTF-8 characters */
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+#define COPY_MAX_FIELDS 1664
+
+/* rows summed (>= 0); -1 out of memory; -2 a line of another number of fields */
+static Py_ssize_t
+sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys,
+         Py_ssize_t columns, const char *head, size_t headlen, uint64_t buckets,
+         unsigned char *acc)
+{
+    Raw texts = {0}, key = {0}, json = {0};
+    size_t start[COPY_MAX_FIELDS], len[COPY_MAX_FIELDS];
+    signed char null[COPY_MAX_FIELDS];
+    Py_ssize_t rows = 0, res = -1;
+    const char *p = data, *end = data + size;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL)
+            nl = end;
+        texts.len = key.len = json.len = 0;
+        Py_ssize_t f = 0;
+        const char *q = p;
+        for (;;) {
+            const char *tab = memchr(q, '\t', (size_t)(nl - q));
+            const char *fe = tab ? tab : nl;
+            if (f >= columns) {
+                res = -2;
+                goto out;
+            }
+            size_t n = (size_t)(fe - q);
+            null[f] = n == 2 && q[0] == '\\' && q[1] == 'N';
+            start[f] = texts.len;
+            if (!null[f]) {
+                if (memchr(q, '\\', n) == NULL) {
+                    if (raw_need(&texts, n) < 0)
+                        goto out;
+                    memcpy(texts.p + texts.len, q, n);
+                    texts.len += n;
+                } else if (unescape(&texts, q, n) < 0) {
+                    goto out;
+                }
+            }
+            len[f] = texts.len - start[f];
+            f++;
+            if (tab == NULL)
+                break;
+            q = tab + 1;
+        }
+        if (f != columns) {
+            res = -2;
+            goto out;
+        }
+        for (Py_ssize_t i = 0; i < nkeys; i++) {
+            Py_ssize_t k = keys[i];
+            if (raw_need(&key, 32 + len[k]) < 0)
+                goto out;
+            if (i)
+                key.p[key.len++] = ',';
+            if (null[k]) {
+                key.p[key.len++] = '!';
+                continue;
+            }
+            key.len += (size_t)sprintf(key.p + key.len, "%zu:", chars(texts.p + start[k],
+                                                                      len[k]));
+            memcpy(key.p + key.len, texts.p + start[k], len[k]);
+            key.len += len[k];
+        }
+        if (raw_need(&json, 2) < 0)
+            goto out;
+        json.p[json.len++] = '[';
+        for (Py_ssize_t i = 0; i < columns; i++) {
+            if (raw_need(&json, 5) < 0)
+                goto out;
+            if (i)
+                json.p[json.len++] = ',';
+            if (null[i]) {
+                memcpy(json.p + json.len, "null", 4);
+                json.len += 4;
+            } else if (json_string(&json, texts.p + start[i], len[i]) < 0) {
+                goto out;
+            }
+        }
+        if (raw_need(&json, 1) < 0)
+            goto out;
+        json.p[json.len++] = ']';
+        Md5 km, row;
+        md5_init(&km);
+        md5_update(&km, key.p, key.len);
+        row = km;
+        uint64_t bucket = ((md5_head64(&km) >> 32) >> 4) % buckets;
+        md5_update(&row, head, headlen);
+        md5_update(&row, json.p, json.len);
+        uint64_t digest = md5_head64(&row) >> 4;
+        unsigned char *a = acc + bucket * 24;
+        int64_t count;
+        uint64_t lo, hi;
+        memcpy(&count, a, 8);
+        memcpy(&lo, a + 8, 8);
+        memcpy(&hi, a + 16, 8);
+        count++;
+        lo += digest;
+        hi += lo < digest;
+        memcpy(a, &count, 8);
+        memcpy(a + 8, &lo, 8);
+        memcpy(a + 16, &hi, 8);
+        rows++;
+        p = nl + 1;
+    }
+    res = rows;
+out:
+    PyMem_RawFree(texts.p);
+    PyMem_RawFree(key.p);
+    PyMem_RawFree(json.p);
+    return res;
+}
+
+PyObject *
+native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1]) ||
+        !PyLong_Check(args[2]) || !PyBytes_Check(args[3]) || !PyLong_Check(args[4]) ||
+        !PyByteArray_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "verify_copy(data: bytes, keys: tuple, columns: int, "
+                                         "head: bytes, buckets: int, acc: bytearray)");
+        return NULL;
+    }
+    Py_ssize_t columns = PyLong_AsSsize_t(args[2]), nkeys = PyTuple_GET_SIZE(args[1]);
+    long long buckets = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (buckets <= 0 || columns < 1 || columns > COPY_MAX_FIELDS ||
+        PyByteArray_GET_SIZE(args[5]) != buckets * 24) {
+        PyErr_SetString(PyExc_ValueError, "verify_copy: buckets must be positive, columns "
+                                          "from 1 to 1664, acc of buckets * 24 bytes");
+        return NULL;
+    }
+    Py_ssize_t keys[COPY_MAX_FIELDS];
+    if (nkeys > COPY_MAX_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "verify_copy: too many keys");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nkeys; i++) {
+        keys[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[1], i));
+        if (keys[i] < 0 || keys[i] >= columns) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "verify_copy: a key index out of range");
+            return NULL;
+        }
+    }
+    PyObject *data = args[0], *head = args[3], *acc = args[5];
+    Py_INCREF(data);
+    Py_INCREF(head);
+    Py_INCREF(acc);
+    Py_ssize_t rows;
+    Py_BEGIN_ALLOW_THREADS
+    rows = sum_rows(PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data), keys, nkeys,
+                    columns, PyBytes_AS_STRING(head), (size_t)PyBytes_GET_SIZE(head),
+                    (uint64_t)buckets, (unsigned char *)PyByteArray_AS_STRING(acc));
+    Py_END_ALLOW_THREADS
+    Py_DECREF(data);
+    Py_DECREF(head);
+    Py_DECREF(acc);
+    if (rows == -1)
+        return PyErr_NoMemory();
+    if (rows == -2) {
+        PyErr_Format(PyExc_ValueError, "verify_copy: a row without %zd fields", columns);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(rows);
+}
