@@ -76,7 +76,7 @@ class ApplyTarget(_Base):
     #: rows together (the origin moves to the last one's commit with it; one that fails is
     #: found by applying them again one by one); 1 (the default): a target transaction per
     #: source transaction, as PostgreSQL's apply worker does
-    group_rows: Annotated[int, msgspec.Meta(ge=1)] = 1
+    group_rows: Annotated[int, msgspec.Meta(ge=1)] = 1000
 
 
 class ApplyMetrics(_Base):
