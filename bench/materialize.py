@@ -12,6 +12,13 @@ by side in one session (only the drains are timed, not session start or producti
   warm JVM: the pace of a job that keeps running (the default without ``--available-now``),
   i.e. whether the materializer keeps up with the router over a busy day.
 
+* **ceiling (plain append)**: after each steady drain, the same JSON backlog appended to a
+  Delta table by a plain ``readStream.format("kafka")...writeStream.format("delta")`` of the
+  records parsed as the job parses them (``ceiling_drain``: no deduplication, no MERGE), in
+  the same session with the same settings and batch size, timed the same way: what Spark
+  costs at all for these records. ``materializer / ceiling`` compares the medians
+  (``--no-ceiling`` skips it).
+
 ``--warmup 0`` runs the fresh drain only; ``--warmup N`` makes the first backlog N records.
 ``--class-archive DIR`` gives the job a class-data archive (``[spark] class_archive``): the first
 run writes it when its JVM exits, later runs start from it (a scheduler's ``--available-now``
@@ -27,12 +34,14 @@ and ``--registry`` use running services instead of the dev stack's.
     .venv/bin/python bench/materialize.py [--records 500000] [--batch 250000] [--mode state]
                                           [--master URL] [--warmup N] [--class-archive DIR]
                                           [--format json|avro|json,avro] [--runs N]
-                                          [--bootstrap HOST:PORT] [--registry URL]
+                                          [--no-ceiling] [--bootstrap HOST:PORT]
+                                          [--registry URL]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import urllib.parse
@@ -145,6 +154,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / tick + own.user + own.system
 
 
+CEILING = "ceiling (plain append)"
+
+
+def ceiling_drain(spark, cfg) -> None:
+    """Spark's own append ceiling: the same topic read by the same session with the same
+    settings, its records parsed as the job parses them (``envelope_schema`` over the schema
+    topic's columns) into the same typed columns and the position, appended to a Delta table
+    by a plain ``writeStream.format("delta")``: no deduplication, no MERGE, nothing planned
+    per batch. What Spark costs at all for these records."""
+    from pyspark.sql import functions as F
+
+    from actors.materialize.columns import convert, envelope_schema, image_fields
+    from actors.materialize.schema_topic import read_schema_topic
+
+    schemas = [json.loads(v) for v in read_schema_topic(spark, cfg)]
+    schema = envelope_schema(image_fields(schemas))
+    parsed = F.from_json(F.col("value").cast("string"), schema)
+    columns = {c["name"]: c for s in schemas for c in s["columns"]}
+    image = F.when(F.col("e.op") == "d", F.col("e.before")).otherwise(F.col("e.after"))
+    rows = (spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", cfg.bootstrap_servers)
+            .option("subscribe", ",".join(cfg.topics)).option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger).load()
+            .select(parsed.alias("e"))
+            .select(*[convert(image.getField(n), c).alias(n) for n, c in columns.items()],
+                    F.col("e.op").alias("_pgr_op"),
+                    F.col("e.source.commit_lsn").alias("_pgr_commit_lsn"),
+                    F.col("e.source.seq").alias("_pgr_seq")))
+    (rows.writeStream.format("delta").option("checkpointLocation", cfg.checkpoint)
+     .trigger(availableNow=True).start(f"{cfg.warehouse}/ceiling").awaitTermination())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=500_000)
@@ -162,6 +203,9 @@ def main() -> int:
                     help="json, avro, or both side by side: json,avro (default json)")
     ap.add_argument("--runs", type=int, default=1,
                     help="steady drains of each format's backlog, interleaved (median reported)")
+    ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                    help="skip the ceiling: Spark appending the JSON backlog to Delta without "
+                         "merging, drained after each steady drain (ceiling_drain)")
     ap.add_argument("--bootstrap", help="a running Kafka (default: the dev stack's)")
     ap.add_argument("--registry", help="a running schema registry's Confluent-compatible API "
                     "(default: the dev stack's)")
@@ -216,6 +260,13 @@ def main() -> int:
               + f"; CPU {cpu:.1f}s" + (f" ({', '.join(f'{c:.1f}' for c in cpus)})" if many else "")
               + f" in the JVM and this process ({n / cpu:,.0f} records per CPU second); "
               f"{runs[-1][3]} rows in the table")
+    steady = next((k for k in drains if k.startswith("steady state") and "avro" not in k), None)
+    if CEILING in drains and steady:
+        rate = {k: statistics.median(n / took for n, took, _, _ in drains[k])
+                for k in (steady, CEILING)}
+        cpu = {k: statistics.median(c for _, _, c, _ in drains[k]) for k in (steady, CEILING)}
+        print(f"materializer / ceiling: {rate[CEILING] / rate[steady]:.2f}x the ceiling's wall "
+              f"time, {cpu[steady] / cpu[CEILING]:.2f}x its CPU (goal: within 1.5x)")
     print(f"load average {os.getloadavg()[0]:.2f} (CPU seconds are steadier than the wall clock "
           "on a shared machine)")
     return 0
@@ -245,13 +296,18 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
         started = time.perf_counter() - t0
         jvm = spark.sparkContext._gateway.proc.pid
 
-        def drain(name, run=0):
-            cfg = config(name, run)
+        def drain(name, run=0, ceiling=False):
+            cfg = config(name, run + (1000 if ceiling else 0))
             cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
-            job.Materializer(spark, cfg).run(available_now=True)
+            if ceiling:
+                ceiling_drain(spark, cfg)
+            else:
+                job.Materializer(spark, cfg).run(available_now=True)
             took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
-            table = spark.read.format("delta").load(f"{cfg.warehouse}/bench/public/orders")
-            rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" else table).count()
+            path = f"{cfg.warehouse}/" + ("ceiling" if ceiling else "bench/public/orders")
+            table = spark.read.format("delta").load(path)
+            rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" and not ceiling
+                    else table).count()
             return backlogs[name][1], took, cpu, rows
 
         side = len(formats) > 1
@@ -262,6 +318,8 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
                 for f in formats:
                     drains.setdefault(f"steady state ({f})" if side else "steady state",
                                       []).append(drain(f"{f}.", run))
+                if args.ceiling and "json" in formats:
+                    drains.setdefault(CEILING, []).append(drain("json.", run, ceiling=True))
         else:
             drains["fresh JVM"] = [drain(f"{formats[0]}.")]
         class_archive.finish(archive, spark)
