@@ -145,6 +145,17 @@ def delete_subjects(registry: str, topics) -> None:
                     pass
 
 
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """The backlogs' topics (each holds its records: a shared Kafka keeps them otherwise)."""
+    if not topics:
+        return
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_topics(topics)
+    finally:
+        admin.close()
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (the Spark driver's JVM) and of this process
     (on a cluster the executors' CPU is not counted)."""
@@ -243,6 +254,7 @@ def main() -> int:
                 if fmt == "avro" and name in topics]
         if avro:
             delete_subjects(registry, avro)
+        delete_topics(bootstrap, [t for pair in topics.values() for t in pair])
     print(f"session start and a first job: {started:.1f}s"
           + ("" if archive is None else " (class archive: written now, for the next runs)"
              if archive.writing else f" (class archive {archive.path})"))
