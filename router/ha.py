@@ -5,8 +5,9 @@ with ONE partition (``control_topic``); the member that owns partition 0 is the 
 coordinator's session timeout, heartbeats and rebalances decide who that is. This module
 holds what is pure about it: the ``[ha]`` config and the ``Lease``.
 
-Rules of the ``Lease`` (what the process itself may assume, judged by its own monotonic
-clock, so a process that was frozen knows it lost leadership *before* Kafka tells it):
+Rules of the ``Lease`` (what the process itself may assume, judged by its own clock, which
+also runs while the machine is suspended (CLOCK_BOOTTIME), so a process that was frozen knows
+it lost leadership *before* Kafka tells it):
 
 * Granted when partition 0 is assigned; it then lasts ``lease_seconds`` = session timeout
   minus two heartbeat intervals (the coordinator expires a member ``session_timeout`` after

@@ -51,6 +51,16 @@ TERMINATE = ("select pg_terminate_backend(active_pid) from pg_replication_slots 
              "where slot_name = $1 and active_pid = $2")
 
 
+def _now() -> float:
+    """The lease's clock: CLOCK_BOOTTIME where there is one, which also runs while the
+    machine is suspended (CLOCK_MONOTONIC stops then, so a resumed VM's lease would still
+    look valid); else the monotonic clock."""
+    return time.clock_gettime(_CLOCK)
+
+
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 def consumer_conf(cfg, client_id: str) -> dict:
     """librdkafka settings of the group consumer: the producer's connection and security
     settings, and the ``[ha]`` timings."""
@@ -119,7 +129,7 @@ class Leadership:
 
     def holds(self) -> bool:
         """May this process stream, produce and confirm right now (its lease is valid)?"""
-        return self.lease.holds(time.monotonic())
+        return self.lease.holds(_now())
 
     def describe(self) -> dict:
         """For ``/api/status``: this process's place in the group."""
@@ -163,7 +173,7 @@ class Leadership:
             if any(p.topic == self.topic and p.partition == 0 for p in parts):
                 self.member_id = c.memberid()
                 self._owned = True
-                self.lease.grant(time.monotonic())
+                self.lease.grant(_now())
 
         def taken(c, parts):
             if any(p.topic == self.topic and p.partition == 0 for p in parts):
@@ -173,13 +183,13 @@ class Leadership:
         consumer.subscribe([self.topic], on_assign=assigned, on_revoke=taken, on_lost=taken)
         lease = self.lease
         while not self._stop.is_set():
-            started = time.monotonic()
+            started = _now()
             consumer.poll(POLL)
             if self.member_id is None or not self._owned:
                 self.member_id = consumer.memberid()
             if self._owned:
                 lease.renew(started)
-                if lease.expired(time.monotonic()):
+                if lease.expired(_now()):
                     log.event(_log, "leadership lease expired (this process was not running "
                               "for longer than the session allows)", level=logging.WARNING,
                               group=self.group)
