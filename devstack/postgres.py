@@ -25,6 +25,11 @@ SETTINGS = {
     "max_wal_senders": "40",
     "max_prepared_transactions": "20",
     "max_connections": "200",
+    # native subscriptions are the tests' oracle: their apply and table-sync workers come
+    # from these (defaults 8 and 4: one test's four subscriptions took every worker and a
+    # concurrent test's subscription never synced)
+    "max_worker_processes": "32",
+    "max_logical_replication_workers": "16",
     "shared_buffers": "256MB",
     "wal_sender_timeout": "60s",
     "timezone": "'UTC'",
