@@ -77,6 +77,17 @@ _SETTINGS = (f"<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirr
 
 
 def _fetch(name: str, target: pathlib.Path, work: pathlib.Path) -> pathlib.Path:
+    """``target`` holding ``name``'s jars; one process at a time fetches (tests on two
+    workers may ask at once: one would remove what the other is filling)."""
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _fetch_locked(name, target, work)
+
+
+def _fetch_locked(name: str, target: pathlib.Path, work: pathlib.Path) -> pathlib.Path:
     stamp = target / ".complete"
     if stamp.exists() and stamp.read_text() == POMS[name]:
         return target
