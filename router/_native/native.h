@@ -120,6 +120,40 @@ PyObject *native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t n
 int take_row(PyObject *item, PyObject *changes, PyObject *relations, PyObject *change_type,
              Py_ssize_t overhead, Py_ssize_t value_overhead, long long *used);
 
+/* ``s`` as a JSON string the way msgspec writes a str, into ``o`` (room for n * 6 + 2
+ * bytes reserved by the caller); returns the end. */
+static inline char *
+json_quote(char *o, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *o++ = (char)c;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        default:
+            *o++ = 'u';
+            *o++ = '0';
+            *o++ = '0';
+            *o++ = hex[c >> 4];
+            *o++ = hex[c & 15];
+        }
+    }
+    *o++ = '"';
+    return o;
+}
+
 static inline uint32_t
 be32(const unsigned char *p)
 {

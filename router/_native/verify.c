@@ -161,36 +161,9 @@ buf_need(Buf *b, size_t more)
 int
 buf_string(Buf *b, const char *s, Py_ssize_t n)
 {
-    static const char hex[] = "0123456789abcdef";
     if (buf_need(b, (size_t)n * 6 + 2) < 0)
         return -1;
-    char *o = b->p + b->len;
-    *o++ = '"';
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            *o++ = (char)c;
-            continue;
-        }
-        *o++ = '\\';
-        switch (c) {
-        case '"': *o++ = '"'; break;
-        case '\\': *o++ = '\\'; break;
-        case '\b': *o++ = 'b'; break;
-        case '\f': *o++ = 'f'; break;
-        case '\n': *o++ = 'n'; break;
-        case '\r': *o++ = 'r'; break;
-        case '\t': *o++ = 't'; break;
-        default:
-            *o++ = 'u';
-            *o++ = '0';
-            *o++ = '0';
-            *o++ = hex[c >> 4];
-            *o++ = hex[c & 15];
-        }
-    }
-    *o++ = '"';
-    b->len = (size_t)(o - b->p);
+    b->len = (size_t)(json_quote(b->p + b->len, s, (size_t)n) - b->p);
     return 0;
 }
 

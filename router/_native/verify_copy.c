@@ -103,36 +103,9 @@ unescape(Raw *out, const char *s, size_t n)
 static int
 json_string(Raw *b, const char *s, size_t n) /* as msgspec writes a str */
 {
-    static const char hex[] = "0123456789abcdef";
     if (raw_need(b, n * 6 + 2) < 0)
         return -1;
-    char *o = b->p + b->len;
-    *o++ = '"';
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            *o++ = (char)c;
-            continue;
-        }
-        *o++ = '\\';
-        switch (c) {
-        case '"': *o++ = '"'; break;
-        case '\\': *o++ = '\\'; break;
-        case '\b': *o++ = 'b'; break;
-        case '\f': *o++ = 'f'; break;
-        case '\n': *o++ = 'n'; break;
-        case '\r': *o++ = 'r'; break;
-        case '\t': *o++ = 't'; break;
-        default:
-            *o++ = 'u';
-            *o++ = '0';
-            *o++ = '0';
-            *o++ = hex[c >> 4];
-            *o++ = hex[c & 15];
-        }
-    }
-    *o++ = '"';
-    b->len = (size_t)(o - b->p);
+    b->len = (size_t)(json_quote(b->p + b->len, s, (size_t)n) - b->p);
     return 0;
 }
 
