@@ -51,6 +51,22 @@ class Pg:
     def close(self):
         self.conn.close()
 
+    def pending_changes(self, slot: str, publication: str, timeout: float = 30) -> str:
+        """The kinds of the row changes the slot still holds for ``publication`` (pgoutput's
+        message bytes: "I", "U", "D", "T"), in order, peeked without consuming once nothing
+        streams from it: what confirming the slot has not given up. A confirmation past a
+        change (beyond any keepalive position, whatever else the server wrote meanwhile)
+        shows as the change missing here."""
+        deadline = time.monotonic() + timeout
+        while self.one("select active from pg_replication_slots where slot_name = %s", slot):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"slot {slot} still active after {timeout}s")
+            time.sleep(0.2)
+        rows = self.run("select substr(data, 1, 1) from pg_logical_slot_peek_binary_changes("
+                        "%s, null, null, 'proto_version', '1', 'publication_names', %s)",
+                        slot, publication)
+        return "".join(k for (k,) in ((bytes(r[0]).decode(),) for r in rows) if k in "IUDT")
+
     def drop_slot(self, slot: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

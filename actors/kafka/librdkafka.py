@@ -111,13 +111,16 @@ def _hand_over_py(produce, records, start, on_delivery) -> int:
     return len(records)
 
 
-def hand_over(produce, records, on_delivery) -> None:
-    """Every record to ``produce``; a full local queue (``BufferError``) waits for
-    deliveries (backpressure) and goes on where it stopped."""
-    step = NATIVE.hand_over if NATIVE is not None else _hand_over_py
+_step = NATIVE.hand_over if NATIVE is not None else _hand_over_py
+
+
+def hand_over(produce, records, on_delivery, start: int = 0) -> None:
+    """Every record from ``records[start]`` on to ``produce``; a full local queue
+    (``BufferError``) waits for deliveries (backpressure) and goes on where it stopped."""
+    step = _step
     if type(records) is not list:
         records = list(records)
-    i = step(produce, records, 0, on_delivery)
+    i = step(produce, records, start, on_delivery)
     while i < len(records):
         produce.__self__.poll(POLL_INTERVAL)
         i = step(produce, records, i, on_delivery)
@@ -202,15 +205,37 @@ class RdKafkaClient:
 
     def produce(self, records, ticket, on_done) -> None:
         # per record only C runs on the poll thread: librdkafka's report → the Tally
+        self._hand_over(records, Tally(len(records), _Failure(on_done), ticket), 0)
+
+    def produce_now(self, records, ticket, on_done):
+        """``produce`` without waiting, on the caller's thread: the records the local queue
+        takes now are handed over. None when that is all of them; else a callable that hands
+        over the rest, waiting for room (call it in a worker thread)."""
         report = Tally(len(records), _Failure(on_done), ticket)
+        if type(records) is not list:
+            records = list(records)
         if self._fatal is not None:
             raise map_error(KafkaException(self._fatal))
         try:
-            hand_over(self.producer.produce, records, report)
+            i = _step(self.producer.produce, records, 0, report)
         except KafkaException as exc:
-            if exc.args and exc.args[0].code() in _TOO_LARGE:
-                raise self._too_large(records) from exc
-            raise map_error(exc) from exc
+            raise self._refused(records, exc) from exc
+        if i >= len(records):
+            return None
+        return lambda: self._hand_over(records, report, i)
+
+    def _hand_over(self, records, report, start: int) -> None:
+        if self._fatal is not None:
+            raise map_error(KafkaException(self._fatal))
+        try:
+            hand_over(self.producer.produce, records, report, start)
+        except KafkaException as exc:
+            raise self._refused(records, exc) from exc
+
+    def _refused(self, records, exc: KafkaException):
+        if exc.args and exc.args[0].code() in _TOO_LARGE:
+            return self._too_large(records)
+        return map_error(exc)
 
     def _too_large(self, records) -> RecordTooLarge:
         """The record librdkafka refused before sending: above ``message.max.bytes``."""

@@ -37,26 +37,27 @@ Rules (the delivery contract, whichever Kafka client is behind it):
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from time import perf_counter
 
 import trio
 
-from router.avro import SchemasNeeded
 from router.errors import LeadershipLost, SinkError
 from router.routing import RoutedChunk
-from router.schema import encode_schema
 from router.topics import TopicSpec
 
-from ..kafka.registry import RegistryUnavailable
 from ..services import log
 from .mailbox import Registered, Acked, Hold, Keepalive
+from .sink_schemas import SchemaSide
 
 _log = log.get("sink")
 #: channel items taken together at most (each a chunk of at most CHUNK_RECORDS records)
 MAX_GROUP = 64
+#: a hand-over of at most this many records runs on trio's thread when the client can hand
+#: over without waiting (``produce_now``): a trickle of small transactions pays no thread
+#: round trip; what the local queue cannot take at once still waits in a worker thread
+INLINE_RECORDS = 256
 
 
 class _Txn:
@@ -68,7 +69,7 @@ class _Txn:
         self.sealed = False
 
 
-class SinkActor:
+class SinkActor(SchemaSide):
     #: ``chunk -> records`` in another record format (``[kafka] format``), or None
     reshape = None
 
@@ -97,6 +98,7 @@ class SinkActor:
         self._completed: deque[int] = deque()
         self._outbox: list = []  # Registered/Keepalive/Hold not yet sent to the confirm actor
         self._wake = trio.Event()
+        self._now = getattr(client, "produce_now", None)
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._schema_ready = False
@@ -244,6 +246,8 @@ class SinkActor:
         started = perf_counter()
         if self._defer:
             await self._convert_and_produce(batch)
+        elif self._now is not None and sum(len(r) for r, _ in batch) <= INLINE_RECORDS:
+            await self._produce_now(batch)
         elif len(batch) == 1 and self.holds is None:
             await trio.to_thread.run_sync(self.client.produce, *batch[0], self._on_delivery)
         else:
@@ -263,43 +267,21 @@ class SinkActor:
         if self.holds is not None and not self.holds():
             raise LeadershipLost("leadership lost: records not produced")
 
-    def _produce_all(self, batch: list) -> None:
+    def _produce_all(self, batch: list, start: int = 0) -> None:
         self._check_lease()
         produce, on_delivery = self.client.produce, self._on_delivery
-        for records, ticket in batch:
-            produce(records, ticket, on_delivery)
-
-    async def _convert_and_produce(self, batch: list) -> None:
-        start = 0
-        while True:
-            stopped = await trio.to_thread.run_sync(self._convert_produce, batch, start)
-            if stopped is None:
-                return
-            start, subjects = stopped
-            await self._register_schemas(subjects)
-
-    def _convert_produce(self, batch: list, start: int):
-        """``_produce_all`` from ``batch[start]`` on, each entry's records converted first
-        (producing thread): None when all are handed over, or (index, subjects) of the first
-        entry whose schemas have no id yet (nothing of it handed over). A conversion that
-        makes more records than the router's (a key change is two) counts them into its
-        ticket before they go, so the ticket cannot complete early."""
-        self._check_lease()
-        convert, produce, on_delivery = self.reshape.convert, self.client.produce, self._on_delivery
         for i in range(start, len(batch)):
-            raw, ticket = batch[i]
-            try:
-                records = convert(raw)
-            except SchemasNeeded as need:
-                return i, need.subjects
-            extra = len(records) - len(raw)
-            if extra:
-                with self._lock:
-                    self._txns[ticket].sent += extra
-                self._sent_records += extra
-            batch[i] = (records, ticket)
-            produce(records, ticket, on_delivery)
-        return None
+            produce(*batch[i], on_delivery)
+
+    async def _produce_now(self, batch: list) -> None:
+        self._check_lease()
+        now, on_delivery = self._now, self._on_delivery
+        for i, (records, ticket) in enumerate(batch):
+            rest = now(records, ticket, on_delivery)
+            if rest is not None:  # the local queue is full: wait for room in a thread
+                await trio.to_thread.run_sync(rest)
+                await trio.to_thread.run_sync(self._produce_all, batch, i + 1)
+                return
 
     async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
         """Registers the chunk's transaction and queues its records in ``batch``; topics and
@@ -315,28 +297,6 @@ class SinkActor:
             self._queue(chunk, batch, whole, records)
             return
         self._queue(chunk, batch, whole)
-
-    async def _registered(self, chunk: RoutedChunk) -> list:
-        """The chunk's records encoded, their schemas registered first where needed."""
-        while True:
-            try:
-                return self.reshape(chunk)
-            except SchemasNeeded as need:
-                await self._register_schemas(need.subjects)
-
-    async def _register_schemas(self, subjects) -> None:
-        """``subjects`` registered (in a worker thread), retried while the registry cannot be
-        reached; a schema it refuses raises."""
-        delay = 0.5
-        while True:
-            try:
-                await trio.to_thread.run_sync(self.reshape.register, subjects)
-                return
-            except RegistryUnavailable as exc:
-                log.event(_log, "schema registry unavailable, retrying", error=str(exc),
-                          retry_in=f"{delay:g}s", level=logging.WARNING)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 10.0)
 
     def _plain_chunk(self, chunk: RoutedChunk, batch: list) -> bool:
         """``_chunk`` for a chunk that needs no topic and no schema made ready first."""
@@ -405,16 +365,3 @@ class SinkActor:
             if self._begin is None:  # registered mid-transaction: sealed now
                 self._seal(ticket)
                 self._current = None
-
-    async def _send_schemas(self, schemas) -> None:
-        if not self._schema_ready and self.create_topics:
-            await trio.to_thread.run_sync(self.client.ensure_topics, [TopicSpec(
-                self.schema_topic, 1, self.topic_specs.get("", TopicSpec("")).replication_factor,
-                {"cleanup.policy": "compact"})])
-        self._schema_ready = True
-        for schema in schemas:
-            key, value = encode_schema(schema)
-            self._check_lease()
-            await trio.to_thread.run_sync(self.client.produce_sync, self.schema_topic, key, value)
-            log.event(_log, "schema published", schema_id=schema.schema_id,
-                      table=f"{schema.schema}.{schema.table}", topic=self.schema_topic)

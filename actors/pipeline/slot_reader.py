@@ -122,6 +122,7 @@ class SlotReader:
         #: with ``[ha]``: ``Leadership.holds``, asked before every status update (router.ha)
         self.holds = holds
         self._stop = trio.Event()
+        self._waiting: trio.CancelScope | None = None  # the read loop's wait for the socket
         self._conn = None
         self._cur = None
         self._last_status = 0.0
@@ -130,6 +131,8 @@ class SlotReader:
 
     def stop_reading(self) -> None:
         self._stop.set()
+        if self._waiting is not None:  # the read loop waits for the socket: end the wait
+            self._waiting.cancel()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -174,8 +177,10 @@ class SlotReader:
                         stats.received_lsn = batch[-1][0]
                         stats.received_messages += len(batch)
                     wal_end = cur.wal_end
-                    await self.out.send(WalBatch(
-                        batch, wal_end if exhausted and wal_end > batch[-1][0] else None))
+                    marked = exhausted and wal_end > batch[-1][0]
+                    # the batch carries the server's end (or passes it): no marker follows
+                    last_marker = max(last_marker, wal_end if marked else batch[-1][0])
+                    await self.out.send(WalBatch(batch, wal_end if marked else None))
                     continue
                 wal_end = cur.wal_end
                 if wal_end > last_marker:
@@ -183,17 +188,12 @@ class SlotReader:
                     if stats is not None:
                         stats.server_lsn = max(stats.server_lsn, wal_end)
                     await self.out.send(WalBatch([], wal_end))
-                with trio.move_on_after(self.status_interval / 2):
-                    await self._wait_readable_or_stop(fd)
-
-    async def _wait_readable_or_stop(self, fd: int) -> None:
-        async with trio.open_nursery() as nursery:
-            async def stopper():
-                await self._stop.wait()
-                nursery.cancel_scope.cancel()
-            nursery.start_soon(stopper)
-            await trio.lowlevel.wait_readable(fd)
-            nursery.cancel_scope.cancel()
+                # one cancel scope, no task: ``stop_reading`` cancels it (a trickle of
+                # transactions waits here once each)
+                with trio.move_on_after(self.status_interval / 2) as self._waiting:
+                    if not self._stop.is_set():
+                        await trio.lowlevel.wait_readable(fd)
+                self._waiting = None
 
     async def _status_loop(self) -> None:
         """Send standby status updates until the confirm actor closes the mailbox."""

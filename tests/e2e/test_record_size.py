@@ -43,8 +43,6 @@ def test_record_too_large_names_topic_table_key_size_and_setting(client, case, p
                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
                               f'topic = "{topic}"\n{topic_settings}\n')
     try:
-        before = pg.one("select confirmed_flush_lsn::text from pg_replication_slots "
-                        "where slot_name = %s", name)
         pg.run(f"insert into {name} values (1, 'small'), (7, repeat('x', {size}))")
         proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
                               text=True, timeout=TIMEOUT, cwd=ROOT)
@@ -58,9 +56,8 @@ def test_record_too_large_names_topic_table_key_size_and_setting(client, case, p
         assert size < got < size + 2000, last
         for setting in settings:
             assert setting in last, last
-        after = pg.one("select confirmed_flush_lsn::text from pg_replication_slots "
-                       "where slot_name = %s", name)
-        assert after == before, "confirmed past a row that is not in Kafka"
+        # the slot still holds both rows (other sessions' writes may move it up to them)
+        assert pg.pending_changes(name, name) == "II", "confirmed past a row not in Kafka"
     finally:
         pg.drop_slot(name)
         pg.run(f"drop publication if exists {name}")

@@ -65,7 +65,6 @@ def test_malformed_server_bytes_stop_with_one_line(source, kafka_bootstrap):
     try:
         proxy.armed.set()
         cfg = config(dsn=pg.dsn.replace(f":{port}/", f":{proxy.port}/"))
-        before = confirmed(pg, name)
         pg.run(f"insert into {name} select g, 0, 'x' from generate_series(1, 10) g")
         proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
                               text=True, timeout=120, cwd=ROOT)
@@ -76,7 +75,8 @@ def test_malformed_server_bytes_stop_with_one_line(source, kafka_bootstrap):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("pgrouter run:") and "Insert expects 'N', got 0x5a" in last, last
-    assert confirmed(pg, name) == before, "confirmed past a transaction it could not decode"
+    assert pg.pending_changes(name, name) == "I" * 10, \
+        "confirmed past a transaction it could not decode"
     assert read_topic(kafka_bootstrap, name, timeout=30, missing_ok=True) == []
 
 
