@@ -192,6 +192,77 @@ def table_records(dsn: str, table: str, route: str):
     return make, len(rows)
 
 
+def encode_scaling(dsn: str, table: str, threads: int, rounds: int = 3) -> dict:
+    """The router's own per-row work alone (no PostgreSQL, no Kafka): the table's COPY text
+    (read once) turned into one route's records, cut in ``threads`` pieces at line ends,
+    encoded one piece after the other in one thread and all pieces at once by ``threads``
+    threads — by the C path (``router.snapshot_rows.encode_text``: no GIL while it parses
+    and encodes) and by the Python path (rows parsed, then recorded one by one under the
+    GIL). Medians of ``rounds``: {path: (1 thread s, N threads s, CPU s)}."""
+    import threading
+
+    from router.envelope import TxContext
+    from router.pgoutput import Relation
+    from router.pgoutput.messages import RelationColumn
+    from router.routing import ChangeRouter, RouteSpec
+    from router.snapshot import copy_rows
+    from router.snapshot_rows import SnapshotRows, encode_text
+
+    conn = psycopg2.connect(dsn)
+    try:
+        cur = conn.cursor()
+        cur.execute("select a.attname, a.atttypid::int, a.attnum = 1 from pg_attribute a where "
+                    "a.attrelid = %s::regclass and a.attnum > 0 and not a.attisdropped "
+                    "order by a.attnum", (table,))
+        cols = tuple(RelationColumn(1 if pk else 0, name, oid, -1) for name, oid, pk in cur)
+        buf = io.BytesIO()
+        cur.copy_expert(f"COPY (SELECT {COLUMNS} FROM ONLY {table}) TO STDOUT", buf)
+    finally:
+        conn.close()
+    data = buf.getvalue()
+    cuts = [0] + [data.index(b"\n", len(data) * i // threads) + 1 for i in range(1, threads)]
+    pieces = [data[a:b] for a, b in zip(cuts, cuts[1:] + [len(data)])]
+    rel = Relation(relation_id=1, namespace="public", name=table, replica_identity="d",
+                   columns=cols)
+    rows = SnapshotRows(ChangeRouter([RouteSpec("r", tables=frozenset({("public", table)}))],
+                                     db="postgres", primary_keys={("public", table): ("id",)}))
+    tx = TxContext(xid=0, commit_lsn=1 << 30, end_lsn=(1 << 30) + 1, commit_time=0)
+    parts = rows.text_parts(rel, tx)
+    # the readers' batches: about 2000 lines each
+    split = []
+    for piece in pieces:
+        lines = piece.splitlines(keepends=True)
+        split.append([b"".join(lines[i:i + 2000]) for i in range(0, len(lines), 2000)])
+    pieces = split
+
+    def c_path(batches):
+        for text in batches:
+            encode_text(parts, text, tx.end_lsn, 0)
+
+    def py_path(batches):
+        for text in batches:
+            rows.chunk(rel, copy_rows(text), tx, 0)
+
+    out = {}
+    for name, work in (("C", c_path), ("Python", py_path)):
+        one, many, cpu = [], [], []
+        for _ in range(rounds):
+            t, c = time.monotonic(), time.process_time()
+            for piece in pieces:
+                work(piece)
+            one.append(time.monotonic() - t)
+            cpu.append(time.process_time() - c)
+            workers = [threading.Thread(target=work, args=(p,)) for p in pieces]
+            t = time.monotonic()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            many.append(time.monotonic() - t)
+        out[name] = (statistics.median(one), statistics.median(many), statistics.median(cpu))
+    return out
+
+
 def ceiling_seconds(client: str, kafka: str, make, n: int) -> tuple[float, float]:
     """(seconds, CPU seconds) of ``bench/sink.py``'s producing of ``make``'s records."""
     import sink  # bench/sink.py
@@ -238,6 +309,12 @@ def main() -> None:
         cur.execute(f"create publication {tag}_many for table {', '.join(small)}")
         make, n_records = table_records(args.dsn, big, f"{tag}_one0_1")  # a route's name
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+        scaling = encode_scaling(args.dsn, big, args.sessions, args.repeat)
+        print(f"the router's per-row work alone (COPY text to records, {args.rows} rows, "
+              f"medians of {args.repeat}): 1 thread, then {args.sessions} threads at once")
+        for path, (one, many, cpu) in scaling.items():
+            print(f"  {path:6} path {one:6.2f} s ({cpu:5.2f} CPU s, {cpu / args.rows * 1e6:.2f} "
+                  f"µs/row)  {many:6.2f} s  ({one / many:.2f}x)", flush=True)
         for r in range(args.repeat):
             secs, cpu = ceiling_seconds(args.client, args.kafka, make, n_records)
             note("ceiling", secs)

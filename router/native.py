@@ -53,6 +53,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "avro": ("router.avro:AvroFormat._convert_all_py", "AvroConverter"),
     "verify_row": ("router.verify_digest:row_digests_py", "verify_row"),
     "copy_rows": ("router.snapshot:copy_rows_py", "copy_rows"),
+    "copy_records": ("router.snapshot_rows:copy_records_py", "copy_records"),
     "verify_fold": ("router.verify_digest:fold_batch_py", "verify_fold"),
     "verify_copy": ("router.verify_digest:copy_sums_py", "verify_copy"),
 }

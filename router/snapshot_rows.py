@@ -10,17 +10,40 @@ Rules:
   base, the n-th row of a batch gets ``first_seq + n`` on every route.
 * Each batch becomes one ``RoutedChunk`` (a "transaction" of its own that confirms
   ``end_lsn``), listing the schemas and topics not used before by this encoder.
+* A table whose every route takes its rows as they are (no filter, no mapping to a root) and
+  whose columns the C encoder formats exactly (no float column: its JSON is msgspec's repr,
+  made in Python) is decided up front (``text_path``) to go from COPY text to records in C,
+  a batch at a time, without the GIL (``router._native.copy_records``, the bytes of the
+  streaming recorder's records; its twin ``copy_records_py``): the readers hand it the COPY
+  text itself (``CopyText``). A batch the C side declines (escapes COPY never writes, text
+  that is not UTF-8, a non-canonical integer) is parsed and encoded by the Python path.
 """
 
 from __future__ import annotations
 
 from .changes import Change
-from .envelope import TxContext
+from .envelope import TableEncoder, TxContext
+from .native import NATIVE
 from .plans import apply_plan
 from .pgoutput import Relation
+from .recorders import PyRecorder
 from .routing import ChangeRouter, RoutedChunk
+from .snapshot import copy_rows, copy_rows_py
+from .values import FLOAT4, FLOAT8
 
 _H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"
+
+
+class CopyText:
+    """Whole lines of COPY text (``rows`` of them) for a table on the C path."""
+
+    __slots__ = ("data", "rows")
+
+    def __init__(self, data: bytes, rows: int):
+        self.data, self.rows = data, rows
+
+    def __len__(self) -> int:
+        return self.rows
 
 
 class SnapshotRows:
@@ -29,14 +52,61 @@ class SnapshotRows:
         self.position_headers = position_headers
         self._schemas: set[str] = set()
         self._topics: set[str] = set()
+        self._text: dict[int, bool] = {}  # relation id -> on the C path
 
     def routed(self, relation: Relation) -> bool:
         """Some route takes rows of ``relation``."""
         return bool(self.router.plans_for(relation))
 
-    def chunk(self, relation: Relation, rows: list[tuple], tx: TxContext, first_seq: int,
-              *, last: bool = True) -> RoutedChunk:
+    def text_path(self, relation: Relation) -> bool:
+        """Rows of ``relation`` go from COPY text to records in C (decided once a table)."""
+        known = self._text.get(relation.relation_id)
+        if known is None:
+            plans = self.router.plans_for(relation)
+            known = self._text[relation.relation_id] = NATIVE is not None and bool(plans) and all(
+                p.insert_filter is None and p.row_map is None and _c_layout(p.encoder)
+                for p in plans)
+        return known
+
+    def _announce(self, plan, schemas: list, new_topics: list) -> None:
+        sid = plan.encoder.schema.schema_id
+        if sid not in self._schemas:
+            self._schemas.add(sid)
+            schemas.append(plan.encoder.schema)
+        if plan.topic not in self._topics:
+            self._topics.add(plan.topic)
+            new_topics.append((plan.topic, plan.route))
+
+    def text_parts(self, relation: Relation, tx: TxContext) -> list:
+        """What ``encode_text`` needs of each route (made in the caller's thread: it binds
+        the encoders to ``tx``); ``relation`` is on the C path (``text_path``)."""
+        lsn_header = (_H_LSN, b"%d" % tx.commit_lsn) if self.position_headers else None
+        parts = []
+        for plan in self.router.plans_for(relation):
+            plan.encoder.recorder(tx, plan.topic, lsn_header, _H_SEQ)  # binds it to tx
+            e = plan.encoder
+            parts.append((plan, (e._codec, plan.topic, e._head, e._mid, e._tail, lsn_header)))
+        return parts
+
+    def text_chunk(self, parts: list, records: list, tx: TxContext,
+                   last: bool = True) -> RoutedChunk:
+        """The chunk of ``encode_text``'s records."""
+        schemas: list = []
+        new_topics: list = []
+        for plan, _ in parts:
+            self._announce(plan, schemas, new_topics)
+        return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, schemas, last,
+                           new_topics)
+
+    def chunk(self, relation: Relation, rows: list[tuple] | CopyText, tx: TxContext,
+              first_seq: int, *, last: bool = True) -> RoutedChunk:
         """The records of ``rows`` for every route taking ``relation``."""
+        if type(rows) is CopyText:
+            parts = self.text_parts(relation, tx)
+            records = encode_text(parts, rows.data, tx.end_lsn, first_seq)
+            if records is not None:
+                return self.text_chunk(parts, records, tx, last)
+            rows = copy_rows(rows.data)
         plans = self.router.plans_for(relation)
         records: list = []
         schemas = []
@@ -44,13 +114,7 @@ class SnapshotRows:
         lsn_header = (_H_LSN, b"%d" % tx.commit_lsn) if self.position_headers else None
         lsn = tx.end_lsn
         for plan in plans:
-            sid = plan.encoder.schema.schema_id
-            if sid not in self._schemas:
-                self._schemas.add(sid)
-                schemas.append(plan.encoder.schema)
-            if plan.topic not in self._topics:
-                self._topics.add(plan.topic)
-                new_topics.append((plan.topic, plan.route))
+            self._announce(plan, schemas, new_topics)
             record = plan.encoder.recorder(tx, plan.topic, lsn_header, _H_SEQ)
             direct = plan.insert_filter is None and plan.row_map is None
             seq = first_seq
@@ -89,3 +153,34 @@ class SnapshotRows:
                 records.append(record("d", lsn, seq, tuple(old), True, None))
                 seq += 1
         return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, [], True, [])
+
+
+def _c_layout(encoder: TableEncoder) -> bool:
+    """The C encoder writes every column of the layout (no float: ``copy_records``)."""
+    cols = encoder.relation.columns
+    return encoder._codec is not None and not any(
+        cols[i].type_oid in (FLOAT4, FLOAT8) for i in encoder._pick + encoder._key_pick)
+
+
+def encode_text(parts: list, data: bytes, lsn: int, first_seq: int) -> list | None:
+    """Every route's records of the COPY text ``data`` by ``router._native.copy_records``
+    (pure C without the GIL: call it from a worker thread and two sessions encode at once),
+    route after route as ``SnapshotRows.chunk`` orders them; None when C declines."""
+    out: list = []
+    for _, (codec, topic, head, mid, tail, lsn_header) in parts:
+        records = NATIVE.copy_records(data, codec, topic, head, mid, tail, lsn, first_seq,
+                                      lsn_header, _H_SEQ)
+        if records is None:
+            return None
+        out += records
+    return out
+
+
+def copy_records_py(data: bytes, encoder: TableEncoder, tx: TxContext, topic: str, lsn: int,
+                    first_seq: int, lsn_header: tuple | None, seq_name: str) -> list:
+    """The reference of ``router._native.copy_records``: the COPY text's rows parsed
+    (``copy_rows_py``), each recorded as the Python recorder records a snapshot row."""
+    record = PyRecorder(encoder._encode_py, topic, seq_name)
+    record.tx, record.lsn_header = tx, lsn_header
+    return [record("r", lsn, first_seq + i, None, False, row)
+            for i, row in enumerate(copy_rows_py(data))]

@@ -53,7 +53,7 @@ from ..pipeline.mailbox import Acked, Keepalive, Registered
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
-from .reader import TableReader, session
+from .reader import TableReader, encode_chunk, session
 from .report import Reporter
 from .store import StateStore
 from .tables import SnapshotTable, slot_tables, snapshot_specs
@@ -268,7 +268,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                         if seq[0] + len(batch) > limit:
                             raise SourceError(f"{what}: too many rows for the snapshot's "
                                               "positions")
-                        chunk = rows.chunk(table.relation, batch, tx, seq[0])
+                        chunk = await encode_chunk(rows, table.relation, batch, tx, seq[0])
                         seq[0] += len(batch)
                         report.add(table.name, len(batch))
                         # nothing awaits between the entry and the send, and blocked senders
@@ -283,7 +283,8 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                             pending[key] -= 1
                             raise
 
-                    await r.copy(table.select(blocks), deliver, what)
+                    await r.copy(table.select(blocks), deliver, what,
+                                 text=rows.text_path(table.relation))
                     read.add(key)
                     unread[name] -= 1
                     if not unread[name]:

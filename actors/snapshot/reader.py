@@ -21,8 +21,12 @@ from __future__ import annotations
 import asyncpg
 import trio
 
+from router.envelope import TxContext
 from router.errors import SourceError
+from router.pgoutput import Relation
+from router.routing import RoutedChunk
 from router.snapshot import copy_rows, snapshot_xip
+from router.snapshot_rows import CopyText, SnapshotRows, encode_text
 
 from ..services.sql import SqlSession
 
@@ -70,22 +74,32 @@ class TableReader:
         return int(n or 0)
 
     async def copy(self, select: str, deliver, what: str, params: tuple = (),
-                   batch_rows: int = BATCH_ROWS) -> int:
+                   batch_rows: int = BATCH_ROWS, text: bool = False) -> int:
         """Runs ``COPY (select) TO STDOUT`` (``$n`` parameters from ``params``);
-        ``await deliver(rows)`` gets the rows in batches. Returns the number of rows."""
-        state = {"rest": b"", "rows": [], "count": 0}
+        ``await deliver(rows)`` gets the rows in batches: lists of tuples, or with ``text``
+        the COPY text itself (``CopyText``: whole lines, parsed and encoded in C by
+        ``encode_chunk``). Returns the number of rows."""
+        state = {"rest": b"", "rows": [], "lines": 0, "count": 0}
 
         async def sink(data: bytes) -> None:
             data = state["rest"] + data
             end = data.rfind(b"\n") + 1
             state["rest"] = data[end:]
-            if end:
+            if end and text:
+                state["rows"].append(data[:end] if state["rest"] else data)
+                state["lines"] += data.count(b"\n", 0, end)
+                if state["lines"] >= batch_rows:
+                    await flush()
+            elif end:
                 state["rows"].extend(copy_rows(data[:end]))
                 if len(state["rows"]) >= batch_rows:
                     await flush()
 
         async def flush() -> None:
             rows, state["rows"] = state["rows"], []
+            if rows and text:
+                rows = CopyText(b"".join(rows), state["lines"])
+                state["lines"] = 0
             if rows:
                 state["count"] += len(rows)
                 await deliver(rows)
@@ -110,6 +124,21 @@ class TableReader:
 
     async def close(self) -> None:
         await close_session(self.sql)
+
+
+async def encode_chunk(rows: SnapshotRows, relation: Relation, batch: list | CopyText,
+                       tx: TxContext, first_seq: int) -> RoutedChunk:
+    """``rows.chunk(relation, batch, tx, first_seq)``; COPY text (a table on the C path) is
+    encoded in a worker thread, in C without the GIL (``router.snapshot_rows.encode_text``):
+    the sessions' batches are encoded at once, beside the event loop's thread that reads
+    the sockets and hands records to the producer."""
+    if type(batch) is CopyText:
+        parts = rows.text_parts(relation, tx)
+        records = await trio.to_thread.run_sync(encode_text, parts, batch.data, tx.end_lsn,
+                                                first_seq)
+        if records is not None:
+            return rows.text_chunk(parts, records, tx)
+    return rows.chunk(relation, batch, tx, first_seq)
 
 
 async def close_session(sql: SqlSession) -> None:

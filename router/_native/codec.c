@@ -129,22 +129,6 @@ rowcodec_dealloc(RowCodec *self)
 
 
 static int
-is_canonical_int(const char *s, Py_ssize_t n)
-{
-    Py_ssize_t i = 0;
-    if (n > 0 && s[0] == '-')
-        i = 1;
-    if (i == n || n - i > 20)
-        return 0;
-    if (s[i] == '0' && (n - i > 1 || i == 1))
-        return 0; /* leading zero, or "-0" */
-    for (; i < n; i++)
-        if (s[i] < '0' || s[i] > '9')
-            return 0;
-    return 1;
-}
-
-static int
 write_value(RowCodec *self, Out *o, char kind, PyObject *v)
 {
     Py_ssize_t n;
@@ -153,19 +137,9 @@ write_value(RowCodec *self, Out *o, char kind, PyObject *v)
         PyErr_Clear(); /* e.g. lone surrogates: the Python path reports them */
         return FALLBACK;
     }
+    if (kind != K_FLOAT)
+        return out_text_value(o, kind, s, n);
     switch (kind) {
-    case K_TEXT:
-        return out_json_str(o, s, n) < 0 ? -1 : 1;
-    case K_INT:
-        /* int(text) printed back is the text itself when PostgreSQL printed it canonically */
-        if (!is_canonical_int(s, n))
-            return FALLBACK;
-        return out_write(o, s, n) < 0 ? -1 : 1;
-    case K_BOOL:
-        /* router.envelope._bool: "t" is true, anything else false */
-        if (n == 1 && s[0] == 't')
-            return OUT_LIT(o, "true") < 0 ? -1 : 1;
-        return OUT_LIT(o, "false") < 0 ? -1 : 1;
     case K_FLOAT: {
         if ((n == 3 && memcmp(s, "NaN", 3) == 0) || (n == 8 && memcmp(s, "Infinity", 8) == 0) ||
             (n == 9 && memcmp(s, "-Infinity", 9) == 0))

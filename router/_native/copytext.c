@@ -7,9 +7,7 @@
  * backslash before any other character (that character) undone. None for what it leaves to
  * the twin: octal or hex escapes (COPY never writes them), bytes that are not UTF-8.
  */
-#include "native.h"
-
-#include <ctype.h>
+#include "copytext.h"
 
 /* one field's text: [p, p + n), has_escape when it holds a backslash; NULL with no error
  * set: decline */
@@ -41,34 +39,9 @@ field_text(const char *p, Py_ssize_t n, int has_escape, char *scratch)
         Py_INCREF(Py_None);
         return Py_None;
     }
-    Py_ssize_t o = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        char c = p[i];
-        if (c != '\\' || i + 1 == n) {
-            scratch[o++] = c;
-            continue;
-        }
-        char e = p[++i];
-        switch (e) {
-        case 'b': scratch[o++] = '\b'; break;
-        case 'f': scratch[o++] = '\f'; break;
-        case 'n': scratch[o++] = '\n'; break;
-        case 'r': scratch[o++] = '\r'; break;
-        case 't': scratch[o++] = '\t'; break;
-        case 'v': scratch[o++] = '\v'; break;
-        case 'x':
-            if (i + 1 < n && isxdigit((unsigned char)p[i + 1]))
-                return NULL;
-            scratch[o++] = e;
-            break;
-        default:
-            if (e >= '0' && e <= '7')
-                return NULL;
-            if ((unsigned char)e >= 0x80)  /* a backslash before a multibyte character */
-                return NULL;
-            scratch[o++] = e;
-        }
-    }
+    Py_ssize_t o = copy_unescape(p, n, scratch);
+    if (o < 0)
+        return NULL;
     return text(scratch, o);
 }
 

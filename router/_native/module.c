@@ -45,7 +45,8 @@ PyInit__native(void)
         return NULL;
     if (pgoutput_setup(m) < 0 || short_setup(m) < 0 || codec_setup(m) < 0 ||
         records_setup(m) < 0 || delivery_setup(m) < 0 || avro_setup(m) < 0 ||
-        verify_setup(m) < 0 || copytext_setup(m) < 0) {
+        verify_setup(m) < 0 || copytext_setup(m) < 0 ||
+        copyrecords_setup(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

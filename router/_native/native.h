@@ -13,7 +13,8 @@
  *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
  *               avro_values.c its JSON tokens and values (avro_values.h)
  *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic)
- *   copytext.c  copy_rows (COPY text rows of a snapshot's read)
+ *   copytext.c  copy_rows (COPY text rows of a snapshot's read); copytext.h its escapes
+ *   copyrecords.c  copy_records (a snapshot's COPY text to records, without the GIL)
  *   verify_fold.c  verify_fold (a batch of such a topic's messages folded)
  *   verify_copy.c  verify_copy (the same digests of COPY text rows, summed by bucket)
  *   verify_json.c  the topic's JSON records taken apart for verify_fold
@@ -54,6 +55,7 @@ int delivery_setup(PyObject *module);
 int avro_setup(PyObject *module);
 int verify_setup(PyObject *module);
 int copytext_setup(PyObject *module);
+int copyrecords_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 

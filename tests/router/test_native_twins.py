@@ -52,6 +52,7 @@ from test_native import (
 from test_native_records import (
     ERROR, ERROR2, KIND, POOLS, TALLY_STEPS, rand_relation, rand_row, rand_tx, tally_run,
 )
+from snapshot_twins import check_copy_records, gen_copy_records, golden_copy_records
 from verify_twins import (
     check_verify_copy, check_verify_fold, gen_verify_copy, gen_verify_fold, golden_verify_copy,
     golden_verify_fold,
@@ -679,6 +680,7 @@ LANES: dict[str, Lane] = {
     "copy_rows": Lane(check_copy_rows, golden_copy_rows, gen_copy_rows, True),
     "verify_fold": Lane(check_verify_fold, golden_verify_fold, gen_verify_fold, False),
     "verify_copy": Lane(check_verify_copy, golden_verify_copy, gen_verify_copy, False),
+    "copy_records": Lane(check_copy_records, golden_copy_records, gen_copy_records, True),
 }
 
 
