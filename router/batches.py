@@ -180,7 +180,16 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
     prepared = prepared if prepared is not None else Prepared()
     run: _Run | None = None
     last_schema = last_name = table = None
-    for _, rec in records:
+    it = iter(records)
+    held = None  # the record an insert run's loop read past its end
+    while True:
+        if held is None:
+            item = next(it, None)
+            if item is None:
+                break
+            rec = item[1]
+        else:
+            rec, held = held, None
         op = rec.op
         if op == "m":
             continue
@@ -233,8 +242,26 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
         if op == "u":
             run.keys.add(k_old)
             run.keys.add(k_new)
+        elif op == "c" and type(shape) is str:
+            held = _more_inserts(it, run.rows, rec.op, shape, last_schema, last_name)
     if run is not None:
         yield _statement(run, prepared, upsert)
+
+
+def _more_inserts(it, rows: list, op: str, schema_id: str, schema, name):
+    """The insert run's next records, taken while they are inserts (``op``) of the same
+    table and layout, up to ``MAX_RUN`` rows: what the general loop would add to the run,
+    without its checks a record. Returns the first record that is not (None: the end)."""
+    room = MAX_RUN - len(rows)
+    append = rows.append
+    for _, rec in it:
+        src = rec.source
+        if (room <= 0 or rec.op != op or src.schema_id != schema_id or src.table != name
+                or src.schema != schema):
+            return rec
+        append(rec)
+        room -= 1
+    return None
 
 
 def _on_conflict(t: TargetTable, cols: tuple[str, ...]) -> str:
