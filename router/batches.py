@@ -18,6 +18,10 @@ Rules:
   here, that costs the server about 4 µs a row against 7 for VALUES literals and 2.5 for
   COPY, but COPY's text format needs every value decoded and re-encoded in Python, which
   costs this process more than it saves the server.
+* An insert run is gathered by a loop of its own (``_more_inserts``): the next records
+  join it while they are inserts of the same table and layout (``source.schema_id``), up
+  to ``MAX_RUN``; the first that is not goes back to the general loop. The statements are
+  the same as the general loop's; it only spares its checks a record.
 * Other values are SQL literals of PostgreSQL's text form, cast to the target column's type
   (``'…'::type``, the first row of a VALUES list only: the others take its types); the
   session keeps ``standard_conforming_strings`` on, so doubling ``'`` is the only escaping
