@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import tempfile
+from itertools import repeat
 from typing import Iterator
 
 import msgspec
@@ -58,7 +59,6 @@ class _Part:
 
     def __iter__(self) -> Iterator[tuple[str, DataRecord]]:
         """``(topic, record)`` in change order."""
-        topic = self.topic
         if self.file is None:
             recs = self.records if self.ordered else sorted(self.records, key=_seq)
         else:
@@ -68,8 +68,8 @@ class _Part:
             recs = self._read(f)
             if not self.ordered:  # never seen: the router writes a partition in change order
                 recs = sorted(recs, key=_seq)
-        for rec in recs:
-            yield topic, rec
+        # pairs made in C, not by a generator's frame a record
+        return zip(repeat(self.topic), recs)
 
     @staticmethod
     def _read(f) -> Iterator[DataRecord]:

@@ -189,3 +189,67 @@ def test_initial_snapshot_and_backfill_are_applied(node_db, kafka_bootstrap, tmp
     stats = stopped_line(until_caught_up("apply", ab))
     assert stats["snapshot_rows"] == 6, stats
     assert rows(b.dsn) == rows(a.dsn) and len(rows(a.dsn)) == 7
+
+
+WIDE = ("create table w (id int primary key, i2 smallint, i8 bigint, num numeric(14,2), "
+        "f8 float8, ok boolean, txt text, ts timestamptz, day date, u uuid, raw bytea, "
+        "arr int[], span interval)")
+
+
+def test_a_multi_row_insert_run_of_every_type_and_a_conflict_inside_it(
+        node_db, kafka_bootstrap, tmp_path):
+    """A 300-row insert transaction of every type is one statement on the fast path (values as the records
+    carry them, NULLs every seventh row); a key the target holds already, in the middle of
+    it, is reported as that transaction's conflict exactly as change by change does: under
+    ``error`` one line naming table, key and transaction, the origin unmoved; under ``skip``
+    the row is counted and the other 299 are applied once."""
+    tag = uuid.uuid4().hex[:6]
+    a = Node(node_db, "pg2", "a", tmp_path, kafka_bootstrap, tag)
+    b = Node(node_db, "pg3", "b", tmp_path, kafka_bootstrap, tag)
+    for node in (a, b):
+        sql(node.dsn, WIDE)
+    sql(a.dsn, "alter publication pub add table w")
+    sql(b.dsn, "insert into w (id, txt) values (150, 'mine')")
+    ra = a.router_config('origin = "none"', f"""[[routes]]
+name = "w"
+tables = ["public.w"]
+topic = "{a.prefix}.{{schema}}.{{table}}"
+""")
+    every_type = """insert into w select g, case when g % 7 <> 0 then g - 32768 end,
+        case when g % 7 <> 0 then g * 10000000000 end, case when g % 7 <> 0 then g + 0.25 end,
+        case when g % 7 <> 0 then g / 3.0 end, case when g % 7 <> 0 then g % 2 = 0 end,
+        case when g % 7 <> 0 then 'it''s "' || g || E'"\\n\\\\ é' end,
+        case when g % 7 <> 0 then '2026-01-02 03:04:05.123456+00'::timestamptz
+                                  + g * interval '1 h' end,
+        case when g % 7 <> 0 then date '2026-01-01' + g end,
+        case when g % 7 <> 0 then md5(g::text)::uuid end,
+        case when g % 7 <> 0 then decode(md5(g::text), 'hex') end,
+        case when g % 7 <> 0 then array[g, null, -g] end,
+        case when g % 7 <> 0 then g * interval '1 min 1.5 s' end
+        from generate_series({lo}, {hi}) g"""
+    sql(a.dsn, every_type.format(lo=1, hi=300))  # key 150 is on the target already
+    sql(a.dsn, every_type.format(lo=301, hi=600))  # no conflict: the fast path
+    sql(a.dsn, "insert into w (id, txt) values (1000, 'after')")
+    until_caught_up("run", ra)
+    xid = sql(a.dsn, "select xmin::text from w where id = 1", fetch=True)[0][0]
+    cfg = b.apply_config(a)
+    stopped = subprocess.run([sys.executable, "-m", "actors.cli", "apply", "-c", str(cfg),
+                              "--until-caught-up"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+    assert stopped.returncode != 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    last = stopped.stderr.splitlines()[-1]
+    assert last.startswith("pgrouter apply: insert_exists on public.w key {'id': 150} "
+                           f"(transaction {xid}:"), last
+    # the failed transaction (the first) never moved the origin
+    assert sql(b.dsn, "select pg_replication_origin_progress(%s, false)::text",
+               a.origin_name, fetch=True) == [(None,)]
+    assert sql(b.dsn, "select count(*) from w", fetch=True) == [(1,)]
+    stats = stopped_line(until_caught_up("apply", b.apply_config(a, "skip")))
+    assert stats["conflicts_insert_exists"] == 1 and stats["slow"] == 1
+    assert stats["transactions"] == 3 and stats["changes"] == 601
+    src = sql(a.dsn, "select w::text from w where id <> 150 order by id", fetch=True)
+    assert sql(b.dsn, "select w::text from w where id <> 150 order by id", fetch=True) == src
+    assert sql(b.dsn, "select txt from w where id = 150", fetch=True) == [("mine",)]
+    # every seventh row's NULLs (85) and the last transaction's row came through as NULLs
+    assert sql(b.dsn, "select count(*) from w where i2 is null and id <> 150",
+               fetch=True) == [(86,)]

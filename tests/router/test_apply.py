@@ -4,6 +4,7 @@ the SQL it runs (router.statements) and its config (router.apply_config)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -253,3 +254,41 @@ def test_snapshot_rows_are_released_at_their_place_in_commit_order():
     ra2.add_records("x", 0, [(0, snap(150, 1, 8)), (1, snap(200, 2, 8))])
     ra2.add_transaction_record(end(300, {}), 0)
     assert released(ra2) == [(200, True, [2]), (300, False, [])]
+
+
+def test_insert_runs_end_where_table_layout_op_or_size_change():
+    """Consecutive inserts of one layout (``schema_id``) are one statement; a run ends at
+    another layout, table or operation and at ``MAX_RUN`` rows, never reordering rows."""
+    from router import batches
+    from router.batches import Prepared, statements
+    from router.records import _decode_data
+
+    seq = iter(range(10_000))
+
+    def r(op, row, table="t", schema_id="L1", before=None):
+        return ("x", _decode_data(json.dumps({
+            "op": op, "before": before, "after": row,
+            "source": {"schema": "public", "table": table, "seq": next(seq),
+                       "schema_id": schema_id}}, separators=(",", ":"))))
+    u = TargetTable("public", "u", {"id": "integer", "v": "text"}, ("id",))
+    tables = {("public", "t"): TABLE, ("public", "u"): u}
+    recs = ([r("c", {"id": i, "v": f"a{i}"}) for i in range(3)]
+            + [r("c", {"id": 3}, schema_id="L2")]  # another layout: fewer columns
+            + [r("c", {"id": 4, "v": None})]  # back to the first layout
+            + [r("c", {"id": 5, "v": "x"}, table="u")]  # another table
+            + [r("c", {"id": 6, "v": "y"}), r("c", {"id": 7, "v": "z"})]
+            + [r("d", None, before={"id": 6})]  # another operation
+            + [r("c", {"id": i, "v": None}) for i in range(8, 8 + batches.MAX_RUN + 2)])
+    out = list(statements(recs, tables, Prepared()))
+
+    def ids(stmt):
+        return [int(x) for x in re.findall(r'\{"id":(\d+)', stmt)]
+    assert ids(out[0]) == [0, 1, 2] and '"v"' in out[0]
+    assert out[1].startswith("execute pgr_0(") and "'3'" in out[1]  # one row: prepared
+    assert out[2].startswith("execute pgr_1(") and "'4', NULL" in out[2]
+    assert out[3].startswith("execute pgr_2(")  # table u
+    assert ids(out[4]) == [6, 7]
+    assert out[5].startswith("execute pgr_3(")  # the one-row delete
+    assert ids(out[6]) == list(range(8, 8 + batches.MAX_RUN))  # MAX_RUN rows a statement
+    assert ids(out[7]) == list(range(8 + batches.MAX_RUN, 8 + batches.MAX_RUN + 2))
+    assert len(out) == 8
