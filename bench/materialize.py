@@ -21,7 +21,9 @@ by side in one session (only the drains are timed, not session start or producti
 
 ``--compare KEY=VALUE[,KEY=VALUE]`` (repeatable) adds a variant: after each steady drain (and its
 ceiling), the same backlog drained again into a new table with those Spark SQL settings set in
-the session, so a setting is measured against the job's own settings side by side in one run.
+the session, so a setting is measured against the job's own settings side by side in one run
+(the order of the steady drain, the ceiling and the variants rotates from run to run, as the
+JIT still warms over the first drains).
 
 ``--warmup 0`` runs the fresh drain only; ``--warmup N`` makes the first backlog N records.
 ``--class-archive DIR`` gives the job a class-data archive (``[spark] class_archive``): the first
@@ -353,15 +355,17 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
         if args.warmup:
             drains[f"fresh JVM ({formats[0]})" if side else "fresh JVM"] = [drain("warmup.")]
             for run in range(args.runs):
-                for f in formats:
-                    drains.setdefault(f"steady state ({f})" if side else "steady state",
-                                      []).append(drain(f"{f}.", run))
+                todo = [(f"steady state ({f})" if side else "steady state", f"{f}.", 0, None)
+                        for f in formats]
                 if args.ceiling and "json" in formats:
-                    drains.setdefault(CEILING, []).append(drain("json.", run, ceiling=True))
-                for i, conf in enumerate(args.compare, 1):
-                    what = "steady, " + ",".join(f"{k}={v}" for k, v in conf.items())
+                    todo.append((CEILING, "json.", 0, None))
+                todo += [("steady, " + ",".join(f"{k}={v}" for k, v in conf.items()),
+                          f"{formats[0]}.", i, conf) for i, conf in enumerate(args.compare, 1)]
+                if args.compare:  # the JIT still warms over the first drains: rotate the order
+                    todo = todo[run % len(todo):] + todo[:run % len(todo)]
+                for what, name, variant, conf in todo:
                     drains.setdefault(what, []).append(
-                        drain(f"{formats[0]}.", run, variant=i, conf=conf))
+                        drain(name, run, ceiling=what == CEILING, variant=variant, conf=conf))
         else:
             drains["fresh JVM"] = [drain(f"{formats[0]}.")]
         class_archive.finish(archive, spark)
