@@ -173,6 +173,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 CEILING = "ceiling (plain append)"
+#: the session's Kafka consumers outlive the drains: without this, one still polling when the
+#: backlogs' topics are deleted at the end created a topic of that name again (a broker's
+#: auto.create.topics.enable)
+NO_AUTO_CREATE = {"kafka.allow.auto.create.topics": "false"}
 
 
 def ceiling_drain(spark, cfg) -> None:
@@ -194,6 +198,7 @@ def ceiling_drain(spark, cfg) -> None:
     rows = (spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", cfg.bootstrap_servers)
             .option("subscribe", ",".join(cfg.topics)).option("startingOffsets", "earliest")
+            .options(**NO_AUTO_CREATE)
             .option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger).load()
             .select(parsed.alias("e"))
             .select(*[convert(image.getField(n), c).alias(n) for n, c in columns.items()],
@@ -313,6 +318,7 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
                                  schema_topic=schema_topic, warehouse=f"{tmp}/{name}{run}wh",
                                  checkpoint=f"{tmp}/{name}{run}ck", mode=args.mode,
                                  max_offsets_per_trigger=args.batch, master=args.master,
+                                 kafka_options=NO_AUTO_CREATE,
                                  spark_conf={"spark.sql.shuffle.partitions": "2",
                                              "spark.driver.memory": "4g"},
                                  jars=spark_jars(ROOT / ".devstack"),
