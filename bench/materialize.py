@@ -19,6 +19,12 @@ by side in one session (only the drains are timed, not session start or producti
   costs at all for these records. ``materializer / ceiling`` compares the medians
   (``--no-ceiling`` skips it).
 
+``--compare KEY=VALUE[,KEY=VALUE]`` (repeatable) adds a variant: after each steady drain (and its
+ceiling), the same backlog drained again into a new table with those Spark SQL settings set in
+the session, so a setting is measured against the job's own settings side by side in one run
+(the order of the steady drain, the ceiling and the variants rotates from run to run, as the
+JIT still warms over the first drains).
+
 ``--warmup 0`` runs the fresh drain only; ``--warmup N`` makes the first backlog N records.
 ``--class-archive DIR`` gives the job a class-data archive (``[spark] class_archive``): the first
 run writes it when its JVM exits, later runs start from it (a scheduler's ``--available-now``
@@ -34,7 +40,8 @@ and ``--registry`` use running services instead of the dev stack's.
     .venv/bin/python bench/materialize.py [--records 500000] [--batch 250000] [--mode state]
                                           [--master URL] [--warmup N] [--class-archive DIR]
                                           [--format json|avro|json,avro] [--runs N]
-                                          [--no-ceiling] [--bootstrap HOST:PORT]
+                                          [--no-ceiling] [--compare KEY=VALUE,...]
+                                          [--bootstrap HOST:PORT]
                                           [--registry URL]
 """
 
@@ -166,6 +173,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 CEILING = "ceiling (plain append)"
+#: the session's Kafka consumers outlive the drains: without this, one still polling when the
+#: backlogs' topics are deleted at the end created a topic of that name again (a broker's
+#: auto.create.topics.enable)
+NO_AUTO_CREATE = {"kafka.allow.auto.create.topics": "false"}
 
 
 def ceiling_drain(spark, cfg) -> None:
@@ -187,6 +198,7 @@ def ceiling_drain(spark, cfg) -> None:
     rows = (spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", cfg.bootstrap_servers)
             .option("subscribe", ",".join(cfg.topics)).option("startingOffsets", "earliest")
+            .options(**NO_AUTO_CREATE)
             .option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger).load()
             .select(parsed.alias("e"))
             .select(*[convert(image.getField(n), c).alias(n) for n, c in columns.items()],
@@ -217,6 +229,9 @@ def main() -> int:
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the ceiling: Spark appending the JSON backlog to Delta without "
                          "merging, drained after each steady drain (ceiling_drain)")
+    ap.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="a variant: after each steady drain, the same backlog drained again "
+                         "with these Spark SQL settings set in the session (repeatable)")
     ap.add_argument("--bootstrap", help="a running Kafka (default: the dev stack's)")
     ap.add_argument("--registry", help="a running schema registry's Confluent-compatible API "
                     "(default: the dev stack's)")
@@ -227,6 +242,10 @@ def main() -> int:
     if not set(formats) <= {"json", "avro"} or len(set(formats)) != len(formats) \
             or args.runs < 1:
         ap.error("--format: json, avro or json,avro; --runs: at least 1")
+    try:
+        args.compare = [dict(kv.split("=", 1) for kv in c.split(",")) for c in args.compare]
+    except ValueError:
+        ap.error("--compare: KEY=VALUE[,KEY=VALUE], e.g. spark.sql.shuffle.partitions=4")
 
     bootstrap, registry = args.bootstrap, args.registry
     if not bootstrap or (not registry and "avro" in formats):
@@ -277,8 +296,11 @@ def main() -> int:
         rate = {k: statistics.median(n / took for n, took, _, _ in drains[k])
                 for k in (steady, CEILING)}
         cpu = {k: statistics.median(c for _, _, c, _ in drains[k]) for k in (steady, CEILING)}
-        print(f"materializer / ceiling: {rate[CEILING] / rate[steady]:.2f}x the ceiling's wall "
-              f"time, {cpu[steady] / cpu[CEILING]:.2f}x its CPU (goal: within 1.5x)")
+        for what in [steady, *(k for k in drains if k.startswith("steady, "))]:
+            r = statistics.median(n / took for n, took, _, _ in drains[what])
+            c = statistics.median(c for _, _, c, _ in drains[what])
+            print(f"{what} / ceiling: {rate[CEILING] / r:.2f}x the ceiling's wall time, "
+                  f"{c / cpu[CEILING]:.2f}x its CPU (goal: within 1.5x)")
     print(f"load average {os.getloadavg()[0]:.2f} (CPU seconds are steadier than the wall clock "
           "on a shared machine)")
     return 0
@@ -296,6 +318,7 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
                                  schema_topic=schema_topic, warehouse=f"{tmp}/{name}{run}wh",
                                  checkpoint=f"{tmp}/{name}{run}ck", mode=args.mode,
                                  max_offsets_per_trigger=args.batch, master=args.master,
+                                 kafka_options=NO_AUTO_CREATE,
                                  spark_conf={"spark.sql.shuffle.partitions": "2",
                                              "spark.driver.memory": "4g"},
                                  jars=spark_jars(ROOT / ".devstack"),
@@ -308,14 +331,25 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
         started = time.perf_counter() - t0
         jvm = spark.sparkContext._gateway.proc.pid
 
-        def drain(name, run=0, ceiling=False):
-            cfg = config(name, run + (1000 if ceiling else 0))
+        def drain(name, run=0, ceiling=False, variant=0, conf=None):
+            cfg = config(name, run + (1000 if ceiling else 0) + 2000 * variant)
+            conf = conf or {}
+            was = {k: spark.conf.get(k, None) for k in conf}
+            for k, v in conf.items():
+                spark.conf.set(k, v)
             cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
-            if ceiling:
-                ceiling_drain(spark, cfg)
-            else:
-                job.Materializer(spark, cfg).run(available_now=True)
-            took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
+            try:
+                if ceiling:
+                    ceiling_drain(spark, cfg)
+                else:
+                    job.Materializer(spark, cfg).run(available_now=True)
+            finally:
+                took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
+                for k, v in was.items():
+                    if v is None:
+                        spark.conf.unset(k)
+                    else:
+                        spark.conf.set(k, v)
             path = f"{cfg.warehouse}/" + ("ceiling" if ceiling else "bench/public/orders")
             table = spark.read.format("delta").load(path)
             rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" and not ceiling
@@ -327,11 +361,17 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
         if args.warmup:
             drains[f"fresh JVM ({formats[0]})" if side else "fresh JVM"] = [drain("warmup.")]
             for run in range(args.runs):
-                for f in formats:
-                    drains.setdefault(f"steady state ({f})" if side else "steady state",
-                                      []).append(drain(f"{f}.", run))
+                todo = [(f"steady state ({f})" if side else "steady state", f"{f}.", 0, None)
+                        for f in formats]
                 if args.ceiling and "json" in formats:
-                    drains.setdefault(CEILING, []).append(drain("json.", run, ceiling=True))
+                    todo.append((CEILING, "json.", 0, None))
+                todo += [("steady, " + ",".join(f"{k}={v}" for k, v in conf.items()),
+                          f"{formats[0]}.", i, conf) for i, conf in enumerate(args.compare, 1)]
+                if args.compare:  # the JIT still warms over the first drains: rotate the order
+                    todo = todo[run % len(todo):] + todo[:run % len(todo)]
+                for what, name, variant, conf in todo:
+                    drains.setdefault(what, []).append(
+                        drain(name, run, ceiling=what == CEILING, variant=variant, conf=conf))
         else:
             drains["fresh JVM"] = [drain(f"{formats[0]}.")]
         class_archive.finish(archive, spark)
