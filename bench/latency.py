@@ -290,6 +290,12 @@ def main() -> None:
                 router.kill()
                 router.wait()
         try:
+            # the walsender may outlive the router by a moment: drop once it lets go
+            gone = time.time() + 15
+            while time.time() < gone and sql(args.dsn, "select 1 from pg_replication_slots "
+                                             f"where slot_name = '{slot}' and active",
+                                             fetch=True):
+                time.sleep(0.2)
             sql(args.dsn, "select pg_drop_replication_slot(slot_name) from "
                 f"pg_replication_slots where slot_name = '{slot}'")
         finally:
