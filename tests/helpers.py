@@ -151,12 +151,16 @@ def kill9(proc: subprocess.Popen) -> None:
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,
-               missing_ok: bool = False, decode: bool = True) -> list[dict]:
+               missing_ok: bool = False, decode: bool = True,
+               settle: float = 5) -> list[dict]:
     """Every record of ``topic`` (all partitions) up to its end offsets at call time, as
     dicts with key, value (decoded JSON), headers, partition, offset, timestamp (ms) and
     timestamp_type (1: the broker's append time); ``decode=False``: key and value as bytes
     (Avro). A topic that does not exist fails the test
-    (a wrong name must not read as "no records") unless ``missing_ok``: then it has none."""
+    (a wrong name must not read as "no records") unless ``missing_ok``: then it has none.
+    A topic not there yet is waited for up to ``settle`` seconds (one being created may
+    briefly report no partitions); ``settle=0`` when whatever could make it has finished
+    (``run_router`` returned): then its absence is final and is not waited out."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
@@ -166,8 +170,8 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,
         # briefly report no partitions
         parts = consumer.partitions_for_topic(topic)
         deadline = time.monotonic() + timeout
-        settle = time.monotonic() + 5
-        while not parts and time.monotonic() < settle:
+        settle_end = time.monotonic() + settle
+        while not parts and time.monotonic() < settle_end:
             time.sleep(0.2)
             consumer.topics()
             parts = consumer.partitions_for_topic(topic)

@@ -256,7 +256,8 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
     assert topic_rows(kafka_bootstrap, f"r_{u}.public.{t}", ["id"], ["id", "v"]) == \
         table_rows(pg.conn, t, ["id", "v"])
     # the table recorded done is not copied again
-    assert read_topic(kafka_bootstrap, f"r_{u}.public.{nokey}", missing_ok=True) == []
+    assert read_topic(kafka_bootstrap, f"r_{u}.public.{nokey}", missing_ok=True,
+                      settle=0) == []  # the router is gone: absence is final
     # a keyless table is copied whole between two watermarks
     nk2 = read_topic(kafka_bootstrap, f"r_{u}.public.{nokey2}")
     assert sorted(r["value"]["after"]["a"] for r in nk2) == [1, 2, 3, 4, 5]
@@ -291,7 +292,7 @@ def test_sigterm_during_the_initial_snapshot_stops_it_and_the_next_start_finishe
         try:
             deadline = time.monotonic() + 120
             while "initial snapshot" not in log.read_text() or not read_topic(
-                    kafka_bootstrap, topic, timeout=5, missing_ok=True):
+                    kafka_bootstrap, topic, timeout=5, missing_ok=True, settle=0):
                 assert proc.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.3)
@@ -400,7 +401,8 @@ def test_initial_snapshot_raced_by_writers(pg_dsn, kafka_bootstrap, tmp_path, ki
         proc = start_router(cfg, log)
         deadline = time.monotonic() + 300
         # placed by observed progress: some snapshot records are in Kafka, not all
-        while len(read_topic(kafka_bootstrap, topic, timeout=30, missing_ok=True)) < 5_000:
+        while len(read_topic(kafka_bootstrap, topic, timeout=30, missing_ok=True,
+                             settle=0)) < 5_000:  # polled: a missing topic is not waited for
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)
