@@ -194,7 +194,8 @@ def _read_topic_librdkafka(bootstrap: str, topic: str, *, timeout: float, missin
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read-topic"),
                          "enable.auto.commit": False, "isolation.level": "read_uncommitted",
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                         "fetch.wait.max.ms": 10})  # an end of control records: no 0.5 s wait
     try:
         deadline = time.monotonic() + timeout
         settle_end = time.monotonic() + settle
@@ -217,7 +218,7 @@ def _read_topic_librdkafka(bootstrap: str, topic: str, *, timeout: float, missin
         while todo:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out reading {topic}")
-            for m in consumer.consume(10_000, 0.5):
+            for m in consumer.consume(10_000, 0.05):  # waits this long unless it has 10k
                 p, offset, end = m.partition(), m.offset(), ends[m.partition()][1]
                 if m.error() is not None:
                     if m.error().code() != KafkaError._PARTITION_EOF:
