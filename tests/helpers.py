@@ -153,10 +153,10 @@ def kill9(proc: subprocess.Popen) -> None:
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,
                missing_ok: bool = False, decode: bool = True,
                settle: float = 5) -> list[dict]:
-    """Every record of ``topic`` (all partitions) up to its end offsets at call time, as
-    dicts with key, value (decoded JSON), headers, partition, offset, timestamp (ms) and
-    timestamp_type (1: the broker's append time); ``decode=False``: key and value as bytes
-    (Avro). A topic that does not exist fails the test
+    """Every record of ``topic`` (all partitions) up to its end offsets at call time, by
+    partition and offset, as dicts with key, value (decoded JSON), headers, partition,
+    offset, timestamp (ms) and timestamp_type (1: the broker's append time);
+    ``decode=False``: key and value as bytes (Avro). A topic that does not exist fails the test
     (a wrong name must not read as "no records") unless ``missing_ok``: then it has none.
     A topic not there yet is waited for up to ``settle`` seconds (one being created may
     briefly report no partitions); ``settle=0`` when whatever could make it has finished
@@ -176,6 +176,10 @@ def _record(key, value, headers, partition: int, offset: int, timestamp: int,
     return {"key": load(key) if key else None, "value": load(value),
             "headers": dict(headers or ()), "partition": partition, "offset": offset,
             "timestamp": timestamp, "timestamp_type": timestamp_type, "raw": (key, value)}
+
+
+def _position(record: dict) -> tuple[int, int]:
+    return record["partition"], record["offset"]
 
 
 def _missing(topic: str, missing_ok: bool) -> list:
@@ -232,6 +236,7 @@ def _read_topic_librdkafka(bootstrap: str, topic: str, *, timeout: float, missin
                                        {1: 0, 2: 1}.get(ts_type), decode))
                 if offset >= end - 1:
                     todo.discard(p)
+        out.sort(key=_position)  # the same order every read (tests zip two reads)
         return out
     finally:
         consumer.close()
@@ -268,6 +273,7 @@ def _read_topic_kafka_python(bootstrap: str, topic: str, *, timeout: float, miss
                     if m.offset < ends[tp]:
                         out.append(_record(m.key, m.value, m.headers, m.partition, m.offset,
                                            m.timestamp, m.timestamp_type, decode))
+        out.sort(key=_position)
         return out
     finally:
         consumer.close()
