@@ -35,30 +35,47 @@ CLIENTS = ["kafka-python", "librdkafka"]
 
 def read_committed(bootstrap: str, topic: str, *, timeout: float = 120) -> list:
     """Every record a read_committed consumer sees in ``topic``, up to the last stable
-    offsets at call time: (partition, key, value) in partition order."""
-    from kafka import KafkaConsumer, TopicPartition
+    offsets (each partition's end-of-partition event; never past the high watermark at call
+    time): (partition, key, value) in partition order. librdkafka: the polling loops below
+    read the whole topic again and again, about twice as fast as with kafka-python."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, \
+        TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             isolation_level="read_committed")
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read-committed"),
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "enable.partition.eof": True, "fetch.wait.max.ms": 10})
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
         deadline = time.monotonic() + timeout
         settle = time.monotonic() + 5
+
+        def partitions() -> list[int]:
+            meta = consumer.list_topics(timeout=10).topics.get(topic)
+            return sorted(meta.partitions) if meta is not None and meta.error is None else []
+
+        parts = partitions()
         while not parts and time.monotonic() < settle:
             time.sleep(0.2)
-            consumer.topics()
-            parts = consumer.partitions_for_topic(topic) or set()
+            parts = partitions()
         if not parts:  # not created yet: nothing committed
             return []
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                for p in parts}
+        todo = {p for p, (low, high) in ends.items() if high > low}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
         out = []
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
+        while todo:
             assert time.monotonic() < deadline, f"timed out reading {topic}"
-            for tp, msgs in consumer.poll(timeout_ms=500).items():
-                out.extend((m.partition, m.key, m.value) for m in msgs if m.offset < ends[tp])
+            for m in consumer.consume(10_000, 0.05):
+                p, offset = m.partition(), m.offset()
+                if m.error() is not None:
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(m.error())
+                    todo.discard(p)
+                elif offset < ends[p][1]:
+                    out.append((p, m.key(), m.value()))
+                if offset >= ends[p][1] - 1:
+                    todo.discard(p)
+        out.sort(key=lambda r: r[0])  # stable: each partition's records stay in order
         return out
     finally:
         consumer.close()

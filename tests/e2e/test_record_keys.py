@@ -17,7 +17,7 @@ pytestmark = pytest.mark.services
 def _wait_records(bootstrap: str, topic: str, count: int, proc, log, timeout: float = 60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        recs = read_topic(bootstrap, topic, missing_ok=True)
+        recs = read_topic(bootstrap, topic, missing_ok=True, settle=0)  # polled: no settling
         if len(recs) >= count:
             return recs
         assert proc.poll() is None, log.read_text()[-3000:]
