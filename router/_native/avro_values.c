@@ -186,47 +186,6 @@ avro_int64(Span t, int64_t *out)
 
 /* -- strings ------------------------------------------------------------------------------- */
 
-/* strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF */
-static int
-valid_utf8(const unsigned char *s, Py_ssize_t n)
-{
-    Py_ssize_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        Py_ssize_t k;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF)
-            k = 1;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            k = 2;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F;
-        }
-        else if (c >= 0xF0 && c <= 0xF4) {
-            k = 3;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        }
-        else
-            return 0;
-        if (n - i <= k || s[i + 1] < lo || s[i + 1] > hi)
-            return 0;
-        for (Py_ssize_t j = 2; j <= k; j++)
-            if ((s[i + j] & 0xC0) != 0x80)
-                return 0;
-        i += k + 1;
-    }
-    return 1;
-}
-
 static int
 hex4(const char *p, unsigned *out)
 {
@@ -343,7 +302,7 @@ avro_string(Span t, Out *tmp, const char **s, Py_ssize_t *len)
         p = tmp->p;
         end = p + tmp->len;
     }
-    if (high && !valid_utf8((const unsigned char *)p, end - p))
+    if (high && !utf8_valid((const unsigned char *)p, end - p))
         return 0;
     *s = p;
     *len = end - p;

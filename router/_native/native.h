@@ -162,4 +162,49 @@ be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+/* [p, p + n) is UTF-8 as Python's strict decoder takes it (no overlong forms, no
+ * surrogates, nothing past U+10FFFF): what copy_rows' str() would accept; the
+ * Avro string reader's check too. */
+static inline int
+utf8_valid(const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int more;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF)
+            more = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            more = 2;
+            if (c == 0xE0)
+                lo = 0xA0;
+            else if (c == 0xED)
+                hi = 0x9F;
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            more = 3;
+            if (c == 0xF0)
+                lo = 0x90;
+            else if (c == 0xF4)
+                hi = 0x8F;
+        }
+        else
+            return 0;
+        if (n - i <= more)
+            return 0;
+        if (p[i + 1] < lo || p[i + 1] > hi)
+            return 0;
+        for (int k = 2; k <= more; k++)
+            if ((p[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
 #endif
