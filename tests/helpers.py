@@ -188,13 +188,38 @@ def _missing(topic: str, missing_ok: bool) -> list:
     raise AssertionError(f"topic {topic} does not exist (missing_ok=True when none may be made)")
 
 
+def assign_from_beginning(consumer, topic: str, settle: float):
+    """``topic``'s partitions that hold records, assigned to ``consumer`` (confluent-kafka)
+    from their beginning, the topic waited for up to ``settle`` seconds: (each partition's
+    (low, high) watermarks at call time, the partitions to read), or None when it does not
+    exist."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    settle_end = time.monotonic() + settle
+
+    def partitions() -> list[int]:
+        meta = consumer.list_topics(timeout=10).topics.get(topic)
+        return sorted(meta.partitions) if meta is not None and meta.error is None else []
+
+    parts = partitions()
+    while not parts and time.monotonic() < settle_end:
+        time.sleep(0.2)
+        parts = partitions()
+    if not parts:
+        return None
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            for p in parts}
+    todo = {p for p, (low, high) in ends.items() if high > low}
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
+    return ends, todo
+
+
 def _read_topic_librdkafka(bootstrap: str, topic: str, *, timeout: float, missing_ok: bool,
                            decode: bool, settle: float) -> list[dict]:
     """``read_topic`` with confluent-kafka: read_uncommitted like kafka-python's default, each
     partition up to its high watermark at call time (a partition whose last offsets are
     transaction markers ends at its end-of-partition event)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, \
-        TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read-topic"),
                          "enable.auto.commit": False, "isolation.level": "read_uncommitted",
@@ -202,22 +227,10 @@ def _read_topic_librdkafka(bootstrap: str, topic: str, *, timeout: float, missin
                          "fetch.wait.max.ms": 10})  # an end of control records: no 0.5 s wait
     try:
         deadline = time.monotonic() + timeout
-        settle_end = time.monotonic() + settle
-
-        def partitions() -> list[int]:
-            meta = consumer.list_topics(timeout=10).topics.get(topic)
-            return sorted(meta.partitions) if meta is not None and meta.error is None else []
-
-        parts = partitions()
-        while not parts and time.monotonic() < settle_end:
-            time.sleep(0.2)
-            parts = partitions()
-        if not parts:
+        assigned = assign_from_beginning(consumer, topic, settle)
+        if assigned is None:
             return _missing(topic, missing_ok)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                for p in parts}
-        todo = {p for p, (low, high) in ends.items() if high > low}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
+        ends, todo = assigned
         out = []
         while todo:
             if time.monotonic() > deadline:

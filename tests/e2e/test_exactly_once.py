@@ -21,8 +21,8 @@ import psycopg2
 import pytest
 
 from tests.e2e.guarantee import ConfirmSampler
-from tests.helpers import (ROOT, Pg, kill9, run_router, start_router, unique,
-                           write_config)
+from tests.helpers import (ROOT, Pg, assign_from_beginning, kill9, run_router, start_router,
+                           unique, write_config)
 
 pytestmark = pytest.mark.services
 
@@ -38,30 +38,17 @@ def read_committed(bootstrap: str, topic: str, *, timeout: float = 120) -> list:
     offsets (each partition's end-of-partition event; never past the high watermark at call
     time): (partition, key, value) in partition order. librdkafka: the polling loops below
     read the whole topic again and again, about twice as fast as with kafka-python."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, \
-        TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read-committed"),
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "enable.partition.eof": True, "fetch.wait.max.ms": 10})
     try:
         deadline = time.monotonic() + timeout
-        settle = time.monotonic() + 5
-
-        def partitions() -> list[int]:
-            meta = consumer.list_topics(timeout=10).topics.get(topic)
-            return sorted(meta.partitions) if meta is not None and meta.error is None else []
-
-        parts = partitions()
-        while not parts and time.monotonic() < settle:
-            time.sleep(0.2)
-            parts = partitions()
-        if not parts:  # not created yet: nothing committed
+        assigned = assign_from_beginning(consumer, topic, settle=5)
+        if assigned is None:  # not created yet: nothing committed
             return []
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                for p in parts}
-        todo = {p for p, (low, high) in ends.items() if high > low}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
+        ends, todo = assigned
         out = []
         while todo:
             assert time.monotonic() < deadline, f"timed out reading {topic}"
