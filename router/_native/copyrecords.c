@@ -219,23 +219,11 @@ build(const Out *o, const Py_ssize_t *at, Py_ssize_t rows, PyObject *topic,
             PyObject_GC_UnTrack(rec);
             continue;
         }
-        char digits[24];
-        int nd = snprintf(digits, sizeof(digits), "%llu", first_seq + (unsigned long long)i);
-        PyObject *headers = PyList_New(2), *seq_header = PyTuple_New(2);
-        PyObject *seq_bytes = PyBytes_FromStringAndSize(digits, nd);
-        if (headers == NULL || seq_header == NULL || seq_bytes == NULL) {
-            Py_XDECREF(headers);
-            Py_XDECREF(seq_header);
-            Py_XDECREF(seq_bytes);
+        PyObject *headers = seq_headers(lsn_header, seq_name,
+                                        first_seq + (unsigned long long)i);
+        if (headers == NULL)
             goto fail;
-        }
-        PyTuple_SET_ITEM(seq_header, 0, Py_NewRef(seq_name));
-        PyTuple_SET_ITEM(seq_header, 1, seq_bytes);
-        PyList_SET_ITEM(headers, 0, Py_NewRef(lsn_header));
-        PyList_SET_ITEM(headers, 1, seq_header);
         PyTuple_SET_ITEM(rec, 3, headers);
-        PyObject_GC_UnTrack(seq_header);
-        PyObject_GC_UnTrack(headers);
         PyObject_GC_UnTrack(rec);
     }
     return list;

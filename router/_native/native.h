@@ -41,6 +41,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 /* module.c: router.pgoutput's sentinel, column limit and message classes (configure()) */
@@ -205,6 +206,30 @@ utf8_valid(const unsigned char *p, Py_ssize_t n)
         i += more + 1;
     }
     return 1;
+}
+
+/* A record's headers: [lsn_header, (seq_name, b"<seq>")], untracked by the collector (it
+ * holds only atoms); NULL with an exception set. */
+static inline PyObject *
+seq_headers(PyObject *lsn_header, PyObject *seq_name, unsigned long long seq)
+{
+    char digits[24];
+    int n = snprintf(digits, sizeof(digits), "%llu", seq);
+    PyObject *headers = PyList_New(2), *seq_header = PyTuple_New(2);
+    PyObject *seq_bytes = PyBytes_FromStringAndSize(digits, n);
+    if (headers == NULL || seq_header == NULL || seq_bytes == NULL) {
+        Py_XDECREF(headers);
+        Py_XDECREF(seq_header);
+        Py_XDECREF(seq_bytes);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(seq_header, 0, Py_NewRef(seq_name));
+    PyTuple_SET_ITEM(seq_header, 1, seq_bytes);
+    PyList_SET_ITEM(headers, 0, Py_NewRef(lsn_header));
+    PyList_SET_ITEM(headers, 1, seq_header);
+    PyObject_GC_UnTrack(seq_header);
+    PyObject_GC_UnTrack(headers);
+    return headers;
 }
 
 #endif

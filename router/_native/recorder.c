@@ -54,25 +54,13 @@ recorder_vectorcall(Recorder *self, PyObject *const *args, size_t nargsf, PyObje
         PyObject_GC_UnTrack(rec);
         return rec;
     }
-    char digits[24];
     unsigned long long seq = PyLong_AsUnsignedLongLong(args[2]); /* checked by encode_change */
-    int n = snprintf(digits, sizeof(digits), "%llu", seq);
-    PyObject *headers = PyList_New(2), *seq_header = PyTuple_New(2);
-    PyObject *seq_bytes = PyBytes_FromStringAndSize(digits, n);
-    if (headers == NULL || seq_header == NULL || seq_bytes == NULL) {
-        Py_XDECREF(headers);
-        Py_XDECREF(seq_header);
-        Py_XDECREF(seq_bytes);
+    PyObject *headers = seq_headers(self->lsn_header, self->seq_name, seq);
+    if (headers == NULL) {
         Py_DECREF(rec);
         return NULL;
     }
-    PyTuple_SET_ITEM(seq_header, 0, Py_NewRef(self->seq_name));
-    PyTuple_SET_ITEM(seq_header, 1, seq_bytes);
-    PyList_SET_ITEM(headers, 0, Py_NewRef(self->lsn_header));
-    PyList_SET_ITEM(headers, 1, seq_header);
     PyTuple_SET_ITEM(rec, 3, headers);
-    PyObject_GC_UnTrack(seq_header);
-    PyObject_GC_UnTrack(headers);
     PyObject_GC_UnTrack(rec);
     return rec;
 }
