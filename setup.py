@@ -1,7 +1,10 @@
-"""Build of the optional C accelerator ``router._native`` (everything else is in pyproject.toml).
+"""Build of the optional C extensions (everything else is in pyproject.toml): the accelerator
+``router._native`` and ``actors.kafka._producer`` (librdkafka's producer driven from C for an
+initial snapshot's packed records; it links nothing: it opens the librdkafka confluent-kafka
+loaded).
 
-The extension is optional: without a C compiler pgrouter installs and runs on its Python
-code alone (slower; the router's ``starting`` log line says which: ``hot_path=native``)."""
+Both are optional: without a C compiler pgrouter installs and runs on its Python code alone
+(slower; the router's ``starting`` log line says which: ``hot_path=native``)."""
 
 from setuptools import Extension, setup
 
@@ -13,4 +16,7 @@ setup(ext_modules=[Extension("router._native", [f"router/_native/{name}" for nam
                              depends=["router/_native/native.h", "router/_native/codec.h",
                                       "router/_native/json.h", "router/_native/avro_values.h",
                                       "router/_native/copytext.h"],
-                             optional=True, extra_compile_args=["-O2", "-Wall"])])
+                             optional=True, extra_compile_args=["-O2", "-Wall"]),
+                   Extension("actors.kafka._producer", ["actors/kafka/_producer.c"],
+                             libraries=["dl", "pthread"], optional=True,
+                             extra_compile_args=["-O2", "-Wall"])])

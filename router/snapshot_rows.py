@@ -17,6 +17,10 @@ Rules:
   streaming recorder's records; its twin ``copy_records_py``): the readers hand it the COPY
   text itself (``CopyText``). A batch the C side declines (escapes COPY never writes, text
   that is not UTF-8, a non-canonical integer) is parsed and encoded by the Python path.
+* ``packed`` (the sink's client produces them in C: ``actors.kafka.native_producer``): such a
+  batch's records stay packed, one ``RecordBlock`` a route (their bytes and offsets, no
+  object a record), the chunk's records a ``PackedRecords``. Both are sequences of the
+  same ``(topic, key, value, headers)`` records for any other reader.
 """
 
 from __future__ import annotations
@@ -46,10 +50,61 @@ class CopyText:
         return self.rows
 
 
+class RecordBlock:
+    """One route's records of a batch, packed (``copy_records(..., packed=True)``): every
+    record's key and value back to back in ``data``, three native 64-bit offsets a record
+    (key start, value start, end) in ``offsets``; the n-th record's seq is ``first_seq + n``
+    and its headers are ``[lsn_header, (seq_name, seq)]`` (none without ``lsn_header``)."""
+
+    __slots__ = ("topic", "data", "offsets", "lsn_header", "seq_name", "first_seq", "rows")
+
+    def __init__(self, topic: str, data: bytes, offsets: bytes, lsn_header: tuple | None,
+                 seq_name: str, first_seq: int):
+        self.topic, self.data, self.offsets = topic, data, offsets
+        self.lsn_header, self.seq_name, self.first_seq = lsn_header, seq_name, first_seq
+        self.rows = len(offsets) // 24
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __iter__(self):
+        at = memoryview(self.offsets).cast("q")
+        data, topic, lsn_header = self.data, self.topic, self.lsn_header
+        for i in range(self.rows):
+            k, v, e = at[3 * i], at[3 * i + 1], at[3 * i + 2]
+            headers = None if lsn_header is None else [
+                lsn_header, (self.seq_name, b"%d" % (self.first_seq + i))]
+            yield topic, data[k:v], data[v:e], headers
+
+
+class PackedRecords:
+    """A chunk's records as ``RecordBlock``s (route after route)."""
+
+    __slots__ = ("blocks", "rows")
+
+    def __init__(self, blocks: list[RecordBlock]):
+        self.blocks = blocks
+        self.rows = sum(b.rows for b in blocks)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __iter__(self):
+        for block in self.blocks:
+            yield from block
+
+    def sizes(self) -> list[tuple[str, int, int]]:
+        """(topic, records, key and value bytes) of each block."""
+        return [(b.topic, b.rows, len(b.data)) for b in self.blocks]
+
+
 class SnapshotRows:
-    def __init__(self, router: ChangeRouter, *, position_headers: bool = False):
+    def __init__(self, router: ChangeRouter, *, position_headers: bool = False,
+                 packed: bool = False):
         self.router = router
         self.position_headers = position_headers
+        #: C-path batches stay packed (``PackedRecords``): the sink's client produces them
+        self.packed = packed
         self._schemas: set[str] = set()
         self._topics: set[str] = set()
         self._text: dict[int, bool] = {}  # relation id -> on the C path
@@ -103,7 +158,7 @@ class SnapshotRows:
         """The records of ``rows`` for every route taking ``relation``."""
         if type(rows) is CopyText:
             parts = self.text_parts(relation, tx)
-            records = encode_text(parts, rows.data, tx.end_lsn, first_seq)
+            records = encode_text(parts, rows.data, tx.end_lsn, first_seq, self.packed)
             if records is not None:
                 return self.text_chunk(parts, records, tx, last)
             rows = copy_rows(rows.data)
@@ -162,18 +217,23 @@ def _c_layout(encoder: TableEncoder) -> bool:
         cols[i].type_oid in (FLOAT4, FLOAT8) for i in encoder._pick + encoder._key_pick)
 
 
-def encode_text(parts: list, data: bytes, lsn: int, first_seq: int) -> list | None:
+def encode_text(parts: list, data: bytes, lsn: int, first_seq: int,
+                packed: bool = False) -> list | PackedRecords | None:
     """Every route's records of the COPY text ``data`` by ``router._native.copy_records``
     (pure C without the GIL: call it from a worker thread and two sessions encode at once),
-    route after route as ``SnapshotRows.chunk`` orders them; None when C declines."""
+    route after route as ``SnapshotRows.chunk`` orders them (``packed``: as one
+    ``RecordBlock`` a route); None when C declines."""
     out: list = []
     for _, (codec, topic, head, mid, tail, lsn_header) in parts:
         records = NATIVE.copy_records(data, codec, topic, head, mid, tail, lsn, first_seq,
-                                      lsn_header, _H_SEQ)
+                                      lsn_header, _H_SEQ, packed)
         if records is None:
             return None
-        out += records
-    return out
+        if packed:
+            out.append(RecordBlock(topic, *records, lsn_header, _H_SEQ, first_seq))
+        else:
+            out += records
+    return PackedRecords(out) if packed else out
 
 
 def copy_records_py(data: bytes, encoder: TableEncoder, tx: TxContext, topic: str, lsn: int,

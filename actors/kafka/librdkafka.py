@@ -17,6 +17,11 @@ Rules:
 * A full local queue (``BufferError``) is backpressure, not a failure: ``produce`` waits for
   deliveries and retries, so the sink's thread blocks like kafka-python's ``send`` does.
 * ``[kafka] settings`` use the common vocabulary of ``router.kafka_settings``.
+* Packed records (``router.snapshot_rows.PackedRecords``: an initial snapshot's, when
+  ``takes_packed``) go through a second producer, driven from C with the same settings
+  (``actors.kafka.native_producer``); ``flush`` and ``close`` cover both. Only an initial
+  snapshot sends them, and the stream starts once they are all acknowledged, so the two
+  producers never carry records whose order matters against each other.
 """
 
 from __future__ import annotations
@@ -30,8 +35,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from router.delivery import Tally, record_too_large
 from router.native import NATIVE
+from router.snapshot_rows import PackedRecords
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import LIBRDKAFKA, translate
+
+from . import native_producer
+from .native_producer import NativeProducer
 
 #: batch sizes and buffers match KafkaPythonClient's; no Nagle on the broker sockets (a small
 #: produce request may wait for the TCP acknowledgement of the previous one; kafka-python
@@ -162,6 +171,10 @@ class RdKafkaClient:
         self._admin_conf = {k: v for k, v in conf.items()
                             if k == "bootstrap.servers" or k.startswith(_ADMIN_KEYS)}
         self._fatal: KafkaError | None = None
+        #: packed records' producer (``native_producer``), made at the first of them
+        self._native_conf = None if transactional_id else dict(conf)
+        self._native: NativeProducer | None = None
+        self._native_lock = threading.Lock()
         conf["error_cb"] = self._on_error
         conf["logger"] = _LOGGER
         self._admin_conf["logger"] = _LOGGER
@@ -181,6 +194,12 @@ class RdKafkaClient:
         self._poller.start()
 
     map_error = staticmethod(map_error)
+
+    @property
+    def takes_packed(self) -> bool:
+        """Packed records (``router.snapshot_rows.PackedRecords``) are produced in C: not by
+        a transactional producer (its records belong to its transactions)."""
+        return self._native_conf is not None and native_producer.available()
 
     # -- client thread ------------------------------------------------------------------------
 
@@ -204,13 +223,49 @@ class RdKafkaClient:
     # -- contract -------------------------------------------------------------------------------
 
     def produce(self, records, ticket, on_done) -> None:
+        if type(records) is PackedRecords:
+            return self._produce_packed(records, ticket, on_done)
         # per record only C runs on the poll thread: librdkafka's report → the Tally
         self._hand_over(records, Tally(len(records), _Failure(on_done), ticket), 0)
+
+    def _produce_packed(self, records: PackedRecords, ticket, on_done) -> None:
+        """``produce`` of packed records by the native producer; one report for them all."""
+        if not self.takes_packed:
+            return self.produce(list(records), ticket, on_done)
+        if self._fatal is not None:
+            raise map_error(KafkaException(self._fatal))
+        with self._native_lock:
+            if self._native is None:
+                try:
+                    self._native = NativeProducer(self._native_conf)
+                except ValueError as exc:
+                    raise ConfigError(f"librdkafka refused the configuration: {exc}",
+                                      path="kafka.settings") from exc
+        max_message = self._max_message
+
+        def report(failure, count):
+            if failure is None:
+                return on_done(ticket, None, count)
+            code, reason, topic, key, value = failure
+            if code in _TOO_LARGE:
+                return on_done(ticket, record_too_large(topic, key, value), 0)
+            on_done(ticket, KafkaException(KafkaError(code, reason)), 0)
+
+        refused = self._native.produce(records.blocks, report)
+        if refused is not None:
+            code, reason, index = refused
+            if code in _TOO_LARGE:
+                topic, key, value, _ = next(r for i, r in enumerate(records) if i == index)
+                raise record_too_large(topic, key, value, producer_limit=max_message)
+            raise map_error(KafkaException(KafkaError(code, reason,
+                                                      fatal=code == KafkaError._FATAL)))
 
     def produce_now(self, records, ticket, on_done):
         """``produce`` without waiting, on the caller's thread: the records the local queue
         takes now are handed over. None when that is all of them; else a callable that hands
         over the rest, waiting for room (call it in a worker thread)."""
+        if type(records) is PackedRecords:  # in C, without the GIL: in a worker thread
+            return lambda: self._produce_packed(records, ticket, on_done)
         report = Tally(len(records), _Failure(on_done), ticket)
         if type(records) is not list:
             records = list(records)
@@ -302,6 +357,8 @@ class RdKafkaClient:
 
     def flush(self, timeout: float | None = None) -> None:
         left = self.producer.flush(-1 if timeout is None else timeout)
+        if self._native is not None:
+            left += self._native.flush(timeout)
         if left:
             raise SinkUnavailable(f"{left} record(s) still unacknowledged after {timeout} s")
         if self._fatal is not None:
@@ -311,6 +368,11 @@ class RdKafkaClient:
         """Wait up to ``timeout`` for what is queued, then drop the rest: after close nothing
         of this producer can land behind a successor's records (what was dropped was never
         confirmed, so PostgreSQL sends it again)."""
+        try:
+            if self._native is not None:
+                self._native.close(timeout)
+        except Exception:  # closing after a failure: what is lost was never confirmed
+            pass
         try:
             if self.producer.flush(timeout):
                 self.producer.purge(in_queue=True, in_flight=True, blocking=False)

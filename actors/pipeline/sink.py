@@ -355,7 +355,10 @@ class SinkActor(SchemaSide):
             with self._lock:
                 self._txns[ticket].sent += len(records)
             self._sent_records += len(records)
-            if whole and self._joinable and batch and batch[-1][1] == ticket:
+            if type(records) is not list:  # packed (an initial snapshot's): its own
+                batch.append((records, ticket))
+                whole = False
+            elif whole and self._joinable and batch and batch[-1][1] == ticket:
                 batch[-1][0].extend(records)
             else:  # a whole transaction's list is its own: the next ones join it
                 batch.append((list(records) if whole else records, ticket))

@@ -176,15 +176,13 @@ class Metrics:
     def topic_route(self, topic: str, route: str) -> None:
         self._topic_routes[topic] = route
 
-    def produced(self, records: list) -> None:
+    def produced(self, records) -> None:
         """One chunk of ``(topic, key, value, …)`` records handed to Kafka (counted with
-        C-level iteration: a chunk mostly holds one topic)."""
-        topics = collections.Counter(map(_TOPIC, records))
+        C-level iteration: a chunk mostly holds one topic; packed records, an initial
+        snapshot's, say their sizes themselves)."""
         routes = self._topic_routes
-        for topic, n in topics.items():
-            part = records if len(topics) == 1 else [r for r in records if r[0] == topic]
-            size = sum(map(len, filter(None, map(_VALUE, part)))) + sum(
-                map(len, filter(None, map(_KEY, part))))
+        sizes = getattr(records, "sizes", None)
+        for topic, n, size in (sizes() if sizes is not None else _sizes(records)):
             route = routes.get(topic, "")
             self.route_commit[route] = self.clock.newest
             self.records.labels(route, topic).inc(n)
@@ -226,3 +224,14 @@ def activate(metrics: Metrics | None) -> None:
 
 def active() -> Metrics | None:
     return _active
+
+
+def _sizes(records: list) -> list[tuple[str, int, int]]:
+    """(topic, records, key and value bytes) of each topic of ``records``."""
+    topics = collections.Counter(map(_TOPIC, records))
+    out = []
+    for topic, n in topics.items():
+        part = records if len(topics) == 1 else [r for r in records if r[0] == topic]
+        out.append((topic, n, sum(map(len, filter(None, map(_VALUE, part)))) + sum(
+            map(len, filter(None, map(_KEY, part))))))
+    return out

@@ -111,6 +111,8 @@ class InitialSnapshot:
     def __init__(self, cfg: Config, client):
         self.cfg = cfg
         self.store = StateStore(cfg, client)
+        #: the sink's client produces packed records in C (plain sink, pgrouter's JSON)
+        self.packed = cfg.kafka.format == "json" and getattr(client, "takes_packed", False)
         self.slot: ExportedSlot | None = None
         self.rows: SnapshotRows | None = None
         self.tables: list[SnapshotTable] = []
@@ -138,7 +140,8 @@ class InitialSnapshot:
         # records keyed as the stream keys them (the primary key whenever there is one)
         self.rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
                                               type_names=names, primary_keys=pks),
-                                 position_headers=cfg.kafka.position_headers)
+                                 position_headers=cfg.kafka.position_headers,
+                                 packed=self.packed)
         self.tables = [t for t in tables if self.rows.routed(t.relation)]
         await self.store.aload()
         await self.store.forget_initial(src.slot)
@@ -149,7 +152,8 @@ class InitialSnapshot:
                                                   src.two_phase, src.failover)
         log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
                   consistent_point=format_lsn(self.slot.consistent_point),
-                  snapshot=self.slot.snapshot)
+                  snapshot=self.slot.snapshot,
+                  records="packed, produced in C" if self.packed else "produced by the client")
 
     def close(self) -> None:
         if self.slot is not None:

@@ -135,7 +135,7 @@ async def encode_chunk(rows: SnapshotRows, relation: Relation, batch: list | Cop
     if type(batch) is CopyText:
         parts = rows.text_parts(relation, tx)
         records = await trio.to_thread.run_sync(encode_text, parts, batch.data, tx.end_lsn,
-                                                first_seq)
+                                                first_seq, rows.packed)
         if records is not None:
             return rows.text_chunk(parts, records, tx)
     return rows.chunk(relation, batch, tx, first_seq)

@@ -2,8 +2,9 @@
  * work done in C without the interpreter lock (router.snapshot_rows; its Python twin:
  * router.snapshot_rows:copy_records_py).
  *
- * copy_records(data, codec, topic, head, mid, tail, lsn, first_seq, lsn_header, seq_name)
- *   -> list[(topic, key, value, headers)] | None
+ * copy_records(data, codec, topic, head, mid, tail, lsn, first_seq, lsn_header, seq_name,
+ *              packed=False)
+ *   -> list[(topic, key, value, headers)] | (bytes, bytes) | None
  *
  * data: whole lines of ``COPY ... TO STDOUT`` output (as copy_rows takes them), every line
  * a row of the codec's relation (codec.width fields). The n-th row becomes what the
@@ -18,7 +19,11 @@
  *
  * The parsing and encoding of the whole batch run with the GIL released, into one buffer
  * and an array of offsets (two sessions' batches encode at once, beside the event loop's
- * thread); the bytes and tuples are made after it is taken again.
+ * thread); the bytes and tuples are made after it is taken again. With ``packed`` no record
+ * object is made: the buffer and the offsets come back as two bytes objects — every
+ * record's key and value back to back, and three native 64-bit integers a record (key
+ * start, value start, end) — for a producer that reads them in C
+ * (router.snapshot_rows.RecordBlock, actors/kafka/_producer.c).
  */
 #include "codec.h"
 #include "copytext.h"
@@ -235,15 +240,19 @@ fail:
 static PyObject *
 copy_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10 || !PyBytes_CheckExact(args[0]) ||
+    if ((nargs != 10 && nargs != 11) || !PyBytes_CheckExact(args[0]) ||
         !PyObject_TypeCheck(args[1], &RowCodecType) || !PyUnicode_CheckExact(args[2]) ||
         !PyBytes_CheckExact(args[3]) || !PyBytes_CheckExact(args[4]) ||
         !PyBytes_CheckExact(args[5]) || !PyUnicode_CheckExact(args[9])) {
         PyErr_SetString(PyExc_TypeError,
                         "copy_records(data: bytes, codec: RowCodec, topic: str, head: bytes, "
-                        "mid: bytes, tail: bytes, lsn, first_seq, lsn_header, seq_name: str)");
+                        "mid: bytes, tail: bytes, lsn, first_seq, lsn_header, seq_name: str, "
+                        "packed=False)");
         return NULL;
     }
+    int packed = nargs == 11 ? PyObject_IsTrue(args[10]) : 0;
+    if (packed < 0)
+        return NULL;
     PyObject *data = args[0], *lsn_header = args[8];
     RowCodec *codec = (RowCodec *)args[1];
     if (lsn_header != Py_None &&
@@ -287,6 +296,12 @@ copy_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         res = PyErr_NoMemory();
     else if (r == DECLINE)
         res = Py_NewRef(Py_None);
+    else if (packed) {
+        Py_BUILD_ASSERT(sizeof(Py_ssize_t) == 8);
+        /* y# makes None of a NULL pointer: an empty batch has neither */
+        res = Py_BuildValue("(y#y#)", o.p ? o.p : "", o.len, at ? (const char *)at : "",
+                            (Py_ssize_t)(sizeof(Py_ssize_t) * 3 * rows));
+    }
     else {
         /* the records hold only atoms and are untracked as they are made: a collection
          * triggered by making a batch of them (one in 700 allocations) finds nothing to do */
@@ -305,8 +320,9 @@ copy_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef copyrecords_methods[] = {
     {"copy_records", (PyCFunction)(void (*)(void))copy_records, METH_FASTCALL,
      "copy_records(data, codec, topic, head, mid, tail, lsn, first_seq, lsn_header, "
-     "seq_name) -> list[record] | None: a snapshot's COPY text as one route's records, "
-     "encoded without the GIL (router.snapshot_rows)"},
+     "seq_name, packed=False) -> list[record] | (bytes, bytes) | None: a snapshot's COPY "
+     "text as one route's records (packed: their bytes and offsets), encoded without the "
+     "GIL (router.snapshot_rows)"},
     {NULL}};
 
 int

@@ -8,12 +8,16 @@
   naming the key;
 * the same key lands on the same partition with either client (and where Kafka's own
   murmur2 partitioner puts it), and ``pgrouter run`` writes the same records either way.
+* "librdkafka-packed" is librdkafka's client handed its records packed, as an initial
+  snapshot hands them (``router.snapshot_rows.PackedRecords``): its second producer, driven
+  from C (``actors.kafka.native_producer``), keeps the same contract.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -24,6 +28,7 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from actors.kafka.kafka_python import KafkaPythonClient, murmur2
 from actors.kafka.librdkafka import RdKafkaClient
+from router.snapshot_rows import PackedRecords, RecordBlock
 from router.topics import TopicSpec
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkUnavailable
 from tests.helpers import Pg, run_router, unique, write_config
@@ -31,7 +36,41 @@ from tests.helpers import read_topic as read_records
 
 pytestmark = pytest.mark.services
 
-CLIENTS = {"kafka-python": KafkaPythonClient, "librdkafka": RdKafkaClient}
+def pack(records: list) -> PackedRecords:
+    """``(topic, key, value, headers)`` records as an initial snapshot packs them: a block
+    per run of one topic, headers ``[lsn header, (seq name, seq)]`` numbered on, or none."""
+    blocks: list[RecordBlock] = []
+    run: list = []
+    for r in records + [None]:
+        if run and (r is None or r[0] != run[0][0]):
+            data, offsets = bytearray(), bytearray()
+            for _, key, value, _ in run:
+                start = len(data)
+                data += key
+                offsets += struct.pack("qqq", start, len(data), len(data) + len(value))
+                data += value
+            headers = run[0][3]
+            lsn, seq = (headers[0], headers[1]) if headers else (None, ("pgrouter.seq", b"0"))
+            block = RecordBlock(run[0][0], bytes(data), bytes(offsets), lsn, seq[0],
+                                int(seq[1]))
+            assert list(block) == [(t, k, v, h or None) for t, k, v, h in run]
+            blocks.append(block)
+            run = []
+        if r is not None:
+            run.append(r)
+    return PackedRecords(blocks)
+
+
+class PackedRdKafkaClient(RdKafkaClient):
+    """librdkafka's client handed its records packed (its C-driven producer)."""
+
+    def produce(self, records, ticket, on_done) -> None:
+        assert self.takes_packed
+        return super().produce(pack(records), ticket, on_done)
+
+
+CLIENTS = {"kafka-python": KafkaPythonClient, "librdkafka": RdKafkaClient,
+           "librdkafka-packed": PackedRdKafkaClient}
 DEADLINE = 30.0
 
 
@@ -202,6 +241,21 @@ def test_unreachable_bootstrap_is_sink_unavailable(client_name):
     assert time.monotonic() - start < DEADLINE
 
 
+def test_packed_records_to_an_unreachable_broker_fail_typed():
+    """The C-driven producer reports records it could not deliver as failed (never as
+    acknowledged), typed as the sink expects."""
+    client = PackedRdKafkaClient(f"127.0.0.1:{_closed_port()}",
+                                 {"request_timeout_ms": 2000, "delivery_timeout_ms": 3000})
+    try:
+        reports = Reports(2)
+        client.produce([("test.sink.unreachable", b"null", b"{}", None)] * 2, 4, reports)
+        reports.wait()
+        assert [(t, c) for t, _, c, _ in reports.calls] == [(4, 0)]
+        assert isinstance(failure(reports.error, client), SinkUnavailable)
+    finally:
+        client.close(1.0)
+
+
 @pytest.mark.parametrize("settings, key", [
     ({"lingerms": 5}, "lingerms"),
     ({"linger_ms": "5"}, "linger_ms"),
@@ -240,7 +294,7 @@ def test_same_key_same_partition_with_both_clients(kafka_bootstrap, topics):
         finally:
             client.close(10.0)
     assert len(placed["kafka-python"]) == len(keys)
-    assert placed["kafka-python"] == placed["librdkafka"]
+    assert placed["kafka-python"] == placed["librdkafka"] == placed["librdkafka-packed"]
     # …and where Kafka's default (Java) partitioner puts them
     assert all(p == (kafka_murmur2(k) & 0x7FFFFFFF) % 6 for k, p in placed["librdkafka"].items())
     assert len(set(placed["librdkafka"].values())) == 6

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from router.envelope import TableEncoder, TxContext
 from router.pgoutput import Relation, RelationColumn
+from router.snapshot_rows import RecordBlock
 
 SAME, DECLINED = "same", "declined"
 TEXT, INT8, INT4, BOOL, NUMERIC, TSTZ, JSONB = 25, 20, 23, 16, 1700, 1184, 3802
@@ -38,8 +39,16 @@ def check_copy_records(python, fast, case):
                 or INT4 in types or any(line.count(b"\t") != len(types) - 1
                                          for line in data.splitlines())), case
         return DECLINED
-    assert got == python(data, encoder, _TX, "topic", _TX.end_lsn, first_seq, headers,
-                         "pgrouter.seq"), case
+    want = python(data, encoder, _TX, "topic", _TX.end_lsn, first_seq, headers,
+                  "pgrouter.seq")
+    assert got == want, case
+    # packed: the same records, read back from the bytes and offsets (what the native
+    # producer reads; RecordBlock iterates them as it does)
+    packed = fast(data, encoder._codec, "topic", encoder._head, encoder._mid, encoder._tail,
+                  _TX.end_lsn, first_seq, headers, "pgrouter.seq", True)
+    block = RecordBlock("topic", *packed, headers, "pgrouter.seq", first_seq)
+    assert len(block) == len(want) and list(block) == want, case
+    assert len(block.data) == sum(len(k) + len(v) for _, k, v, _ in want), case
     return SAME
 
 
