@@ -135,3 +135,60 @@ def test_record_too_large_in_the_backfill_finishing_an_initial_snapshot(client, 
         pg.drop_slot(name)
         pg.run(f"drop publication {name}; drop table {name}_a, {name}_b")
         pg.close()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_record_too_large_in_the_initial_snapshot(case, pg_dsn, kafka_bootstrap, tmp_path):
+    """The initial snapshot's records go packed through the C-driven producer (librdkafka,
+    JSON): a row Kafka will not take stops the router with the same one line, and the
+    snapshot is not recorded done (the next start finishes it by backfill)."""
+    from tests.e2e.test_backfill import progress
+
+    size, topic_settings, settings = CASES[case]
+    pg = Pg(pg_dsn)
+    name = unique("bigs")
+    topic = f"{name}.public.{name}"
+    pg.run(f"create table {name} (id int primary key, v text)")
+    pg.run(f"alter table {name} alter column v set storage external")  # no compression
+    # the broker refuses a whole producer batch above the topic's limit, so against a 4 kB
+    # topic a few rows; else two batches of the snapshot (about 2000 rows each)
+    rows, big = (10, 7) if case == "topic" else (3000, 2007)
+    pg.run(f"insert into {name} select g, 'small' from generate_series(1, {rows}) g")
+    pg.run(f"update {name} set v = repeat('x', {size}) where id = {big}")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra='client = "librdkafka"\n'
+                       "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
+                       "request_timeout_ms = 10000\n",
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{topic}"\n{topic_settings}\n')
+    try:
+        proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
+                              text=True, timeout=TIMEOUT, cwd=ROOT)
+        assert "packed, produced in C" in proc.stderr, proc.stderr[-3000:]
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("pgrouter run: record too large for Kafka:"), proc.stderr[-3000:]
+        assert f"topic {topic}," in last and f"table public.{name}," in last, last
+        assert f'key {{"id":{big}}}' in last, last
+        got = int(re.search(r"(\d+) bytes,", last).group(1))
+        assert size < got < size + 2000, last
+        for setting in settings:
+            assert setting in last, last
+        assert not [p for p in progress(kafka_bootstrap, name)
+                    if p["state"] == "done" and p["request"] == "initial"
+                    and p["table"] == f"public.{name}"]
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication if exists {name}")
+        pg.run(f"drop table if exists {name}")
+        pg.close()
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
+        try:
+            if topic in set(admin.list_topics()):
+                admin.delete_topics([topic])
+        finally:
+            admin.close()

@@ -129,6 +129,8 @@ columns = ["id", "n"]
     try:
         proc = run_router(cfg, timeout=120)
         assert "initial snapshot done" in proc.stderr, proc.stderr[-3000:]
+        # librdkafka, JSON: the C path's records went packed, through the C-driven producer
+        assert "packed, produced in C" in proc.stderr, proc.stderr[-3000:]
         from tests.e2e.test_backfill import progress
 
         done = {(p["route"], p["table"]) for p in progress(kafka_bootstrap, slot)
