@@ -150,6 +150,24 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def drop_source(pg: "Pg", name: str, bootstrap: str, topics: tuple[str, ...] = ()) -> None:
+    """What a test made, all named ``name``: its slot, publication and table, closing ``pg``;
+    then ``topics`` that exist are deleted."""
+    pg.drop_slot(name)
+    pg.run(f"drop publication if exists {name}")
+    pg.run(f"drop table if exists {name}")
+    pg.close()
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="pgrouter-test")
+    try:
+        gone = [t for t in topics if t in set(admin.list_topics())]
+        if gone:
+            admin.delete_topics(gone)
+    finally:
+        admin.close()
+
+
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,
                missing_ok: bool = False, decode: bool = True,
                settle: float = 5) -> list[dict]:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, Pg, router_cmd, unique, write_config
+from tests.helpers import ROOT, Pg, drop_source, router_cmd, unique, write_config
 
 pytestmark = pytest.mark.services
 ROWS = 300_000
@@ -73,16 +73,4 @@ def test_huge_transaction_runs_in_bounded_memory(client, pg_dsn, kafka_bootstrap
         assert growth < MAX_GROWTH, (f"{client}: peak RSS {rss / MIB:.0f} MiB, "
                                      f"{growth / MIB:.0f} MiB above an idle process")
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication if exists {name}")
-        pg.run(f"drop table if exists {name}")
-        pg.close()
-        from kafka import KafkaAdminClient
-
-        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
-        try:
-            gone = [t for t in (topic,) if t in set(admin.list_topics())]
-            if gone:
-                admin.delete_topics(gone)
-        finally:
-            admin.close()
+        drop_source(pg, name, kafka_bootstrap, (topic,))

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, Pg, router_cmd, unique, write_config
+from tests.helpers import ROOT, Pg, drop_source, router_cmd, unique, write_config
 
 pytestmark = pytest.mark.services
 TIMEOUT = 120
@@ -59,18 +59,7 @@ def test_record_too_large_names_topic_table_key_size_and_setting(client, case, p
         # the slot still holds both rows (other sessions' writes may move it up to them)
         assert pg.pending_changes(name, name) == "II", "confirmed past a row not in Kafka"
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication if exists {name}")
-        pg.run(f"drop table if exists {name}")
-        pg.close()
-        from kafka import KafkaAdminClient
-
-        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
-        try:
-            if topic in set(admin.list_topics()):
-                admin.delete_topics([topic])
-        finally:
-            admin.close()
+        drop_source(pg, name, kafka_bootstrap, (topic,))
 
 
 @pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
@@ -180,15 +169,5 @@ def test_record_too_large_in_the_initial_snapshot(case, pg_dsn, kafka_bootstrap,
                     if p["state"] == "done" and p["request"] == "initial"
                     and p["table"] == f"public.{name}"]
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication if exists {name}")
-        pg.run(f"drop table if exists {name}")
-        pg.close()
-        from kafka import KafkaAdminClient
+        drop_source(pg, name, kafka_bootstrap, (topic,))
 
-        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
-        try:
-            if topic in set(admin.list_topics()):
-                admin.delete_topics([topic])
-        finally:
-            admin.close()

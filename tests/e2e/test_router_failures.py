@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, check_confirmation,
                                  oracle_transactions, topic_size, wait_for)
 from tests.e2e.wire_proxy import CorruptingProxy
-from tests.helpers import (ROOT, Pg, read_topic, router_cmd, start_router, unique,
+from tests.helpers import (ROOT, Pg, drop_source, read_topic, router_cmd, start_router, unique,
                            write_config)
 
 pytestmark = pytest.mark.services
@@ -38,19 +38,8 @@ def source(pg_dsn, kafka_bootstrap, tmp_path):
                                    f"topic_settings = {{ configs = {{ {conf} }} }}\n", **kw)
 
     yield pg, name, config
-    pg.drop_slot(name)
     pg.drop_slot(f"{name}_oracle")
-    pg.run(f"drop publication if exists {name}")
-    pg.run(f"drop table if exists {name}")
-    pg.close()
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
-    try:
-        if name in set(admin.list_topics()):
-            admin.delete_topics([name])
-    finally:
-        admin.close()
+    drop_source(pg, name, kafka_bootstrap, (name,))
 
 
 def confirmed(pg: Pg, slot: str) -> str:
