@@ -249,7 +249,8 @@ class RdKafkaClient:
             code, reason, topic, key, value = failure
             if code in _TOO_LARGE:
                 return on_done(ticket, record_too_large(topic, key, value), 0)
-            on_done(ticket, KafkaException(KafkaError(code, reason)), 0)
+            on_done(ticket, KafkaException(KafkaError(code, reason,
+                                                      fatal=code == KafkaError._FATAL)), 0)
 
         refused = self._native.produce(records.blocks, report)
         if refused is not None:
