@@ -8,7 +8,6 @@ import trio
 
 #: bounded channel sizes, in items (an item is a batch or a chunk, never a single message)
 WAL_BATCHES = 4
-EVENT_BATCHES = 4
 CHUNKS = 8
 ACKS = 256
 
@@ -64,3 +63,21 @@ class Latest:
 
     async def wait_changed(self) -> None:
         await self._event.wait()
+
+
+class Inline:
+    """A downstream actor run in its sender's task, in place of the channel to it: ``send``
+    is the actor's ``handle``, closing is its ``end``. One task wake-up less per batch; the
+    sender waits while the actor works, as it waits on a full channel."""
+
+    __slots__ = ("send", "close")
+
+    def __init__(self, actor):
+        self.send = actor.handle
+        self.close = actor.end
+
+    def __enter__(self) -> "Inline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -62,13 +62,26 @@ class OriginFilterActor:
         log.event(_log, "origin filter", passed=self.passed, dropped=self.dropped,
                   restricted=self.restricted)
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    def start(self) -> None:
         log.event(_log, "filtering by origin", **self.rules.describe())
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.start()
         task_status.started()
         filt = self.filter
         try:
             with self.inbox, self.out:
                 async for events in self.inbox:
                     await self.out.send(filt(events))
+        finally:
+            self._report()
+
+    async def handle(self, events: list) -> None:
+        """One batch filtered and sent on (run in its sender's task: ``mailbox.Inline``)."""
+        await self.out.send(self.filter(events))
+
+    def end(self) -> None:
+        try:
+            self.out.close()
         finally:
             self._report()

@@ -10,7 +10,8 @@ transaction that produces records gets BEGIN/END records in its own chunks.
 
 Items go out as lists: everything one incoming batch of events produced, cut whenever
 ``CHUNK_RECORDS`` records have gathered, so a stream of small transactions costs one channel
-send per batch rather than one per transaction."""
+send per batch rather than one per transaction. The actor runs in its own task (``run``) or
+in its sender's (``handle`` and ``end`` behind ``mailbox.Inline``)."""
 
 from __future__ import annotations
 
@@ -39,78 +40,85 @@ class RouterActor:
         self.meta = meta  # router.transaction_meta.TransactionMeta or None
         self._subsets: dict[frozenset, ChangeRouter] = {}
         self.metrics = metrics  # actors.services.metrics.Metrics or None
+        self._route_all = router.route if meta is None else (
+            lambda txn: self._route(txn, self.router))
+        # short transactions in one step (ChangeRouter.route_short), unless each one also
+        # gets a transaction record (meta)
+        self._short = router.route_short if meta is None else None
 
     def _route(self, txn: Transaction, router: ChangeRouter):
         chunks = router.route(txn)
         return chunks if self.meta is None else self.meta.wrap(txn, chunks)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        route = self.router.route if self.meta is None else (
-            lambda txn: self._route(txn, self.router))
-        metrics = self.metrics
-        # short transactions in one step (ChangeRouter.route_short), unless each one also
-        # gets a transaction record (meta)
-        short = self.router.route_short if self.meta is None else None
         task_status.started()
         with self.inbox, self.out:
             async for events in self.inbox:
-                group: list = []
-                size = 0
-                started, waited = perf_counter(), 0.0
-                for ev in events:
-                    kind = type(ev)
-                    if kind is Transaction and ev.change_count <= SHORT and short is not None:
-                        chunk = short(ev)  # one chunk, or None: the long way below
-                        if chunk is not None:
-                            group.append(chunk)
-                            size += len(chunk.records)
-                            ev.changes.close()
-                            if metrics is not None:
-                                metrics.routed(ev.end_lsn, ev.commit_time, ev.change_count)
-                            if size >= CHUNK_RECORDS:
-                                sent = perf_counter()
-                                await self.out.send(group)
-                                waited += perf_counter() - sent
-                                group, size = [], 0
-                            continue
-                    if kind is Transaction or kind is RestrictedTransaction:
-                        txn = ev if kind is Transaction else ev.transaction
-                        chunks = route(txn) if kind is Transaction else self._route(
-                            txn, self._subset(ev.routes))
-                        try:
-                            for chunk in chunks:
-                                group.append(chunk)
-                                size += len(chunk.records)
-                                if size >= CHUNK_RECORDS:
-                                    sent = perf_counter()  # time waiting is not routing
-                                    await self.out.send(group)
-                                    waited += perf_counter() - sent
-                                    group, size = [], 0
-                        finally:
-                            txn.changes.close()
-                        if metrics is not None:
-                            metrics.routed(txn.end_lsn, txn.commit_time, txn.change_count)
-                    elif kind is NonTransactionalMessage:
-                        group.append(self.router.route_message(ev))
-                    elif kind is Keepalive or kind is Hold:
-                        group.append(ev)
-                    elif kind is RoutedChunk:  # routed already (backfill chunk records)
-                        group.append(ev)
-                        size += len(ev.records)
-                    elif kind is FilteredTransaction:
-                        group.append(RoutedChunk(ev.xid, ev.commit_lsn, ev.end_lsn, [], [], True))
-                        if metrics is not None:
-                            metrics.origin_dropped.inc()
-                    # PreparedOutcome (prepare mode): nothing to publish
+                await self.handle(events)
+
+    def end(self) -> None:
+        """No more events (run in its sender's task: ``mailbox.Inline``)."""
+        self.out.close()
+
+    async def handle(self, events: list) -> None:
+        """One incoming batch of events routed and sent on."""
+        route, short, metrics = self._route_all, self._short, self.metrics
+        group: list = []
+        size = 0
+        started, waited = perf_counter(), 0.0
+        for ev in events:
+            kind = type(ev)
+            if kind is Transaction and ev.change_count <= SHORT and short is not None:
+                chunk = short(ev)  # one chunk, or None: the long way below
+                if chunk is not None:
+                    group.append(chunk)
+                    size += len(chunk.records)
+                    ev.changes.close()
+                    if metrics is not None:
+                        metrics.routed(ev.end_lsn, ev.commit_time, ev.change_count)
+                    if size >= CHUNK_RECORDS:
+                        sent = perf_counter()
+                        await self.out.send(group)
+                        waited += perf_counter() - sent
+                        group, size = [], 0
+                    continue
+            if kind is Transaction or kind is RestrictedTransaction:
+                txn = ev if kind is Transaction else ev.transaction
+                chunks = route(txn) if kind is Transaction else self._route(
+                    txn, self._subset(ev.routes))
+                try:
+                    for chunk in chunks:
+                        group.append(chunk)
+                        size += len(chunk.records)
+                        if size >= CHUNK_RECORDS:
+                            sent = perf_counter()  # time waiting is not routing
+                            await self.out.send(group)
+                            waited += perf_counter() - sent
+                            group, size = [], 0
+                finally:
+                    txn.changes.close()
                 if metrics is not None:
-                    metrics.stage_seconds.labels("route").observe(
-                        perf_counter() - started - waited)
-                    for router in (self.router, *self._subsets.values()):
-                        if router.dropped:
-                            for name, n in router.take_dropped().items():
-                                metrics.route_dropped.labels(name).inc(n)
-                if group:
-                    await self.out.send(group)
+                    metrics.routed(txn.end_lsn, txn.commit_time, txn.change_count)
+            elif kind is NonTransactionalMessage:
+                group.append(self.router.route_message(ev))
+            elif kind is Keepalive or kind is Hold:
+                group.append(ev)
+            elif kind is RoutedChunk:  # routed already (backfill chunk records)
+                group.append(ev)
+                size += len(ev.records)
+            elif kind is FilteredTransaction:
+                group.append(RoutedChunk(ev.xid, ev.commit_lsn, ev.end_lsn, [], [], True))
+                if metrics is not None:
+                    metrics.origin_dropped.inc()
+            # PreparedOutcome (prepare mode): nothing to publish
+        if metrics is not None:
+            metrics.stage_seconds.labels("route").observe(perf_counter() - started - waited)
+            for router in (self.router, *self._subsets.values()):
+                if router.dropped:
+                    for name, n in router.take_dropped().items():
+                        metrics.route_dropped.labels(name).inc(n)
+        if group:
+            await self.out.send(group)
 
     def _subset(self, routes: frozenset) -> ChangeRouter:
         sub = self._subsets.get(routes)

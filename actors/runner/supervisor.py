@@ -60,7 +60,7 @@ from ..pipeline import definitions_state
 from ..pipeline.delivery_watch import DeliveryWatch
 from ..pipeline.router_actor import RouterActor, TypeNames
 from ..pipeline.origin_filter import OriginFilterActor
-from ..pipeline.mailbox import CHUNKS, EVENT_BATCHES, ACKS, WAL_BATCHES, Latest
+from ..pipeline.mailbox import Inline, CHUNKS, ACKS, WAL_BATCHES, Latest
 from ..console.board import Rates
 from ..console.web import Console
 from ..services.http import Endpoint, Health
@@ -217,7 +217,6 @@ class Supervisor:
         cfg, src = self.cfg, self.cfg.source
         origins = rules_from_config(cfg)
         wal_tx, wal_rx = trio.open_memory_channel(WAL_BATCHES)
-        ev_tx, ev_rx = trio.open_memory_channel(EVENT_BATCHES)
         chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
         prog_tx, prog_rx = trio.open_memory_channel(ACKS)
         flush = self._flush = Latest(info.start_lsn)
@@ -239,19 +238,16 @@ class Supervisor:
             decoder=Decoder(info.proto_version),
             assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
                                            spill_dir=src.spill_dir),
-            inbox=wal_rx, out=ev_tx, metrics=self.metrics, keys=keys,
+            inbox=wal_rx, out=None, metrics=self.metrics, keys=keys,
             lookup=self._primary_keys)
         # backfills (watermark windows) see the decoder's output before anything is dropped
-        backfill, ev_rx, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
-                                               pending=self.snapshot_pending, inbox=ev_rx,
-                                               buffer=EVENT_BATCHES, caught_up=caught_up)
+        backfill, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
+                                        pending=self.snapshot_pending, caught_up=caught_up)
         # origin filter between decoder and router actor, unless nothing can be dropped or the
         # server drops it (PG >= 16, "none" everywhere)
         origin_filter = None
         if not origins.passes_everything and origins.server_option(info.version) is None:
-            of_tx, of_rx = trio.open_memory_channel(EVENT_BATCHES)
-            origin_filter = OriginFilterActor(rules=origins, inbox=ev_rx, out=of_tx)
-            ev_rx = of_rx
+            origin_filter = OriginFilterActor(rules=origins, inbox=None, out=None)
         state = {"routes": self.definitions.routes if self.definitions is not None
                  else route_specs(cfg, self.catalog)}
         routers: list[tuple[frozenset | None, ChangeRouter]] = []
@@ -266,12 +262,17 @@ class Supervisor:
                 router.follow(self.definitions, names)
             routers.append((names, router))
             return router
-        router_actor = RouterActor(router=router_for(), inbox=ev_rx, out=chunk_tx,
+        router_actor = RouterActor(router=router_for(), inbox=None, out=chunk_tx,
                              router_for=router_for,
                              meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db,
                                                   ignore=frozenset({cfg.kafka.definitions_topic}))
                                    if cfg.kafka.transactions_topic else None),
                              metrics=self.metrics)
+        # decoder → backfill → origin filter → router actor in the decoder's task: each one's
+        # ``out`` is the next one's ``handle`` (one task wake-up per batch, not four)
+        stages = [s for s in (backfill, origin_filter, router_actor) if s is not None]
+        for up, down in zip([decoder, *stages], stages):
+            up.out = Inline(down)
         specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
                                    r.topic_settings.replication_factor,
                                    r.topic_settings.configs) for r in cfg.routes}
@@ -317,9 +318,8 @@ class Supervisor:
                     chunk_tx.close()
                 else:
                     await nursery.start(progress.run)
-                    await nursery.start(router_actor.run)
                     if origin_filter is not None:
-                        await nursery.start(origin_filter.run)
+                        origin_filter.start()
                     if backfill is not None:
                         await nursery.start(backfill.run)
                     await nursery.start(decoder.run)

@@ -1,7 +1,7 @@
 """Backfills while streaming: chunks read between watermarks (DBLog), for some routes only.
 
-The actor sits between the decoder and the origin filter (it sees every committed
-transaction, in commit order) and runs the chunk drivers.
+The actor sits between the decoder and the origin filter, in the decoder's task (it sees
+every committed transaction, in commit order), and runs the chunk drivers.
 
 Rules:
 
@@ -80,8 +80,8 @@ class BackfillActor:
         self.flush = flush
         self.store = StateStore(cfg, client)
         self.resume_initial = resume_initial
-        self.inbox: trio.MemoryReceiveChannel | None = None
-        self.out: trio.MemorySendChannel | None = None
+        #: where the events go on (a channel, or the next actor's ``mailbox.Inline``)
+        self.out = None
         self.chunks: dict[str, _Chunk] = {}
         self.open: list[_Chunk] = []
         self.report = Reporter("backfill", cfg.log.progress_interval)
@@ -96,6 +96,8 @@ class BackfillActor:
         #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
         self.caught_up: trio.Event | None = None
         self.finished = trio.Event()
+        self._pumping = trio.Event()
+        self._ended = trio.Event()
 
     # -- the stream ---------------------------------------------------------------------------
 
@@ -104,7 +106,7 @@ class BackfillActor:
         # keeps only its usual connections
         self.sql: SqlSession | None = None
         # started before the progress topic is read: that read overlaps the rest of the
-        # pipeline's start; the stream's events wait in the inbox until it is done
+        # pipeline's start; the stream's events wait in ``handle`` until it is done
         task_status.started()
         try:
             await self._start()
@@ -114,7 +116,8 @@ class BackfillActor:
                 nursery.start_soon(self.report.run)
                 if self.caught_up is not None:
                     nursery.start_soon(self._finish_when_caught_up)
-                await self._pump()
+                self._pumping.set()
+                await self._ended.wait()  # the sender runs ``handle`` until it ``end``s
                 nursery.cancel_scope.cancel()
         finally:
             if self.sql is not None:
@@ -126,25 +129,31 @@ class BackfillActor:
             await trio.sleep(0.1)
         self.finished.set()
 
-    async def _pump(self) -> None:
-        with self.inbox, self.out:
-            async for events in self.inbox:
-                if self._quiet(events):
-                    await self.out.send(events)
-                    continue
-                out = []
-                for ev in events:
-                    out.append(ev)
-                    if type(ev) is not Transaction:
-                        continue
-                    mark = self._mark(ev) if ev.change_count == 1 else None
-                    if mark is not None:
-                        chunk = await self._watermark(mark, ev)
-                        if chunk is not None:
-                            out.append(chunk)
-                    elif self._watch:
-                        self._observe(ev)
-                await self.out.send(out)
+    def end(self) -> None:
+        """No more events."""
+        self.out.close()
+        self._ended.set()
+
+    async def handle(self, events: list) -> None:
+        """One batch of the stream's events, and the chunks its watermarks close, sent on."""
+        if not self._pumping.is_set():  # the progress topic is still being read
+            await self._pumping.wait()
+        if self._quiet(events):
+            await self.out.send(events)
+            return
+        out = []
+        for ev in events:
+            out.append(ev)
+            if type(ev) is not Transaction:
+                continue
+            mark = self._mark(ev) if ev.change_count == 1 else None
+            if mark is not None:
+                chunk = await self._watermark(mark, ev)
+                if chunk is not None:
+                    out.append(chunk)
+            elif self._watch:
+                self._observe(ev)
+        await self.out.send(out)
 
     def _quiet(self, events: list) -> bool:
         """No table is watched and no event can be a watermark (a transaction of one
@@ -284,7 +293,8 @@ class BackfillActor:
         for job in fresh:
             self._queue(job)
             log.event(_log, "backfill requested", request=request, route=job.route,
-                      table=job.name, key=list(job.key), **_repair(job))
+                      table=job.name, key=list(job.key),
+                      **({"repair_keys": [list(k) for k in job.keys]} if job.keys else {}))
 
     def _queue(self, job: Job) -> None:
         try:
@@ -390,26 +400,20 @@ class BackfillActor:
                 log.event(_log, "initial snapshot finished by backfill", slot=self.slot)
 
 
-def _repair(job: Job) -> dict:
-    """A repair's keys for the log line (``pgrouter verify --repair``)."""
-    return {"repair_keys": [list(k) for k in job.keys]} if job.keys else {}
-
-
 def backfill_stage(cfg: Config, *, db: str, client, flush: Latest, pending: list,
-                   inbox: trio.MemoryReceiveChannel, buffer: int, caught_up: trio.Event):
-    """The backfill actor wired after ``inbox`` (None when the slot sends no logical
-    messages: watermarks could not be seen), the channel the next actor reads, and the event
-    that says the pipeline caught up with every backfill done (``caught_up`` without the
-    actor)."""
+                   caught_up: trio.Event):
+    """The backfill actor (None when the slot sends no logical messages: watermarks could not
+    be seen), run in its sender's task (``handle``/``end`` behind ``mailbox.Inline``; the
+    caller sets its ``out``), and the event that says the pipeline caught up with every
+    backfill done (``caught_up`` without the actor)."""
     if not cfg.source.messages:
         if pending:
             from router.errors import ConfigError
 
             raise ConfigError("an interrupted initial snapshot is finished by backfill, which "
                               "needs logical messages", path="source.messages")
-        return None, inbox, caught_up
+        return None, caught_up
     actor = BackfillActor(cfg=cfg, db=db, client=client, flush=flush,
                           resume_initial=bool(pending))
-    tx, rx = trio.open_memory_channel(buffer)
-    actor.inbox, actor.out, actor.caught_up = inbox, tx, caught_up
-    return actor, rx, actor.finished
+    actor.caught_up = caught_up
+    return actor, actor.finished
