@@ -320,7 +320,7 @@ def test_pipeline_writes_the_same_records_with_either_client(pg_dsn, kafka_boots
     pg.run(f"create publication {name} for table {name}")
     configs = {}
     try:
-        for client in CLIENTS:
+        for client in ("kafka-python", "librdkafka"):  # the [kafka] client values
             route = f"{name}_{client.replace('-', '_')}"
             topics.append(route)
             configs[client] = write_config(
