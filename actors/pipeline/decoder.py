@@ -34,33 +34,38 @@ class DecoderActor:
         self.assembler = assembler
         self.inbox = inbox
         self.out = out
+        self._hold = None
+        self._observe = (metrics.stage_seconds.labels("decode").observe
+                         if metrics is not None else None)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        decode = self.decoder.decode
-        assembler = self.assembler
-        feed_batch = assembler.feed_batch
-        hold = None
-        observe = (self.metrics.stage_seconds.labels("decode").observe
-                   if self.metrics is not None else None)
         task_status.started()
         with self.inbox, self.out:
             async for batch in self.inbox:
-                if observe is None:
-                    events = feed_batch(batch.messages, decode)
-                else:
-                    started = perf_counter()
-                    events = feed_batch(batch.messages, decode)
-                    observe(perf_counter() - started)
-                if assembler.relations.fresh:
-                    await self._look_up_keys(assembler.relations.take_fresh())
-                if assembler.held != hold:
-                    hold = assembler.held
-                    events.append(Hold(None) if hold is None else
-                                  Hold(hold[0] - 1, hold[1], hold[0]))
-                if batch.keepalive is not None and not assembler.buffering:
-                    events.append(Keepalive(batch.keepalive))
-                if events:
-                    await self.out.send(events)
+                await self.handle(batch)
+
+    def end(self) -> None:
+        """No more WAL (run in its sender's task: ``mailbox.Inline``)."""
+        self.out.close()
+
+    async def handle(self, batch) -> None:
+        """One WAL batch decoded and assembled; what it completes sent on."""
+        assembler = self.assembler
+        if self._observe is None:
+            events = assembler.feed_batch(batch.messages, self.decoder.decode)
+        else:
+            started = perf_counter()
+            events = assembler.feed_batch(batch.messages, self.decoder.decode)
+            self._observe(perf_counter() - started)
+        if assembler.relations.fresh:
+            await self._look_up_keys(assembler.relations.take_fresh())
+        if assembler.held != self._hold:
+            hold = self._hold = assembler.held
+            events.append(Hold(None) if hold is None else Hold(hold[0] - 1, hold[1], hold[0]))
+        if batch.keepalive is not None and not assembler.buffering:
+            events.append(Keepalive(batch.keepalive))
+        if events:
+            await self.out.send(events)
 
     async def _look_up_keys(self, relations: list) -> None:
         if self.keys is None or self.lookup is None:

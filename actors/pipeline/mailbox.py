@@ -7,7 +7,6 @@ import msgspec
 import trio
 
 #: bounded channel sizes, in items (an item is a batch or a chunk, never a single message)
-WAL_BATCHES = 4
 CHUNKS = 8
 ACKS = 256
 

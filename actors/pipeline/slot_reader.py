@@ -4,7 +4,9 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
 ``trio.lowlevel.wait_readable`` (asyncpg has no CopyBoth support; no threads). Rules:
 
 * Messages are read in batches as long as the socket has data and sent downstream as one
-  ``WalBatch``; when nothing more is buffered, the batch carries the server's position
+  ``WalBatch`` (to the decoder's ``handle``, run in this task: ``mailbox.Inline``; the
+  standby status loop is a task of its own, so it answers while a batch is routed); when
+  nothing more is buffered, the batch carries the server's position
   (``cursor.wal_end``) as a keepalive candidate — in band, so it is confirmed only after
   everything read before it.
 * Keepalives that ask for a reply are answered by psycopg2 inside ``read_message`` with the
@@ -15,7 +17,7 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
   slots confirm recent positions.
 * With ``[ha]`` (``holds``) no status update is sent once the leadership lease is not held:
   the reader fails with ``LeadershipLost`` instead (router.ha).
-* Draining: ``stop_reading()`` ends the read loop and closes the output channel; the
+* Draining: ``stop_reading()`` ends the read loop and closes its output; the
   connection stays open until the confirm actor closes the flush mailbox, so the final
   flush position is sent before the connection closes.
 """
@@ -110,7 +112,7 @@ drain = NATIVE.drain if NATIVE is not None else _drain_py
 
 class SlotReader:
     def __init__(self, *, dsn: str, slot: str, options: dict[str, str],
-                 out: trio.MemorySendChannel, flush: Latest, status_interval: float = 2.0,
+                 out, flush: Latest, status_interval: float = 2.0,
                  stats=None, holds=None):
         self.dsn = dsn
         self.slot = slot

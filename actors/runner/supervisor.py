@@ -60,7 +60,7 @@ from ..pipeline import definitions_state
 from ..pipeline.delivery_watch import DeliveryWatch
 from ..pipeline.router_actor import RouterActor, TypeNames
 from ..pipeline.origin_filter import OriginFilterActor
-from ..pipeline.mailbox import Inline, CHUNKS, ACKS, WAL_BATCHES, Latest
+from ..pipeline.mailbox import Inline, CHUNKS, ACKS, Latest
 from ..console.board import Rates
 from ..console.web import Console
 from ..services.http import Endpoint, Health
@@ -216,7 +216,6 @@ class Supervisor:
                         snapshot: InitialSnapshot | None = None) -> None:
         cfg, src = self.cfg, self.cfg.source
         origins = rules_from_config(cfg)
-        wal_tx, wal_rx = trio.open_memory_channel(WAL_BATCHES)
         chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
         prog_tx, prog_rx = trio.open_memory_channel(ACKS)
         flush = self._flush = Latest(info.start_lsn)
@@ -224,7 +223,7 @@ class Supervisor:
         relations = RelationCache()
         keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
         slot = SlotReader(
-            dsn=src.dsn, slot=src.slot, out=wal_tx, flush=flush,
+            dsn=src.dsn, slot=src.slot, out=None, flush=flush,
             status_interval=src.status_interval, stats=self.stats, holds=self._holds(),
             options=pgoutput_options(proto_version=info.proto_version,
                                      publications=src.publications, streaming=src.streaming,
@@ -238,7 +237,7 @@ class Supervisor:
             decoder=Decoder(info.proto_version),
             assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
                                            spill_dir=src.spill_dir),
-            inbox=wal_rx, out=None, metrics=self.metrics, keys=keys,
+            inbox=None, out=None, metrics=self.metrics, keys=keys,
             lookup=self._primary_keys)
         # backfills (watermark windows) see the decoder's output before anything is dropped
         backfill, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
@@ -268,10 +267,11 @@ class Supervisor:
                                                   ignore=frozenset({cfg.kafka.definitions_topic}))
                                    if cfg.kafka.transactions_topic else None),
                              metrics=self.metrics)
-        # decoder → backfill → origin filter → router actor in the decoder's task: each one's
-        # ``out`` is the next one's ``handle`` (one task wake-up per batch, not four)
-        stages = [s for s in (backfill, origin_filter, router_actor) if s is not None]
-        for up, down in zip([decoder, *stages], stages):
+        # slot reader → decoder → backfill → origin filter → router actor in the slot reader's
+        # task: each one's ``out`` is the next one's ``handle`` (one task wake-up per WAL
+        # batch, not five)
+        stages = [s for s in (decoder, backfill, origin_filter, router_actor) if s is not None]
+        for up, down in zip([slot, *stages], stages):
             up.out = Inline(down)
         specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
                                    r.topic_settings.replication_factor,
@@ -322,7 +322,6 @@ class Supervisor:
                         origin_filter.start()
                     if backfill is not None:
                         await nursery.start(backfill.run)
-                    await nursery.start(decoder.run)
                     await nursery.start(slot.run)
                     self.slot_owner.streamed = True
                     nursery.start_soon(self._drain_when, slot, done)
