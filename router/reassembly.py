@@ -306,14 +306,14 @@ class Reassembler:
             out[(self.transactions_topic, 0)] = self._queue[0].offset
         return {f"{t}/{p}": o for (t, p), o in out.items()}
 
-    def ready(self) -> Iterator[SourceTransaction]:
-        """Complete transactions at the head of the queue, in commit order. A released
-        transaction counts as applied (when applying fails, the applier starts over with a
-        new reassembler from the target's progress). The last one released carries
-        ``resume``."""
+    def ready(self, limit: int | None = None) -> Iterator[SourceTransaction]:
+        """Complete transactions at the head of the queue, in commit order, at most
+        ``limit`` (the rest at the next call). A released transaction counts as applied
+        (when applying fails, the applier starts over with a new reassembler from the
+        target's progress). The last one released carries ``resume``."""
         q = self._queue
         out: list[SourceTransaction] = []
-        while True:
+        while limit is None or len(out) < limit:
             if self._snapshots:
                 out += self._snapshot_batches(q[0].meta.source.commit_lsn if q else None)
             if not (q and self._complete(q[0])):
