@@ -86,17 +86,24 @@ class Execute(str):
 
 class Prepared:
     """Names of the session's prepared statements, by shape. ``new`` collects the PREPARE
-    statements the caller must run before a script using them (then clears it)."""
+    statements the caller must run before a script using them (then clears it). Numbered
+    from ``first``: the statements of a set the caller dropped are never named again, so a
+    script made with that set fails instead of executing another statement."""
 
-    def __init__(self):
+    def __init__(self, first: int = 0):
+        self._first = first
         self._names: dict[tuple, str] = {}
         self._bodies: dict[str, str] = {}
         self.new: list[str] = []
 
+    @property
+    def next_number(self) -> int:
+        return self._first + len(self._names)
+
     def name(self, key: tuple, params: int, body) -> str:
         found = self._names.get(key)
         if found is None:
-            found = self._names[key] = f"pgr_{len(self._names)}"
+            found = self._names[key] = f"pgr_{self.next_number}"
             self._bodies[found] = text = body()
             self.new.append(f"prepare {found}({', '.join(['text'] * params)}) as {text}")
         return found

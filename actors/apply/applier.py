@@ -46,7 +46,8 @@ from .status import apply_status
 from .target import setup_session
 from ..kafka.consumers import TopicReader, client_name, open_reader
 from ..kafka.registry import decoder_for
-from .writer import CAUGHT_UP, ApplyStats, WriterActor
+from .inbox import CAUGHT_UP
+from .writer import ApplyStats, WriterActor
 
 _log = log.get("applier")
 #: channel size, in lists of transactions (at most ``SLICE`` each), so the writer finds
@@ -213,7 +214,8 @@ class Applier:
         log.event(_log, msg, transactions=s.transactions, changes=s.changes,
                   skipped=s.skipped + (ra.skipped if ra else 0),
                   fetched=s.fetched + (reader.fetched if reader else 0),
-                  snapshot_rows=s.snapshot_rows, scripts=s.scripts, slow=s.slow,
+                  snapshot_rows=s.snapshot_rows, scripts=s.scripts, ahead=s.ahead,
+                  slow=s.slow,
                   spills=s.spills + (ra.spills if ra else 0),
                   buffered_peak=max(s.buffered_peak, ra.peak_memory if ra else 0),
                   conflicts=sum(s.conflicts.values()),

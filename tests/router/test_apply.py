@@ -204,6 +204,21 @@ def test_set_based_statements():
                                'from _w')
 
 
+def test_prepared_statements_of_a_new_set_are_never_named_as_a_dropped_set_named_theirs():
+    """The writer drops its prepared statements after a failure and starts a new set: a
+    script made with the old set (the next batch, made ahead) must fail on a name that no
+    longer exists rather than execute another statement of the same name."""
+    from router.batches import Prepared
+
+    old = Prepared()
+    first = old.execute(("origin",), ["0/1", None], lambda: "select $1, $2")
+    assert first.name == "pgr_0"
+    new = Prepared(old.next_number)
+    other = new.execute(("c", "t"), ["1"], lambda: "select $1")
+    assert other.name == "pgr_1" and new.new == ["prepare pgr_1(text) as select $1"]
+    assert new.execute(("origin",), ["0/2", None], lambda: "select $1, $2").name == "pgr_2"
+
+
 def test_snapshot_rows_are_upserts():
     from router.batches import Prepared, statements
     from router.records import _decode_data
