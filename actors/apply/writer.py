@@ -150,7 +150,10 @@ class WriterActor:
         batch = self._ahead
         if (self._built is None and batch
                 and all(k in self._tables for t in batch for k in t.tables)):
-            built = self._build(batch, True)
+            try:
+                built = self._build(batch, True)
+            except Exception:  # noqa: BLE001 - made again in its turn, where it is handled
+                return
             if built[2] is None:  # statements made for every transaction
                 self._built = (batch, built)
                 self.stats.ahead += 1
