@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/apply.py [--rows 200000] [--txn-rows 1000] [--updates 50000]
                                     [--rounds 2] [--profile FILE] [--group-rows N]
+                                    [--stack DIR]
 
 One source database (dev-stack node ``pg2``) with a six-column table. Before any write, one
 slot for the router and one per round for native subscriptions are created, so every
@@ -236,10 +237,11 @@ def main() -> None:
     ap.add_argument("--profile", help="cProfile output of the first pgrouter round")
     ap.add_argument("--group-rows", type=int, default=0, metavar="N",
                     help="also measure pgrouter apply with [target] group_rows = N")
+    ap.add_argument("--stack", metavar="DIR", type=pathlib.Path,
+                    help="a running dev stack's folder, read only (default: bring up the one "
+                         "in .devstack)")
     args = ap.parse_args()
-    from devstack import ensure_up
-
-    info = ensure_up(ROOT / ".devstack", extra_postgres=2)
+    info = stack(args.stack)
     src_server, dst_server = info.extra_pg["pg2"], info.extra_pg["pg3"]
     tag = uuid.uuid4().hex[:6]
     src_db = f"bapply_s_{tag}"
@@ -317,6 +319,26 @@ topic = "{prefix}.{{schema}}.{{table}}"
                 pass
         sql(src_server, f"drop database {src_db}")
         delete_topics(info.kafka_bootstrap, [tx_topic, f"{prefix}.public.t"])
+
+
+def stack(folder: pathlib.Path | None):
+    """The dev stack's addresses: ``folder``'s state as it is (another checkout's running
+    stack), else this checkout's, brought up with the two extra nodes."""
+    import msgspec
+
+    from devstack import StackInfo, ensure_up
+
+    if folder is None:
+        return ensure_up(ROOT / ".devstack", extra_postgres=2)
+    state = folder / "state.json"
+    try:
+        info = msgspec.json.decode(state.read_bytes(), type=StackInfo)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise SystemExit(f"--stack {folder}: no readable dev-stack state ({exc})") from exc
+    if not {"pg2", "pg3"} <= set(info.extra_pg):
+        raise SystemExit(f"--stack {folder}: the stack has no pg2 and pg3 nodes "
+                         "(python -m devstack up --extra-postgres 2)")
+    return info
 
 
 def delete_topics(bootstrap: str, topics: list[str]) -> None:

@@ -49,6 +49,7 @@ import json
 from typing import Iterable, Iterator
 
 from .errors import ApplyError
+from .records import _NULL, _decode_row
 from .statements import TargetTable, quote_ident
 
 MAX_RUN = 1000
@@ -85,17 +86,24 @@ class Execute(str):
 
 class Prepared:
     """Names of the session's prepared statements, by shape. ``new`` collects the PREPARE
-    statements the caller must run before a script using them (then clears it)."""
+    statements the caller must run before a script using them (then clears it). Numbered
+    from ``first``: the statements of a set the caller dropped are never named again, so a
+    script made with that set fails instead of executing another statement."""
 
-    def __init__(self):
+    def __init__(self, first: int = 0):
+        self._first = first
         self._names: dict[tuple, str] = {}
         self._bodies: dict[str, str] = {}
         self.new: list[str] = []
 
+    @property
+    def next_number(self) -> int:
+        return self._first + len(self._names)
+
     def name(self, key: tuple, params: int, body) -> str:
         found = self._names.get(key)
         if found is None:
-            found = self._names[key] = f"pgr_{len(self._names)}"
+            found = self._names[key] = f"pgr_{self.next_number}"
             self._bodies[found] = text = body()
             self.new.append(f"prepare {found}({', '.join(['text'] * params)}) as {text}")
         return found
@@ -157,7 +165,7 @@ def with_origin(stmt: str, prepared: Prepared, lsn: str, commit_time: str | None
 
 
 class _Run:
-    __slots__ = ("op", "table", "shape", "rows", "keys", "cols")
+    __slots__ = ("op", "table", "shape", "rows", "keys", "cols", "decoded")
 
     def __init__(self, op: str, table: TargetTable, shape):
         self.op = op
@@ -166,13 +174,15 @@ class _Run:
         self.cols: tuple[str, ...] = ()
         self.rows: list = []
         self.keys: set = set()
+        #: an update run's rows, decoded once: (the row its key is taken from, the new row)
+        self.decoded: list[tuple[dict, dict]] = []
 
 
 def _key(table: TargetTable, row: dict | None) -> tuple | None:
     if row is None:
         return None
     try:
-        return tuple(row[k] for k in table.key)
+        return tuple([row[k] for k in table.key])
     except KeyError:
         return None
 
@@ -214,7 +224,10 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
             shape = src.schema_id or tuple(rec.after)
             k_new = k_old = None
         elif op == "u":
-            before, after = rec.before, rec.after
+            after = _decode_row(rec.after_json)
+            before = rec.before_json
+            # decoded once here: the statement takes the rows from ``run.decoded``
+            before = None if before == _NULL else _decode_row(before)
             if before and not all(k in before for k in table.key):
                 before = None
             shape = (tuple(after), bool(before))
@@ -244,6 +257,7 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
                 _check(table, shape[0])
         run.rows.append(rec)
         if op == "u":
+            run.decoded.append((before or after, after))
             run.keys.add(k_old)
             run.keys.add(k_new)
         elif op == "c" and type(shape) is str:
@@ -295,12 +309,13 @@ def _statement(run: _Run, prepared: Prepared, upsert: bool = False) -> str:
     if run.op == "d":
         keys = [tuple(r.before[k] for k in t.key) for r in run.rows]
         return _expect(f"delete from {t.sql_name} where {_in(t, keys)}", len(keys))
-    cols, with_before = run.shape
+    cols = run.shape[0]
     types = [t.columns[k] for k in t.key] + [t.columns[c] for c in cols]
     rows = []
-    for r in run.rows:
-        src = r.before if with_before else r.after
-        vals = [literal(src[k]) for k in t.key] + [literal(v) for v in r.after.values()]
+    key = t.key
+    for src, after in run.decoded:
+        vals = [literal(src[k]) for k in key]
+        vals += map(literal, after.values())
         if not rows:
             vals = [f"{v}::{typ}" for v, typ in zip(vals, types)]
         rows.append("(" + ", ".join(vals) + ")")
@@ -338,8 +353,8 @@ def _one_execute(run: _Run, prepared: Prepared, upsert: bool) -> Execute:
     if run.op == "d":
         return prepared.execute(key, [rec.before[k] for k in t.key], lambda: _expect(
             f"delete from {t.sql_name} where {cond(1)}", 1))
-    cols, with_before = run.shape
-    src = rec.before if with_before else rec.after
+    cols, _ = run.shape
+    src, after = run.decoded[0]
 
     def update() -> str:
         sets = ", ".join(f"{quote_ident(c)} = ${i}::{t.columns[c]}"
@@ -348,7 +363,7 @@ def _one_execute(run: _Run, prepared: Prepared, upsert: bool) -> Execute:
             first = quote_ident(t.key[0])
             sets = f"{first} = {first}"
         return _expect(f"update {t.sql_name} set {sets} where {cond(1)}", 1)
-    return prepared.execute(key, [src[k] for k in t.key] + list(rec.after.values()), update)
+    return prepared.execute(key, [src[k] for k in t.key] + list(after.values()), update)
 
 
 def _in(t: TargetTable, keys: list[tuple]) -> str:

@@ -29,7 +29,8 @@ Rules:
   consistent point - 1, before every transaction it streams) wait only for the
   transactions queued before them. Rows at the target's progress are kept (a backfill
   chunk sits at its high watermark's position, which may be applied already).
-* Restart positions: the last transaction of every ``ready()`` round carries ``resume``,
+* Restart positions: the last transaction of every ``ready()`` round (the calls until no
+  complete transaction is left) carries ``resume``,
   the offset per ``topic/partition`` from which a reader that has applied everything up to
   and including it finds every record of every later transaction (the earliest record still
   buffered, else the next offset to read). Stored with the applied transaction on the target,
@@ -288,11 +289,16 @@ class Reassembler:
 
     def _complete(self, p: _Pending) -> bool:
         buf = self._buffers.get(p.meta.source.commit_lsn)
+        expected = p.expected
+        if buf is not None and len(buf.parts) == 1 and len(expected) == 1:
+            # the common case, one partition of one topic: no counting by topic
+            (topic, _), part = next(iter(buf.parts.items()))
+            return part.count >= expected.get(topic, 1 << 62)
         counts: dict[str, int] = {}
         if buf is not None:
             for (topic, _), part in buf.parts.items():
                 counts[topic] = counts.get(topic, 0) + part.count
-        return all(counts.get(t, 0) >= n for t, n in p.expected.items())
+        return all(counts.get(t, 0) >= n for t, n in expected.items())
 
     def resume_offsets(self) -> dict[str, int]:
         """Per partition, where a restart that has applied every released transaction
@@ -306,11 +312,12 @@ class Reassembler:
             out[(self.transactions_topic, 0)] = self._queue[0].offset
         return {f"{t}/{p}": o for (t, p), o in out.items()}
 
-    def ready(self) -> Iterator[SourceTransaction]:
-        """Complete transactions at the head of the queue, in commit order. A released
-        transaction counts as applied (when applying fails, the applier starts over with a
-        new reassembler from the target's progress). The last one released carries
-        ``resume``."""
+    def ready(self, limit: int | None = None) -> Iterator[SourceTransaction]:
+        """Complete transactions at the head of the queue, in commit order, at most about
+        ``limit`` (the rest at the next call). A released transaction counts as applied
+        (when applying fails, the applier starts over with a new reassembler from the
+        target's progress). The last one released when no complete one is left carries
+        ``resume`` (computed once a round: it looks at every buffered transaction)."""
         q = self._queue
         out: list[SourceTransaction] = []
         while True:
@@ -318,6 +325,8 @@ class Reassembler:
                 out += self._snapshot_batches(q[0].meta.source.commit_lsn if q else None)
             if not (q and self._complete(q[0])):
                 break
+            if limit is not None and len(out) >= limit:
+                return iter(out)  # the next call goes on
             p = q.popleft()
             meta = p.meta
             lsn = meta.source.commit_lsn
@@ -325,14 +334,19 @@ class Reassembler:
             self._memory -= buf.memory
             self.applied_lsn = lsn
             parts = [part for (topic, _), part in buf.parts.items() if topic in p.expected]
-            for (topic, _), part in buf.parts.items():
-                if topic not in p.expected:
-                    part.close()
+            if len(parts) != len(buf.parts):
+                for (topic, _), part in buf.parts.items():
+                    if topic not in p.expected:
+                        part.close()
+            if len(parts) == 1:  # the common case: no sums nor unions over one partition
+                count, tables = parts[0].count, frozenset(parts[0].tables)
+            else:
+                count = sum(part.count for part in parts)
+                tables = frozenset().union(*(part.tables for part in parts))
             out.append(SourceTransaction(
                 id=meta.id, xid=meta.source.xid, commit_lsn=lsn,
                 commit_time=meta.source.commit_time, origin=meta.source.origin,
-                records=Records(parts), count=sum(part.count for part in parts),
-                tables=frozenset().union(*(part.tables for part in parts))))
+                records=Records(parts), count=count, tables=tables))
             # buffers of transactions that were superseded cannot complete any more
             heap = self._lsns
             while heap and heap[0] <= lsn:

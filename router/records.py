@@ -35,7 +35,8 @@ class DataRecord(msgspec.Struct, gc=False):
     source: RecordSource
     before_json: msgspec.Raw = msgspec.field(name="before", default=_NULL)
     after_json: msgspec.Raw = msgspec.field(name="after", default=_NULL)
-    unchanged_toast: list[str] = []
+    # no ``unchanged_toast``: those columns are absent from ``after``, so left alone; and an
+    # empty list a record was an object a record for the garbage collector to scan
     truncate: dict | None = None
 
     @property

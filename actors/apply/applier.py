@@ -46,12 +46,16 @@ from .status import apply_status
 from .target import setup_session
 from ..kafka.consumers import TopicReader, client_name, open_reader
 from ..kafka.registry import decoder_for
-from .writer import CAUGHT_UP, ApplyStats, WriterActor
+from .inbox import CAUGHT_UP
+from .writer import ApplyStats, WriterActor
 
 _log = log.get("applier")
-#: channel size, in lists of transactions (one list per poll: at most ``POLL_RECORDS``
-#: records each), so the writer finds many small transactions to send at once
+#: channel size, in lists of transactions (at most ``SLICE`` each), so the writer finds
+#: many small transactions to send at once
 RELEASES = 4
+#: records the consumer decodes, or transactions it releases, before it lets the writer
+#: run (about a millisecond of its time)
+SLICE = 500
 
 
 class ConsumerActor:
@@ -109,18 +113,24 @@ class ConsumerActor:
                     self.poll_s += clock() - t0
                 new_topics: list[str] = []
                 for topic, partition, records in batch:
+                    # a poll's records in slices, the writer let run between them: it
+                    # finds its target's answer at once, not after the whole poll
+                    for start in range(0, len(records), SLICE):
+                        part = records[start:start + SLICE]
+                        if start:
+                            await trio.lowlevel.checkpoint()
+                        if topic == tx_topic:
+                            for offset, value in part:
+                                new_topics += add_tx(value, offset)
+                        else:
+                            if self.decoder is not None:
+                                part = await self._from_avro(part)
+                            add_records(topic, partition, part)
                     if topic == tx_topic:
-                        for offset, value in records:
-                            new_topics += add_tx(value, offset)
                         tx_position = records[-1][0] + 1
-                    else:
-                        if self.decoder is not None:
-                            records = await self._from_avro(records)
-                        add_records(topic, partition, records)
                 if new_topics:
                     await trio.to_thread.run_sync(reader.add_topics, new_topics)
-                released = list(ra.ready())
-                if released:
+                while released := list(ra.ready(SLICE)):
                     t0 = clock()
                     await self.out.send(released)
                     self.send_s += clock() - t0
@@ -204,7 +214,8 @@ class Applier:
         log.event(_log, msg, transactions=s.transactions, changes=s.changes,
                   skipped=s.skipped + (ra.skipped if ra else 0),
                   fetched=s.fetched + (reader.fetched if reader else 0),
-                  snapshot_rows=s.snapshot_rows, scripts=s.scripts, slow=s.slow,
+                  snapshot_rows=s.snapshot_rows, scripts=s.scripts, ahead=s.ahead,
+                  slow=s.slow,
                   spills=s.spills + (ra.spills if ra else 0),
                   buffered_peak=max(s.buffered_peak, ra.peak_memory if ra else 0),
                   conflicts=sum(s.conflicts.values()),

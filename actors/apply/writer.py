@@ -2,16 +2,21 @@
 
 Rules:
 
-* Fast path (``router.batches``): the transactions waiting in the inbox, up to
-  ``BATCH_ROWS`` rows, go to the target as one simple-query script: many small
-  transactions cost one round trip. Consecutive ones of at most ``target.group_rows`` rows
-  together share one target transaction, ``begin; set-based statements; origin xact setup
-  (the last one's); commit``: the server's time per one-row transaction went to its
-  statements (each pays its start, snapshot and executor), which a group's set-based
-  statements share. A group commits whole or not at all, so the origin's progress is
-  always exactly the last source transaction applied; a group that fails is sent again one
-  transaction a target transaction, so the failing one is found as before. A transaction of ``STREAM_ROWS`` rows or more (or spilled to disk) is
-  streamed into one open target transaction, ``STREAM_ROWS`` rows an execute.
+* Fast path (``router.batches``): the transactions waiting in the inbox
+  (``actors.apply.inbox``), up to ``BATCH_ROWS`` rows, go to the target as one simple-query
+  script: many small transactions cost one round trip. Consecutive ones of at most
+  ``target.group_rows`` rows together share one target transaction, ``begin; set-based
+  statements; origin xact setup (the last one's); commit``: the server's time per one-row
+  transaction went to its statements (each pays its start, snapshot and executor), which a
+  group's set-based statements share. A group commits whole or not at all, so the origin's
+  progress is always exactly the last source transaction applied; a group that fails is sent
+  again one transaction a target transaction, so the failing one is found as before. A
+  transaction of ``STREAM_ROWS`` rows or more (or spilled to disk) is streamed into one open
+  target transaction, ``STREAM_ROWS`` rows an execute.
+* While the target runs a script, the next batch is taken and its script made
+  (``_build_ahead``), so this process and the target work at the same time. That script
+  was made with the session's prepared statements and table definitions as they were: a
+  failed script forgets it (the batch stays next) and it is made again.
 * The origin moves only with a committed transaction (``actors.apply.target``): its setup
   is the last statement before COMMIT, so a transaction that fails never moves it (nor the
   offsets in the progress table, which roll back with it); a COMMIT that fails after it
@@ -36,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from itertools import chain
 
 import asyncpg
@@ -51,14 +55,16 @@ from router.statements import TargetTable
 
 from ..services import log
 from ..services.sql import SqlSession
+from .inbox import CAUGHT_UP, STREAM_ROWS, Inbox, streamed
 from .rows import ChangeByChange, connection_lost, rollback
 from .target import (has_deferrable_checks, load_table, progress_statement, rewind_origin,
                      session_progress)
 
 _log = log.get("applier")
-BATCH_ROWS = 5000  # rows of small transactions sent in one script
-BATCH_TRANSACTIONS = 1000
-STREAM_ROWS = 5000  # a transaction this large is streamed, this many rows an execute
+#: scheduling rounds given to a script to reach the target's socket (trio-asyncio hands it
+#: to asyncpg on asyncio's loop) before this process makes the next one: measured, asyncpg
+#: had written it after at most one
+AHEAD_ROUNDS = 3
 
 
 class ApplyStats:
@@ -68,6 +74,7 @@ class ApplyStats:
         self.skipped = 0  # transactions at or below the target's progress (a restart)
         self.fetched = 0  # records read from Kafka
         self.scripts = 0  # round trips of the fast path
+        self.ahead = 0  # scripts made while the target ran the one before
         self.slow = 0  # transactions applied change by change after a fast-path error
         self.snapshot_rows = 0  # snapshot and backfill rows applied (upserts)
         self.spills = 0  # transactions moved to disk while waiting for their END
@@ -77,13 +84,6 @@ class ApplyStats:
         self.progress_lsn = 0
 
 
-class _CaughtUp:
-    pass
-
-
-CAUGHT_UP = _CaughtUp()
-
-
 class WriterActor:
     def __init__(self, *, sql: SqlSession, cfg: ApplyConfig, inbox: trio.MemoryReceiveChannel,
                  stats: ApplyStats, progress_lsn: int):
@@ -91,7 +91,7 @@ class WriterActor:
         self.cfg = cfg
         self.conflict = cfg.target.conflict
         self.table_map = cfg.target.tables
-        self.inbox = inbox
+        self.inbox = Inbox(inbox, stats)
         self.stats = stats
         self.progress_lsn = progress_lsn
         self._tables: dict[tuple[str, str], TargetTable] = {}
@@ -104,61 +104,69 @@ class WriterActor:
         self.rows = ChangeByChange(sql, cfg, stats, self._tables)
         #: the groups of the last script: first transaction's index -> the next group's
         self._group_end: dict[int, int] = {}
+        #: the next batch, taken off the queue while the target ran the last script
+        self._ahead: list[SourceTransaction] | None = None
+        #: (that batch, its ``_build``): made with the prepared statements and tables as
+        #: they were; forgotten when a script fails
+        self._built: tuple | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Receives lists of released transactions (or ``CAUGHT_UP``), applies them in
         batches."""
         task_status.started()
         self.deferrable = await has_deferrable_checks(self.sql)
-        queue: deque = deque()
-        with self.inbox:
+        queue = self.inbox.queue
+        with self.inbox.channel:
             while True:
-                if not queue:
-                    t0 = time.perf_counter()
-                    try:
-                        queue.extend(await self.inbox.receive())
-                    except trio.EndOfChannel:
+                batch, self._ahead = self._ahead, None
+                if batch is None:
+                    if not queue:
+                        t0 = time.perf_counter()
+                        try:
+                            queue.extend(await self.inbox.channel.receive())
+                        except trio.EndOfChannel:
+                            return
+                        finally:
+                            self.receive_s += time.perf_counter() - t0
+                    self.inbox.top_up()
+                    if queue[0] is CAUGHT_UP:
+                        self.caught_up = True
                         return
-                    finally:
-                        self.receive_s += time.perf_counter() - t0
-                # what is already waiting joins the batch; taken only while the queue is
-                # short of a batch, so a slow target holds the consumer back (the channel
-                # fills) instead of this queue growing
-                while len(queue) < BATCH_TRANSACTIONS and sum(
-                        t.count for t in queue if t is not CAUGHT_UP) < BATCH_ROWS:
-                    try:
-                        queue.extend(self.inbox.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                first = queue.popleft()
-                if first is CAUGHT_UP:
-                    self.caught_up = True
-                    return
-                batch, rows = [first], first.count
-                if not self._streamed(first) and not first.snapshot:
-                    while queue and rows < BATCH_ROWS and len(batch) < BATCH_TRANSACTIONS:
-                        if (queue[0] is CAUGHT_UP or self._streamed(queue[0])
-                                or queue[0].snapshot):
-                            break
-                        nxt = queue.popleft()
-                        batch.append(nxt)
-                        rows += nxt.count
-                batch = [t for t in batch if not self._skip(t)]
+                    batch = self.inbox.take(self.progress_lsn)
                 if batch:
                     await self.apply(batch)
 
-    def _skip(self, txn: SourceTransaction) -> bool:
-        # snapshot rows at the progress LSN come after the transaction committed there
-        if txn.commit_lsn < self.progress_lsn or (txn.commit_lsn == self.progress_lsn
-                                                   and not txn.snapshot):
-            self.stats.skipped += 1
-            txn.records.close()
-            return True
-        return False
+    async def _build_ahead(self) -> None:
+        """While the target runs a script: the next batch taken and its script made, so the
+        target waits for this process only as long as making it takes longer. Nothing is
+        made for a batch of tables not known yet."""
+        for _ in range(AHEAD_ROUNDS):  # the script on its way out first
+            await trio.lowlevel.checkpoint()
+        if self._ahead is None:
+            self.inbox.top_up()
+            if not self.inbox.small_next():
+                return
+            self._ahead = self.inbox.take(self.progress_lsn)
+        batch = self._ahead
+        if (self._built is None and batch
+                and all(k in self._tables for t in batch for k in t.tables)):
+            try:
+                built = self._build(batch, True)
+            except Exception:  # noqa: BLE001 - made again in its turn, where it is handled
+                return
+            if built[2] is None:  # statements made for every transaction
+                self._built = (batch, built)
+                self.stats.ahead += 1
 
-    @staticmethod
-    def _streamed(txn) -> bool:
-        return txn is not CAUGHT_UP and (txn.count >= STREAM_ROWS or txn.records.spilled)
+    async def _execute_ahead(self, script: str) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._build_ahead)
+                await self._execute(script)
+        except BaseExceptionGroup as group:  # the script's error, as ``_execute`` raises it
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0]
+            raise
 
     async def _ensure_tables(self, txn: SourceTransaction) -> None:
         for schema, name in txn.tables:
@@ -213,7 +221,7 @@ class WriterActor:
         while batch:
             self._group_end = {}
             try:
-                if self._streamed(batch[0]):
+                if streamed(batch[0]):
                     await self._stream(batch[0])
                     done = 1
                 elif solo:
@@ -223,6 +231,7 @@ class WriterActor:
                     await self._script(batch)
                     done = len(batch)
             except asyncpg.PostgresError as exc:
+                self._built = None
                 if connection_lost(exc):
                     raise SourceUnavailable(f"target connection lost: {exc}") from exc
                 commit_failed = not self.sql.in_transaction
@@ -273,7 +282,8 @@ class WriterActor:
                                      "name like 'pgr\\_%'")
         if names:
             await self.sql.execute(";".join(f"deallocate {r[0]}" for r in names))
-        self.prepared = Prepared()
+        self.prepared = Prepared(self.prepared.next_number)
+        self._built = None
 
     async def _snapshot(self, txn: SourceTransaction) -> None:
         """Snapshot rows: upserts in one transaction that leaves the origin alone (no setup:
@@ -327,23 +337,37 @@ class WriterActor:
             i = j
 
     async def _script(self, batch: list[SourceTransaction], grouped: bool = True) -> None:
+        built, self._built = self._built, None
+        if built is not None and built[0] is batch and grouped:
+            parts, self._group_end, error = built[1]
+        else:
+            parts, self._group_end, error = self._build(batch, grouped)
+        if error is not None:
+            failed, exc = error
+            if failed:  # the transactions before it go in
+                await self._send(parts)
+                self._applied(batch[:failed])
+            raise exc
+        await self._send(parts, ahead=grouped)
+
+    def _build(self, batch: list[SourceTransaction], grouped: bool):
+        """The script of a batch: ``(parts, group ends, error)``; ``error`` is ``(index,
+        ApplyError)`` of a transaction whose statements cannot be made (``parts`` then
+        hold the transactions before it)."""
         parts: list[str] = []
         last = max((i for i, t in enumerate(batch) if t.resume is not None), default=-1)
         groups = list(self._groups(batch, grouped))
-        self._group_end = dict(groups)
+        group_end = dict(groups)
         while groups:
             i, j = groups.pop(0)
             try:
                 stmts = list(statements(chain.from_iterable(t.records for t in batch[i:j]),
                                         self._tables, self.prepared))
-            except ApplyError:
+            except ApplyError as exc:
                 if j - i > 1:  # which transaction: each on its own
                     groups[:0] = [(k, k + 1) for k in range(i, j)]
                     continue
-                if i:  # the transactions before it go in
-                    await self._send(parts)
-                    self._applied(batch[:i])
-                raise
+                return parts, group_end, (i, exc)
             txn = batch[j - 1]
             parts.append("begin;")
             folded = None
@@ -360,7 +384,7 @@ class WriterActor:
                 parts.append(stmt)
                 parts.append(";")
             parts.append("commit;" if folded is not None else self._end(txn, False))
-        await self._send(parts)
+        return parts, group_end, None
 
     async def _stream(self, txn: SourceTransaction) -> None:
         parts: list[str] = ["begin;"]
@@ -375,9 +399,12 @@ class WriterActor:
         parts.append(self._end(txn, True))
         await self._send(parts)
 
-    async def _send(self, parts: list[str]) -> None:
+    async def _send(self, parts: list[str], ahead: bool = False) -> None:
         await self._prepare()
-        await self._execute("".join(parts))
+        if ahead:
+            await self._execute_ahead("".join(parts))
+        else:
+            await self._execute("".join(parts))
         self.stats.scripts += 1
 
     async def _rollback(self) -> None:

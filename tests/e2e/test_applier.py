@@ -123,6 +123,28 @@ def test_conflict_inside_a_batch_of_small_transactions(node_db, kafka_bootstrap,
     assert rows(b.dsn) == expected
 
 
+@pytest.mark.parametrize("group_rows", [1, 1000])
+def test_a_script_made_ahead_is_made_again_after_a_conflict(node_db, kafka_bootstrap, tmp_path,
+                                                            group_rows):
+    """The writer makes the next batch's script while the target runs the current one. When
+    the current one fails (a conflict, here also on the last transaction of a batch: they
+    are cut at most 1,000 transactions long, released 500 at a time), the script made ahead
+    names prepared statements the failure dropped: it is made again, so the conflicts are
+    the only transactions applied change by change and nothing is lost or applied twice."""
+    tag = uuid.uuid4().hex[:6]
+    a = Node(node_db, "pg2", "a", tmp_path, kafka_bootstrap, tag)
+    b = Node(node_db, "pg3", "b", tmp_path, kafka_bootstrap, tag)
+    mine = (500, 1000, 1500, 2000)
+    sql(b.dsn, "insert into t values " + ", ".join(f"({i}, 'mine', 7, 'd')" for i in mine))
+    one_row_transactions(a.dsn, 1, 2500)
+    until_caught_up("run", a.router_config('origin = "none"'))
+    stats = stopped_line(until_caught_up("apply", b.apply_config(a, "skip", group_rows)))
+    assert stats["transactions"] == 2500 and stats["ahead"] >= 2, stats
+    assert stats["slow"] == stats["conflicts_insert_exists"] == len(mine), stats
+    expected = [r if r[0] not in mine else (r[0], "mine", 7, r[3]) for r in rows(a.dsn)]
+    assert rows(b.dsn) == expected
+
+
 def test_apply_metrics_count_what_was_applied(node_db, kafka_bootstrap, tmp_path):
     """``[metrics] listen`` on the applier: /readyz while applying, and the applied
     transactions, changes and last commit time as Prometheus reads them."""

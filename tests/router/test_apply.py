@@ -145,6 +145,22 @@ def test_resume_offsets_cover_every_unreleased_record():
     assert txn.resume == {"tx/0": 8, "x/0": 13, "x/2": 9}
 
 
+def test_released_a_slice_at_a_time_with_resume_at_the_end_of_the_round():
+    """``ready(limit)``: the applier's consumer releases 500 at a time and lets the writer
+    run in between; the restart offsets come with the last one of the round only."""
+    ra = Reassembler(lambda t: True, transactions_topic="tx")
+    for i in range(5):
+        ra.add_transaction_record(end(100 + i, {"x": 1}), i)
+        ra.add_record("x", rec(100 + i, i), offset=i)
+    ra.add_transaction_record(end(200, {"x": 1}), 5)  # its record not read yet
+    first, second, third = list(ra.ready(2)), list(ra.ready(2)), list(ra.ready(2))
+    assert [[t.commit_lsn for t in s] for s in (first, second, third)] == [
+        [100, 101], [102, 103], [104]]
+    assert [t.resume for t in first + second] == [None] * 4
+    assert third[0].resume == {"tx/0": 5, "x/0": 5}
+    assert list(ra.ready(2)) == [] and ra.pending == 1
+
+
 def test_skipped_counts_what_the_target_already_has():
     ra = Reassembler(lambda t: True, applied_lsn=200)
     for lsn in (100, 100, 200, 300):
@@ -202,6 +218,21 @@ def test_set_based_statements():
                                '"public"."t" set "id" = $2::integer, "v" = $3::text where '
                                '"id" = $1::integer returning 1) select 1 / (count(*) = 1)::int '
                                'from _w')
+
+
+def test_prepared_statements_of_a_new_set_are_never_named_as_a_dropped_set_named_theirs():
+    """The writer drops its prepared statements after a failure and starts a new set: a
+    script made with the old set (the next batch, made ahead) must fail on a name that no
+    longer exists rather than execute another statement of the same name."""
+    from router.batches import Prepared
+
+    old = Prepared()
+    first = old.execute(("origin",), ["0/1", None], lambda: "select $1, $2")
+    assert first.name == "pgr_0"
+    new = Prepared(old.next_number)
+    other = new.execute(("c", "t"), ["1"], lambda: "select $1")
+    assert other.name == "pgr_1" and new.new == ["prepare pgr_1(text) as select $1"]
+    assert new.execute(("origin",), ["0/2", None], lambda: "select $1, $2").name == "pgr_2"
 
 
 def test_snapshot_rows_are_upserts():
