@@ -10,7 +10,6 @@ import trio
 from router.errors import ConfigError
 
 from ..services import log
-from ..runner.supervisor import Supervisor
 from .config_file import load
 
 #: seconds of transient failures after which ``--until-caught-up`` gives up by default
@@ -42,6 +41,10 @@ def retry_timeout(args: argparse.Namespace) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: every command imports this module (``pgrouter apply`` for the retry
+    # timeout), and the pipeline's modules take a third of a second to import
+    from ..runner.supervisor import Supervisor
+
     cfg = load(args.config, "run")
     log.setup(cfg.log.level, cfg.log.format)
     tune_gc()
