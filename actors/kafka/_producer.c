@@ -13,7 +13,8 @@
  * given; its log lines are dropped (failures reach the caller as delivery reports).
  *   produce(blocks, on_done) -> None | (err, reason, index): every record of the blocks
  *     (RecordBlock-like objects: topic, data, offsets, lsn_header, seq_name, first_seq)
- *     handed to librdkafka (copied: RD_KAFKA_MSG_F_COPY), waiting for room when its queue
+ *     handed to librdkafka (values not copied: the call's report holds the blocks until
+ *     every record is reported; keys and headers are copied), waiting for room when its queue
  *     is full. on_done(failure, count) is called once, from a thread serving delivery
  *     reports (poll, flush, or produce itself while it waits for room), when every record
  *     handed over is reported: failure None (all acknowledged) or (err, reason, topic, key,
@@ -50,7 +51,7 @@ typedef struct {
 
 enum { V_END = 0, V_TOPIC = 1, V_VALUE = 4, V_KEY = 5, V_OPAQUE = 6, V_MSGFLAGS = 7,
        V_HEADERS = 10 };
-enum { RD_KAFKA_PRODUCER = 0, MSG_F_COPY = 0x2, CONF_OK = 0 };
+enum { RD_KAFKA_PRODUCER = 0, MSG_F_NONE = 0, CONF_OK = 0 };
 enum { ERR_QUEUE_FULL = -184, ERR_FATAL = -150 };
 
 typedef void (*dr_cb_t)(rd_kafka_t *, const rd_kafka_message_t *, void *);
@@ -129,6 +130,7 @@ typedef struct {
     size_t key_len, value_len;
     int failed_size_known;
     PyObject *on_done;
+    PyObject *blocks; /* the values librdkafka points into, held until every report */
 } Flight;
 
 static void
@@ -195,6 +197,7 @@ flight_done(Flight *f)
     Py_XDECREF(res);
     Py_XDECREF(failure);
     Py_DECREF(f->on_done);
+    Py_DECREF(f->blocks);
     flight_free(f);
     PyGILState_Release(g);
 }
@@ -372,14 +375,17 @@ producer_produce(Producer *self, PyObject *args)
             return NULL;
         }
     Flight *f = calloc(1, sizeof(Flight));
-    if (f == NULL) {
+    PyObject *held = f ? PyList_AsTuple(blocks) : NULL; /* a list could be emptied */
+    if (held == NULL) {
+        free(f);
         PyMem_Free(bs);
         Py_DECREF(blocks);
-        return PyErr_NoMemory();
+        return f ? NULL : PyErr_NoMemory();
     }
     pthread_mutex_init(&f->lock, NULL);
     f->left = 1;
     f->on_done = Py_NewRef(on_done);
+    f->blocks = held;
     rd_kafka_t *rk = self->rk;
     int err = 0;
     char reason[512] = "";
@@ -405,10 +411,10 @@ producer_produce(Producer *self, PyObject *args)
             __atomic_add_fetch(&f->left, 1, __ATOMIC_ACQ_REL);
             for (;;) {
                 err = h ? R.producev(rk, V_TOPIC, b->topic, V_VALUE, value, value_len, V_KEY,
-                                     key, key_len, V_MSGFLAGS, MSG_F_COPY, V_OPAQUE, f,
+                                     key, key_len, V_MSGFLAGS, MSG_F_NONE, V_OPAQUE, f,
                                      V_HEADERS, h, V_END)
                         : R.producev(rk, V_TOPIC, b->topic, V_VALUE, value, value_len, V_KEY,
-                                     key, key_len, V_MSGFLAGS, MSG_F_COPY, V_OPAQUE, f,
+                                     key, key_len, V_MSGFLAGS, MSG_F_NONE, V_OPAQUE, f,
                                      V_END);
                 if (err != ERR_QUEUE_FULL)
                     break;
