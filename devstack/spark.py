@@ -81,6 +81,24 @@ class SparkCluster:
 
     def up(self, *, timeout: float = 120.0) -> str:
         """Start what is not running; return the master URL once all workers are registered."""
+        self.start()
+        return self.wait(timeout=timeout)
+
+    def wait(self, *, timeout: float = 120.0) -> str:
+        """The master URL once all workers are registered (after ``start``)."""
+        st = self._state()
+        if st is None:
+            raise StackError(f"no Spark cluster in {self.dir}: start it first")
+        url = f"spark://127.0.0.1:{st['master_port']}"
+        wait_until(lambda: self.alive_workers(st["webui_port"]) >= self.workers,
+                   timeout=timeout, what=f"Spark cluster at {url} ({self.workers} workers)",
+                   log=self.dir / "master.log",
+                   alive=lambda: read_pid(self._pidfile("master")) is not None)
+        return url
+
+    def start(self) -> str:
+        """Start what is not running without waiting for it (``wait`` does), so a caller can
+        start other things meanwhile; returns the master URL."""
         self.dir.mkdir(parents=True, exist_ok=True)
         st = self._state()
         running = {n: read_pid(self._pidfile(n)) for n in self._names(self.workers)}
@@ -114,10 +132,6 @@ class SparkCluster:
                              "--work-dir", str(work), url],
                             log=self.dir / f"{name}.log", cwd=work, env=env)
                 self._pidfile(name).write_text(str(pid))
-        wait_until(lambda: self.alive_workers(st["webui_port"]) >= self.workers,
-                   timeout=timeout, what=f"Spark cluster at {url} ({self.workers} workers)",
-                   log=self.dir / "master.log",
-                   alive=lambda: read_pid(self._pidfile("master")) is not None)
         return url
 
     def down(self) -> list[str]:

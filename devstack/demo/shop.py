@@ -39,6 +39,9 @@ WORKLOAD = [
     "begin; insert into shop.orders values (13, 1, 500.00, 'new', 'bulk'); "
     "update shop.customers set email = 'ada@new.example.org' where id = 1; commit",
 ]
+#: seconds the demo waits at most for the router's slot (created, then confirmed up to the
+#: workload)
+WAIT = 60
 TOPICS = ["demo.cdc.customers", "demo.cdc.orders", "demo.big_orders", "demo.eu_customers",
           "demo.new_orders", "demo.transactions"]
 
@@ -76,14 +79,40 @@ def _drop_slot(dsn: str) -> None:
     conn.close()
 
 
-def _workload(dsn: str) -> None:
+def _workload(dsn: str) -> str:
+    """Runs the workload; returns the WAL position after its last commit."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     with conn.cursor() as cur:
         for sql in WORKLOAD:
             print(f"  sql> {sql}")
             cur.execute(sql)
+        cur.execute("select pg_current_wal_lsn()::text")
+        end = cur.fetchone()[0]
     conn.close()
+    return end
+
+
+def _slot_reaches(dsn: str, router: subprocess.Popen, lsn: str | None) -> bool:
+    """Waits (at most ``WAIT`` seconds, while the router runs) until the demo slot exists
+    (``lsn`` None) or has confirmed ``lsn``, instead of sleeping a guess long enough on a
+    fast machine and too short on a slow one."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    deadline = time.monotonic() + WAIT
+    try:
+        with conn.cursor() as cur:
+            while router.poll() is None and time.monotonic() < deadline:
+                cur.execute("select confirmed_flush_lsn >= coalesce(%s::pg_lsn, '0/0') "
+                            "from pg_replication_slots where slot_name = 'pgrouter_demo'",
+                            (lsn,))
+                row = cur.fetchone()
+                if row and row[0]:
+                    return True
+                time.sleep(0.1)
+    finally:
+        conn.close()
+    return False
 
 
 def _commit_lsn(value: dict) -> int:
@@ -126,13 +155,16 @@ def run(info) -> int:
     except ImportError:  # pyspark not installed: the demo ends with the topics
         spark_demo = None
     try:
-        time.sleep(3)
-        if router.poll() is not None:
+        # the workload once the router's slot exists (changes before it would be missed)
+        if not _slot_reaches(info.pg_dsn, router, None):
             print(log.read_text(), file=sys.stderr)
             return 1
         print("\n3. a mixed workload")
-        _workload(info.pg_dsn)
-        time.sleep(4)
+        end = _workload(info.pg_dsn)
+        # the router confirms a change once Kafka holds it: then SIGTERM loses nothing
+        if not _slot_reaches(info.pg_dsn, router, end) and router.poll() is None:
+            print(f"   (the router had not confirmed the workload after {WAIT}s; "
+                  "stopping it anyway)")
     finally:
         router.send_signal(signal.SIGTERM)  # drain: flush Kafka, confirm, exit 0
         router.wait(timeout=60)

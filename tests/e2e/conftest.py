@@ -4,7 +4,8 @@
 ``pg_nodes`` maps node names (``pg``, ``pg2``, ``pg3``) to server DSNs. ``node_db`` creates a
 fresh database on a node and, at the end of the test, drops the replication slots and origins
 made in it (leftover slots retain WAL) and the database itself. ``spark`` is the one local
-Spark session (Kafka + Delta jars) the materializer tests share.
+Spark session (Kafka + Delta jars) the materializer tests share. ``fault_stack`` is the dev
+stack of the tests that stop and restart its broker or server (``.devstack/faults``).
 """
 
 from __future__ import annotations
@@ -88,6 +89,30 @@ def node_db(pg_nodes):
 
                 time.sleep(0.2)
         _admin(server, f'drop database if exists "{db}" with (force)')
+
+
+@pytest.fixture(scope="session")
+def fault_stack():
+    """(folder, StackInfo) of a dev stack of its own (no registry) under ``.devstack/faults``,
+    whose broker and server the fault tests stop and restart without disturbing any other
+    test. One for the session: test_faults and test_exactly_once's broker restart (both
+    serial, one after the other) share it instead of starting one each (about 20 s); it
+    fetches no jars of its own, it takes the main stack's cache (Kafka's jars: about 10 s
+    of Maven on a fresh clone)."""
+    from devstack import down, ensure_up
+
+    root = ROOT / ".devstack" / "faults"
+    root.mkdir(parents=True, exist_ok=True)
+    cache = root / "cache"
+    if not cache.exists() and not cache.is_symlink():  # a stack made before keeps its own
+        (ROOT / ".devstack" / "cache").mkdir(parents=True, exist_ok=True)
+        cache.symlink_to(ROOT / ".devstack" / "cache", target_is_directory=True)
+    try:
+        info = ensure_up(root, registry=False)
+    except Exception as exc:  # a missing service fails the run, it is never skipped
+        pytest.fail(f"fault-test stack could not be started: {exc}", pytrace=False)
+    yield root, info
+    down(root)
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,8 @@ import psycopg2
 import pytest
 
 from tests.e2e.guarantee import ConfirmSampler
-from tests.helpers import (ROOT, Pg, assign_from_beginning, kill9, run_router, start_router,
-                           unique, write_config)
+from tests.helpers import (Pg, assign_from_beginning, kill9, run_router, start_router, unique,
+                           write_config)
 
 pytestmark = pytest.mark.services
 
@@ -327,24 +327,12 @@ def test_non_transactional_message_after_a_commit_is_not_skipped(table, kafka_bo
     assert [m["op"] for m in messages] == ["m"], messages
 
 
-@pytest.fixture(scope="module")
-def own_stack():
-    """A dev stack of its own: its broker is restarted under load."""
+def test_broker_restart_leaves_each_change_once(fault_stack, tmp_path):
+    """On the fault tests' stack of its own (tests/e2e/conftest.py): its broker is
+    restarted under load."""
     import devstack
 
-    root = ROOT / ".devstack" / "exactly-once"
-    try:
-        info = devstack.ensure_up(root, registry=False)
-    except Exception as exc:
-        pytest.fail(f"exactly-once fault stack could not be started: {exc}", pytrace=False)
-    yield root, info
-    devstack.down(root)
-
-
-def test_broker_restart_leaves_each_change_once(own_stack, tmp_path):
-    import devstack
-
-    root, info = own_stack
+    root, info = fault_stack
     pg = Pg(info.pg_dsn)
     name = unique("eob")
     pg.run(f"create table {name} (id bigint primary key, n int, payload text)")

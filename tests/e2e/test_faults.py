@@ -12,8 +12,8 @@ byte-identical at the same position.
 the same kills against a router whose delivery rule is broken from the test side
 (tests/e2e/broken_router.py confirms before Kafka acknowledged) must be reported as loss.
 
-These tests run on a dev stack of their own (``.devstack/faults``) so restarting its broker
-and server disturbs no other test.
+These tests run on a dev stack of their own (``.devstack/faults``, ``fault_stack`` in
+tests/e2e/conftest.py) so restarting its broker and server disturbs no other test.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 import devstack
 from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, delete_topics, lsn_int,
                                  max_stall, topic_size, verify, wait_for)
-from tests.helpers import (ROOT, Pg, kill9, read_topic, run_router, start_router, unique,
+from tests.helpers import (Pg, kill9, read_topic, run_router, start_router, unique,
                            write_config)
 
 pytestmark = pytest.mark.services
@@ -62,15 +62,9 @@ def assert_identical_duplicates(records: list[dict]) -> None:
         assert seen.setdefault(pos, r["raw"]) == r["raw"], f"two different records at {pos}"
 
 
-@pytest.fixture(scope="module")
-def stack():
-    root = ROOT / ".devstack" / "faults"
-    try:
-        info = devstack.ensure_up(root, registry=False)
-    except Exception as exc:
-        pytest.fail(f"fault-test stack could not be started: {exc}", pytrace=False)
-    yield root, info
-    devstack.down(root)
+@pytest.fixture
+def stack(fault_stack):
+    return fault_stack  # tests/e2e/conftest.py
 
 
 def topic_settings(partitions: int = 3, replication_factor: int = 1,

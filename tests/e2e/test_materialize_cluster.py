@@ -20,12 +20,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, request):
     from devstack import SparkCluster
 
     c = SparkCluster(tmp_path_factory.mktemp("spark"), workers=2, cores=1, memory="1g")
     try:
-        url = c.up(timeout=180)
+        c.start()
+        # the test's local Spark session (its reader of the Delta tables) starts while the
+        # cluster's master and workers do, instead of after them
+        request.getfixturevalue("spark")
+    except BaseException:
+        c.down()
+        raise
+    try:
+        url = c.wait(timeout=180)
     except Exception as exc:
         c.down()
         pytest.fail(f"Spark standalone cluster could not be started: {exc}", pytrace=False)
