@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from time import perf_counter
 
-import trio
-
 from router.keys import PrimaryKeys
 from router.pgoutput import Decoder
 from router.transactions import TransactionAssembler
@@ -25,27 +23,20 @@ from .mailbox import Hold, Keepalive
 
 class DecoderActor:
     def __init__(self, *, decoder: Decoder, assembler: TransactionAssembler,
-                 inbox: trio.MemoryReceiveChannel, out: trio.MemorySendChannel, metrics=None,
+                 out, metrics=None,
                  keys: PrimaryKeys | None = None, lookup=None):
         self.keys = keys
         self.lookup = lookup  # async (tables) -> {table: primary key columns}
         self.decoder = decoder
         self.metrics = metrics  # actors.services.metrics.Metrics or None
         self.assembler = assembler
-        self.inbox = inbox
         self.out = out
         self._hold = None
         self._observe = (metrics.stage_seconds.labels("decode").observe
                          if metrics is not None else None)
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        with self.inbox, self.out:
-            async for batch in self.inbox:
-                await self.handle(batch)
-
     def end(self) -> None:
-        """No more WAL (run in its sender's task: ``mailbox.Inline``)."""
+        """No more WAL (it runs in the slot reader's task: ``mailbox.Inline``)."""
         self.out.close()
 
     async def handle(self, batch) -> None:

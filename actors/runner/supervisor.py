@@ -237,7 +237,7 @@ class Supervisor:
             decoder=Decoder(info.proto_version),
             assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
                                            spill_dir=src.spill_dir),
-            inbox=None, out=None, metrics=self.metrics, keys=keys,
+            out=None, metrics=self.metrics, keys=keys,
             lookup=self._primary_keys)
         # backfills (watermark windows) see the decoder's output before anything is dropped
         backfill, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
