@@ -16,6 +16,20 @@ clock) to the moment the consumer has it. It prints the achieved rate and p50/p9
 the latency, and fails unless every row written arrived. The first ``--warmup`` seconds of
 load are left out of the figures (process start, topic creation, first metadata).
 
+Each record's CreateTime (set by the router's producer when the router hands it the record,
+in milliseconds) splits the latency into *commit -> the router's produce call* (PostgreSQL's
+walsender and the router) and *produce call -> consumer* (the producer's ``linger.ms``, the
+broker and the consumer).
+
+**Kafka alone** (the ceiling; ``--no-ceiling`` skips it): after the router's run, the same
+rate of records of the same shape and size is produced to a new topic by a process of its own
+with the router's librdkafka settings (``actors.kafka.librdkafka.DEFAULTS`` and the
+``--setting`` entries, acks=all, idempotence, a poll thread), each record stamped with the
+time it is handed to the producer, and read by the same consumer: what the broker, the
+producer's linger and the consumer cost at all on this machine, with no PostgreSQL and no
+router. The router cannot be below it; the difference is the router's (and the walsender's)
+share.
+
 Table, publication, slot and topics are removed afterwards, also after a failure.
 """
 
@@ -80,16 +94,24 @@ class Consumer(threading.Thread):
         super().__init__(daemon=True)
         self.bootstrap, self.topic = bootstrap, topic
         self.seen: dict[int, float] = {}
+        #: row id -> (commit -> the router's produce call, produce call -> consumer), seconds:
+        #: the record's CreateTime timestamp is set by the router's producer when it is given
+        #: the record (librdkafka and kafka-python alike), in milliseconds
+        self.split: dict[int, tuple[float, float]] = {}
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
-    def _take(self, value: bytes) -> None:
+    def _take(self, value: bytes, created_ms: int | None = None) -> None:
         now = time.time()
         doc = json.loads(value)
         doc = doc.get("payload", doc)  # Connect format wraps the value
         after = doc.get("after")
         if after is not None:
-            self.seen[after["id"]] = now - parse_iso(doc["source"]["commit_time"])
+            committed = parse_iso(doc["source"]["commit_time"])
+            self.seen[after["id"]] = now - committed
+            if created_ms is not None and created_ms > 0:
+                self.split[after["id"]] = (created_ms / 1000 - committed,
+                                           now - created_ms / 1000)
 
     def run(self) -> None:
         try:
@@ -115,7 +137,8 @@ class Consumer(threading.Thread):
                 # poll: returns with the first record (consume(n, t) waits for n or t)
                 m = c.poll(0.05)
                 if m is not None and m.error() is None and m.value() is not None:
-                    self._take(m.value())
+                    kind, created = m.timestamp()
+                    self._take(m.value(), created if kind == ck.TIMESTAMP_CREATE_TIME else None)
         finally:
             c.close()
 
@@ -130,7 +153,7 @@ class Consumer(threading.Thread):
                 for records in c.poll(timeout_ms=50).values():
                     for r in records:
                         if r.value is not None:
-                            self._take(r.value)
+                            self._take(r.value, r.timestamp if r.timestamp_type == 0 else None)
         finally:
             c.close()
 
@@ -176,6 +199,94 @@ def writers_process(dsn: str, table: str, writers: int, rate: float, start: floa
     out.close()
 
 
+def kafka_alone_process(bootstrap: str, topic: str, settings: dict, rate: float,
+                        start: float, until: float, out) -> None:
+    """The ceiling's producer: records shaped like the router's (an ``after`` with the id,
+    ``source.commit_time`` = the moment the record is handed over), one at a time at
+    ``rate`` (open loop), produced with the router's librdkafka settings."""
+    try:
+        import confluent_kafka as ck
+
+        from actors.kafka.librdkafka import DEFAULTS
+        from router.kafka_settings import LIBRDKAFKA, translate
+
+        conf = dict(DEFAULTS)
+        conf.update(translate(dict(settings), LIBRDKAFKA))
+        conf.update({"bootstrap.servers": bootstrap, "acks": "all",
+                     "enable.idempotence": True})
+        producer = ck.Producer(conf)
+        failed: list = []
+        stop = threading.Event()
+
+        def poll() -> None:  # the router's client polls in a thread of its own too
+            while not stop.is_set():
+                producer.poll(0.02)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        written, i = [], 0
+        pad = "x" * 40
+        while True:
+            due = start + i / rate
+            if due >= until:
+                break
+            delay = due - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            now = dt.datetime.now(dt.timezone.utc).isoformat()
+            value = json.dumps({"op": "c", "after": {"id": i, "payload": pad},
+                                "source": {"commit_time": now}}).encode()
+            producer.produce(topic, value, key=str(i).encode(),
+                             on_delivery=lambda err, msg: err and failed.append(err))
+            written.append(i)
+            i += 1
+        producer.flush(30)
+        stop.set()
+        poller.join()
+        out.send((written, repr(failed[0]) if failed else None))
+    except BaseException as exc:
+        out.send(([], repr(exc)))
+    out.close()
+
+
+def kafka_alone(args, settings: dict, topic: str) -> list[float] | None:
+    """The ceiling's latencies (ms, sorted, warm-up left out), or None when it failed."""
+    import confluent_kafka as ck
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": args.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    consumer = Consumer(args.bootstrap, topic)
+    consumer.start()
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        start = time.time() + 1.5  # the producer's process starts meanwhile
+        until = start + args.seconds
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=kafka_alone_process, args=(
+            args.bootstrap, topic, settings, args.rate, start, until, send))
+        proc.start()
+        send.close()
+        written, error = recv.recv()
+        proc.join()
+        if error:
+            print(f"Kafka alone: the producer failed: {error}")
+            return None
+        deadline = time.time() + 30
+        while len(consumer.seen) < len(written) and time.time() < deadline \
+                and consumer.error is None:
+            time.sleep(0.1)
+    finally:
+        consumer.stop.set()
+        consumer.join(10)
+    warm = int(args.warmup * args.rate)
+    if consumer.error or len(consumer.seen) < len(written):
+        print(f"Kafka alone: {len(written) - len(consumer.seen)} of {len(written)} records "
+              f"never arrived ({consumer.error!r})")
+        return None
+    return sorted(v * 1000 for k, v in consumer.seen.items() if k >= warm)
+
+
 def router_cpu(pid: int) -> float:
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -194,6 +305,9 @@ def main() -> None:
     ap.add_argument("--client", default="auto", choices=["auto", "librdkafka", "kafka-python"])
     ap.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                     help="a [kafka.settings] entry (TOML value), e.g. linger_ms=5")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip Kafka alone (the same records produced without PostgreSQL and "
+                         "the router)")
     ap.add_argument("--dsn", default=os.environ.get(
         "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
@@ -274,12 +388,33 @@ def main() -> None:
                       f"{len(lat)} rows): p50 {pct(lat, 50):.1f}  p90 {pct(lat, 90):.1f}  "
                       f"p99 {pct(lat, 99):.1f}  max {lat[-1]:.1f}  "
                       f"mean {statistics.fmean(lat):.1f}")
+                split = [consumer.split[r] for r in written
+                         if r in consumer.split and r not in warm]
+                for i, name in enumerate(("commit -> router's produce call",
+                                          "produce call -> consumer")):
+                    part = sorted(s[i] * 1000 for s in split)
+                    if part:
+                        print(f"  {name} (ms, record timestamps in ms): p50 "
+                              f"{pct(part, 50):.1f}  p99 {pct(part, 99):.1f}  max {part[-1]:.1f}")
             if consumer.error:
                 raise SystemExit(f"consumer failed: {consumer.error!r}")
             if missing:
                 raise SystemExit(f"{len(missing)} of {len(written)} rows never arrived "
                                  f"(e.g. id {missing[0]})")
             print(f"every row arrived ({len(written)})")
+            if not args.no_ceiling and client == "librdkafka":
+                alone = kafka_alone(args, settings, f"{prefix}.alone")
+                if alone:
+                    print(f"Kafka alone (the router's producer settings, {len(alone)} records "
+                          f"after the warm-up, no PostgreSQL, no router; ms): p50 "
+                          f"{pct(alone, 50):.1f}  p90 {pct(alone, 90):.1f}  p99 "
+                          f"{pct(alone, 99):.1f}  max {alone[-1]:.1f}  "
+                          f"mean {statistics.fmean(alone):.1f}")
+                    if lat:
+                        print(f"router's share (end to end minus Kafka alone, ms): p50 "
+                              f"{pct(lat, 50) - pct(alone, 50):+.1f}  p99 "
+                              f"{pct(lat, 99) - pct(alone, 99):+.1f}  max "
+                              f"{lat[-1] - alone[-1]:+.1f}")
     finally:
         consumer.stop.set()
         if router is not None and router.poll() is None:
@@ -301,7 +436,7 @@ def main() -> None:
         finally:
             sql(args.dsn, f"drop publication if exists {pub}", f"drop table if exists {table}")
             delete_topics(args.bootstrap, [topic, f"{prefix}.schemas",
-                                           f"{prefix}.definitions"])
+                                           f"{prefix}.definitions", f"{prefix}.alone"])
 
 
 if __name__ == "__main__":
