@@ -110,9 +110,9 @@ async def _verify(cfg, args, progress, warn, metrics):
         if not r.ok:
             print(summary(r), file=out)
     asked = await request(cfg, repairs, lambda line: print(f"pgrouter verify: {line}",
-                                                            file=sys.stderr, flush=True))
+                                                            file=sys.stderr, flush=True),
+                          metrics)
     if asked:
-        metrics.pending = len(asked)
         await wait_repaired(cfg, asked, args.wait)
         metrics.pending = 0
         print(f"pgrouter verify: {len(asked)} repair(s) done; verifying again",

@@ -48,8 +48,11 @@ class Repair(msgspec.Struct):
     delete: list
 
 
-async def request(cfg: Config, repairs: list[Repair], say) -> list[tuple[str, str, str]]:
-    """Writes the requests; returns (request id, route, table) of each."""
+async def request(cfg: Config, repairs: list[Repair], say,
+                  metrics=None) -> list[tuple[str, str, str]]:
+    """Writes the requests; returns (request id, route, table) of each. ``metrics``
+    (``VerifyMetrics``) counts each request pending as soon as it is written, before it is
+    said: a scrape after the line sees it."""
     if not cfg.source.messages:
         raise ConfigError("repairs are backfills, which need logical messages (the "
                           "watermarks)", path="source.messages")
@@ -74,6 +77,8 @@ async def request(cfg: Config, repairs: list[Repair], say) -> list[tuple[str, st
                                      routes=(rep.route,), tables=(table.name,), keys=keys)
                     await sql.execute("select pg_logical_emit_message(true, $1, $2::text)",
                                       PREFIX, encode_watermark(mark).decode())
+                    if metrics is not None:
+                        metrics.pending += 1
                     say(f"repair requested: request={rid} route={rep.route} "
                         f"table={table.name} keys={msgspec.json.encode(keys).decode()} "
                         f"(to send again: {len(rep.send)}, to delete: {len(rep.delete)})")
