@@ -158,6 +158,21 @@ class Consumer(threading.Thread):
             c.close()
 
 
+def paced(rate: float, start: float, until: float):
+    """0, 1, 2… each at its time on a schedule of ``rate`` a second from ``start`` to
+    ``until`` (open loop: a late one does not move the ones after it)."""
+    i = 0
+    while True:
+        due = start + i / rate
+        if due >= until:
+            return
+        delay = due - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        yield i
+        i += 1
+
+
 def writer(dsn: str, table: str, wid: int, rate: float, start: float, until: float,
            written: list, errors: list) -> None:
     """One row per transaction at ``rate`` a second from ``start`` to ``until``."""
@@ -165,18 +180,10 @@ def writer(dsn: str, table: str, wid: int, rate: float, start: float, until: flo
         conn = psycopg2.connect(dsn)
         conn.autocommit = True
         cur = conn.cursor()
-        i = 0
-        while True:
-            due = start + i / rate
-            if due >= until:
-                break
-            delay = due - time.time()
-            if delay > 0:
-                time.sleep(delay)
+        for i in paced(rate, start, until):
             rid = wid * 1_000_000_000 + i
             cur.execute(f"insert into {table} values (%s, %s)", (rid, "x" * 40))
             written.append(rid)
-            i += 1
         conn.close()
     except BaseException as exc:
         errors.append(exc)
@@ -224,22 +231,15 @@ def kafka_alone_process(bootstrap: str, topic: str, settings: dict, rate: float,
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
-        written, i = [], 0
+        written = []
         pad = "x" * 40
-        while True:
-            due = start + i / rate
-            if due >= until:
-                break
-            delay = due - time.time()
-            if delay > 0:
-                time.sleep(delay)
+        for i in paced(rate, start, until):
             now = dt.datetime.now(dt.timezone.utc).isoformat()
             value = json.dumps({"op": "c", "after": {"id": i, "payload": pad},
                                 "source": {"commit_time": now}}).encode()
             producer.produce(topic, value, key=str(i).encode(),
                              on_delivery=lambda err, msg: err and failed.append(err))
             written.append(i)
-            i += 1
         producer.flush(30)
         stop.set()
         poller.join()
