@@ -28,6 +28,7 @@ import msgspec  # noqa: E402
 
 from router.topics import TopicSpec  # noqa: E402
 from router.routing import CHUNK_RECORDS  # noqa: E402
+from router.snapshot_rows import PackedRecords  # noqa: E402
 
 CLIENTS = ("kafka-python", "librdkafka")
 #: kafka-python through its public ``send`` (the client's fallback), for comparison
@@ -69,7 +70,9 @@ def run_one(name: str, bootstrap: str, n: int, partitions: int,
             make=make_records, settings: dict | None = None) -> tuple[float, float]:
     """Seconds (and CPU seconds of this process, all threads) from the first ``produce`` to
     the last delivery report of ``make(topic, n)`` (records as the sink hands them over) on
-    a fresh topic; ``settings``: the client's (``[kafka] settings``)."""
+    a fresh topic; ``settings``: the client's (``[kafka] settings``). ``make`` may give
+    chunks instead (a list of ``PackedRecords``, as the snapshot's C path hands them over):
+    they are produced as they are."""
     topic = f"bench.sink.{name}.{uuid.uuid4().hex[:8]}"
     client = client_for(name, bootstrap, settings)
     try:
@@ -77,7 +80,11 @@ def run_one(name: str, bootstrap: str, n: int, partitions: int,
         # warm-up: metadata, connections, producer id
         client.produce_sync(topic, b"null", b"{}")
         records = make(topic, n)
-        n = len(records)
+        if records and type(records[0]) is PackedRecords:
+            chunks, n = records, sum(len(c) for c in records)
+        else:
+            n = len(records)
+            chunks = [records[i:i + CHUNK_RECORDS] for i in range(0, n, CHUNK_RECORDS)]
         done = threading.Event()
         state = {"acked": 0, "failed": None}
         lock = threading.Lock()
@@ -93,8 +100,8 @@ def run_one(name: str, bootstrap: str, n: int, partitions: int,
                     done.set()
 
         start, cpu = time.perf_counter(), time.process_time()
-        for i in range(0, n, CHUNK_RECORDS):
-            client.produce(records[i:i + CHUNK_RECORDS], i, on_done)
+        for i, chunk in enumerate(chunks):
+            client.produce(chunk, i, on_done)
         if not done.wait(300):
             raise SystemExit(f"{name}: only {state['acked']} of {n} acknowledged in 300 s")
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu

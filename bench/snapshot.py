@@ -1,7 +1,8 @@
 """Initial snapshot throughput: rows/s of pgrouter's snapshot of a big table into Kafka
 against the Kafka producer's own ceiling — the same records (the table's rows encoded by the
 snapshot's encoder) produced by the same client with the same settings, with no PostgreSQL
-(``bench/sink.py``'s producing code) — and against ``COPY (SELECT …) TO STDOUT`` of the same
+(``bench/sink.py``'s producing code, twice: the client's per-record ``produce``, and the
+records packed as the snapshot's C path hands them to ``actors.kafka.native_producer``) — and against ``COPY (SELECT …) TO STDOUT`` of the same
 rows to /dev/null (psql); the big table read by ``--sessions`` sessions at once (its block
 ranges, ``[snapshot] parallel``) against one session; then K tables read in parallel against
 K sequential COPYs. Every figure of a round comes from the same run, side by side; with
@@ -15,7 +16,10 @@ Kafka's acknowledgements, from the first table started to the last record acknow
 slot creation and the short stream afterwards are left out. The ceiling's clock runs from
 the first ``produce`` to the last delivery report (topic created and producer warmed up
 before). CPU seconds: the router process (user + system, all threads) and the producing
-process. The router's peak RSS during the one-table runs shows that memory does not grow
+process. The rest of the machine (``bench/machine.py``) over each whole run: the broker's
+and the PostgreSQL cluster's CPU seconds and the share of the cores left idle — where the
+snapshot's extra time goes on a machine whose cores the broker, PostgreSQL and the router
+share. The router's peak RSS during the one-table runs shows that memory does not grow
 with the table.
 """
 
@@ -40,6 +44,8 @@ import psycopg2
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import machine  # noqa: E402  (bench/machine.py)
 COLUMNS = "id, grp, amount, note, created"
 SETTINGS = {"linger_ms": 5}  # the router's [kafka] settings here and the ceiling's
 ROUTER_RSS: list[float] = []  # MB, of each router run
@@ -149,15 +155,19 @@ tables = {json.dumps(tables)}
 
 
 def table_records(dsn: str, table: str, route: str):
-    """``make(topic, n)`` for ``bench/sink.py``: the table's rows as the snapshot encodes
-    them (its COPY text, ``router.snapshot.copy_rows``, ``SnapshotRows`` with the table's
-    columns and key), to ``topic``. Read from PostgreSQL once, before any clock runs."""
+    """``make(topic, n)`` and ``make_packed(topic, n)`` for ``bench/sink.py``: the table's
+    rows as the snapshot encodes them (its COPY text, ``SnapshotRows`` with the table's
+    columns and key), to ``topic``; ``make`` gives them one by one (parsed by
+    ``router.snapshot.copy_rows``: the client's per-record ``produce``), ``make_packed`` as
+    the snapshot's C path hands them to the client (COPY text of 2,000 lines a chunk, packed,
+    produced by ``actors.kafka.native_producer``). Read from PostgreSQL once, before any
+    clock runs."""
     from router.envelope import TxContext
     from router.pgoutput import Relation
     from router.pgoutput.messages import RelationColumn
     from router.routing import CHUNK_RECORDS, ChangeRouter, RouteSpec
     from router.snapshot import copy_rows
-    from router.snapshot_rows import SnapshotRows
+    from router.snapshot_rows import CopyText, PackedRecords, SnapshotRows
 
     conn = psycopg2.connect(dsn)
     try:
@@ -174,22 +184,38 @@ def table_records(dsn: str, table: str, route: str):
                         "TO STDOUT", buf)
     finally:
         conn.close()
-    rows = copy_rows(buf.getvalue())
+    text = buf.getvalue()
+    rows = copy_rows(text)
     rel = Relation(relation_id=1, namespace="public", name=table, replica_identity="d",
                    columns=cols)
     key = tuple(c.name for c in cols if c.flags)
 
-    def make(topic: str, n: int) -> list:
-        encoder = SnapshotRows(ChangeRouter(
+    tx = TxContext(xid=0, commit_lsn=1 << 30, end_lsn=(1 << 30) + 1, commit_time=0)
+
+    def encoder(topic: str, packed: bool = False) -> SnapshotRows:
+        return SnapshotRows(ChangeRouter(
             [RouteSpec(route, tables=frozenset({("public", table)}), topic=topic)],
-            db="postgres", primary_keys={("public", table): key}))
-        tx = TxContext(xid=0, commit_lsn=1 << 30, end_lsn=(1 << 30) + 1, commit_time=0)
+            db="postgres", primary_keys={("public", table): key}), packed=packed)
+
+    def make(topic: str, n: int) -> list:
+        rows_of = encoder(topic)
         out: list = []
         for i in range(0, len(rows), CHUNK_RECORDS):
-            out += encoder.chunk(rel, rows[i:i + CHUNK_RECORDS], tx, i).records
+            out += rows_of.chunk(rel, rows[i:i + CHUNK_RECORDS], tx, i).records
         return out
 
-    return make, len(rows)
+    def make_packed(topic: str, n: int) -> list:
+        rows_of = encoder(topic, packed=True)
+        lines = text.splitlines(keepends=True)
+        out: list = []
+        for i in range(0, len(lines), 2000):
+            batch = lines[i:i + 2000]
+            records = rows_of.chunk(rel, CopyText(b"".join(batch), len(batch)), tx, i).records
+            assert type(records) is PackedRecords, "the table is not on the C path"
+            out.append(records)
+        return out
+
+    return make, make_packed, len(rows)
 
 
 def encode_scaling(dsn: str, table: str, threads: int, rounds: int = 3) -> dict:
@@ -263,6 +289,14 @@ def encode_scaling(dsn: str, table: str, threads: int, rounds: int = 3) -> dict:
     return out
 
 
+def median_usage(usages: list) -> "machine.Usage":
+    def m(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+    return machine.Usage(m([u.broker for u in usages]), m([u.postgres for u in usages]),
+                         m([u.busy for u in usages]), m([u.idle for u in usages]))
+
+
 def ceiling_seconds(client: str, kafka: str, make, n: int) -> tuple[float, float]:
     """(seconds, CPU seconds) of ``bench/sink.py``'s producing of ``make``'s records."""
     import sink  # bench/sink.py
@@ -307,7 +341,11 @@ def main() -> None:
             cur.execute(f"vacuum analyze {t}")
             cur.execute(f"create publication {t} for table {t}")
         cur.execute(f"create publication {tag}_many for table {', '.join(small)}")
-        make, n_records = table_records(args.dsn, big, f"{tag}_one0_1")  # a route's name
+        make, make_packed, n_records = table_records(args.dsn, big, f"{tag}_one0_1")
+        ceilings = {"ceiling": make}
+        if args.client == "librdkafka":
+            ceilings["packed"] = make_packed
+        meter = machine.Meter(args.dsn)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
         scaling = encode_scaling(args.dsn, big, args.sessions, args.repeat)
         print(f"the router's per-row work alone (COPY text to records, {args.rows} rows, "
@@ -316,17 +354,24 @@ def main() -> None:
             print(f"  {path:6} path {one:6.2f} s ({cpu:5.2f} CPU s, {cpu / args.rows * 1e6:.2f} "
                   f"µs/row)  {many:6.2f} s  ({one / many:.2f}x)", flush=True)
         for r in range(args.repeat):
-            secs, cpu = ceiling_seconds(args.client, args.kafka, make, n_records)
-            note("ceiling", secs)
-            note("ceiling cpu", cpu)
+            for name, made in ceilings.items():
+                before = meter.read()
+                secs, cpu = ceiling_seconds(args.client, args.kafka, made, n_records)
+                note(name, secs)
+                note(f"{name} cpu", cpu)
+                note(f"{name} machine", meter.read() - before)
             for sessions in sorted({1, args.sessions}):
                 slots.append(f"{tag}_one{r}_{sessions}")
+                before = meter.read()
                 secs, rows, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
                                                    slots[-1], big, [big], sessions)
+                note(f"snap{sessions} machine", meter.read() - before)
                 assert rows == args.rows, rows
                 note(f"snap{sessions}", secs)
                 note(f"snap{sessions} cpu", cpu)
                 note(f"snap{sessions}/ceiling", secs / runs["ceiling"][-1])
+                if "packed" in ceilings:
+                    note(f"snap{sessions}/packed", secs / runs["packed"][-1])
             note("copy", copy_seconds(args.dsn, big))
             note("copy ranges", copy_ranges_seconds(args.dsn, big, args.sessions))
             note("speedup", runs["snap1"][-1] / runs[f"snap{args.sessions}"][-1])
@@ -338,7 +383,8 @@ def main() -> None:
                                                     args.tables)
             note("snap many", secs)
             note("snap many cpu", cpu)
-            print(f"  round {r + 1}: ceiling {runs['ceiling'][-1]:.2f} s, snapshot 1 session "
+            packed = (f", packed {runs['packed'][-1]:.2f} s" if "packed" in ceilings else "")
+            print(f"  round {r + 1}: ceiling {runs['ceiling'][-1]:.2f} s{packed}, snapshot 1 session "
                   f"{runs['snap1'][-1]:.2f} s, {args.sessions} sessions "
                   f"{runs[f'snap{args.sessions}'][-1]:.2f} s, COPY {runs['copy'][-1]:.2f} s",
                   flush=True)
@@ -347,10 +393,20 @@ def main() -> None:
         print(f"  COPY to /dev/null        {med('copy'):8.2f} s  {rows / med('copy'):12,.0f} rows/s")
         print(f"  producer ceiling         {med('ceiling'):8.2f} s  {rows / med('ceiling'):12,.0f}"
               f" records/s  cpu {med('ceiling cpu'):6.2f} s (bench/sink.py, same records)")
+        if "packed" in ceilings:
+            print(f"  producer ceiling, packed {med('packed'):8.2f} s  "
+                  f"{rows / med('packed'):12,.0f} records/s  cpu {med('packed cpu'):6.2f} s "
+                  "(the same, as the snapshot's C path hands them over)")
         for s in sorted({1, k}):
+            vs_packed = (f", {med(f'snap{s}/packed'):.2f}x the packed ceiling's"
+                         if "packed" in ceilings else "")
             print(f"  snapshot, {s} session(s)   {med(f'snap{s}'):8.2f} s  "
                   f"{rows / med(f'snap{s}'):12,.0f} rows/s  cpu {med(f'snap{s} cpu'):6.2f} s"
-                  f"  ({med(f'snap{s}/ceiling'):.2f}x the ceiling's time)")
+                  f"  ({med(f'snap{s}/ceiling'):.2f}x the ceiling's time{vs_packed})")
+        print("  the rest of the machine over each whole run (medians; the router's runs include "
+              "its start and the slot's creation):")
+        for name in [*ceilings, *(f"snap{s}" for s in sorted({1, k}))]:
+            print(f"    {name:8} {median_usage(runs[f'{name} machine']).text()}")
         print(f"  {k} sessions / 1 session  {med('speedup'):8.2f}x rows/s")
         print(f"  COPY of its ranges, {k} sessions at once {med('copy ranges'):6.2f} s "
               f"({med('copy') / med('copy ranges'):.2f}x one COPY's rows/s)")
