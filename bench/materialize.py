@@ -25,6 +25,10 @@ the session, so a setting is measured against the job's own settings side by sid
 (the order of the steady drain, the ceiling and the variants rotates from run to run, as the
 JIT still warms over the first drains).
 
+``--ceiling-first`` makes the fresh JVM's drain the ceiling's (what a fresh JVM gives a plain
+append at all, to hold the fresh materializer's figure against; the materializer's drains of
+that run start warm): run the bench once with it and once without.
+
 ``--warmup 0`` runs the fresh drain only; ``--warmup N`` makes the first backlog N records.
 ``--class-archive DIR`` gives the job a class-data archive (``[spark] class_archive``): the first
 run writes it when its JVM exits, later runs start from it (a scheduler's ``--available-now``
@@ -229,6 +233,10 @@ def main() -> int:
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the ceiling: Spark appending the JSON backlog to Delta without "
                          "merging, drained after each steady drain (ceiling_drain)")
+    ap.add_argument("--ceiling-first", action="store_true",
+                    help="the fresh JVM drains the warm-up backlog as the ceiling (a plain "
+                         "append) instead of the materializer: what a fresh JVM gives at all; "
+                         "the materializer's drains then start in a warm JVM")
     ap.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                     help="a variant: after each steady drain, the same backlog drained again "
                          "with these Spark SQL settings set in the session (repeatable)")
@@ -242,6 +250,8 @@ def main() -> int:
     if not set(formats) <= {"json", "avro"} or len(set(formats)) != len(formats) \
             or args.runs < 1:
         ap.error("--format: json, avro or json,avro; --runs: at least 1")
+    if args.ceiling_first and (formats[0] != "json" or not args.warmup):
+        ap.error("--ceiling-first: the first format must be json, and --warmup not 0")
     try:
         args.compare = [dict(kv.split("=", 1) for kv in c.split(",")) for c in args.compare]
     except ValueError:
@@ -359,7 +369,9 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
         side = len(formats) > 1
         drains: dict[str, list] = {}
         if args.warmup:
-            drains[f"fresh JVM ({formats[0]})" if side else "fresh JVM"] = [drain("warmup.")]
+            fresh = "fresh JVM, " + CEILING if args.ceiling_first else "fresh JVM"
+            drains[f"{fresh} ({formats[0]})" if side else fresh] = [
+                drain("warmup.", ceiling=args.ceiling_first)]
             for run in range(args.runs):
                 todo = [(f"steady state ({f})" if side else "steady state", f"{f}.", 0, None)
                         for f in formats]
