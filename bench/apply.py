@@ -40,12 +40,13 @@ import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from machine import cpu_of  # noqa: E402  (bench/machine.py)
 
 import psycopg2  # noqa: E402
 
 TABLE = ("create table t (id int primary key, a int not null, b text, c numeric(14,2), "
          "d timestamptz, e boolean)")
-TICK = os.sysconf("SC_CLK_TCK")
 GROUPED = "pgrouter grouped"
 
 
@@ -67,14 +68,6 @@ def with_db(server: str, db: str) -> str:
 def fingerprint(dsn: str) -> str:
     return sql(dsn, "select count(*) || ':' || md5(coalesce(string_agg(t::text, ',' order by id), "
                     "'')) from t", fetch=True)[0][0]
-
-
-def cpu_of(pid: int) -> float:
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
-    except (OSError, IndexError):
-        return 0.0
 
 
 class Progress:

@@ -52,6 +52,8 @@ import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from machine import cpu_of  # noqa: E402  (bench/machine.py)
 
 import psycopg2  # noqa: E402
 
@@ -251,7 +253,6 @@ def kafka_alone_process(bootstrap: str, topic: str, settings: dict, rate: float,
 
 def kafka_alone(args, settings: dict, topic: str) -> list[float] | None:
     """The ceiling's latencies (ms, sorted, warm-up left out), or None when it failed."""
-    import confluent_kafka as ck
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
@@ -285,11 +286,6 @@ def kafka_alone(args, settings: dict, topic: str) -> list[float] | None:
               f"never arrived ({consumer.error!r})")
         return None
     return sorted(v * 1000 for k, v in consumer.seen.items() if k >= warm)
-
-
-def router_cpu(pid: int) -> float:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -378,7 +374,7 @@ def main() -> None:
                     for i in range(int(args.warmup * args.rate / args.writers))}
             lat = sorted(consumer.seen[r] * 1000 for r in written
                          if r in consumer.seen and r not in warm)
-            cpu = router_cpu(router.pid)
+            cpu = cpu_of(router.pid)
             print(f"router {args.router_root}: {cpu:.1f} CPU s (user+sys, its whole run)")
             print(f"client {client}, {args.writers} writers, offered {args.rate:.0f} txn/s, "
                   f"achieved {len(written) / took:.0f} txn/s for {took:.1f} s "

@@ -65,6 +65,8 @@ import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from machine import cpu_of  # noqa: E402  (bench/machine.py)
 
 from kafka import KafkaProducer  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
@@ -170,10 +172,8 @@ def delete_topics(bootstrap: str, topics: list[str]) -> None:
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (the Spark driver's JVM) and of this process
     (on a cluster the executors' CPU is not counted)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
     own = os.times()
-    return (int(fields[11]) + int(fields[12])) / tick + own.user + own.system
+    return cpu_of(pid) + own.user + own.system
 
 
 CEILING = "ceiling (plain append)"
