@@ -92,9 +92,10 @@ class Usage:
         return Usage(d(self.broker, other.broker), d(self.postgres, other.postgres),
                      self.busy - other.busy, self.idle - other.idle)
 
-    def text(self) -> str:
+    def text(self, per: float = 1.0) -> str:
+        """``per``: seconds the figures are divided by."""
         def s(v):
-            return "n/a" if v is None else f"{v:.2f}"
+            return "n/a" if v is None else f"{v / per:.2f}"
         share = self.idle / (self.busy + self.idle) if self.busy + self.idle else 0.0
         return (f"broker {s(self.broker)} CPU s, PostgreSQL {s(self.postgres)} CPU s, "
                 f"cores idle {share:.0%}")

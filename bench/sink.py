@@ -67,12 +67,14 @@ def client_for(name: str, bootstrap: str, settings: dict | None = None):
 
 
 def run_one(name: str, bootstrap: str, n: int, partitions: int,
-            make=make_records, settings: dict | None = None) -> tuple[float, float]:
+            make=make_records, settings: dict | None = None,
+            clock=None) -> tuple[float, float]:
     """Seconds (and CPU seconds of this process, all threads) from the first ``produce`` to
     the last delivery report of ``make(topic, n)`` (records as the sink hands them over) on
     a fresh topic; ``settings``: the client's (``[kafka] settings``). ``make`` may give
     chunks instead (a list of ``PackedRecords``, as the snapshot's C path hands them over):
-    they are produced as they are."""
+    they are produced as they are. ``clock(running)``, if given, is called right when the
+    clock starts (True) and stops (False)."""
     topic = f"bench.sink.{name}.{uuid.uuid4().hex[:8]}"
     client = client_for(name, bootstrap, settings)
     try:
@@ -99,12 +101,16 @@ def run_one(name: str, bootstrap: str, n: int, partitions: int,
                 if state["acked"] == n:
                     done.set()
 
+        if clock is not None:
+            clock(True)
         start, cpu = time.perf_counter(), time.process_time()
         for i, chunk in enumerate(chunks):
             client.produce(chunk, i, on_done)
         if not done.wait(300):
             raise SystemExit(f"{name}: only {state['acked']} of {n} acknowledged in 300 s")
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if clock is not None:
+            clock(False)
         if state["failed"] is not None:
             raise SystemExit(f"{name}: delivery failed: {state['failed']!r}")
         return elapsed, cpu

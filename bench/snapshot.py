@@ -16,8 +16,9 @@ Kafka's acknowledgements, from the first table started to the last record acknow
 slot creation and the short stream afterwards are left out. The ceiling's clock runs from
 the first ``produce`` to the last delivery report (topic created and producer warmed up
 before). CPU seconds: the router process (user + system, all threads) and the producing
-process. The rest of the machine (``bench/machine.py``) over each whole run: the broker's
-and the PostgreSQL cluster's CPU seconds and the share of the cores left idle — where the
+process. The rest of the machine (``bench/machine.py``) over each ceiling's clock and each
+router's whole run: the broker's and the PostgreSQL cluster's CPU seconds and the share of
+the cores left idle, and what they use per second with nothing to do — where the
 snapshot's extra time goes on a machine whose cores the broker, PostgreSQL and the router
 share. The router's peak RSS during the one-table runs shows that memory does not grow
 with the table.
@@ -297,11 +298,16 @@ def median_usage(usages: list) -> "machine.Usage":
                          m([u.busy for u in usages]), m([u.idle for u in usages]))
 
 
-def ceiling_seconds(client: str, kafka: str, make, n: int) -> tuple[float, float]:
-    """(seconds, CPU seconds) of ``bench/sink.py``'s producing of ``make``'s records."""
+def ceiling_seconds(client: str, kafka: str, make, n: int,
+                    meter: "machine.Meter") -> tuple[float, float, "machine.Usage"]:
+    """(seconds, CPU seconds, the rest of the machine over those seconds) of
+    ``bench/sink.py``'s producing of ``make``'s records."""
     import sink  # bench/sink.py
 
-    return sink.run_one(client, kafka, n, 1, make=make, settings=SETTINGS)
+    reads = []
+    secs, cpu = sink.run_one(client, kafka, n, 1, make=make, settings=SETTINGS,
+                             clock=lambda running: reads.append(meter.read()))
+    return secs, cpu, reads[1] - reads[0]
 
 
 def main() -> None:
@@ -346,6 +352,9 @@ def main() -> None:
         if args.client == "librdkafka":
             ceilings["packed"] = make_packed
         meter = machine.Meter(args.dsn)
+        before = meter.read()
+        time.sleep(3)
+        idle = meter.read() - before  # what the broker and PostgreSQL use with nothing to do
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
         scaling = encode_scaling(args.dsn, big, args.sessions, args.repeat)
         print(f"the router's per-row work alone (COPY text to records, {args.rows} rows, "
@@ -355,11 +364,11 @@ def main() -> None:
                   f"µs/row)  {many:6.2f} s  ({one / many:.2f}x)", flush=True)
         for r in range(args.repeat):
             for name, made in ceilings.items():
-                before = meter.read()
-                secs, cpu = ceiling_seconds(args.client, args.kafka, made, n_records)
+                secs, cpu, used = ceiling_seconds(args.client, args.kafka, made, n_records,
+                                                  meter)
                 note(name, secs)
                 note(f"{name} cpu", cpu)
-                note(f"{name} machine", meter.read() - before)
+                note(f"{name} machine", used)
             for sessions in sorted({1, args.sessions}):
                 slots.append(f"{tag}_one{r}_{sessions}")
                 before = meter.read()
@@ -403,8 +412,9 @@ def main() -> None:
             print(f"  snapshot, {s} session(s)   {med(f'snap{s}'):8.2f} s  "
                   f"{rows / med(f'snap{s}'):12,.0f} rows/s  cpu {med(f'snap{s} cpu'):6.2f} s"
                   f"  ({med(f'snap{s}/ceiling'):.2f}x the ceiling's time{vs_packed})")
-        print("  the rest of the machine over each whole run (medians; the router's runs include "
-              "its start and the slot's creation):")
+        print("  the rest of the machine (medians) over the ceilings' clocks and the router's "
+              "whole runs (its start and the slot's creation included); with nothing to do, "
+              f"per second: {idle.text(per=3.0)}")
         for name in [*ceilings, *(f"snap{s}" for s in sorted({1, k}))]:
             print(f"    {name:8} {median_usage(runs[f'{name} machine']).text()}")
         print(f"  {k} sessions / 1 session  {med('speedup'):8.2f}x rows/s")
