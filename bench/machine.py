@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import statistics
 from dataclasses import dataclass
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -91,6 +92,15 @@ class Usage:
             return None if a is None or b is None else a - b
         return Usage(d(self.broker, other.broker), d(self.postgres, other.postgres),
                      self.busy - other.busy, self.idle - other.idle)
+
+    @staticmethod
+    def median(usages: list["Usage"]) -> "Usage":
+        """Each part's median over ``usages`` (None where no usage has it)."""
+        def m(values):
+            values = [v for v in values if v is not None]
+            return statistics.median(values) if values else None
+        return Usage(m([u.broker for u in usages]), m([u.postgres for u in usages]),
+                     m([u.busy for u in usages]), m([u.idle for u in usages]))
 
     def text(self, per: float = 1.0) -> str:
         """``per``: seconds the figures are divided by."""

@@ -2,11 +2,12 @@
 against the Kafka producer's own ceiling — the same records (the table's rows encoded by the
 snapshot's encoder) produced by the same client with the same settings, with no PostgreSQL
 (``bench/sink.py``'s producing code, twice: the client's per-record ``produce``, and the
-records packed as the snapshot's C path hands them to ``actors.kafka.native_producer``) — and against ``COPY (SELECT …) TO STDOUT`` of the same
-rows to /dev/null (psql); the big table read by ``--sessions`` sessions at once (its block
-ranges, ``[snapshot] parallel``) against one session; then K tables read in parallel against
-K sequential COPYs. Every figure of a round comes from the same run, side by side; with
-``--repeat`` the rounds are interleaved and the medians printed.
+records packed as the snapshot's C path hands them to ``actors.kafka.native_producer``) —
+and against ``COPY (SELECT …) TO STDOUT`` of the same rows to /dev/null (psql); the big
+table read by ``--sessions`` sessions at once (its block ranges, ``[snapshot] parallel``)
+against one session; then K tables read in parallel against K sequential COPYs. Every
+figure of a round comes from the same run, side by side; with ``--repeat`` the rounds are
+interleaved and the medians printed.
 
     python bench/snapshot.py [--rows 2000000] [--tables 4] [--sessions 2] [--repeat 3]
                              [--client librdkafka|kafka-python] [--dsn ...] [--kafka ...]
@@ -160,9 +161,10 @@ def table_records(dsn: str, table: str, route: str):
     rows as the snapshot encodes them (its COPY text, ``SnapshotRows`` with the table's
     columns and key), to ``topic``; ``make`` gives them one by one (parsed by
     ``router.snapshot.copy_rows``: the client's per-record ``produce``), ``make_packed`` as
-    the snapshot's C path hands them to the client (COPY text of 2,000 lines a chunk, packed,
-    produced by ``actors.kafka.native_producer``). Read from PostgreSQL once, before any
-    clock runs."""
+    the snapshot's C path hands them to the client (COPY text in the reader's batches of
+    ``BATCH_ROWS`` lines, packed, produced by ``actors.kafka.native_producer``). Read from
+    PostgreSQL once, before any clock runs."""
+    from actors.snapshot.reader import BATCH_ROWS
     from router.envelope import TxContext
     from router.pgoutput import Relation
     from router.pgoutput.messages import RelationColumn
@@ -209,8 +211,8 @@ def table_records(dsn: str, table: str, route: str):
         rows_of = encoder(topic, packed=True)
         lines = text.splitlines(keepends=True)
         out: list = []
-        for i in range(0, len(lines), 2000):
-            batch = lines[i:i + 2000]
+        for i in range(0, len(lines), BATCH_ROWS):
+            batch = lines[i:i + BATCH_ROWS]
             records = rows_of.chunk(rel, CopyText(b"".join(batch), len(batch)), tx, i).records
             assert type(records) is PackedRecords, "the table is not on the C path"
             out.append(records)
@@ -288,14 +290,6 @@ def encode_scaling(dsn: str, table: str, threads: int, rounds: int = 3) -> dict:
             many.append(time.monotonic() - t)
         out[name] = (statistics.median(one), statistics.median(many), statistics.median(cpu))
     return out
-
-
-def median_usage(usages: list) -> "machine.Usage":
-    def m(values):
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-    return machine.Usage(m([u.broker for u in usages]), m([u.postgres for u in usages]),
-                         m([u.busy for u in usages]), m([u.idle for u in usages]))
 
 
 def ceiling_seconds(client: str, kafka: str, make, n: int,
@@ -393,8 +387,8 @@ def main() -> None:
             note("snap many", secs)
             note("snap many cpu", cpu)
             packed = (f", packed {runs['packed'][-1]:.2f} s" if "packed" in ceilings else "")
-            print(f"  round {r + 1}: ceiling {runs['ceiling'][-1]:.2f} s{packed}, snapshot 1 session "
-                  f"{runs['snap1'][-1]:.2f} s, {args.sessions} sessions "
+            print(f"  round {r + 1}: ceiling {runs['ceiling'][-1]:.2f} s{packed}, snapshot "
+                  f"1 session {runs['snap1'][-1]:.2f} s, {args.sessions} sessions "
                   f"{runs[f'snap{args.sessions}'][-1]:.2f} s, COPY {runs['copy'][-1]:.2f} s",
                   flush=True)
         rows, k = args.rows, args.sessions
@@ -416,7 +410,7 @@ def main() -> None:
               "whole runs (its start and the slot's creation included); with nothing to do, "
               f"per second: {idle.text(per=3.0)}")
         for name in [*ceilings, *(f"snap{s}" for s in sorted({1, k}))]:
-            print(f"    {name:8} {median_usage(runs[f'{name} machine']).text()}")
+            print(f"    {name:8} {machine.Usage.median(runs[f'{name} machine']).text()}")
         print(f"  {k} sessions / 1 session  {med('speedup'):8.2f}x rows/s")
         print(f"  COPY of its ranges, {k} sessions at once {med('copy ranges'):6.2f} s "
               f"({med('copy') / med('copy ranges'):.2f}x one COPY's rows/s)")
