@@ -3,8 +3,10 @@ view). Each request for ``/api/routers`` asks every router at once (one thread e
 timeout) and relays what they answered, or why not; the overview never writes to a router.
 
 Rules: what is relayed is the router's own (secret-free) document without its CSRF token and
-configuration; a router that does not answer, answers 401 or something that is not a status
-document is shown as such, never as healthy.
+configuration; a router that does not answer, answers 401, redirects or answers something that
+is not a status document is shown as such, never as healthy. The token goes only to the URL
+named with ``--router``: a redirect is never followed (it would carry the token to whatever
+host the answer names), it is the router's error.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from .web import asset, respond, send_json
@@ -20,17 +23,42 @@ from .web import asset, respond, send_json
 TIMEOUT = 3.0
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx stays an answer (``HTTPError``): following it would send the token elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def _shown(location: str | None) -> str:
+    """Where a redirect pointed, without credentials or query (the log and page show it)."""
+    parts = urllib.parse.urlsplit(location or "")
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}" if host else (parts.path or "?")
+
+
+def _http_error(exc: urllib.error.HTTPError) -> str:
+    if 300 <= exc.code < 400:
+        return (f"HTTP {exc.code}: redirects to {_shown(exc.headers.get('Location'))} "
+                "(not followed: the token goes only to the router named)")
+    return f"HTTP {exc.code}" + (" (credentials refused)" if exc.code == 401 else "")
+
+
 def fetch(url: str, token: str = "", timeout: float = TIMEOUT) -> dict:
     req = urllib.request.Request(url.rstrip("/") + "/api/status",
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
     out: dict = {"url": url, "ok": False, "error": None, "status": None}
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _OPENER.open(req, timeout=timeout) as resp:
             doc = json.loads(resp.read())
         if not isinstance(doc, dict) or "schema" not in doc:
             raise ValueError("not a pgrouter status document")
     except urllib.error.HTTPError as exc:
-        out["error"] = f"HTTP {exc.code}" + (" (credentials refused)" if exc.code == 401 else "")
+        out["error"] = _http_error(exc)
         return out
     except (OSError, ValueError) as exc:
         out["error"] = str(getattr(exc, "reason", None) or exc)
