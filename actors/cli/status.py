@@ -3,8 +3,9 @@
 What it shows, read from the servers (never from a running router, which may be down):
 the slot (active, confirmed flush LSN, lag in bytes, WAL retained, ``wal_status``, WAL left
 before ``max_slot_wal_keep_size`` would invalidate it), and per route the Kafka topics its
-topic template produces with their offsets (the record count, unless Kafka transactions
-write the topic: ``[kafka] exactly_once``, whose commit markers take offsets too) and the
+topic template produces with their offsets as the record count (exact unless Kafka
+transactions write the topic, ``[kafka] exactly_once``, whose commit markers take offsets
+too: then an upper bound, ``records_exact`` false) and the
 commit time of the newest record delivered to each (pgrouter's format or Connect's); with
 ``[ha] enabled`` the leadership group's members and its leader (``actors.ha.group``). ``--json`` prints the same as one JSON object.
 
@@ -95,7 +96,9 @@ async def _gather(cfg: Config) -> tuple[dict, list[str]]:
     try:
         report["routes"] = await trio.to_thread.run_sync(kafka_status, cfg)
     except Exception as exc:  # noqa: BLE001 — any failure to talk to Kafka is the report
-        problems.append(f"kafka.bootstrap_servers: Kafka not reachable: {exc}")
+        why = str(exc).removeprefix("kafka.bootstrap_servers: ").removeprefix(
+            "Kafka not reachable: ")
+        problems.append(f"kafka.bootstrap_servers: Kafka not reachable: {why}")
     if cfg.ha.enabled:
         try:
             report["ha"] = await trio.to_thread.run_sync(group.describe_group, cfg)
@@ -122,8 +125,9 @@ def _text(report: dict) -> str:
     for route, topics in report["routes"].items():
         lines.append(f"route {route}: {len(topics)} topic(s)")
         for t in topics:
-            count = (f"{t['records']} records" if t["records"] is not None else
-                     f"{t['offsets']} offsets (records and Kafka transaction markers)")
+            count = f"{t['records']} records" + ("" if t["records_exact"] else
+                                                  " at most (offsets: Kafka transaction "
+                                                  "markers included)")
             lines.append(f"  {t['topic']}: {count}, last commit "
                          f"{t['last_commit_time'] or '-'}")
     if report.get("ha"):

@@ -83,9 +83,9 @@ class RegistryClient:
         req = urllib.request.Request(url, data=data, method=method, headers=self._headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as r:
-                return r.status, _json(r.read())
+                return r.status, _json(r.read(), _content_type(r.headers))
         except urllib.error.HTTPError as exc:
-            status, answer = exc.code, _json(exc.read())
+            status, answer = exc.code, _json(exc.read(), _content_type(exc.headers))
             if status >= 500:
                 raise RegistryUnavailable(f"schema registry {self.where} answered {status} to "
                                           f"{method} {path}: {_message(answer)}") from None
@@ -169,19 +169,37 @@ class RegistryClient:
                                f"{schema_id} ({status}: {_message(answer)})")
 
     def ping(self) -> None:
-        """Raises unless the registry answers (the preflight's check)."""
+        """Raises unless the registry answers as one: ``GET /subjects`` is a JSON list (a
+        login page or a proxy's answer with status 200 is not a registry)."""
         status, answer = self._call("GET", "/subjects")
-        if status != 200:
-            raise RegistryRejected(f"schema registry {self.where} answered {status} to GET "
-                                   f"/subjects: {_message(answer)}; is the url its "
+        if status != 200 or not isinstance(answer, list):
+            raise RegistryRejected(f"schema registry {self.where} answered {status} "
+                                   f"{_message(answer) if status != 200 else _what(answer)} "
+                                   "to GET /subjects, not a list of subjects; is the url its "
                                    "Confluent-compatible API (Apicurio: /apis/ccompat/v7)?")
 
 
-def _json(raw: bytes):
+def _content_type(headers) -> str:
+    return (headers.get("Content-Type") or "").partition(";")[0].strip()
+
+
+class NotJson(str):
+    """A body that is not JSON, as ``<content type>: <its start>`` on one line."""
+
+
+def _json(raw: bytes, content_type: str = ""):
     try:
         return json.loads(raw) if raw else None
     except ValueError:
-        return raw[:200].decode(errors="replace")
+        start = " ".join(raw[:200].decode(errors="replace").split())
+        return NotJson(f"{content_type or 'no content type'}: {start!r}")
+
+
+def _what(answer) -> str:
+    """What a 200 held instead of the expected JSON (its type, or the body's start)."""
+    if isinstance(answer, NotJson) or answer is None:
+        return f"({answer or 'an empty body'})"
+    return f"(JSON {type(answer).__name__}: {_message(answer)[:100]})"
 
 
 def _message(answer) -> str:

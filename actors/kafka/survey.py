@@ -4,9 +4,14 @@ One kafka-python consumer per look, without a group, reading committed records o
 
 Rules:
 
-* A topic written in Kafka transactions ends each partition with a commit marker, which
-  takes an offset but is never delivered: its record count is unknown (``records`` None)
-  and its newest record is looked for among the last ``TAIL`` offsets.
+* A topic's ``records`` is its offsets (end minus start, summed over partitions): counting
+  what a read_committed consumer reads would mean reading the whole topic. Without Kafka
+  transactions that is the record count; a topic written in Kafka transactions also holds a
+  commit marker per partition per transaction (and the records of aborted ones), which take
+  offsets but are never delivered: its ``records`` is an upper bound (``records_exact``
+  false), and its newest record is looked for among the last ``TAIL`` offsets.
+* A broker that accepts connections and never answers is ``SinkUnavailable`` after
+  ``BOOTSTRAP_TIMEOUT``, not the client's 30 s.
 * Blocking: run it in a worker thread.
 """
 
@@ -20,6 +25,8 @@ from router.errors import PgRouterError, SinkUnavailable
 from .versions import known_api_version
 
 KAFKA_TIMEOUT = 10.0
+#: seconds the first contact may take (kafka-python waits 30 s by default)
+BOOTSTRAP_TIMEOUT = 4.0
 #: offsets read back from each partition's end of a transactional topic for the newest commit
 #: time (a Kafka transaction ends with a marker per partition)
 TAIL = 20
@@ -27,11 +34,23 @@ TAIL = 20
 
 def _consumer(bootstrap_servers, **extra):
     from kafka import KafkaConsumer
+    from kafka.errors import KafkaTimeoutError
 
-    return KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                         request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
-                         isolation_level="read_committed",
-                         **known_api_version(bootstrap_servers), **extra)
+    try:
+        return KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                             request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
+                             bootstrap_timeout_ms=int(BOOTSTRAP_TIMEOUT * 1000),
+                             isolation_level="read_committed",
+                             **known_api_version(bootstrap_servers), **extra)
+    except KafkaTimeoutError as exc:
+        raise SinkUnavailable(f"{_servers(bootstrap_servers)} accepts connections but gave "
+                              f"no Kafka answer within {BOOTSTRAP_TIMEOUT:.0f} s (a hung "
+                              "broker, or not Kafka?)") from exc
+
+
+def _servers(bootstrap_servers) -> str:
+    return (bootstrap_servers if isinstance(bootstrap_servers, str)
+            else ",".join(bootstrap_servers))
 
 
 def survey(bootstrap_servers, groups: dict[str, Callable[[str], bool]],
@@ -79,12 +98,13 @@ def _commit_time(value: bytes | None, decoder=None) -> str | None:
 
 
 def _topic(consumer, TopicPartition, topic: str, transactional: bool, decoder=None) -> dict:
-    """Offsets, records (``None`` when Kafka transactions write the topic: their commit
-    markers take offsets too) and the newest commit time among each partition's last
-    records (the last offsets of a transactional topic are markers, not records)."""
+    """Offsets, records (the offsets: an upper bound when Kafka transactions write the topic,
+    whose commit markers take offsets too) and the newest commit time among each partition's
+    last records (the last offsets of a transactional topic are markers, not records)."""
     tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
     if not tps:
-        return {"topic": topic, "offsets": 0, "records": 0, "last_commit_time": None}
+        return {"topic": topic, "offsets": 0, "records": 0, "records_exact": True,
+                "last_commit_time": None}
     ends = consumer.end_offsets(tps)
     begins = consumer.beginning_offsets(tps)
     consumer.assign(tps)
@@ -100,8 +120,8 @@ def _topic(consumer, TopicPartition, topic: str, transactional: bool, decoder=No
         if all(consumer.position(tp) >= ends[tp] for tp in tps):
             break
     offsets = sum(ends[tp] - begins[tp] for tp in tps)
-    return {"topic": topic, "offsets": offsets, "records": None if transactional else offsets,
-            "last_commit_time": last}
+    return {"topic": topic, "offsets": offsets, "records": offsets,
+            "records_exact": not transactional, "last_commit_time": last}
 
 
 
