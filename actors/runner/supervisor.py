@@ -51,7 +51,7 @@ from router.publications import Catalog
 from router.topics import TopicSpec
 
 from ..services import log, preflight as checks
-from ..snapshot.backfill import backfill_stage
+from ..snapshot.backfill import backfill_stage, finish_initial
 from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted
 from ..services.catalog import load_catalog, load_primary_keys, needs_catalog, route_problems
 from ..services import failover, publication_mode
@@ -317,6 +317,8 @@ class Supervisor:
                     stopped = True
                     chunk_tx.close()
                 else:
+                    if snapshot is not None and snapshot.left:  # rewritten while it ran
+                        finish_initial(backfill, snapshot.left)
                     await nursery.start(progress.run)
                     if origin_filter is not None:
                         origin_filter.start()

@@ -361,13 +361,20 @@ class BackfillActor:
             chunk = self.chunks[cid] = _Chunk(job)
             try:
                 await self._emit(sql, Watermark("low", self.slot, chunk=cid))
-                select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
-                                                        limit, job.keys, job.skip)
                 rows: list = []
 
                 async def keep(batch: list) -> None:
                     rows.extend(batch)
-                chunk.xip = await reader.begin_read()
+                chunk.xip, filenode = await reader.begin_read(job.table.table)
+                if job.skip and filenode != job.filenode:
+                    # rewritten since the initial snapshot's ranges were read: the blocks
+                    # no longer hold the rows they held (chunks before this one were read
+                    # from the file the ranges are blocks of)
+                    job.skip = ()
+                    log.event(_log, "backfill reads every block: the table was rewritten",
+                              route=job.route, table=job.name)
+                select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
+                                                        limit, job.keys, job.skip)
                 await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
                 if job.keys:
                     chunk.absent = await reader.absent(job.table.absent_select(
@@ -417,3 +424,16 @@ def backfill_stage(cfg: Config, *, db: str, client, flush: Latest, pending: list
                           resume_initial=bool(pending))
     actor.caught_up = caught_up
     return actor, actor.finished
+
+
+def finish_initial(actor: BackfillActor | None, tables: list[str]) -> None:
+    """The initial snapshot left ``tables`` (rewritten during the copy): ``actor`` finishes it
+    by backfill once streaming, as an interrupted one. Without logical messages (no actor)
+    it cannot: one line, and the snapshot stays unfinished."""
+    if actor is None:
+        from router.errors import ConfigError
+
+        raise ConfigError(f"the initial snapshot could not copy {', '.join(tables)}: "
+                          "rewritten or truncated while the snapshot ran; it is finished by "
+                          "backfill, which needs logical messages", path="source.messages")
+    actor.resume_initial = True

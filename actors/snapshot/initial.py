@@ -28,12 +28,20 @@ Rules:
   its consistent point, so every change since the rows already written is in the stream,
   and those tables are read again by key chunks between watermarks (rows of the tables in
   flight are written twice).
+* A table is locked before it is read (``TableReader.rewritten``). One that TRUNCATE or a
+  rewrite (ALTER TABLE … TYPE, ADD COLUMN with a volatile default, VACUUM FULL, CLUSTER)
+  gave a new file after the consistent point — before any session locked it — cannot be
+  read on the exported snapshot (its rows are invisible to it, or moved): it is not copied
+  (one warning line), and once the other tables are in Kafka the stream starts and that
+  table is copied by backfill, as after an interrupted snapshot (``left``). Tables being
+  read hold their lock until the copy ends, so a rewrite of one waits for it.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from logging import WARNING
 
 import psycopg2
 import psycopg2.errors
@@ -92,13 +100,24 @@ class ExportedSlot:
             pass
 
 
+#: each type as pgoutput's Type message names it (``logicalrep_write_typ``): a domain by its
+#: base type (through every level of domains), anything else by itself
+_TYPE_NAMES = """with recursive d(oid, base) as (
+    select t.oid, t.oid from pg_type t where t.oid = any($1::oid[])
+    union all
+    select d.oid, t.typbasetype from d join pg_type t on t.oid = d.base where t.typtype = 'd')
+select d.oid::int8 as oid, n.nspname, b.typname from d
+join pg_type b on b.oid = d.base join pg_namespace n on n.oid = b.typnamespace
+where b.typtype <> 'd'"""
+
+
 async def type_names(sql: SqlSession, tables: list[SnapshotTable]) -> dict[int, str]:
-    """Names of the non-built-in column types, as the stream's Type messages give them."""
+    """Names of the column types as the stream's Type messages give them, so a table's
+    snapshot, backfill and verify rows share the stream's schema (a domain column is typed
+    as its base type on every path)."""
     oids = sorted({c.type_oid for t in tables for c in t.relation.columns})
     names = {}
-    for r in await sql.fetch("select t.oid::int8 as oid, n.nspname, t.typname from pg_type t "
-                             "join pg_namespace n on n.oid = t.typnamespace "
-                             "where t.oid = any($1::oid[])", oids):
+    for r in await sql.fetch(_TYPE_NAMES, oids):
         names[r["oid"]] = r["typname"] if r["nspname"] == "pg_catalog" else \
             f"{r['nspname']}.{r['typname']}"
     return names
@@ -116,6 +135,8 @@ class InitialSnapshot:
         self.slot: ExportedSlot | None = None
         self.rows: SnapshotRows | None = None
         self.tables: list[SnapshotTable] = []
+        #: tables rewritten during the copy, not copied: to finish by backfill
+        self.left: list[str] = []
 
     @staticmethod
     async def wanted(sql: SqlSession, cfg: Config) -> bool:
@@ -163,21 +184,28 @@ class InitialSnapshot:
                   stop: trio.Event) -> bool:
         """Every routed table into ``out`` (the sink's inbox; closed on return), returning
         once Kafka acknowledged every record (``acks``: the sink's tickets). Returns whether
-        the snapshot is done; ``stop`` set (a drain) stops the copy: what was read is still
+        the stream may start: the snapshot is done, or every table was copied but those of
+        ``left`` (rewritten during the copy: the caller has them copied by backfill,
+        ``actors.snapshot.backfill.finish_initial``); ``stop`` set (a drain) stops the copy: what was read is still
         delivered, tables whose records are all acknowledged are recorded done, and the
         snapshot stays "started", so the next start finishes it by backfill, as after a
         crash, but without copying twice."""
         cfg, src, slot = self.cfg, self.cfg.source, self.slot
         with out:
             try:
-                complete = await copy_tables(cfg, out, acks, self.tables, self.rows, slot,
-                                             self.store, stop)
+                left = await copy_tables(cfg, out, acks, self.tables, self.rows, slot,
+                                         self.store, stop)
             finally:
                 await trio.to_thread.run_sync(self.close)
-        if not complete:
+        if left is None:
             log.event(_log, "initial snapshot stopped by the drain; the next start finishes "
                       "it by backfill", slot=src.slot)
             return False
+        if left:  # stays "started": the backfill records it done
+            self.left = left
+            log.event(_log, "initial snapshot copied; the tables rewritten during it are "
+                      "copied by backfill once streaming", slot=src.slot, tables=",".join(left))
+            return True
         await self.store.aput(SnapshotState("initial", src.slot, "done"))
         log.event(_log, "initial snapshot done; streaming from the consistent point",
                   slot=src.slot, consistent_point=format_lsn(slot.consistent_point))
@@ -202,13 +230,14 @@ async def interrupted(cfg: Config, client) -> list[str]:
 async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                       acks: trio.MemoryReceiveChannel, tables: list[SnapshotTable],
                       rows: SnapshotRows, slot: ExportedSlot, store: StateStore,
-                      stop: trio.Event | None = None) -> bool:
+                      stop: trio.Event | None = None) -> list[str] | None:
     """Every table of ``tables`` into ``out``, read in ``parallel`` sessions on the exported
     snapshot; returns once Kafka acknowledged every record (``acks``). A table whose records
     are all acknowledged is recorded done (per route) in the state topic: if the snapshot is
     interrupted, finishing it by backfill leaves that table alone. ``stop`` set stops the
-    reading where it is (what was read is still delivered and acknowledged); returns whether
-    every table was read."""
+    reading where it is (what was read is still delivered and acknowledged). Returns the
+    tables not copied because they were rewritten after the snapshot (``rewritten``), or
+    None when ``stop`` left some unread."""
     cp = slot.consistent_point
     tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
                    commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
@@ -226,6 +255,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
     read: set[tuple] = set()  # (table, range) read whole
     unread = {t.name: len(split[t.name]) for t in tables}  # ranges not read whole
     undone = dict(unread)  # ranges whose records are not all durable
+    rewritten: set[str] = set()  # not readable on the snapshot: left to a backfill
     routes_of = {t.name: sorted({p.route for p in rows.router.plans_for(t.relation)})
                  for t in tables}
 
@@ -254,6 +284,13 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                 while queue:
                     ordinal, table, part, blocks = queue.pop()
                     name, key = table.name, (table.name, part)
+                    if name in rewritten or await r.rewritten(table.table):
+                        if name not in rewritten:
+                            rewritten.add(name)
+                            log.event(_log, "initial snapshot: table rewritten or truncated "
+                                      "after the snapshot; it is copied by backfill once "
+                                      "streaming", level=WARNING, table=name)
+                        continue
                     if name not in report.tables:
                         estimate = estimates.get(name)
                         if estimate is None:  # read per table when not split
@@ -333,7 +370,10 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
             await out.send([Keepalive(cp)])
         outer.cancel_scope.cancel()
     report.summary()
-    return not reading.cancelled_caught and not any(unread.values())
+    if reading.cancelled_caught or any(n for name, n in unread.items()
+                                       if name not in rewritten):
+        return None
+    return sorted(rewritten)
 
 
 #: the server version from which ``ctid`` ranges are read by TID range scans

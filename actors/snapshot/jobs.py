@@ -60,6 +60,8 @@ class Job(msgspec.Struct):
     encoder: object = None
     #: block ranges not to read again (``done_ranges``)
     skip: tuple = ()
+    #: the table's ``pg_relation_filenode`` those ranges are blocks of
+    filenode: int = 0
 
     @property
     def name(self) -> str:
@@ -149,7 +151,8 @@ async def done_ranges(sql: SqlSession, cfg: Config, catalog, states, slot: str,
     A row that was in a range not done and moved into a done one since was moved by an
     update, which the stream carries: so only for routes that publish UPDATE of the
     table, and not when the table was rewritten since (VACUUM FULL, CLUSTER: another
-    ``pg_relation_filenode``, the rows moved)."""
+    ``pg_relation_filenode``, the rows moved) — also when that happens during the backfill
+    (a chunk whose read finds another filenode reads every block: ``BackfillActor``)."""
     streaming = ChangeRouter([s for s in build_route_specs(cfg, catalog, skip_missing=True)
                               if s is not None], db="")
     states = list(states)
@@ -165,6 +168,7 @@ async def done_ranges(sql: SqlSession, cfg: Config, catalog, states, slot: str,
                 "select pg_relation_filenode(to_regclass($1))::int8",
                 f"{ident(job.table.table[0])}.{ident(job.table.table[1])}") or 0)
         job.skip = tuple(done_blocks(states, slot, snapshot, job.name, filenodes[job.name]))
+        job.filenode = filenodes[job.name]
         if job.skip:
             log.event(_log, "backfill leaves out the block ranges the initial snapshot did",
                       route=job.route, table=job.name,

@@ -12,6 +12,15 @@ Rules:
 * The snapshot a reader sees is its caller's business: ``import_snapshot`` opens a
   REPEATABLE READ transaction on an exported snapshot (the initial snapshot), otherwise each
   read is its own statement (a backfill chunk).
+* A table is locked (ACCESS SHARE, to the end of the read's transaction) before it is read.
+  TRUNCATE and the rewriting commands (ALTER TABLE … TYPE, ADD COLUMN with a volatile
+  default, VACUUM FULL, CLUSTER) give the table a new file, whose rows a snapshot older
+  than the command does not see (they are not MVCC-safe): a read would find the table
+  empty. With the lock, none of them commits while the table is read; a backfill chunk
+  takes it before its snapshot (``begin_read``: the first statement after BEGIN; LOCK
+  takes no snapshot), so its snapshot sees any rewrite committed before; the initial
+  snapshot's is older than the lock, so ``rewritten`` says whether the file the lock
+  found is still the one the snapshot saw.
 * PostgreSQL errors become ``SourceError``s naming what was read; a lost connection is
   ``SourceUnavailable`` (the supervisor retries).
 """
@@ -54,14 +63,43 @@ class TableReader:
         except asyncpg.PostgresError as exc:
             raise SourceError(f"cannot import snapshot {snapshot}: {exc}") from exc
 
-    async def begin_read(self) -> frozenset[int]:
-        """Opens a REPEATABLE READ transaction for a backfill chunk; returns the transactions
-        its snapshot sees in progress (``router.snapshot.snapshot_xip``)."""
+    async def begin_read(self, table: tuple[str, str]) -> tuple[frozenset[int], int]:
+        """Opens a REPEATABLE READ transaction for a backfill chunk of ``table``, locked
+        before the transaction's snapshot is taken (a rewrite waiting for the lock commits
+        first, and the snapshot sees its rows); returns the transactions its snapshot sees
+        in progress (``router.snapshot.snapshot_xip``) and the table's
+        ``pg_relation_filenode``."""
         try:
             await self.sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            return snapshot_xip(await self.sql.fetchval("select pg_current_snapshot()::text"))
+            await self.sql.execute(f"LOCK TABLE ONLY {_qualified(table)} IN ACCESS SHARE MODE")
+            row = (await self.sql.fetch(
+                "select pg_current_snapshot()::text as snapshot, "
+                "pg_relation_filenode(to_regclass($1))::int8 as filenode", _qualified(table)))[0]
+            return snapshot_xip(row["snapshot"]), int(row["filenode"] or 0)
         except asyncpg.PostgresError as exc:
-            raise SourceError(f"cannot start a snapshot read: {exc}") from exc
+            raise SourceError(f"cannot start a snapshot read of {table[0]}.{table[1]}: "
+                              f"{exc}") from exc
+
+    async def rewritten(self, table: tuple[str, str]) -> bool:
+        """In the transaction of an imported snapshot: locks ``table`` (no rewrite commits
+        until the transaction ends) and says whether its file is not the one the snapshot
+        saw — TRUNCATE, a rewriting ALTER TABLE, VACUUM FULL or CLUSTER committed since (the
+        rows in the new file are invisible to the snapshot, or moved) — or the table is
+        gone."""
+        name = _qualified(table)
+        try:
+            oid = await self.sql.fetchval("select to_regclass($1)::oid::int8", name)
+            if oid is None:
+                return True
+            await self.sql.execute(f"LOCK TABLE ONLY {name} IN ACCESS SHARE MODE")
+            # pg_class as the snapshot saw it; pg_relation_filenode: the relation cache,
+            # brought up to date by taking the lock
+            return not await self.sql.fetchval(
+                "select coalesce((select relfilenode::int8 from pg_class where oid = $1::oid)"
+                " = pg_relation_filenode($1::oid)::int8, false)", oid)
+        except asyncpg.PostgresError as exc:
+            raise SourceError(f"snapshot reader failed locking {table[0]}.{table[1]}: "
+                              f"{exc}") from exc
 
     async def end_read(self) -> None:
         await self.sql.execute("COMMIT")
@@ -145,6 +183,10 @@ async def close_session(sql: SqlSession) -> None:
     with trio.move_on_after(CLOSE_TIMEOUT) as scope:
         scope.shield = True
         await sql.close()
+
+
+def _qualified(table: tuple[str, str]) -> str:
+    return ".".join('"' + part.replace('"', '""') + '"' for part in table)
 
 
 class session:
