@@ -14,6 +14,10 @@ Rules:
 * Columns named in ``unchanged_toast`` are left out of ``after``, as the JSON format leaves
   them out; a key change, which Avro writes as a delete and a create, stays two records.
 * Decoding uses ``fastavro`` (the ``avro`` extra); without it a clear error says so.
+  Dates and timestamps are read as PostgreSQL's text by readers of pgrouter's own (the
+  schema's logical types renamed ``pgrouter-…`` before fastavro parses it, fastavro's
+  documented way to add logical types): fastavro's own give Python's ``date``/``datetime``,
+  which hold neither BC dates nor years past 9999, and refuse such records.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import msgspec
 from .avro import COLUMN_PROP, MAGIC, split_header
 from .connect_format import EXACT
 from .errors import DecodeError
+from .pg_time import date_text, timestamp_text
 
 _VSD_FIELDS = frozenset({"scale", "value"})
 
@@ -42,13 +47,35 @@ def schema_id(value: bytes) -> int:
     return split_header(value)[0]
 
 
+_US = {"timestamp-micros": 1, "timestamp-millis": 1000, "local-timestamp-micros": 1,
+       "local-timestamp-millis": 1000}
+#: pgrouter's readers of Avro's date and timestamp logical types: PostgreSQL's text
+_READERS = {"int-pgrouter-date": lambda d, *_: date_text(d)} | {
+    f"long-pgrouter-{name}": (lambda unit, zone: lambda n, *_: timestamp_text(n * unit, zone))(
+        unit, "" if name.startswith("local-") else "+00:00") for name, unit in _US.items()}
+
+
 def _fastavro():
     try:
         import fastavro
+        import fastavro.read
     except ImportError:
         raise DecodeError("reading Avro records needs fastavro: pip install "
                           "'pgrouter[avro]'") from None
+    fastavro.read.LOGICAL_READERS.update(_READERS)
     return fastavro
+
+
+def _own_logical_types(schema):
+    """``schema`` with the date and timestamp logical types renamed for ``_READERS``."""
+    if isinstance(schema, list):
+        return [_own_logical_types(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _own_logical_types(v) for k, v in schema.items()}
+    if out.get("logicalType") == "date" or out.get("logicalType") in _US:
+        out["logicalType"] = "pgrouter-" + out["logicalType"]
+    return out
 
 
 def _array_item(v) -> str:
@@ -122,7 +149,7 @@ class AvroReader:
         try:
             schema = json.loads(schema_text)
             self._columns[sid] = _columns(schema) if isinstance(schema, dict) else {}
-            self._schemas[sid] = self._fastavro.parse_schema(schema)
+            self._schemas[sid] = self._fastavro.parse_schema(_own_logical_types(schema))
         except (ValueError, TypeError, self._fastavro.schema.SchemaParseException) as exc:
             raise DecodeError(f"schema {sid} of the registry is not an Avro schema: "
                               f"{exc}") from exc

@@ -4,25 +4,24 @@ type where one fits), how a value of pgrouter's JSON envelope becomes its datum,
 Avro binary writer of that datum.
 
 Rules: the mapping table is in ``router.avro``'s rules and ``docs/record-formats.md``; a value
-Avro's type cannot hold (numeric NaN, a date ``infinity``) converts to None and is written as
-null; a value that cannot be converted at all raises (``ValueError`` & co., turned into
+Avro's type cannot hold (numeric NaN, a date ``infinity``, a timestamp past 294247 AD in µs)
+converts to None and is written as null; dates and timestamps are read over PostgreSQL's
+whole range (``router.pg_time``: BC and years past 9999 included); a value that cannot be
+converted at all raises (``ValueError`` & co., turned into
 ``RecordUnencodable`` by the caller). No I/O, no state.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import struct
 from decimal import Decimal, InvalidOperation
 
 import msgspec
 
-from .connect_format import (EXACT, PLACEHOLDER, _micro_time, _micro_timestamp, _micros,
-                             _milli_timestamp, _parse_ts, array_values)
-from .schema import ColumnSchema
+from .connect_format import EXACT, PLACEHOLDER, _micro_time, array_values
+from .pg_time import INT32, INT64, days, fits, micros
+from .schema import ColumnSchema, element_modifiers
 
-_EPOCH = dt.date(1970, 1, 1)
-_UTC = dt.timezone.utc
 _pack_float = struct.Struct("<f").pack
 _pack_double = struct.Struct("<d").pack
 _NONFINITE = frozenset({"NaN", "Infinity", "-Infinity"})
@@ -133,30 +132,20 @@ def _variable_decimal(v):
 
 
 def _date(v: str):
-    try:
-        return (dt.date.fromisoformat(v) - _EPOCH).days
-    except ValueError:
-        return None  # infinity, BC dates
+    return fits(days(v), INT32)  # every finite date PostgreSQL holds fits
 
 
-# a timestamp without time zone: the Connect format's MicroTimestamp / Timestamp values
-_local_micros, _local_millis = _micro_timestamp, _milli_timestamp
+def _timestamp(utc: bool, millis: bool):
+    """µs (ms) since the epoch: a timestamp as its wall time reads, a timestamptz at UTC;
+    None for ±infinity and past Avro's long (µs from 294247 AD on)."""
+    def convert(v: str):
+        m = micros(v, utc)
+        return None if m is None else fits(m // 1000 if millis else m, INT64)
+    return convert
 
 
-def _utc_micros(v: str):
-    if len(v) > 3 and v[-3] in "+-" and v[-3:].lstrip("+-").isdigit():
-        v += ":00"
-    d = _parse_ts(v)
-    if d is None:
-        return None
-    if d.tzinfo is not None:
-        d = d.astimezone(_UTC).replace(tzinfo=None)
-    return _micros(d)
-
-
-def _utc_millis(v: str):
-    m = _utc_micros(v)
-    return None if m is None else m // 1000
+_local_micros, _local_millis = _timestamp(False, False), _timestamp(False, True)
+_utc_micros, _utc_millis = _timestamp(True, False), _timestamp(True, True)
 
 
 def _time_millis(v: str):
@@ -277,7 +266,8 @@ _FROM_TEXT = {_int: int, _float: _float, _bool: lambda v: v == "t"}
 
 
 def _array_type(col: ColumnSchema, defined: set) -> _Type:
-    item = _column_type(col.element, None, None, defined)
+    # the column's modifiers are its elements' (numeric(6,2)[] → decimal(6,2) elements)
+    item = _column_type(col.element, *element_modifiers(col), defined)
     conv = _FROM_TEXT.get(item.convert, item.convert)
     nested_ok = item.write is _w_string  # inner arrays of a text array stay text
     write_item = _optional(item.write)

@@ -36,11 +36,10 @@ import msgspec
 
 from .errors import InternalError, RecordUnencodable
 from .pg_arrays import array_items
-from .schema import ColumnSchema, TableSchema
+from .pg_time import INT32, INT64, days, fits, iso_utc, micros
+from .schema import ColumnSchema, TableSchema, element_modifiers
 
 PLACEHOLDER = "__debezium_unavailable_value"
-_EPOCH = dt.date(1970, 1, 1)
-_EPOCH_DT = dt.datetime(1970, 1, 1)
 _decode = msgspec.json.decode
 _encode = msgspec.json.Encoder(decimal_format="number").encode
 #: exact for every numeric PostgreSQL holds (131072 digits before the point, 16383 after);
@@ -93,42 +92,22 @@ def _bytes(v: str):
 
 
 def _date(v: str):
-    try:
-        return (dt.date.fromisoformat(v) - _EPOCH).days
-    except ValueError:
-        return None
-
-
-def _parse_ts(v: str) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(v)
-    except ValueError:
-        return None
-
-
-def _micros(d: dt.datetime) -> int:
-    delta = d.replace(tzinfo=None) - _EPOCH_DT
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return fits(days(v), INT32)
 
 
 def _micro_timestamp(v: str):
-    d = _parse_ts(v)
-    return None if d is None else _micros(d)
+    return fits(micros(v, False), INT64)
 
 
 def _milli_timestamp(v: str):
-    d = _parse_ts(v)
-    return None if d is None else _micros(d) // 1000
+    m = micros(v, False)
+    return None if m is None else fits(m // 1000, INT64)
 
 
 def _zoned_timestamp(v: str):
-    # "2024-01-02 03:04:05.123+00" → "2024-01-02T03:04:05.123Z" (Debezium: ISO-8601, UTC)
-    if len(v) > 3 and v[-3] in "+-" and v[-3:].lstrip("+-").isdigit():
-        v += ":00"
-    d = _parse_ts(v)
-    if d is None:
-        return None
-    return d.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    # "2024-01-02 03:04:05.123+00" → "2024-01-02T03:04:05.123000Z" (Debezium: ISO-8601, UTC)
+    m = micros(v, True)
+    return None if m is None else iso_utc(m)
 
 
 def _micro_time(v: str):
@@ -147,11 +126,20 @@ def _milli_time(v: str):
 
 
 def _number(v):
-    return v if not isinstance(v, str) else None  # "NaN"/"Infinity": not a JSON number
+    # "NaN"/"Infinity" are not JSON numbers; a domain's value arrives as its text
+    return v if not isinstance(v, str) else _float_text(v)
 
 
 def _same(v):
     return v
+
+
+def _integer(v):
+    return int(v) if isinstance(v, str) else v  # a domain over an integer: its text
+
+
+def _boolean(v):
+    return v == "t" if isinstance(v, str) else v
 
 
 def _float_text(v: str):
@@ -193,9 +181,9 @@ _NAMED = {"uuid": "io.debezium.data.Uuid", "json": "io.debezium.data.Json",
 def _column_type(type_name: str, precision: int | None, scale: int | None):
     """(schema without field/optional, converter) of one PostgreSQL type."""
     if type_name == "bool":
-        return {"type": "boolean"}, _same
+        return {"type": "boolean"}, _boolean
     if type_name in _INT:
-        return {"type": _INT[type_name]}, _same
+        return {"type": _INT[type_name]}, _integer
     if type_name in ("float4", "float8"):
         return {"type": "float" if type_name == "float4" else "double"}, _number
     if type_name == "numeric":
@@ -235,7 +223,9 @@ def _column_type(type_name: str, precision: int | None, scale: int | None):
 def column(col: ColumnSchema):
     """(field schema, converter) of a column; arrays map their elements."""
     if col.element is not None:
-        item, conv = _column_type(col.element, None, None)
+        # the column's modifiers are its elements' (numeric(6,2)[], timestamp(3)[]), as
+        # Debezium reads them
+        item, conv = _column_type(col.element, *element_modifiers(col))
         item = dict(item, optional=True)
         if "name" not in item:  # plain numbers and booleans: elements arrive as text
             conv = _FROM_TEXT.get(item["type"], conv)  # (logical types convert from text)

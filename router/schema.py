@@ -65,6 +65,18 @@ def _modifiers(type_oid: int, typmod: int) -> tuple[int | None, int | None]:
     return None, None
 
 
+_ELEMENTS = {"numeric": NUMERIC, "varchar": VARCHAR, "bpchar": BPCHAR, "time": TIME,
+             "timestamp": TIMESTAMP, "timestamptz": TIMESTAMPTZ}
+
+
+def element_modifiers(col: ColumnSchema) -> tuple[int | None, int | None]:
+    """(precision, scale) of an array column's elements: the column's type modifier is
+    theirs (``numeric(6,2)[]``, ``timestamp(3)[]``). Kept out of ``ColumnSchema`` so the
+    layouts published before keep their ``schema_id``."""
+    oid = _ELEMENTS.get(col.element or "")
+    return (None, None) if oid is None else _modifiers(oid, col.type_modifier)
+
+
 def column_schema(name: str, type_oid: int, typmod: int, key: bool,
                   type_names: dict[int, str] | None = None) -> ColumnSchema:
     tname = (type_names or {}).get(type_oid) or BUILTIN_TYPES.get(type_oid) or f"oid:{type_oid}"
