@@ -43,8 +43,8 @@ async def describe_routes(sql, cfg) -> dict[str, dict]:
                       for row in rows if row["pubname"] in names]
             source = {"publications": names}
         elif r.tables:
-            tables = [{"table": t, "row_filter": r.where or None, "columns": list(r.columns)}
-                      for t in r.tables]
+            tables = [{"table": t, "row_filter": r.where or None, "columns": list(r.columns),
+                       "publication": None} for t in r.tables]  # the same fields as above
             source = {"tables": list(r.tables)}
         else:
             tables = []

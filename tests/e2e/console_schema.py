@@ -41,7 +41,7 @@ class RouteTable(msgspec.Struct, forbid_unknown_fields=True):
     table: str
     row_filter: str | None
     columns: list[str]
-    publication: str | None = None
+    publication: str | None  # null for a `tables` route, never absent (docs/console.md)
 
 
 class Topic(msgspec.Struct, forbid_unknown_fields=True):
