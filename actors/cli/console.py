@@ -1,7 +1,8 @@
 """``pgrouter console --router URL [--router URL …]``: the overview of several routers (and
 appliers) on one page, served at ``--listen`` (127.0.0.1:9188 by default) from their
 ``/api/status`` (``actors.console.overview``). Routers with ``[console] token`` are asked
-with the token read from ``--token-file`` (never from the command line, which ``ps`` shows).
+with the token read from ``--token-file`` (never from the command line, which ``ps`` shows),
+and only them: a router answering with a redirect is shown as such, the redirect not followed.
 """
 
 from __future__ import annotations

@@ -172,11 +172,13 @@ class RegistryClient:
         """Raises unless the registry answers as one: ``GET /subjects`` is a JSON list (a
         login page or a proxy's answer with status 200 is not a registry)."""
         status, answer = self._call("GET", "/subjects")
-        if status != 200 or not isinstance(answer, list):
-            raise RegistryRejected(f"schema registry {self.where} answered {status} "
-                                   f"{_message(answer) if status != 200 else _what(answer)} "
-                                   "to GET /subjects, not a list of subjects; is the url its "
-                                   "Confluent-compatible API (Apicurio: /apis/ccompat/v7)?")
+        hint = "is the url its Confluent-compatible API (Apicurio: /apis/ccompat/v7)?"
+        if status != 200:
+            raise RegistryRejected(f"schema registry {self.where} answered {status} to GET "
+                                   f"/subjects: {_message(answer)}; {hint}")
+        if not isinstance(answer, list):
+            raise RegistryRejected(f"schema registry {self.where} answered 200 {_what(answer)} "
+                                   f"to GET /subjects, not a list of subjects; {hint}")
 
 
 def _content_type(headers) -> str:
