@@ -25,10 +25,12 @@ Rules:
   record, numeric NaN/±Infinity → null; timestamp → ``long`` ``local-timestamp-micros``
   (``-millis`` for precision ≤ 3), timestamptz → ``long`` ``timestamp-micros`` (UTC),
   date → ``int`` ``date``, time → ``long`` ``time-micros`` (``int`` ``time-millis`` for
-  precision ≤ 3), uuid → ``string`` ``uuid``, bytea → ``bytes``; a date or timestamp
-  ``infinity`` (or a BC date) → null; arrays → Avro arrays of optional elements; json,
-  jsonb, timetz, interval, enums, domains, composite values and every other type → their
-  PostgreSQL text form as ``string``. ``docs/record-formats.md`` has the table.
+  precision ≤ 3), uuid → ``string`` ``uuid``, bytea → ``bytes``; dates and timestamps over
+  PostgreSQL's whole range (BC, years past 9999), ``infinity`` and a timestamp past
+  ``long`` µs → null; arrays → Avro arrays of optional elements with the column's
+  modifiers (``numeric(6,2)[]``: ``decimal(6,2)`` items); a domain → its base type (as
+  pgoutput names it, on every path); json, jsonb, timetz, interval, enums, composite values
+  and every other type → their PostgreSQL text form as ``string``. ``docs/record-formats.md`` has the table.
 * A logical type AvroData reads as Kafka Connect's own (``date``, ``time-millis``,
   ``timestamp-millis``: Connect's Date, Time, Timestamp) carries Connect's ``connect.name``,
   as AvroData writes it: with Debezium's name there AvroData refuses the schema ("Mismatched

@@ -16,7 +16,11 @@ Rules:
 * An unchanged TOAST value is Debezium's placeholder ``__debezium_unavailable_value`` in
   string-like columns (bytes: the placeholder's UTF-8 bytes, base64), null otherwise, and
   the column is named in ``unchanged_toast``.
-* A value Connect's type cannot hold (a date or timestamp ``infinity``, a BC date) is null.
+* Dates and timestamps cover PostgreSQL's whole range (BC, years past 9999:
+  ``router.pg_time``); a value Connect's type cannot hold (``infinity``, a timestamp past
+  int64 µs) is null. Array elements take the column's modifiers (``numeric(6,2)[]``,
+  ``timestamp(3)[]``), as Debezium maps them. A domain is its base type (the stream's Type
+  message names it so, and the snapshot resolves it alike); its value arrives as text.
 * An update that changes the key is written as Debezium writes it: a delete of the old key
   and a create of the new one, both at the update's position (delete first).
 * Records without a table schema (logical decoding messages, transaction metadata) are left
