@@ -10,7 +10,7 @@ Rules:
   another stream (before registering it), registers the transactional id (Kafka aborts a
   predecessor's open transaction and fences that producer), then reads the committed
   progress with ``read_committed``: ``committed_lsn`` (``router.exactly_once``: only this
-  stream's, never past the server's WAL end).
+  stream's, never past the server's WAL end, read after it).
 * A Kafka transaction begins with the first record handed over after a commit. Acknowledged
   records are *not* reported to the sink: their reports are held until ``commit`` wrote the
   progress record and Kafka committed the transaction; a failure is reported at once.
@@ -60,10 +60,11 @@ def _fenced(exc: BaseException | None) -> bool:
 
 class TransactionalClient:
     def __init__(self, inner, *, transactional_id: str, committed_lsn_topic: str, stream: Stream,
-                 wal_end: int, read_committed):
+                 wal_end, read_committed):
         """``inner``: a client built with ``transactional_id``; ``read_committed(topic, key)``
         returns the newest committed value of ``key`` in ``topic`` (None when absent);
-        ``wal_end``: the server's WAL end at start (no progress of its stream lies past it)."""
+        ``wal_end``: the server's WAL end (no progress of its stream lies past it), or a
+        function reading it, called after the progress was read (``runner.source``)."""
         self.inner = inner
         self.producer = inner.producer
         self.transactional_id = transactional_id
@@ -129,8 +130,9 @@ class TransactionalClient:
         progress = decode_progress(self._call(self._read_committed, self.committed_lsn_topic, key))
         if progress is not None and not progress.system_id:
             self.unattributed = progress
+        wal_end = self.wal_end() if callable(self.wal_end) else self.wal_end
         self.committed_lsn = committed_position(self.transactional_id, progress, self.stream,
-                                                self.wal_end)
+                                                wal_end)
         return self.committed_lsn
 
     # -- the contract ----------------------------------------------------------------------------

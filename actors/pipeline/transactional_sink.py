@@ -115,9 +115,10 @@ def sink_class(cfg):
     return build
 
 
-def client_for(cfg, stream: Stream, wal_end: int):
+def client_for(cfg, stream: Stream, wal_end):
     """The Kafka client ``[kafka]`` asks for (transactional with ``exactly_once``: its progress
-    belongs to ``stream``, and none lies past the server's ``wal_end``)."""
+    belongs to ``stream``, and none lies past the server's ``wal_end``: an LSN, or a function
+    reading it after the progress)."""
     if cfg.kafka.exactly_once:
         return transactional_client(cfg, stream, wal_end)
     return plain_client(cfg)
@@ -131,7 +132,7 @@ def plain_client(cfg):
     return open_producer(cfg)
 
 
-def transactional_client(cfg, stream: Stream, wal_end: int):
+def transactional_client(cfg, stream: Stream, wal_end):
     """The configured client with a transactional id, started: the progress Kafka holds
     is read after the id fenced any predecessor (blocking; run in a worker thread)."""
     from ..kafka.transactional import TransactionalClient, committed_reader

@@ -46,13 +46,43 @@ def max_proto_version(server_version: int) -> int:
     return ServerFeatures(server_version).max_proto_version
 
 
-async def identity(sql: SqlSession, slot: str) -> tuple[Stream, int]:
-    """The stream a slot of this server carries (what exactly-once progress belongs to) and
-    the server's WAL end now."""
+async def identity(sql: SqlSession, slot: str) -> Stream:
+    """The stream a slot of this server carries (what exactly-once progress belongs to)."""
     system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
     db = await sql.fetchval("select current_database()")
-    return (Stream(system_id=system_id, db=db, slot=slot),
-            parse_lsn(await sql.fetchval(failover.WAL_END)))
+    return Stream(system_id=system_id, db=db, slot=slot)
+
+
+def wal_end_reader(sql: SqlSession):
+    """The server's WAL end, read when called from a worker thread of this trio run. The
+    exactly-once client reads it *after* the committed progress: a router still committing
+    from this server writes no position past the WAL end of the moment it is read (one read
+    before could be overtaken by such a commit and taken for another server's progress)."""
+    async def read() -> int:
+        return parse_lsn(await sql.fetchval(failover.WAL_END))
+
+    return lambda: trio.from_thread.run(read)
+
+
+async def wait_slot_free(sql: SqlSession, slot: str) -> None:
+    """Until no consumer streams ``slot`` (up to ``SLOT_BUSY_WAIT``), else ``SlotInUse``.
+    With exactly-once and no [ha] the transactional id is registered only after this: a
+    second router on a busy slot waits for it and never fences the router streaming it."""
+    deadline = time.monotonic() + SLOT_BUSY_WAIT
+    waiting = False
+    while True:
+        pid = await sql.fetchval("select active_pid from pg_replication_slots "
+                                 "where slot_name = $1 and active", slot)
+        if pid is None:
+            return
+        if time.monotonic() > deadline:
+            raise SlotInUse(f"replication slot {slot!r} is in use by process {pid}; stop "
+                            "that consumer first")
+        if not waiting:
+            waiting = True
+            log.event(_log, "waiting for the slot: another consumer streams it", slot=slot,
+                      active_pid=pid, wait_s=SLOT_BUSY_WAIT)
+        await trio.sleep(0.2)
 
 
 async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:

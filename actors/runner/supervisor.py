@@ -73,7 +73,8 @@ from ..pipeline.transactional_sink import client_for, sink_class
 from ..pipeline.slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from ..pipeline.slot_owner import SlotOwner, guarded
 from ..pipeline.slot_reader import SlotReader, pgoutput_options
-from .source import ServerInfo, identity, prepare_source, route_specs
+from .source import (ServerInfo, identity, prepare_source, route_specs, wait_slot_free,
+                     wal_end_reader)
 from .status import backfill_action, describe_routes, run_status
 
 _log = log.get("supervisor")
@@ -165,10 +166,14 @@ class Supervisor:
             self._warned = True
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
             snapshot_wanted = await InitialSnapshot.wanted(sql, cfg)
-            # the stream its exactly-once progress belongs to, and the server's WAL end
-            stream, wal_end = await identity(sql, src.slot)
-        client = await trio.to_thread.run_sync(
-            functools.partial(self.client_factory, cfg, stream, wal_end))
+            # the stream its exactly-once progress belongs to
+            stream = await identity(sql, src.slot)
+            if cfg.kafka.exactly_once and self.leadership is None:
+                # registering the transactional id fences the router streaming the slot:
+                # without [ha] to say who leads, a second router waits for the slot instead
+                await wait_slot_free(sql, src.slot)
+            client = await trio.to_thread.run_sync(
+                functools.partial(self.client_factory, cfg, stream, wal_end_reader(sql)))
         snapshot = None
         try:
             if snapshot_wanted:

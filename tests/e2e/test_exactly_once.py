@@ -6,6 +6,7 @@
   slot never confirms past what Kafka committed). The oracle is a ``test_decoding`` slot.
 * A second slot on a transactional id that holds another slot's progress is refused (the
   running router is not fenced); one slot name on two servers keeps two progress records.
+* A second router on the same config waits for the slot; it does not fence the first.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import random
 import re
+import signal
 import threading
 import time
 
@@ -268,6 +270,57 @@ def test_a_second_slot_on_the_same_transactional_id_is_refused(table, tmp_path):
     finally:
         kill9(proc)
     assert "fenced" not in log.read_text()
+
+
+def updates_of(bootstrap: str, topic: str, key: int) -> list[int]:
+    return [r["after"]["n"] for r in changes(bootstrap, topic)
+            if r["op"] == "u" and r["after"]["id"] == key]
+
+
+def test_a_second_router_on_the_same_config_waits_for_the_slot(table, kafka_bootstrap,
+                                                               tmp_path):
+    """A second `pgrouter run` on the same config (no [ha]): the slot is held by the first,
+    so the second waits for it instead of fencing the first (which would stop both: the
+    first fenced, the second refusing the first's newest progress as past the WAL end it
+    had read). The first keeps streaming; once it stops, the second takes over; every
+    change reaches read_committed consumers once."""
+    pg, name, config = table
+    cfg = config("librdkafka")
+    run_router(cfg)  # the slot
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    procs = [start_router(cfg, logs[0])]
+    try:
+        wait_for_line(logs[0], "streaming started", procs[0])
+        pg.run(f"update {name} set n = n + 1 where id = 1")
+        procs.append(start_router(cfg, logs[1]))
+        # the second waits up to 30 s (``SLOT_BUSY_WAIT``) for the slot: what follows fits
+        wait_for_line(logs[1], "waiting for the slot", procs[1])
+        assert procs[0].poll() is None, logs[0].read_text()[-3000:]
+        for _ in range(5):  # the first goes on committing while the second waits
+            pg.run(f"update {name} set n = n + 1 where id = 1")
+            time.sleep(0.2)
+        deadline = time.monotonic() + 20
+        while updates_of(kafka_bootstrap, name, 1) != list(range(1, 7)):
+            assert time.monotonic() < deadline, (updates_of(kafka_bootstrap, name, 1),
+                                                 [log.read_text()[-1500:] for log in logs])
+            time.sleep(0.3)
+        for proc, log in zip(procs, logs):
+            assert proc.poll() is None, log.read_text()[-3000:]
+        os.killpg(procs[0].pid, signal.SIGTERM)  # the first drains and stops
+        assert procs[0].wait(timeout=30) == 0, logs[0].read_text()[-3000:]
+        wait_for_line(logs[1], "streaming started", procs[1], timeout=30)
+        pg.run(f"update {name} set n = n + 1 where id = 2")
+        deadline = time.monotonic() + 60
+        while updates_of(kafka_bootstrap, name, 2) != [1]:
+            assert time.monotonic() < deadline and procs[1].poll() is None, \
+                logs[1].read_text()[-3000:]
+            time.sleep(0.3)
+    finally:
+        for proc in procs:
+            kill9(proc)
+    text = logs[0].read_text() + logs[1].read_text()
+    assert "fenced" not in text and "past the server's WAL end" not in text, text[-3000:]
+    assert updates_of(kafka_bootstrap, name, 1) == list(range(1, 7))
 
 
 def test_same_slot_name_on_two_servers_keeps_each_servers_progress(node_db, kafka_bootstrap,
