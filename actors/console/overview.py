@@ -6,7 +6,8 @@ Rules: what is relayed is the router's own (secret-free) document without its CS
 configuration; a router that does not answer, answers 401, redirects or answers something that
 is not a status document is shown as such, never as healthy. The token goes only to the URL
 named with ``--router``: a redirect is never followed (it would carry the token to whatever
-host the answer names), it is the router's error.
+host the answer names), it is the router's error; nor is ``http_proxy`` from the environment
+used (a proxy would read the token of a plain-HTTP router).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+#: no proxy from the environment either: an ``http://`` router's token would pass through it
+_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
 
 
 def _shown(location: str | None) -> str:

@@ -5,6 +5,7 @@ local HTTP servers and the real CLI; the second server records every request it 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -97,3 +98,45 @@ def test_a_redirect_is_not_followed_and_the_token_stays_home(redirecting, tmp_pa
     # the page names where the redirect pointed, without its query
     assert router["error"].startswith("HTTP 302: redirects to http://localhost:"), router
     assert "/api/status" in router["error"] and "leaked" not in router["error"]
+
+
+def test_a_proxy_from_the_environment_never_sees_the_token(tmp_path):
+    """``http_proxy`` in the overview's environment: a plain-HTTP router's token would pass
+    through the proxy in clear, so the overview asks the router directly."""
+    proxied: list[dict] = []
+
+    def proxy(req):
+        proxied.append({"path": req.path, "headers": dict(req.headers)})
+        req.send_response(502)
+        req.send_header("Content-Length", "0")
+        req.end_headers()
+
+    def router(req):
+        req.send_response(200)
+        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Length", str(len(DOC)))
+        req.end_headers()
+        req.wfile.write(DOC)
+
+    servers = [_server(proxy), _server(router)]
+    proxy_url = f"http://127.0.0.1:{servers[0].server_address[1]}"
+    url = f"http://127.0.0.1:{servers[1].server_address[1]}"
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env.update(http_proxy=proxy_url, HTTP_PROXY=proxy_url)
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "console", "--router", url,
+                             "--token-file", str(tmp_path / "token"),
+                             "--listen", "127.0.0.1:0"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # the overview's own page is asked for directly too (urllib in this process has no proxy)
+        answers = _routers(proc, time.monotonic() + 30)["routers"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+    assert proxied == []
+    (answer,) = answers
+    assert answer["ok"] is True, answer
