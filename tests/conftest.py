@@ -44,7 +44,7 @@ SERIAL = (
     "tests/e2e/test_prometheus.py", "tests/e2e/test_avro_format.py",
     "tests/e2e/test_materialize_cluster.py",
     "tests/e2e/test_snapshot.py::test_sigterm_during_the_initial_snapshot",
-    "tests/e2e/test_ha.py",
+    "tests/e2e/test_ha.py", "tests/e2e/test_ha_fencing.py",
     "tests/e2e/test_verify_damage.py::test_repair_resumes_after_kill9_and_metrics_are_served_meanwhile",
 )
 

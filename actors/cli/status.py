@@ -4,8 +4,8 @@ What it shows, read from the servers (never from a running router, which may be 
 the slot (active, confirmed flush LSN, lag in bytes, WAL retained, ``wal_status``, WAL left
 before ``max_slot_wal_keep_size`` would invalidate it), and per route the Kafka topics its
 topic template produces with their offsets as the record count (exact unless Kafka
-transactions write the topic, ``[kafka] exactly_once``, whose commit markers take offsets
-too: then an upper bound, ``records_exact`` false) and the
+transactions write the topic, ``[kafka] exactly_once`` or ``[ha]``, whose commit markers
+take offsets too: then an upper bound, ``records_exact`` false) and the
 commit time of the newest record delivered to each (pgrouter's format or Connect's); with
 ``[ha] enabled`` the leadership group's members and its leader (``actors.ha.group``). ``--json`` prints the same as one JSON object.
 
@@ -75,7 +75,8 @@ def kafka_status(cfg: Config) -> dict[str, list[dict]]:
     probe_kafka(cfg.kafka.bootstrap_servers)  # an unreachable Kafka says so within seconds
     return survey(cfg.kafka.bootstrap_servers,
                   {r.name: topic_pattern(r.topic, r.name).match for r in cfg.routes},
-                  cfg.kafka.exactly_once, decoder=decoder_for(cfg.kafka.registry))
+                  cfg.kafka.exactly_once or cfg.ha.enabled,  # [ha]: transactions too
+                  decoder=decoder_for(cfg.kafka.registry))
 
 
 async def _gather(cfg: Config) -> tuple[dict, list[str]]:

@@ -16,9 +16,16 @@ Rules (the group and the lease are ``router.ha``'s; docs/ha.md tells the operato
   After a loss the consumer leaves and joins again as a new member (a new term).
 * A new leader that finds the slot held by another process (a frozen predecessor whose
   walsender PostgreSQL still keeps) waits ``fence_delay_ms`` and then terminates that
-  walsender, instead of waiting for ``wal_sender_timeout``; it never terminates a process
-  that took the slot after it looked. The pipeline itself waits for the slot as before and
-  continues from its confirmed position.
+  walsender, instead of waiting for ``wal_sender_timeout``, and terminates it again every
+  ``FENCE_AGAIN`` seconds while it still holds the slot: a walsender that was sending to the
+  frozen process's full socket handles the first terminate by writing its error to that
+  socket, and blocks there (``ClientWrite``) until a second one; it never terminates a
+  process that took the slot after it looked. The pipeline waits for the slot as long as
+  this process leads (``runner.source``; a busy slot never stops a leader) and continues from
+  its confirmed position.
+* With ``[ha]`` the Kafka producer has the group's transactional id, so a new leader's
+  producer fences the old one in Kafka (``actors.kafka.fencing``, ``actors.kafka.transactional``):
+  what a woken leader's client still queued is refused.
 * When the pipeline returns (SIGTERM drained it, or ``--until-caught-up``), the consumer
   leaves the group at once, so a standby takes over without waiting for the session timeout.
 """
@@ -34,7 +41,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from router.errors import ConfigError, LeadershipLost, PgRouterError
+from router.errors import ConfigError, LeadershipLost, PgRouterError, SlotInUse
 from router.ha import Lease, control_topic, group_id, lease_seconds
 
 from ..services import log
@@ -46,6 +53,8 @@ WATCH = 0.05  # seconds between the trio side's looks at the lease
 FENCE_POLL = 0.2  # seconds between looks at the slot's holder while fencing
 LEAVE_TIMEOUT = 15.0  # seconds leaving the group may take at the end
 RETRY = 2.0  # seconds before the group consumer is made again after a failure
+FENCE_AGAIN = 1.0  # seconds between terminates of a walsender that still holds the slot
+FENCE_LOG = 10.0  # seconds between the lines of a fence that goes on
 ACTIVE_PID = "select active_pid from pg_replication_slots where slot_name = $1"
 TERMINATE = ("select pg_terminate_backend(active_pid) from pg_replication_slots "
              "where slot_name = $1 and active_pid = $2")
@@ -124,6 +133,7 @@ class Leadership:
         self._conf = consumer_conf(cfg, self.client_id)
         self._stop = threading.Event()
         self._owned = False
+        self._fencing = False  # a fence task runs
         self._thread: threading.Thread | None = None
         self.failure: ConfigError | None = None  # the thread's, raised by ``serve``
 
@@ -240,20 +250,34 @@ class Leadership:
 
     async def _lead(self, body) -> bool:
         """True when ``body`` returned (drained or caught up), False when leadership ended."""
-        finished = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, nursery.cancel_scope)
-            nursery.start_soon(self._fence)
+            finished = await self._stream(body, nursery)
+            nursery.cancel_scope.cancel()
+        return finished
+
+    async def _stream(self, body, nursery) -> bool:
+        while True:
+            if not self._fencing:
+                self._fencing = True
+                nursery.start_soon(self._fence)
             try:
                 await body()
-                finished = True
+                return True
+            except SlotInUse as exc:
+                # a leader never gives up on a busy slot (nobody would stream): it fences
+                # the holder and starts again
+                if not self.holds():
+                    return False
+                log.event(_log, "leading, but the slot is in use: fencing its holder and "
+                          "starting again", level=logging.WARNING, error=str(exc))
+                await trio.sleep(RETRY)
             except PgRouterError as exc:
                 # losing the lease fails the sink or the reader with LeadershipLost (or
                 # what it broke); anything else while leading stops the router
                 if self.holds() and not isinstance(exc, LeadershipLost):
                     raise
-            nursery.cancel_scope.cancel()
-        return finished
+                return False
 
     async def _watch(self, scope: trio.CancelScope) -> None:
         while self.holds():
@@ -262,7 +286,8 @@ class Leadership:
 
     async def _fence(self) -> None:
         """Terminate the walsender of a predecessor that still holds the slot after the
-        fence delay (one that let go, or a holder that changed, is left alone)."""
+        fence delay, and again while it holds it (one that let go, or a holder that changed,
+        is left alone)."""
         src, delay = self.cfg.source, self.cfg.ha.fence_delay_ms / 1000
         start = trio.current_time()
         try:
@@ -276,9 +301,25 @@ class Leadership:
                     await trio.sleep(FENCE_POLL)
                     if await sql.fetchval(ACTIVE_PID, src.slot) != holder:
                         return
-                if await sql.fetchval(TERMINATE, src.slot, holder):
-                    log.event(_log, "terminated the previous holder's walsender",
-                              slot=src.slot, pid=holder)
+                await self._terminate(sql, holder)
         except PgRouterError as exc:  # the pipeline's own wait for the slot reports it
             log.event(_log, "could not fence the slot's holder", level=logging.WARNING,
                       slot=src.slot, error=str(exc))
+        finally:
+            self._fencing = False
+
+    async def _terminate(self, sql: SqlSession, holder: int) -> None:
+        """``pg_terminate_backend`` of ``holder`` every ``FENCE_AGAIN`` seconds until it no
+        longer holds the slot."""
+        slot, times, said = self.cfg.source.slot, 0, trio.current_time()
+        while await sql.fetchval(TERMINATE, slot, holder):
+            times += 1
+            if times == 1:
+                log.event(_log, "terminated the previous holder's walsender", slot=slot,
+                          pid=holder)
+            elif times == 2 or trio.current_time() - said >= FENCE_LOG:
+                said = trio.current_time()
+                log.event(_log, "the previous holder's walsender still holds the slot: "
+                          "terminated again", level=logging.WARNING, slot=slot, pid=holder,
+                          times=times)
+            await trio.sleep(FENCE_AGAIN)

@@ -207,6 +207,10 @@ class TransactionalClient:
             self.produce_sync(self.committed_lsn_topic, key, value)
             self._commit_open()
             self.committed_lsn = end_lsn
+        self._report_held()
+
+    def _report_held(self) -> None:
+        """After a commit: the held reports of its records, once all have arrived."""
         deadline = time.monotonic() + TXN_TIMEOUT
         with self._cond:
             # the commit flushed every record; their reports may still be on the way

@@ -98,9 +98,10 @@ class TransactionalSinkActor(SinkActor):
 
 
 def sink_class(cfg):
-    """The sink actor for ``cfg``: at-least-once unless ``[kafka] exactly_once``; records
-    reshaped to Kafka Connect's JSON or Avro with ``[kafka] format = "connect"``/``"avro"``."""
-    if cfg.kafka.exactly_once:
+    """The sink actor for ``cfg``: at-least-once unless ``[kafka] exactly_once``, in Kafka
+    transactions also with ``[ha]`` (``actors.kafka.fencing``); records reshaped to Kafka
+    Connect's JSON or Avro with ``[kafka] format = "connect"``/``"avro"``."""
+    if cfg.kafka.exactly_once or cfg.ha.enabled:
         cls = functools.partial(TransactionalSinkActor,
                                 interval=cfg.kafka.transaction_interval_ms / 1000)
     else:
@@ -121,6 +122,13 @@ def client_for(cfg, stream: Stream, wal_end):
     reading it after the progress)."""
     if cfg.kafka.exactly_once:
         return transactional_client(cfg, stream, wal_end)
+    if cfg.ha.enabled:  # at-least-once, fenced by Kafka after a failover
+        from ..kafka.fencing import fencing_client
+
+        client = fencing_client(cfg, stream)
+        log.event(_log, "[ha]: Kafka transactions, so a new leader fences this producer",
+                  transactional_id=client.transactional_id)
+        return client
     return plain_client(cfg)
 
 

@@ -8,7 +8,7 @@ import time
 import trio
 
 from router.config import Config
-from router.errors import ConfigError, SlotInUse, SlotMissing
+from router.errors import ConfigError, LeadershipLost, SlotInUse, SlotMissing
 from router.exactly_once import Stream
 from router.lsn import parse_lsn
 from router.publications import Catalog
@@ -22,6 +22,8 @@ from ..services.sql import SqlSession
 _log = log.get("supervisor")
 #: seconds a start waits for another consumer to let go of the slot
 SLOT_BUSY_WAIT = 30.0
+#: seconds between the lines of a leader still waiting for its slot ([ha])
+HELD_LOG = 10.0
 
 
 class ServerInfo:
@@ -85,14 +87,18 @@ async def wait_slot_free(sql: SqlSession, slot: str) -> None:
         await trio.sleep(0.2)
 
 
-async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
+async def prepare_source(sql: SqlSession, cfg: Config, leading=None) -> ServerInfo:
     """The server and the slot as the pipeline starts on them: the slot found (waiting up
-    to ``SLOT_BUSY_WAIT`` for a consumer to let go) or created, and checked."""
+    to ``SLOT_BUSY_WAIT`` for a consumer to let go) or created, and checked. With ``[ha]``
+    (``leading``: ``Leadership.holds``) a leader waits as long as it leads: its fence ends the
+    previous holder's walsender (``actors.ha.leadership``), and giving up would leave nobody
+    streaming."""
     src = cfg.source
     # wal_level, the server's features, the publications and the protocol version were
     # checked by ``preflight.startup_checks`` just before: each check is made once
     version = int(await sql.fetchval("select current_setting('server_version_num')"))
     deadline = time.monotonic() + SLOT_BUSY_WAIT
+    said = None  # when the wait was last logged
     created = False
     while True:
         row = await sql.fetch("select plugin, active, active_pid, confirmed_flush_lsn::text as lsn,"
@@ -116,7 +122,9 @@ async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
         if not slot["active"]:
             await failover.check_slot(sql, src, version)
             break
-        if time.monotonic() > deadline:
+        if leading is not None:
+            said = _still_held(src.slot, slot["active_pid"], leading, said)
+        elif time.monotonic() > deadline:
             raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
                             f"{slot['active_pid']}; stop that consumer first")
         await trio.sleep(0.2)  # a standby taking over waits here for its predecessor
@@ -124,3 +132,16 @@ async def prepare_source(sql: SqlSession, cfg: Config) -> ServerInfo:
     pks = await load_primary_keys(sql)
     return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,
                       created)
+
+
+def _still_held(slot: str, pid: int, leading, said: float | None) -> float:
+    """A leader's wait for a busy slot: it ends only with leadership (``LeadershipLost``);
+    logged every ``HELD_LOG`` seconds."""
+    if not leading():
+        raise LeadershipLost("leadership lost while waiting for the slot")
+    now = time.monotonic()
+    if said is None or now - said >= HELD_LOG:
+        log.event(_log, "leading, waiting for the slot: the previous holder's walsender "
+                  "still has it", slot=slot, active_pid=pid)
+        return now
+    return said

@@ -37,7 +37,7 @@ import trio_asyncio
 
 from router.config import Config, parse_listen
 from router.following import DEFINITIONS_ROUTE
-from router.errors import PgRouterError
+from router.errors import LeadershipLost, PgRouterError
 from router import native
 from router.lsn import format_lsn, parse_lsn
 from router.pgoutput import Decoder
@@ -172,6 +172,10 @@ class Supervisor:
                 # registering the transactional id fences the router streaming the slot:
                 # without [ha] to say who leads, a second router waits for the slot instead
                 await wait_slot_free(sql, src.slot)
+            if self.leadership is not None and not self.leadership.holds():
+                # with [ha] the producer registers the group's transactional id, which
+                # fences whoever leads now: only a leader may make it
+                raise LeadershipLost("leadership lost: no Kafka producer is made")
             client = await trio.to_thread.run_sync(
                 functools.partial(self.client_factory, cfg, stream, wal_end_reader(sql)))
         snapshot = None
@@ -183,7 +187,7 @@ class Supervisor:
             else:
                 self.snapshot_pending = await snapshot_interrupted(cfg, client)
             async with await SqlSession.connect(src.dsn) as sql:
-                info = await prepare_source(sql, cfg)
+                info = await prepare_source(sql, cfg, self._holds())
                 self.slot_owner.created |= info.created_slot
                 refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
                 self.publication_mode = await publication_mode.mode(sql, cfg)
