@@ -154,8 +154,13 @@ class SnapshotRows:
                            new_topics)
 
     def chunk(self, relation: Relation, rows: list[tuple] | CopyText, tx: TxContext,
-              first_seq: int, *, last: bool = True) -> RoutedChunk:
-        """The records of ``rows`` for every route taking ``relation``."""
+              first_seq: int, *, last: bool = True, repair: bool = False) -> RoutedChunk:
+        """The records of ``rows`` for every route taking ``relation``. ``repair`` (the rows
+        of a repair's keys, ``pgrouter verify --repair``): a row a route's row filter rejects
+        gets a delete record of its key instead, at the row's position — its topic holds the
+        key (verify saw it there) and a consumer must not."""
+        if type(rows) is CopyText and repair:
+            rows = copy_rows(rows.data)
         if type(rows) is CopyText:
             parts = self.text_parts(relation, tx)
             records = encode_text(parts, rows.data, tx.end_lsn, first_seq, self.packed)
@@ -173,6 +178,7 @@ class SnapshotRows:
             record = plan.encoder.recorder(tx, plan.topic, lsn_header, _H_SEQ)
             direct = plan.insert_filter is None and plan.row_map is None
             seq = first_seq
+            drop = repair and plan.publish_insert and plan.publish_delete
             for row in rows:
                 if direct:
                     records.append(record("r", lsn, seq, None, False, row))
@@ -180,6 +186,9 @@ class SnapshotRows:
                     r = apply_plan(plan, Change("insert", lsn, relation, None, False, row))
                     if r is not None:
                         records.append(record("r", lsn, seq, None, False, r[3]))
+                    elif drop:  # the route's filter rejects it: a delete of its key
+                        records.append(record("d", lsn, seq, _key_only(plan, row), True,
+                                              None))
                 seq += 1
         return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, schemas, last,
                            new_topics)
@@ -208,6 +217,19 @@ class SnapshotRows:
                 records.append(record("d", lsn, seq, tuple(old), True, None))
                 seq += 1
         return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, [], True, [])
+
+
+def _key_only(plan, row: tuple) -> tuple:
+    """A row as the route's plan maps it, with only its key columns (a delete's old key)."""
+    if plan.row_map is not None:
+        row = tuple(row[i] for i in plan.row_map)
+    pick = getattr(plan.encoder, "_key_pick", None)
+    if not pick:
+        return row
+    old = [None] * len(row)
+    for i in pick:
+        old[i] = row[i]
+    return tuple(old)
 
 
 def _c_layout(encoder: TableEncoder) -> bool:

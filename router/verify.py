@@ -10,7 +10,10 @@ Rules (the consumer's view of a topic, docs/materializer.md and docs/record-form
   placeholder there).
 * The cut: a record whose ``source.commit_lsn`` is at or after ``cut`` is ignored (a
   transaction is in the source snapshot iff it committed before the snapshot's consistent
-  point). Tombstones (no value) and records that are not row changes (messages, transaction
+  point) — unless it is past ``end``, the source's WAL end once the topic's end offsets
+  were taken: no record the router writes can be there, so it is damage a consumer keeps
+  (and orders after anything the router writes): folded as any record, and named
+  (``beyond``). Tombstones (no value) and records that are not row changes (messages, transaction
   metadata) are skipped.
 * Per key, a record applies only when its position ``(commit_lsn, seq)`` is after the last
   one applied to that key: a record written twice (after a restart) or an older one read
@@ -143,6 +146,12 @@ class TopicFold:
         self._keyless: list[tuple[int, str, dict | None, dict | None]] = []
         self.records = 0  # change records applied or skipped as duplicates
         self.after_cut = 0  # records at or after the cut, ignored
+        #: the source's WAL end when the topic's end offsets were taken (None: not known)
+        self.end: int | None = None
+        #: (key, commit LSN) of records past ``end``: damage, folded and named
+        self.beyond: list[tuple] = []
+        #: partition -> its first offset, of those whose oldest records were deleted
+        self.starts: dict[int, int] = {}
 
     def add(self, key, env: dict | None) -> None:
         """One record: its decoded key (None: keyless) and envelope (None: skip)."""
@@ -154,9 +163,13 @@ class TopicFold:
     def apply(self, key, op: str, pos: int, before, after, toast) -> None:
         """One change record taken apart (``add``; ``after`` without the columns named in
         ``toast``)."""
-        if pos >> 64 >= self.cut:
-            self.after_cut += 1
-            return
+        lsn = pos >> 64
+        if lsn >= self.cut:
+            if self.end is None or lsn <= self.end:
+                self.after_cut += 1
+                return
+            if key is None or self.part is None or self.part(key):
+                self.beyond.append((key, lsn))
         self.records += 1
         if op == "t":
             if self.truncated is None or pos > self.truncated:
@@ -256,10 +269,17 @@ class Comparison(msgspec.Struct):
     buckets_split: int = 0
     #: passes over the topic (more than one when its keys exceed ``--max-keys``)
     passes: int = 1
+    #: records whose commit LSN is past the source's WAL end (damage: no record the router
+    #: writes can be there, and a consumer ordering by position keeps them), with examples
+    #: ``{"key": …, "commit_lsn": …}``
+    beyond: int = 0
+    beyond_keys: list = []
+    #: what else the reader should know (a partition whose oldest records were deleted)
+    notes: list = []
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.extra or self.different)
+        return not (self.missing or self.extra or self.different or self.beyond)
 
 
 class Comparer:
@@ -281,6 +301,9 @@ class Comparer:
         self.examples = examples
         self.topic = fold.taken()
         self.topic_keyless = fold.keyless()
+        result.beyond += len(fold.beyond)
+        for key, lsn in fold.beyond[: max(0, examples - len(result.beyond_keys))]:
+            result.beyond_keys.append({"key": key, "commit_lsn": lsn})
         self.source_keyless: Counter = Counter()
 
     def row(self, key, after: dict) -> None:

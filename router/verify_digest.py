@@ -11,17 +11,21 @@ Rules (both sides compute exactly this):
 * A column's text is PostgreSQL's text of the value, as the JSON format carries it back:
   integers, text forms and JSON strings as they are (``col::text``; char(n) through its
   output function, which keeps the padding its cast to text trims); booleans ``true`` /
-  ``false`` (``bool::text``); finite floats as the hex of their float8 bytes
+  ``false`` (``bool::text``); finite floats as ``#`` and the hex of their float8 bytes
   (``float8send(col::text::float8)``: the JSON number is the double the column's text
-  parses to), ``NaN`` / ``Infinity`` / ``-Infinity`` as text.
-* The key's text: for each key column, sorted by name, ``length:text`` (NULL ``!``), joined
-  by ``,``. Its bucket: the first 7 hex digits of its md5, modulo the number of buckets.
+  parses to), ``NaN`` / ``Infinity`` / ``-Infinity`` as the strings the JSON format writes.
+* The JSON type is part of every digest (what a consumer sees is the value and its type):
+  a string is quoted in the row's JSON array and its key text is ``length:text``; a number
+  or boolean is bare in the array and ``length=text`` in the key; its column digest is its
+  text's hash XOR ``RAW_SALT``. ``"24"`` and ``24``, ``"true"`` and ``true`` differ.
+* The key's text: for each key column, sorted by name, ``length:text`` (``length=text``,
+  NULL ``!``), joined by ``,``. Its bucket: the first 7 hex digits of its md5, modulo the
+  number of buckets.
 * A row's digest: the first 15 hex digits of the md5 of the key's text, the JSON array of
-  the column names sorted, and the JSON array of their texts in that order (``null`` for
-  NULL; PostgreSQL's ``array_to_json`` of a ``text[]``, which escapes as msgspec does), as
-  an integer: one md5 a row on each side (the SQL side's sub-buckets of a bisect compute it
-  in SQL, ``array_to_json`` escaping as msgspec and the C code do). A bucket's digest is its
-  row count and the sum of its rows'.
+  the column names sorted, and the JSON array of their values in that order (``null`` for
+  NULL, strings escaped as msgspec and PostgreSQL's ``to_json`` escape them), as an
+  integer: one md5 a row on each side (the SQL side's sub-buckets of a bisect compute it in
+  SQL). A bucket's digest is its row count and the sum of its rows'.
 * A value that does not fit these rules (a list, a dict) gets a text no SQL side produces: its
   bucket differs, and its rows are compared one by one, so digests never make a difference
   disappear, they only save reading rows that are equal. So does a row whose columns were
@@ -55,6 +59,11 @@ _json = msgspec.json.encode
 _decode = msgspec.json.decode
 
 
+#: a column digest of a value that is not a str is its text's hash XOR this: the JSON type
+#: is compared, "24" and 24 differ (``VERIFY_RAW_SALT`` of ``router/_native/native.h``)
+RAW_SALT = 0x2545F4914F6CDD1D
+
+
 def pg_text(value) -> str | None:
     """A JSON-format value as the text the SQL side renders for its column."""
     t = type(value)
@@ -65,7 +74,7 @@ def pg_text(value) -> str | None:
     if t is int:
         return str(value)
     if t is float:
-        return _pack(value).hex()
+        return _float_text(value)
     return "\x00" + msgspec.json.encode(value).decode()  # never what SQL renders
 
 
@@ -74,8 +83,10 @@ def key_text(key: dict) -> str:
 
 
 def _key_text(values) -> str:
-    """The key's values, in the order of their columns' names, as text."""
-    return ",".join(["!" if t is None else f"{len(t)}:{t}" for t in _texts(values)])
+    """The key's values, in the order of their columns' names, as text: ``length:text`` of
+    a str, ``length=text`` of the others (their JSON type told apart), ``!`` of None."""
+    return ",".join(["!" if t is None else f"{len(t)}{':' if v.__class__ is str else '='}{t}"
+                     for v, t in zip(values, _texts(values))])
 
 
 def bucket_of(ktext: str, buckets: int) -> int:
@@ -83,7 +94,7 @@ def bucket_of(ktext: str, buckets: int) -> int:
 
 
 def _float_text(value: float) -> str:
-    return _pack(value).hex()
+    return "#" + _pack(value).hex()  # never an int's text
 
 
 def _bool_text(value: bool) -> str:
@@ -126,10 +137,32 @@ def _texts(values) -> list:
     return [v if v.__class__ is str else (get(v.__class__) or pg_text)(v) for v in values]
 
 
+def _row_json(values, texts) -> bytes:
+    """The JSON array of a row's values as the digests render it: a str quoted, None null,
+    the others' texts bare (an int's decimal, ``true``/``false``, ``#`` and a float's hex;
+    a list's or a dict's text is a string no SQL side renders)."""
+    if not any(v.__class__ is float for v in values):
+        plain = [v if v.__class__ in _BARE else t for v, t in zip(values, texts)]
+        return _json(plain)
+    return b"[" + b",".join(t.encode() if v.__class__ is float else _json(
+        v if v.__class__ in _BARE else t) for v, t in zip(values, texts)) + b"]"
+
+
+#: JSON values written as they are (their text is msgspec's); others go through their text
+_BARE = frozenset({str, int, bool, type(None)})
+
+
+def _digest_of(value, text) -> int:
+    """A column's digest: the hash of its text, XOR ``RAW_SALT`` when not a str (or None)."""
+    h = hash(text)
+    return h if value.__class__ is str or value is None else h ^ RAW_SALT
+
+
 def row_digest(ktext: str, row: dict) -> int:
     """The row's digest (the SQL side's ``actors.verify.digests.sums_select``)."""
     layout = _layout(tuple(row))
-    h = md5(ktext.encode() + layout.head + _json(_texts(layout.values(row))))
+    values = layout.values(row)
+    h = md5(ktext.encode() + layout.head + _row_json(values, _texts(values)))
     return _from_bytes(h.digest()[:8], "big") >> 4
 
 
@@ -141,8 +174,8 @@ def row_digests_py(key: tuple, head: bytes, values: tuple, buckets: int) -> byte
     texts = _texts(values)
     h = md5(_key_text(key).encode())
     bucket = (_from_bytes(h.digest()[:4], "big") >> 4) % buckets
-    h.update(head + _json(texts))
-    return struct.pack(f"={len(texts) + 2}q", *map(hash, texts), bucket,
+    h.update(head + _row_json(values, texts))
+    return struct.pack(f"={len(texts) + 2}q", *map(_digest_of, values, texts), bucket,
                        _from_bytes(h.digest()[:8], "big") >> 4)
 
 
@@ -178,7 +211,8 @@ def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
                   tools: tuple) -> tuple[int, int, int]:
     """A batch of a JSON-format topic's messages into a fold's ``rows`` (key bytes ->
     (position, (names, digests of ``digester(buckets)``))); ``router._native.verify_fold``
-    computes the same. Returns (messages read, ignored as at or past ``cut``, folded here).
+    computes the same. Returns (messages read, 0 (the feeder counts those past ``cut``), folded
+    here).
 
     * A message with an error, or at or past its partition's end in ``ends`` (or of a
       partition not in it), is not read; one without a value is read and skipped.
@@ -186,7 +220,8 @@ def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
       ``before`` and ``after`` may be left as their JSON, ``msgspec.Raw``) with a key (``tools[1]`` decodes it to a dict, ``tools[2]`` to the fold's key bytes),
       a source, ``after``, no ``before``, no ``unchanged_toast``: as
       ``router.verify.TopicFold.apply`` with ``digester`` (``tools[3]``: ``layout_of``;
-      ``tools[5]``: ``row_digests_py``). Its position at or past the cut: ignored.
+      ``tools[5]``: ``row_digests_py``). At or past the cut it goes to the feeder, which
+      tells a later write (ignored) from a record past the source's WAL end (damage).
     * Anything else (and a record that does not decode) goes to ``tools[4](key, value)``,
       the feeder that folds every record (``actors.verify.topic.Decoder.feeder``)."""
     decode_change, decode_key, encode_key, layout, slow, row_py = tools
@@ -212,7 +247,7 @@ def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
 
 def _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key, layout,
               row_py) -> int:
-    """1 folded, 2 past the cut, 0 not the plain case (nothing done)."""
+    """1 folded, 0 not the plain case or at or past the cut (nothing done)."""
     if kb is None:
         return 0
     try:
@@ -235,7 +270,7 @@ def _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key,
     except Exception:  # noqa: BLE001
         return 0
     if lsn >= cut:
-        return 2
+        return 0
     try:
         key = decode_key(kb)
     except Exception:  # noqa: BLE001
@@ -254,24 +289,31 @@ def _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key,
     return 1
 
 
-def copy_sums_py(data: bytes, keys: tuple, columns: int, head: bytes, buckets: int,
+def copy_sums_py(data: bytes, keys: tuple, kinds: bytes, head: bytes, buckets: int,
                  acc: bytearray) -> int:
     """The source side's digests from whole lines of ``COPY (SELECT <the columns' texts, in
     the order of their names>) TO STDOUT`` (``router.snapshot.parse_copy_data``): per row,
     its key's text (the fields ``keys``, ``key_text``'s rules), its bucket and its digest
     (``row_digest``'s rules, ``head`` the names' JSON), added to ``acc`` (per bucket 24
     bytes: the row count, int64, and the digests' sum, 128 bits, the low 64 first, native
-    byte order). Returns the rows; a line of another number of fields than ``columns`` is a
+    byte order). ``kinds`` has a byte a field: ``s`` a string, ``r`` a JSON number or
+    boolean whose field is its text as the topic side renders it (bare in the row's JSON).
+    Returns the rows; a line of another number of fields than ``kinds`` is a
     ``ValueError``. ``router._native.verify_copy`` computes the same without the GIL."""
     rows = 0
+    columns = len(kinds)
+    quoted = [k == 0x73 for k in kinds]  # b"s"
     for row in parse_copy_data(data.decode()):
         if len(row) != columns:
             raise ValueError(f"verify_copy: a row without {columns} fields")
-        ktext = ",".join(["!" if row[k] is None else f"{len(row[k])}:{row[k]}"
+        ktext = ",".join(["!" if row[k] is None else
+                          f"{len(row[k])}{':' if quoted[k] else '='}{row[k]}"
                           for k in keys]).encode()
         h = md5(ktext)
         bucket = (_from_bytes(h.digest()[:4], "big") >> 4) % buckets
-        h.update(head + _json(list(row)))
+        h.update(head + b"[" + b",".join(b"null" if v is None else _json(v) if q
+                                         else v.encode() for v, q in zip(row, quoted))
+                 + b"]")
         count, lo, hi = _acc.unpack_from(acc, bucket * 24)
         total = ((hi << 64) | lo) + (_from_bytes(h.digest()[:8], "big") >> 4)
         _acc.pack_into(acc, bucket * 24, count + 1, total & (2**64 - 1),

@@ -128,8 +128,9 @@ def summary(r) -> str:
             f"({', '.join(r.tables)}): {r.compared} rows compared, {r.missing} missing in the "
             f"topic, {r.extra} extra in the topic, {r.different} different"
             + (f", {r.kept} deleted rows kept (the route publishes no DELETE)" if r.kept else "")
+            + (f", {r.beyond} records past the source's WAL end" if r.beyond else "")
             + f", {r.seconds:.2f} s")
-    lines = [head]
+    lines = [head] + [f"  note: {n}" for n in r.notes]
     if r.missing_keys:
         lines.append("  missing: " + ", ".join(enc(k).decode() for k in r.missing_keys))
     if r.extra_keys:
@@ -137,6 +138,9 @@ def summary(r) -> str:
     for d in r.different_keys:
         lines.append(f"  different: {enc(d['key']).decode()} columns "
                      f"{', '.join(d['columns'])}")
+    for d in r.beyond_keys:  # damage: the router never writes there
+        lines.append(f"  past the WAL end: {enc(d['key']).decode()} commit_lsn "
+                     f"{d['commit_lsn']}")
     return "\n".join(lines)
 
 

@@ -34,6 +34,7 @@ from ..pipeline.formats import record_reshaper
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import ident
 from .digests import copy_sums, digestible, rows_select, sql_sums
+from .point import wal_end
 from .repair import Repair
 from .topic import Decoder, fold_topic
 
@@ -63,7 +64,8 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
             metrics.result(result)
         if repairs is not None and not result.ok:
             repairs.append(Repair(target.route, topic, tables, target.keyless(topic), send,
-                                  delete))
+                                  delete, cfg.kafka.format, result.beyond_keys,
+                                  result.beyond))
     return out
 
 
@@ -71,6 +73,7 @@ class _Topic:
     def __init__(self, cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
                  split_rows: int = SPLIT_ROWS, metrics=None):
         self.metrics = metrics
+        self.result_notes: list[str] = []
         self.cfg, self.target, self.topic, self.tables = cfg, target, topic, tables
         self.reader, self.decoder, self.reshape, self.tx = reader, decoder, reshape, tx
         self.progress = progress
@@ -89,6 +92,7 @@ class _Topic:
         passes = 1 if self.keyless else max(1, -(-rows // max(1, max_keys)))
         buckets = max(buckets_for(rows), passes) if self.by_buckets else 0
         result.passes = passes
+        self.result_notes = result.notes
         source: dict[int, list] = {}
         for p in range(passes):
             part = None
@@ -127,7 +131,14 @@ class _Topic:
 
         await trio.to_thread.run_sync(lambda: fold_topic(
             cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, self.decoder,
-            report, self.keyless, library=cfg.kafka.client))
+            report, self.keyless, library=cfg.kafka.client,
+            wal_end=lambda: wal_end(cfg.source.dsn)))
+        for partition, first in sorted(fold.starts.items()):
+            note = (f"partition {partition} starts at offset {first}: its oldest records were "
+                    "deleted (retention or delete-records); compared as a consumer reading "
+                    "from the start reads it")
+            if note not in self.result_notes:
+                self.result_notes.append(note)
 
     async def _narrow(self, comparer: Comparer, buckets: int,
                       source: dict[int, list]) -> tuple[set[int], list[int], int]:

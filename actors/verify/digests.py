@@ -48,15 +48,27 @@ def digestible(fmt: str, schema: TableSchema) -> bool:
                                 for c in schema.columns)
 
 
+#: types every format carries as a JSON number or boolean (not a string): their texts are
+#: bare in the digests (``router.verify_digest``'s rules)
+_BARE = frozenset({BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8})
+
+
+def _kind(col) -> str:
+    """``s``: the column's value is a JSON string (quoted in the digests), ``r``: a number
+    or a boolean (its text bare; a float's ``#`` and hex, or its quoted ``NaN``)."""
+    return "r" if col.type_oid in _BARE else "s"
+
+
 def _text(col, fmt: str = "json") -> str:
     c = ident(col.name)
     if col.type_oid in (FLOAT4, FLOAT8):
-        # Connect and Avro carry NaN and ±Infinity as null; Avro's float4 is a float32 (its
-        # float8 exactly), the others the float8 of its text
-        odd = f"{c}::text" if fmt == "json" else "NULL"
+        # the JSON format writes NaN and ±Infinity as strings (quoted: the text is bare),
+        # Connect and Avro as null; Avro's float4 is a float32 (its float8 exactly), the
+        # others the float8 of its text
+        odd = f"'\"' || {c}::text || '\"'" if fmt == "json" else "NULL"
         value = f"{c}::float8" if fmt == "avro" and col.type_oid == FLOAT4 else f"{c}::text::float8"
         return (f"CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN {odd} "
-                f"ELSE encode(float8send({value}), 'hex') END")
+                f"ELSE '#' || encode(float8send({value}), 'hex') END")
     if col.type_oid == BPCHAR:  # its cast to text trims the padding its output keeps
         return f"(CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END)"
     return f"{c}::text"
@@ -81,7 +93,8 @@ def _key(schema: TableSchema, by_name: dict, fmt: str) -> str:
     parts = []
     for name in sorted(schema.key_columns):
         t = _text(by_name[name], fmt)
-        parts.append(f"coalesce(length({t})::text || ':' || {t}, '!')")
+        sep = ":" if _kind(by_name[name]) == "s" else "="
+        parts.append(f"coalesce(length({t})::text || '{sep}' || {t}, '!')")
     return " || ',' || ".join(parts)
 
 
@@ -108,7 +121,9 @@ def sums_select(table: SnapshotTable, schema: TableSchema, where: str | None,
     names = sorted(by_name)
     texts = ", ".join(f"{_text(by_name[n], fmt)} AS __c{i}" for i, n in enumerate(names))
     head = _literal(msgspec.json.encode(names).decode())
-    row = f"array_to_json(ARRAY[{', '.join(f'__c{i}' for i in range(len(names)))}]::text[])"
+    row = "'[' || " + " || ',' || ".join(
+        f"coalesce(to_json(__c{i})::text, 'null')" if _kind(by_name[n]) == "s"
+        else f"coalesce(__c{i}, 'null')" for i, n in enumerate(names)) + " || ']'"
     conds = _conds(table, where)
     src = f"ONLY {ident(table.table[0])}.{ident(table.table[1])}"
     inner = (f"SELECT {key} AS __k, {texts} FROM {src}"
@@ -139,9 +154,10 @@ def rows_select(table: SnapshotTable, schema: TableSchema, where: str | None,
 
 
 def texts_select(table: SnapshotTable, schema: TableSchema, where: str | None,
-                 fmt: str = "json") -> tuple[str, tuple[int, ...], bytes]:
+                 fmt: str = "json") -> tuple[str, tuple[int, ...], bytes, bytes]:
     """The SELECT of the texts of the columns (sorted by name) of the table's rows the route
-    takes, the indexes of the key's among them, and the names' JSON (``copy_sums``)."""
+    takes, the indexes of the key's among them, the names' JSON and the columns' kinds
+    (``_kind``, a byte each: ``copy_sums``)."""
     by_name = {c.name: c for c in schema.columns}
     names = sorted(by_name)
     conds = _conds(table, where)
@@ -149,7 +165,8 @@ def texts_select(table: SnapshotTable, schema: TableSchema, where: str | None,
               f"{ident(table.table[0])}.{ident(table.table[1])}"
               + (f" WHERE {' AND '.join(conds)}" if conds else ""))
     keys = tuple(names.index(k) for k in sorted(schema.key_columns))
-    return select, keys, msgspec.json.encode(names)
+    kinds = "".join(_kind(by_name[n]) for n in names).encode()
+    return select, keys, msgspec.json.encode(names), kinds
 
 
 #: COPY data handed to the digests at a time
@@ -162,8 +179,7 @@ async def copy_sums(sql, table: SnapshotTable, schema: TableSchema, where: str |
     the columns' texts (``COPY``), the C accelerator digests them without the GIL
     (``router._native.verify_copy``; ``router.verify_digest.copy_sums_py`` without it), so
     the topic's fold runs meanwhile."""
-    select, keys, head = texts_select(table, schema, where, fmt)
-    columns = len(schema.columns)
+    select, keys, head, kinds = texts_select(table, schema, where, fmt)
     acc = bytearray(buckets * 24)
     digest = getattr(NATIVE, "verify_copy", None) or copy_sums_py
     state = {"rest": b"", "parts": [], "size": 0}
@@ -173,7 +189,7 @@ async def copy_sums(sql, table: SnapshotTable, schema: TableSchema, where: str |
         end = len(data) if final else data.rfind(b"\n") + 1
         state["rest"], state["parts"], state["size"] = data[end:], [], 0
         if end:
-            digest(data[:end], keys, columns, head, buckets, acc)
+            digest(data[:end], keys, kinds, head, buckets, acc)
 
     async def sink(data: bytes) -> None:
         state["parts"].append(data)

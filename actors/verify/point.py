@@ -13,6 +13,8 @@ Rules:
   record before it, so once the slot's ``confirmed_flush_lsn`` reaches the point, the topics
   hold every record of the snapshot. An inactive slot behind the point (the router stopped)
   is said in one line after ``IDLE_GRACE`` seconds; a timeout is one line too.
+* ``wal_end``: the source's WAL end, read once a topic's end offsets are taken: a record
+  whose commit LSN is past it was not written by the router (``router.verify.TopicFold``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,25 @@ class VerifyPoint:
             self.conn.close()
         except psycopg2.Error:
             pass
+
+
+def wal_end(dsn: str) -> int:
+    """The source's WAL end now (blocking): the insert position of a primary, the replayed one
+    of a standby. Every commit the router decoded so far is at or below it."""
+    try:
+        conn = psycopg2.connect(dsn)
+    except psycopg2.Error as exc:
+        raise SourceUnavailable(f"source.dsn: cannot read the WAL end for verify: "
+                                f"{exc}".strip()) from exc
+    try:
+        with conn.cursor() as cur:
+            cur.execute("select (case when pg_is_in_recovery() then pg_last_wal_replay_lsn() "
+                        "else pg_current_wal_insert_lsn() end)::text")
+            return parse_lsn(cur.fetchone()[0])
+    except psycopg2.Error as exc:
+        raise SourceError(f"verify: reading the WAL end failed: {exc}".strip()) from exc
+    finally:
+        conn.close()
 
 
 async def wait_delivered(sql: SqlSession, slot: str, lsn: int, timeout: float,

@@ -12,6 +12,12 @@ Rules:
   progress topic (resumable) and logs it with the keys; verify logs the keys it asked for.
 * Tables compared as multisets (no key) cannot be repaired by key: one line each, left as
   they are (``pgrouter snapshot`` cannot backfill them either).
+* What no record of the router can undo is said in one line naming the keys and what to do,
+  and left as it is (the second verify still shows it): extra keys the router cannot write
+  (``foreign``: not the table's key columns, or, in the JSON format, values of another JSON
+  type than the router writes — a foreign producer's records, which no delete of the
+  router's replaces), and records past the source's WAL end (a consumer ordering by
+  position keeps them over anything the router writes).
 * Verify waits until the progress topic says every request is done (``--wait`` seconds,
   then one line), then verifies again; the exit status is the second verify's.
 """
@@ -28,6 +34,7 @@ import trio_asyncio
 from router.config import Config
 from router.errors import ConfigError, SourceError
 from router.snapshot import PREFIX, SnapshotState, Watermark, decode_state, encode_watermark
+from router.values import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, OID
 
 from ..kafka.compacted import read_topic
 from ..services.sql import SqlSession
@@ -38,7 +45,8 @@ POLL = 0.5
 
 class Repair(msgspec.Struct):
     """What one route's topic needs: keys to send again (missing or different) and keys to
-    delete (extra), as the records' key dicts; ``tables`` feed the topic."""
+    delete (extra), as the records' key dicts; ``tables`` feed the topic; ``beyond``: example
+    keys of records past the source's WAL end, and how many (``router.verify.Comparison``)."""
 
     route: str
     topic: str
@@ -46,6 +54,31 @@ class Repair(msgspec.Struct):
     multiset: bool
     send: list
     delete: list
+    fmt: str = "json"
+    beyond: list = []
+    beyond_count: int = 0
+
+
+#: the Python type of each JSON type the JSON format writes for a column (others: str)
+_JSON_TYPES = {INT2: (int,), INT4: (int,), INT8: (int,), OID: (int,), BOOL: (bool,),
+               FLOAT4: (float, int, str), FLOAT8: (float, int, str)}
+
+
+def writable(k, key: tuple, relation, fmt: str) -> bool:
+    """Whether the router can write a record keyed ``k`` (a topic key's dict) for a table
+    keyed by the columns ``key``: the same columns, and in the JSON format each value of the
+    JSON type the router writes for its column (str for the text forms)."""
+    if not isinstance(k, dict) or set(k) != set(key):
+        return False
+    if fmt != "json":
+        return True
+    oids = {c.name: c.type_oid for c in relation.columns}
+    for c in key:
+        v = k[c]
+        want = _JSON_TYPES.get(oids.get(c), (str,))
+        if v is None or v.__class__ not in want:
+            return False
+    return True
 
 
 async def request(cfg: Config, repairs: list[Repair], say,
@@ -65,10 +98,22 @@ async def request(cfg: Config, repairs: list[Repair], say,
                         f"({', '.join(t.name for t in rep.tables)}) cannot be repaired by "
                         "key: left as they are")
                     continue
+                if rep.beyond_count:
+                    say(f"route {rep.route} topic {rep.topic}: {rep.beyond_count} record(s) "
+                        "past the source's WAL end (e.g. "
+                        f"{msgspec.json.encode(rep.beyond[:3]).decode()}): not written by "
+                        "the router; a consumer ordering by position keeps them over "
+                        "anything it writes, so no repair can replace them: delete the "
+                        f"topic and run pgrouter snapshot --route {rep.route} (every "
+                        "consumer reads the topic again)")
+                foreign = list(rep.delete)
                 for table in rep.tables:
                     key, _types, _at = await table_key(sql, table)
+                    ours = [k for k in rep.delete
+                            if writable(k, key, table.relation, rep.fmt)]
+                    foreign = [k for k in foreign if k not in ours]
                     keys = tuple(dict.fromkeys(
-                        tuple(k.get(c) for c in key) for k in rep.send + rep.delete
+                        tuple(k.get(c) for c in key) for k in rep.send + ours
                         if set(key) <= set(k)))
                     if not keys:
                         continue
@@ -83,6 +128,14 @@ async def request(cfg: Config, repairs: list[Repair], say,
                         f"table={table.name} keys={msgspec.json.encode(keys).decode()} "
                         f"(to send again: {len(rep.send)}, to delete: {len(rep.delete)})")
                     asked.append((rid, rep.route, table.name))
+                if foreign:
+                    say(f"route {rep.route} topic {rep.topic}: {len(foreign)} extra key(s) "
+                        "the router cannot write (not its key columns, or values of another "
+                        "JSON type; e.g. "
+                        f"{msgspec.json.encode(foreign[:3]).decode()}): a foreign producer's "
+                        "records, which no delete of the router's replaces: write a delete "
+                        "record under each of these keys, or delete the topic and run "
+                        f"pgrouter snapshot --route {rep.route}")
     return asked
 
 

@@ -11,11 +11,19 @@ Rules:
   envelope skipped unread) into ``TopicFold.apply``; a record of another shape goes the
   general way (``Decoder.key``, ``Decoder.value``, ``TopicFold.add``), which folds alike.
 * A record that cannot be read (its key or value not what pgrouter writes: a foreign
-  producer, a damaged topic) is a ``SinkError`` naming the topic and the record's key;
-  a value that is not JSON, Connect or Avro at all is skipped (no change record).
-* A topic that does not exist, or whose first offset is not 0 (retention or
-  ``kafka-delete-records`` removed its oldest records: the fold would lack rows) is a
-  ``SinkError`` naming it; so is a Kafka that cannot be reached.
+  producer, a damaged topic — a value that is not JSON, Connect or Avro, a JSON value that
+  is neither a change record, a logical message nor transaction metadata, an Avro record
+  without ``[kafka.registry]``) is a ``SinkError`` naming the topic and the record's key:
+  a consumer would read something verify cannot compare. Tombstones (no value), logical
+  messages (``op: "m"``) and transaction metadata are skipped.
+* A topic that does not exist is a ``SinkError`` naming it; so is a Kafka that cannot be
+  reached. A partition whose first offset is not 0 (retention or ``kafka-delete-records``
+  removed its oldest records) is read from its first offset, as a consumer reading from the
+  start reads it: the rows it lacks are compared as missing (``fold.starts`` says where
+  each such partition starts).
+* ``wal_end()`` (blocking), called once the end offsets are taken, is the source's WAL end:
+  every record the router wrote before them has a commit LSN at or below it
+  (``TopicFold.end``).
 * The cyclic garbage collector is off while a topic is read: the fold makes millions of
   tuples and no cycle, and each of its passes would walk every key held.
 * Blocking: run in a worker thread. ``progress(n)`` is called after each batch read (the
@@ -29,7 +37,7 @@ import time
 
 import msgspec
 
-from router.errors import ConfigError, PgRouterError, SinkError, SinkUnavailable
+from router.errors import PgRouterError, SinkError, SinkUnavailable
 from router.verify import TopicFold, envelope_of, key_of, key_payload
 from router.native import NATIVE
 from router.verify_digest import fold_batch_py, layout_of, row_digests_py
@@ -109,7 +117,7 @@ class Decoder:
                 return
             op = c.op
             if op not in _OPS:
-                if not op:  # a Connect record, transaction metadata…
+                if op != "m":  # a Connect record, transaction metadata… or a foreign one
                     add(key(kb), value(vb))
                 return
             src = c.source
@@ -164,34 +172,55 @@ class Decoder:
         return key_payload(self._json.decode(data))
 
     def value(self, data: bytes | None) -> dict | None:
+        """The envelope of a change record; None for a tombstone, a logical message or
+        transaction metadata; ``ValueError`` (``msgspec.DecodeError`` among them) for anything
+        else."""
         if data is None:
             return None
         if data[:1] == b"\x00":
             return envelope_of(self._avro().envelope(data))
-        try:
-            return envelope_of(self._json.decode(data))
-        except msgspec.DecodeError:
-            return None
+        doc = self._json.decode(data)
+        env = envelope_of(doc)
+        if env is None and not _skipped(doc):
+            raise ValueError("a JSON value that is not a change record, a logical message "
+                             "or transaction metadata")
+        return env
 
     def _avro(self):
-        if self.avro is None:
-            raise ConfigError("the topic holds Avro records: the config needs its "
-                              "[kafka.registry]", path="kafka.registry")
+        if self.avro is None:  # a foreign record (a JSON route), or a config without one
+            raise ValueError("an Avro record (its first byte 0) and no [kafka.registry] in "
+                             "the config to read it")
         return self.avro
+
+
+def _skipped(doc) -> bool:
+    """A JSON value pgrouter writes that is no row change: a logical message, transaction
+    metadata (also in a Connect record's ``payload``)."""
+    if isinstance(doc, dict) and "payload" in doc and "schema" in doc:
+        doc = doc["payload"]
+    return isinstance(doc, dict) and (doc.get("op") == "m" or (
+        doc.get("status") in ("BEGIN", "END") and "id" in doc))
 
 
 def fold_topic(bootstrap_servers, settings: dict, topic: str, fold: TopicFold,
                decoder: Decoder, progress=None, keyless: bool = False,
-               timeout: float = TIMEOUT, library: str = KAFKA_PYTHON) -> int:
+               timeout: float = TIMEOUT, library: str = KAFKA_PYTHON, wal_end=None) -> int:
     """Every record of ``topic`` up to its end offsets now into ``fold`` (``keyless``: as a
     multiset of rows, whatever the keys), read with ``library`` (``[kafka] client``:
-    librdkafka reads about ten times faster); returns the count."""
+    librdkafka reads about ten times faster); returns the count. ``wal_end()``: the
+    source's WAL end, asked once the end offsets are taken (``TopicFold.end``)."""
     read = _fold_rdkafka if library == LIBRDKAFKA else _fold
     collecting = gc.isenabled()
     gc.disable()  # the fold makes containers by the million, none of them cyclic
+
+    def marked(begins: dict) -> None:  # the end offsets are taken
+        fold.starts = {p: b for p, b in begins.items() if b > 0}
+        if wal_end is not None:
+            fold.end = wal_end()
+
     try:
         return read(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
-                    timeout)
+                    timeout, marked)
     except BadRecord as exc:
         raise SinkError(f"topic {topic!r} holds {exc}: it cannot be verified") from exc
     except PgRouterError:
@@ -219,14 +248,8 @@ def _missing(topic: str, bootstrap_servers) -> SinkError:
                      "records are gone (deleted topic?)")
 
 
-def _truncated(topic: str, partition: int, begin: int) -> SinkError:
-    return SinkError(f"topic {topic!r} partition {partition} starts at offset {begin}: its "
-                     "oldest records were deleted (retention or delete-records), so its rows "
-                     "cannot be verified")
-
-
 def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
-                  timeout) -> int:
+                  timeout, marked) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
     conf = connection_conf(bootstrap_servers, settings)
@@ -241,12 +264,10 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
             raise _missing(topic, bootstrap_servers)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
                  for p in meta.partitions}
-        for p, (begin, _end) in sorted(marks.items()):
-            if begin > 0:
-                raise _truncated(topic, p, begin)
+        marked({p: begin for p, (begin, _end) in marks.items()})
         ends = {p: end for p, (_b, end) in marks.items()}
-        left = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in left])
+        left = {p for p, (begin, end) in marks.items() if end > begin}
+        consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in left])
         batch = decoder.batcher(fold, keyless)
         n = shown = 0
         deadline = time.monotonic() + timeout
@@ -270,7 +291,7 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
 
 
 def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
-          timeout) -> int:
+          timeout, marked) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
@@ -289,9 +310,7 @@ def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
             raise _missing(topic, bootstrap_servers)
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         begins, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
-        for tp in tps:
-            if begins[tp] > 0:
-                raise _truncated(topic, tp.partition, begins[tp])
+        marked({tp.partition: begins[tp] for tp in tps})
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         n = 0

@@ -67,6 +67,9 @@ PyObject *row_digests(PyObject *const *key, Py_ssize_t nk, const char *head,
                       Py_ssize_t headlen, PyObject *const *values, Py_ssize_t n,
                       long long buckets);
 int fold_setup(void);
+/* the digest of a column whose value is not a string (an int, a bool, a float) is the hash of
+ * its text XOR this: "24" and 24 differ (router.verify_digest.RAW_SALT) */
+#define VERIFY_RAW_SALT 0x2545F4914F6CDD1DLL
 
 /* verify.c: MD5 (RFC 1321), also for verify_copy.c (md5_head64: the digest's first 8 bytes,
  * big-endian) */

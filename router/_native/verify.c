@@ -2,11 +2,13 @@
  * (router.verify_digest; its Python twin: router.verify_digest:row_digests_py).
  *
  * verify_row(key, head, values, buckets) -> bytes | None: the texts of the key's values
- * and of the row's (str as they are, int in decimal, bool true/false, None NULL, float the
- * hex of its big-endian float8), then (native int64 each) the hash of each row value's text,
- * the key's bucket (the md5 of the key's text, its first 28 bits, modulo buckets) and the
- * row's digest (the md5 of the key's text, head and the JSON array of the texts, its first
- * 60 bits). None for any other value (the twin renders it).
+ * and of the row's (str as they are, int in decimal, bool true/false, None NULL, float ``#``
+ * and the hex of its big-endian float8), then (native int64 each) the hash of each row
+ * value's text (XOR VERIFY_RAW_SALT when it is not a str), the key's bucket (the md5 of the
+ * key's text, its first 28 bits, modulo buckets) and the row's digest (the md5 of the key's
+ * text, head and the JSON array of the values, strings quoted, the others' texts bare, its
+ * first 60 bits). The JSON type is in both: "24" and 24 differ. None for any other value
+ * (the twin renders it).
  */
 #include "native.h"
 
@@ -188,19 +190,20 @@ text_of(PyObject *v)
         return PyObject_Str(v);
     double d = PyFloat_AS_DOUBLE(v);
     unsigned char raw[8];
-    char hexed[16];
+    char hexed[17] = {'#'}; /* never an int's text */
     static const char hex[] = "0123456789abcdef";
     memcpy(raw, &d, 8);
     for (int j = 0; j < 8; j++) { /* big-endian: struct.pack(">d") */
         unsigned char c = raw[PY_LITTLE_ENDIAN ? 7 - j : j];
-        hexed[2 * j] = hex[c >> 4];
-        hexed[2 * j + 1] = hex[c & 15];
+        hexed[1 + 2 * j] = hex[c >> 4];
+        hexed[2 + 2 * j] = hex[c & 15];
     }
-    return PyUnicode_FromStringAndSize(hexed, 16);
+    return PyUnicode_FromStringAndSize(hexed, 17);
 }
 
-/* the key's text (router.verify_digest.key_text): ``length:text`` of each value, ``!`` for
- * None, joined by ``,`` (0; -1 error; 1 surrogates: the twin raises) */
+/* the key's text (router.verify_digest.key_text): ``length:text`` of each str, ``length=text``
+ * of the other values, ``!`` for None, joined by ``,`` (0; -1 error; 1 surrogates: the twin
+ * raises) */
 static int
 key_text(Buf *b, PyObject *const *key, Py_ssize_t nk)
 {
@@ -223,7 +226,8 @@ key_text(Buf *b, PyObject *const *key, Py_ssize_t nk)
             Py_DECREF(text);
             return PyErr_ExceptionMatches(PyExc_UnicodeError) ? (PyErr_Clear(), 1) : -1;
         }
-        b->len += (size_t)sprintf(b->p + b->len, "%zd:", PyUnicode_GET_LENGTH(text));
+        b->len += (size_t)sprintf(b->p + b->len, "%zd%c", PyUnicode_GET_LENGTH(text),
+                                  PyUnicode_CheckExact(v) ? ':' : '=');
         int bad = buf_need(b, (size_t)tlen) < 0;
         if (!bad) {
             memcpy(b->p + b->len, t, (size_t)tlen);
@@ -285,7 +289,17 @@ row_digests(PyObject *const *key, Py_ssize_t nk, const char *head, Py_ssize_t he
         Py_ssize_t tlen;
         const char *t = PyUnicode_AsUTF8AndSize(text, &tlen);
         Py_hash_t h = t == NULL ? -1 : PyObject_Hash(text);
-        int bad = t == NULL || h == -1 || buf_string(&b, t, tlen) < 0;
+        int str = PyUnicode_CheckExact(v), bad = t == NULL || h == -1;
+        if (!bad && str)
+            bad = buf_string(&b, t, tlen) < 0;
+        else if (!bad) { /* an int, a bool, a float: its text bare, as JSON has it */
+            bad = buf_need(&b, (size_t)tlen) < 0;
+            if (!bad) {
+                memcpy(b.p + b.len, t, (size_t)tlen);
+                b.len += (size_t)tlen;
+            }
+            h ^= VERIFY_RAW_SALT;
+        }
         Py_DECREF(text);
         if (bad) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeError))

@@ -2,11 +2,13 @@
  * of ``COPY (SELECT <the columns' texts>) TO STDOUT`` (its Python twin:
  * router.verify_digest:copy_sums_py, whose docstring holds the rules), summed by bucket.
  *
- * verify_copy(data, keys, columns, head, buckets, acc) -> rows
+ * verify_copy(data, keys, kinds, head, buckets, acc) -> rows
  *
  *   data     whole lines of COPY text output, each ending with a newline
  *   keys     the indexes of the key's fields, in the order of their names
- *   columns  fields a line holds
+ *   kinds    one byte a field: ``s`` a string (quoted in the row's JSON, ``length:text`` in
+ *            the key's text), ``r`` a JSON number or boolean, whose field is the text the
+ *            topic side renders (bare in the row's JSON, ``length=text`` in the key's)
  *   head     the JSON array of the column names (sorted), as the topic side's
  *   acc      a bytearray of buckets * 24 bytes: per bucket its row count (int64) and the sum
  *            of its rows' digests (128 bits, the low 64 first), native byte order
@@ -123,7 +125,8 @@ chars(const char *s, size_t n) /* UTF-8 characters */
 /* rows summed (>= 0); -1 out of memory; -2 a line of another number of fields */
 static Py_ssize_t
 sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys,
-         Py_ssize_t columns, const char *head, size_t headlen, uint64_t buckets,
+         const char *kinds, Py_ssize_t columns, const char *head, size_t headlen,
+         uint64_t buckets,
          unsigned char *acc)
 {
     Raw texts = {0}, key = {0}, json = {0};
@@ -178,8 +181,9 @@ sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys
                 key.p[key.len++] = '!';
                 continue;
             }
-            key.len += (size_t)sprintf(key.p + key.len, "%zu:", chars(texts.p + start[k],
-                                                                      len[k]));
+            key.len += (size_t)sprintf(key.p + key.len, "%zu%c",
+                                       chars(texts.p + start[k], len[k]),
+                                       kinds[k] == 's' ? ':' : '=');
             memcpy(key.p + key.len, texts.p + start[k], len[k]);
             key.len += len[k];
         }
@@ -194,8 +198,14 @@ sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys
             if (null[i]) {
                 memcpy(json.p + json.len, "null", 4);
                 json.len += 4;
-            } else if (json_string(&json, texts.p + start[i], len[i]) < 0) {
-                goto out;
+            } else if (kinds[i] == 's') {
+                if (json_string(&json, texts.p + start[i], len[i]) < 0)
+                    goto out;
+            } else { /* a JSON number or boolean: its text bare */
+                if (raw_need(&json, len[i]) < 0)
+                    goto out;
+                memcpy(json.p + json.len, texts.p + start[i], len[i]);
+                json.len += len[i];
             }
         }
         if (raw_need(&json, 1) < 0)
@@ -236,13 +246,13 @@ PyObject *
 native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 6 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1]) ||
-        !PyLong_Check(args[2]) || !PyBytes_Check(args[3]) || !PyLong_Check(args[4]) ||
+        !PyBytes_Check(args[2]) || !PyBytes_Check(args[3]) || !PyLong_Check(args[4]) ||
         !PyByteArray_Check(args[5])) {
-        PyErr_SetString(PyExc_TypeError, "verify_copy(data: bytes, keys: tuple, columns: int, "
+        PyErr_SetString(PyExc_TypeError, "verify_copy(data: bytes, keys: tuple, kinds: bytes, "
                                          "head: bytes, buckets: int, acc: bytearray)");
         return NULL;
     }
-    Py_ssize_t columns = PyLong_AsSsize_t(args[2]), nkeys = PyTuple_GET_SIZE(args[1]);
+    Py_ssize_t columns = PyBytes_GET_SIZE(args[2]), nkeys = PyTuple_GET_SIZE(args[1]);
     long long buckets = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
@@ -265,19 +275,21 @@ native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    PyObject *data = args[0], *head = args[3], *acc = args[5];
+    PyObject *data = args[0], *head = args[3], *acc = args[5], *kinds = args[2];
     Py_INCREF(data);
     Py_INCREF(head);
     Py_INCREF(acc);
+    Py_INCREF(kinds);
     Py_ssize_t rows;
     Py_BEGIN_ALLOW_THREADS
     rows = sum_rows(PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data), keys, nkeys,
-                    columns, PyBytes_AS_STRING(head), (size_t)PyBytes_GET_SIZE(head),
+                    PyBytes_AS_STRING(kinds), columns, PyBytes_AS_STRING(head), (size_t)PyBytes_GET_SIZE(head),
                     (uint64_t)buckets, (unsigned char *)PyByteArray_AS_STRING(acc));
     Py_END_ALLOW_THREADS
     Py_DECREF(data);
     Py_DECREF(head);
     Py_DECREF(acc);
+    Py_DECREF(kinds);
     if (rows == -1)
         return PyErr_NoMemory();
     if (rows == -2) {

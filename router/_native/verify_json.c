@@ -11,7 +11,8 @@
 /* ------------------------------------------------------------------------------------------
  * a flat JSON object (the record's ``after``, its key) taken apart without Python objects:
  * each member's name and its value's text as router.verify_digest renders it (str as it is,
- * int in decimal, bool true/false, a float as the hex of its big-endian float8, null NULL)
+ * int in decimal, bool true/false, a float as ``#`` and the hex of its big-endian float8, null
+ * NULL; the member's kind tells a string's text from the others')
  */
 
 static int
@@ -249,6 +250,7 @@ flat_scan(Flat *f, const char *p, const char *e)
                 static const char hex[] = "0123456789abcdef";
                 unsigned char raw[8];
                 memcpy(raw, &d, 8);
+                f->texts[f->tlen++] = '#'; /* never an int's text */
                 for (int j = 0; j < 8; j++) {
                     unsigned char b = raw[PY_LITTLE_ENDIAN ? 7 - j : j];
                     f->texts[f->tlen++] = hex[b >> 4];

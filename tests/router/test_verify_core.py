@@ -140,15 +140,21 @@ def test_bucket_digest_texts_are_what_postgresql_renders():
                                       pg_text, row_digest)
 
     assert pg_text(True) == "true" and pg_text(7) == "7" and pg_text("1.10") == "1.10"
-    assert pg_text(0.1) == "3fb999999999999a"  # float8send('0.1'::float8), hex
+    assert pg_text(0.1) == "#3fb999999999999a"  # float8send('0.1'::float8), hex
     assert pg_text("NaN") == "NaN" and pg_text(None) is None
     assert pg_text([1]) != "{1}"  # not a JSON-format value: never what SQL renders
     # key columns by name, whatever the record's order; lengths keep values apart
-    assert key_text({"b": "x,1", "a": 2}) == key_text({"a": 2, "b": "x,1"}) == "1:2,3:x,1"
+    assert key_text({"b": "x,1", "a": 2}) == key_text({"a": 2, "b": "x,1"}) == "1=2,3:x,1"
+    assert key_text({"id": "5"}) != key_text({"id": 5})  # a consumer's keys differ too
     assert key_text({"a": None}) == "!"
     k = key_text({"id": 1})
-    # md5('1:1["id","v"]["1","a"]'), its first 15 hex digits: what the SQL side computes
-    assert row_digest(k, {"v": "a", "id": 1}) == 0x477c2841383a301
+    # md5('1=1["id","v"][1,"a"]'), its first 15 hex digits: what the SQL side computes
+    assert row_digest(k, {"v": "a", "id": 1}) == 0xd05d18ff16a4567
+    # the JSON type is in the digests: what a consumer sees is the value and its type
+    for a, b in (("24", 24), ("true", True), (1, True), (1, 1.0), ("#3ff0000000000000", 1.0)):
+        assert row_digest(k, {"id": 1, "v": a}) != row_digest(k, {"id": 1, "v": b})
+        assert unpacked(digester(7)({"id": 1}, {"v": a})[1])[0] != \
+            unpacked(digester(7)({"id": 1}, {"v": b})[1])[0]
     assert row_digest(k, {"id": 1, "v": None}) != row_digest(k, {"id": 1, "v": ""})
     assert row_digest(k, {"id": 1, "v": "a"}) != row_digest(key_text({"id": 2}),
                                                             {"id": 1, "v": "a"})

@@ -195,11 +195,11 @@ def gen_verify_fold(rng):
 
 
 def check_verify_copy(python, fast, case):
-    data, keys, columns, head, buckets = case
+    data, keys, kinds, head, buckets = case
     out = []
     for fn in (python, fast):
         acc = bytearray(buckets * 24)
-        out.append((_outcome(fn, data, keys, columns, head, buckets, acc), bytes(acc)))
+        out.append((_outcome(fn, data, keys, kinds, head, buckets, acc), bytes(acc)))
     assert out[0] == out[1], case
     return SAME
 
@@ -207,14 +207,16 @@ def check_verify_copy(python, fast, case):
 def golden_verify_copy():
     head = b'["a","b","id"]'
     cases = [
-        (b"x\t\\N\t1\n", (2,), 3, head, 7),
-        (b"x\t\\N\t1\ny\tz\t2\n\\N\t\\N\t\\N\n", (2,), 3, head, 1),
-        (b"a\\tb\\nc\\\\d\\\\N\t\\x41\\101\\7\\q\t\xc3\xa9\xe2\x82\xac\n", (0, 2), 3, head, 9),
-        (b"\t\t\n", (1,), 3, head, 65536),  # empty texts
-        (b"x\t1\n", (0,), 3, head, 7),  # a field short
-        (b"x\t1\t2\t3\n", (0,), 3, head, 7),  # one too many
-        (b"", (0,), 3, head, 7),
-        (b"\x01\x1f\t\"q\"\t5\\\n", (2,), 3, head, 5),  # a trailing backslash
+        (b"x\t\\N\t1\n", (2,), b"ssr", head, 7),
+        (b"x\t\\N\t1\ny\tz\t2\n\\N\t\\N\t\\N\n", (2,), b"ssr", head, 1),
+        (b"x\t\\N\t1\ny\tz\t2\n", (2,), b"sss", head, 1),  # "1" a string: not 1
+        (b"true\t#3fb999999999999a\t7\n", (0, 2), b"rrr", head, 9),  # bare texts
+        (b"a\\tb\\nc\\\\d\\\\N\t\\x41\\101\\7\\q\t\xc3\xa9\xe2\x82\xac\n", (0, 2), b"sss", head, 9),
+        (b"\t\t\n", (1,), b"srs", head, 65536),  # empty texts
+        (b"x\t1\n", (0,), b"ssr", head, 7),  # a field short
+        (b"x\t1\t2\t3\n", (0,), b"ssr", head, 7),  # one too many
+        (b"", (0,), b"ssr", head, 7),
+        (b"\x01\x1f\t\"q\"\t5\\\n", (2,), b"ssr", head, 5),  # a trailing backslash
     ]
     return [(SAME, c) for c in cases]
 
@@ -236,4 +238,5 @@ def gen_verify_copy(rng):
     data = "".join(line + "\n" for line in lines).encode()
     keys = tuple(sorted(rng.sample(range(columns), rng.randrange(1, columns + 1))))
     head = _enc([f"c{i}" for i in range(columns)])
-    return data, keys, columns, head, rng.randint(1, 600)
+    kinds = bytes(rng.choice(b"sr") for _ in range(columns))
+    return data, keys, kinds, head, rng.randint(1, 600)
