@@ -211,7 +211,8 @@ class BackfillActor:
         chunk.spoiled = chunk.window.spoiled
         tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
                        commit_time=txn.commit_time)
-        routed = job.encoder.chunk(job.table.relation, kept, tx, txn.change_count)
+        routed = job.encoder.chunk(job.table.relation, kept, tx, txn.change_count,
+                                   repair=bool(job.keys))
         if chunk.absent:  # a repair's keys the table does not hold, unchanged in the window
             gone = [k for k in chunk.absent if k not in chunk.window.changed]
             routed.records.extend(job.encoder.deletes(
