@@ -23,6 +23,12 @@ Rules:
   after a ``kill -9`` a job resumes after the last key recorded (the chunk in flight is
   read again: at most one chunk per job is written twice). Watermarks of a chunk this
   process does not know (replayed after a restart) are ignored.
+* A chunk's read locks the table before its snapshot is taken (``TableReader.begin_read``):
+  a TRUNCATE or rewrite holding the table commits first, and the read sees its rows (a
+  snapshot older than such a command sees the table empty). A chunk that finds the table's
+  columns changed since its job was planned (ALTER TABLE: ``jobs.SHAPE``) reads nothing:
+  the job is planned again from the catalog (columns, key, record schema) and goes on after
+  the same key.
 * Memory: one chunk per running job (``[snapshot] parallel`` jobs at a time).
 """
 
@@ -34,6 +40,7 @@ import trio
 
 from router.config import Config
 from router.envelope import TxContext
+from router.errors import SourceError
 from router.snapshot import (PREFIX, ChunkWindow, SnapshotState, RecentChanges, Watermark,
                              decode_watermark, encode_watermark)
 from router.transactions import Transaction
@@ -43,7 +50,7 @@ from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
 from .initial import type_names
-from .jobs import Job, done_ranges, plan_jobs, route_rows
+from .jobs import SHAPE, Job, done_ranges, plan_jobs, route_rows, shape_tables, table_shapes
 from .reader import TableReader, close_session
 from .report import Reporter
 from .store import StateStore
@@ -92,6 +99,8 @@ class BackfillActor:
         #: tables being backfilled, as the stream names them -> running jobs
         self._watch: dict[tuple[str, str], int] = {}
         self.recent = RecentChanges()
+        self._planning = trio.Lock()  # ``self.sql`` and the catalog: requests, drivers
+        self.shapes: dict = {}  # ``jobs.table_shapes`` before the catalog was read
         #: ``caught_up`` (set by the confirm actor) and every backfill job done: what
         #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
         self.caught_up: trio.Event | None = None
@@ -247,6 +256,7 @@ class BackfillActor:
     async def _reload(self) -> None:
         if self.sql is None:
             self.sql = await SqlSession.connect(self.cfg.source.dsn)
+        self.shapes = await table_shapes(self.sql)
         self.catalog = await load_catalog(self.sql, self.cfg)
 
     async def _plan(self, request: str, routes: list[str], tables: list[str],
@@ -261,6 +271,7 @@ class BackfillActor:
         pks = await load_primary_keys(self.sql) if jobs else {}
         encoders: dict = {}  # one per route: a schema or topic is announced once
         for job in jobs:
+            job.shape = tuple(self.shapes.get(t) for t in shape_tables(job))
             job.encoder = encoders.get(job.route)
             if job.encoder is None:
                 job.encoder = encoders[job.route] = route_rows(self.cfg, self.catalog, self.db,
@@ -269,8 +280,9 @@ class BackfillActor:
 
     async def _request(self, request: str, routes: list[str], tables: list[str],
                        keys: tuple = ()) -> None:
-        await self._reload()
-        jobs, problems = await self._plan(request, routes, tables, keys)
+        async with self._planning:
+            await self._reload()
+            jobs, problems = await self._plan(request, routes, tables, keys)
         for problem in problems:
             log.event(_log, "backfill refused", request=request, problem=problem)
         fresh = []
@@ -366,7 +378,11 @@ class BackfillActor:
 
                 async def keep(batch: list) -> None:
                     rows.extend(batch)
-                chunk.xip, filenode = await reader.begin_read(job.table.table)
+                chunk.xip, filenode, shape = await reader.begin_read(
+                    job.table.table, SHAPE, shape_tables(job))
+                replanned = shape != job.shape
+                if replanned:  # read nothing: the chunk's window has the old columns
+                    await self._replan(job)
                 if job.skip and filenode != job.filenode:
                     # rewritten since the initial snapshot's ranges were read: the blocks
                     # no longer hold the rows they held (chunks before this one were read
@@ -376,8 +392,9 @@ class BackfillActor:
                               route=job.route, table=job.name)
                 select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
                                                         limit, job.keys, job.skip)
-                await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
-                if job.keys:
+                if not replanned:
+                    await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
+                if job.keys and not replanned:
                     chunk.absent = await reader.absent(job.table.absent_select(
                         job.key, job.key_types), keys_json(job.keys))
                 await reader.end_read()
@@ -387,8 +404,8 @@ class BackfillActor:
             finally:
                 del self.chunks[cid]
             await self._durable(chunk.end_lsn)
-            if chunk.spoiled:
-                continue  # a keyless table changed while it was copied: copy it again
+            if chunk.spoiled or replanned:
+                continue  # a keyless table changed while it was copied, or new columns: again
             done = limit is None or len(rows) < limit
             if rows and job.key:
                 job.last_key = tuple(rows[-1][i] for i in job.row_key)
@@ -399,6 +416,23 @@ class BackfillActor:
                 self.report.finish(job.name)
                 await self._job_done(job)
                 return
+
+    async def _replan(self, job: Job) -> None:
+        """The table's columns changed since the job was planned (ALTER TABLE): the job
+        planned again from the catalog now (the chunk's lock holds it), to go on after the
+        same key with the table's new columns, key and record schema."""
+        async with self._planning:
+            await self._reload()
+            jobs, problems = await self._plan(job.request, [job.route], [job.name], job.keys)
+        new = next((j for j in jobs if j.route == job.route and j.name == job.name), None)
+        if new is None:
+            raise SourceError(f"backfill of {job.name} for route {job.route}: the table "
+                              "changed and can no longer be backfilled: "
+                              + ("; ".join(problems) or "the route does not take it"))
+        for field in ("table", "key", "key_types", "row_key", "encoder", "shape"):
+            setattr(job, field, getattr(new, field))
+        log.event(_log, "backfill goes on with the table's new columns", route=job.route,
+                  table=job.name)
 
     async def _job_done(self, job: Job) -> None:
         if job.request == INITIAL and self._initial_left > 0:

@@ -45,6 +45,30 @@ from pg_attribute a where a.attrelid = to_regclass($1) and a.attname = any($2::t
 """
 
 
+#: a table's columns (names, types, modifiers) as one value (SQL; ``{rel}``: its oid)
+SHAPE = ("(select md5(string_agg(a.attname || ':' || a.atttypid || ':' || a.atttypmod, ',' "
+         "order by a.attnum)) from pg_attribute a where a.attrelid = {rel} "
+         "and a.attnum > 0 and not a.attisdropped)")
+
+
+async def table_shapes(sql: SqlSession) -> dict[tuple[str, str], str]:
+    """``SHAPE`` of every table: read before the catalog a job is planned from, so a DDL
+    that changes a table's columns after this read shows as another shape at a chunk."""
+    rows = await sql.fetch(
+        "select n.nspname::text as s, c.relname::text as t, "
+        + SHAPE.format(rel="c.oid") + " as shape from pg_class c "
+        "join pg_namespace n on n.oid = c.relnamespace where c.relkind in ('r', 'p') "
+        "and n.nspname not in ('pg_catalog', 'information_schema')")
+    return {(r["s"], r["t"]): r["shape"] for r in rows}
+
+
+def shape_tables(job: "Job") -> tuple[tuple[str, str], ...]:
+    """The tables whose columns make the job's rows: the leaf read, and the table it is
+    published as (its root, via ``publish_via_partition_root``)."""
+    rel = job.table.relation
+    return (job.table.table, (rel.namespace, rel.name))
+
+
 class Job(msgspec.Struct):
     request: str
     route: str
@@ -62,6 +86,8 @@ class Job(msgspec.Struct):
     skip: tuple = ()
     #: the table's ``pg_relation_filenode`` those ranges are blocks of
     filenode: int = 0
+    #: the ``SHAPE`` of ``shape_tables`` before the catalog the job was planned from
+    shape: tuple = ()
 
     @property
     def name(self) -> str:

@@ -63,19 +63,26 @@ class TableReader:
         except asyncpg.PostgresError as exc:
             raise SourceError(f"cannot import snapshot {snapshot}: {exc}") from exc
 
-    async def begin_read(self, table: tuple[str, str]) -> tuple[frozenset[int], int]:
+    async def begin_read(self, table: tuple[str, str], shape: str, of: tuple = ()
+                         ) -> tuple[frozenset[int], int, tuple]:
         """Opens a REPEATABLE READ transaction for a backfill chunk of ``table``, locked
         before the transaction's snapshot is taken (a rewrite waiting for the lock commits
         first, and the snapshot sees its rows); returns the transactions its snapshot sees
-        in progress (``router.snapshot.snapshot_xip``) and the table's
-        ``pg_relation_filenode``."""
+        in progress (``router.snapshot.snapshot_xip``), the table's
+        ``pg_relation_filenode`` and the ``shape`` (SQL, ``{rel}`` a table's oid) of each
+        table of ``of``, as the snapshot sees them."""
+        names = [_qualified(t) for t in of]
+        shapes = "".join(", " + shape.format(rel=f"to_regclass(${i}::text)") + f" as s{i}"
+                         for i in range(2, len(names) + 2))
         try:
             await self.sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             await self.sql.execute(f"LOCK TABLE ONLY {_qualified(table)} IN ACCESS SHARE MODE")
             row = (await self.sql.fetch(
                 "select pg_current_snapshot()::text as snapshot, "
-                "pg_relation_filenode(to_regclass($1))::int8 as filenode", _qualified(table)))[0]
-            return snapshot_xip(row["snapshot"]), int(row["filenode"] or 0)
+                "pg_relation_filenode(to_regclass($1))::int8 as filenode" + shapes,
+                _qualified(table), *names))[0]
+            return (snapshot_xip(row["snapshot"]), int(row["filenode"] or 0),
+                    tuple(row[f"s{i}"] for i in range(2, len(names) + 2)))
         except asyncpg.PostgresError as exc:
             raise SourceError(f"cannot start a snapshot read of {table[0]}.{table[1]}: "
                               f"{exc}") from exc

@@ -137,6 +137,7 @@ def test_ddl_on_tables_the_initial_snapshot_has_not_read(pg_dsn, kafka_bootstrap
 
 BACKFILL_DDL = {
     "alter_type": ["alter table {t} alter column n type bigint"],
+    "alter_text": ["alter table {t} alter column n type text using 'n' || n"],
     "truncate": ["truncate {t}",
                  "insert into {t} select g, -g, 'after' from generate_series(1, 30) g"],
 }
