@@ -186,10 +186,10 @@ class InitialSnapshot:
         once Kafka acknowledged every record (``acks``: the sink's tickets). Returns whether
         the stream may start: the snapshot is done, or every table was copied but those of
         ``left`` (rewritten during the copy: the caller has them copied by backfill,
-        ``actors.snapshot.backfill.finish_initial``); ``stop`` set (a drain) stops the copy: what was read is still
-        delivered, tables whose records are all acknowledged are recorded done, and the
-        snapshot stays "started", so the next start finishes it by backfill, as after a
-        crash, but without copying twice."""
+        ``actors.snapshot.backfill.finish_initial``). ``stop`` set (a drain) stops the
+        copy: what was read is still delivered, tables whose records are all acknowledged
+        are recorded done, and the snapshot stays "started", so the next start finishes it
+        by backfill, as after a crash, but without copying twice."""
         cfg, src, slot = self.cfg, self.cfg.source, self.slot
         with out:
             try:
