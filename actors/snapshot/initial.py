@@ -61,7 +61,8 @@ from ..pipeline.mailbox import Acked, Keepalive, Registered
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
-from .reader import TableReader, encode_chunk, session
+from .jobs import table_shapes
+from .reader import ShapeCheck, TableReader, encode_chunk, session
 from .report import Reporter
 from .store import StateStore
 from .tables import SnapshotTable, slot_tables, snapshot_specs
@@ -135,6 +136,7 @@ class InitialSnapshot:
         self.slot: ExportedSlot | None = None
         self.rows: SnapshotRows | None = None
         self.tables: list[SnapshotTable] = []
+        self.shapes: dict = {}
         #: tables rewritten during the copy, not copied: to finish by backfill
         self.left: list[str] = []
 
@@ -153,6 +155,9 @@ class InitialSnapshot:
         snapshot."""
         cfg, src = self.cfg, self.cfg.source
         async with session(src.dsn) as sql:
+            # the columns before the catalog: a table whose columns change after this is
+            # not read with the catalog's (``ShapeCheck``)
+            self.shapes = await table_shapes(sql)
             catalog = await load_catalog(sql, cfg)
             db = await sql.fetchval("select current_database()")
             tables = slot_tables(cfg, catalog)
@@ -194,7 +199,7 @@ class InitialSnapshot:
         with out:
             try:
                 left = await copy_tables(cfg, out, acks, self.tables, self.rows, slot,
-                                         self.store, stop)
+                                         self.store, stop, self.shapes)
             finally:
                 await trio.to_thread.run_sync(self.close)
         if left is None:
@@ -230,14 +235,16 @@ async def interrupted(cfg: Config, client) -> list[str]:
 async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                       acks: trio.MemoryReceiveChannel, tables: list[SnapshotTable],
                       rows: SnapshotRows, slot: ExportedSlot, store: StateStore,
-                      stop: trio.Event | None = None) -> list[str] | None:
+                      stop: trio.Event | None = None, shapes: dict | None = None
+                      ) -> list[str] | None:
     """Every table of ``tables`` into ``out``, read in ``parallel`` sessions on the exported
     snapshot; returns once Kafka acknowledged every record (``acks``). A table whose records
     are all acknowledged is recorded done (per route) in the state topic: if the snapshot is
     interrupted, finishing it by backfill leaves that table alone. ``stop`` set stops the
     reading where it is (what was read is still delivered and acknowledged). Returns the
-    tables not copied because they were rewritten after the snapshot (``rewritten``), or
-    None when ``stop`` left some unread."""
+    tables not copied because they were rewritten after the snapshot (``rewritten``) or
+    their columns changed since ``shapes`` were read (``ShapeCheck``), or None when
+    ``stop`` left some unread."""
     cp = slot.consistent_point
     tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
                    commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
@@ -256,6 +263,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
     unread = {t.name: len(split[t.name]) for t in tables}  # ranges not read whole
     undone = dict(unread)  # ranges whose records are not all durable
     rewritten: set[str] = set()  # not readable on the snapshot: left to a backfill
+    check = ShapeCheck(cfg.source.dsn, shapes) if shapes is not None else None
     routes_of = {t.name: sorted({p.route for p in rows.router.plans_for(t.relation)})
                  for t in tables}
 
@@ -284,12 +292,14 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                 while queue:
                     ordinal, table, part, blocks = queue.pop()
                     name, key = table.name, (table.name, part)
-                    if name in rewritten or await r.rewritten(table.table):
-                        if name not in rewritten:
+                    if name not in rewritten:
+                        why = await _unreadable(r, check, table)
+                        if why:
                             rewritten.add(name)
-                            log.event(_log, "initial snapshot: table rewritten or truncated "
-                                      "after the snapshot; it is copied by backfill once "
-                                      "streaming", level=WARNING, table=name)
+                            log.event(_log, f"initial snapshot: table {why} after the "
+                                      "snapshot; it is copied by backfill once streaming",
+                                      level=WARNING, table=name)
+                    if name in rewritten:
                         continue
                     if name not in report.tables:
                         estimate = estimates.get(name)
@@ -347,6 +357,35 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                         if not pending[key] and key in read:
                             await durable(*key)
 
+    try:
+        cancelled = await _run(readers_of=reader, sessions=sessions, out=out, cp=cp,
+                               await_acks=await_acks, acked=acked, report=report, stop=stop)
+    finally:
+        if check is not None:
+            await check.close()
+    report.summary()
+    if cancelled or any(n for name, n in unread.items() if name not in rewritten):
+        return None
+    return sorted(rewritten)
+
+
+async def _unreadable(r: TableReader, check: "ShapeCheck | None", table: SnapshotTable
+                      ) -> str:
+    """Why ``table`` (now locked by ``r``) cannot be read on the exported snapshot with
+    the columns the snapshot was planned with, or "" when it can."""
+    if await r.rewritten(table.table):
+        return "rewritten or truncated (or dropped, renamed)"
+    rel = table.relation
+    if check is not None and await check.changed((table.table, (rel.namespace, rel.name))):
+        return "altered (its columns changed)"
+    return ""
+
+
+async def _run(*, readers_of, sessions: int, out: trio.MemorySendChannel, cp: int,
+               await_acks, acked: "_AckedPrefix", report: Reporter,
+               stop: trio.Event | None) -> bool:
+    """``sessions`` readers (``readers_of``) and ``await_acks`` until every record is
+    durable; returns whether ``stop`` cancelled the reading."""
     reading = trio.CancelScope()
 
     async def stop_reading() -> None:
@@ -362,18 +401,14 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
             with reading:
                 async with trio.open_nursery() as readers:
                     for _ in range(sessions):
-                        readers.start_soon(reader, out.clone())
+                        readers.start_soon(readers_of, out.clone())
             # the readers are done (or stopped): a position with nothing after it lets the
             # sink close its last ticket; what they sent is acknowledged next (or the sink
             # fails the pipeline)
             acked.all_sent = True
             await out.send([Keepalive(cp)])
         outer.cancel_scope.cancel()
-    report.summary()
-    if reading.cancelled_caught or any(n for name, n in unread.items()
-                                       if name not in rewritten):
-        return None
-    return sorted(rewritten)
+    return reading.cancelled_caught
 
 
 #: the server version from which ``ctid`` ranges are read by TID range scans

@@ -38,6 +38,7 @@ from router.snapshot import copy_rows, snapshot_xip
 from router.snapshot_rows import CopyText, SnapshotRows, encode_text
 
 from ..services.sql import SqlSession
+from .jobs import SHAPE
 
 #: seconds a session may take to close, shielded from cancellation (a close cancelled
 #: half-way makes asyncpg report a lost connection to the event loop)
@@ -92,18 +93,23 @@ class TableReader:
         until the transaction ends) and says whether its file is not the one the snapshot
         saw — TRUNCATE, a rewriting ALTER TABLE, VACUUM FULL or CLUSTER committed since (the
         rows in the new file are invisible to the snapshot, or moved) — or the table is
-        gone."""
+        gone (dropped or renamed). The lock comes first and the name is looked up under it:
+        a table dropped or renamed just before is not there to lock (a savepoint keeps the
+        snapshot's transaction going), and the oid is the locked table's."""
         name = _qualified(table)
         try:
-            oid = await self.sql.fetchval("select to_regclass($1)::oid::int8", name)
-            if oid is None:
+            await self.sql.execute("SAVEPOINT pgrouter_lock")
+            try:
+                await self.sql.execute(f"LOCK TABLE ONLY {name} IN ACCESS SHARE MODE")
+            except asyncpg.UndefinedTableError:
+                await self.sql.execute("ROLLBACK TO SAVEPOINT pgrouter_lock")
                 return True
-            await self.sql.execute(f"LOCK TABLE ONLY {name} IN ACCESS SHARE MODE")
-            # pg_class as the snapshot saw it; pg_relation_filenode: the relation cache,
-            # brought up to date by taking the lock
+            await self.sql.execute("RELEASE SAVEPOINT pgrouter_lock")
+            # pg_class as the snapshot saw it; to_regclass and pg_relation_filenode: the
+            # catalog as it is now (the lock brought the relation cache up to date)
             return not await self.sql.fetchval(
-                "select coalesce((select relfilenode::int8 from pg_class where oid = $1::oid)"
-                " = pg_relation_filenode($1::oid)::int8, false)", oid)
+                "select coalesce((select relfilenode::int8 from pg_class where oid = "
+                "to_regclass($1)) = pg_relation_filenode(to_regclass($1))::int8, false)", name)
         except asyncpg.PostgresError as exc:
             raise SourceError(f"snapshot reader failed locking {table[0]}.{table[1]}: "
                               f"{exc}") from exc
@@ -194,6 +200,40 @@ async def close_session(sql: SqlSession) -> None:
 
 def _qualified(table: tuple[str, str]) -> str:
     return ".".join('"' + part.replace('"', '""') + '"' for part in table)
+
+
+class ShapeCheck:
+    """Whether a table's columns (``jobs.SHAPE``: names, types, modifiers) are still those
+    read before the catalog the initial snapshot was planned from (``before``:
+    ``jobs.table_shapes``). An ALTER TABLE that keeps the file (ADD, DROP or RENAME COLUMN,
+    a wider varchar) is invisible to ``TableReader.rewritten``, but the snapshot's read
+    would name the columns the catalog had. Asked once the reader holds the table's lock
+    (no ALTER TABLE commits after it), in a session of its own: the reader's transaction
+    sees the catalog as of its snapshot, not as it is now."""
+
+    def __init__(self, dsn: str, before: dict):
+        self.dsn, self.before = dsn, before
+        self.sql: SqlSession | None = None
+        self.lock = trio.Lock()  # one session for every reader
+
+    async def changed(self, tables: tuple[tuple[str, str], ...]) -> bool:
+        names = [_qualified(t) for t in tables]
+        shapes = ", ".join(SHAPE.format(rel=f"to_regclass(${i}::text)") + f" as s{i}"
+                           for i in range(1, len(names) + 1))
+        try:
+            async with self.lock:
+                if self.sql is None:
+                    self.sql = await SqlSession.connect(self.dsn)
+                row = (await self.sql.fetch(f"select {shapes}", *names))[0]
+        except asyncpg.PostgresError as exc:
+            raise SourceError(f"snapshot reader failed reading the columns of "
+                              f"{tables[0][0]}.{tables[0][1]}: {exc}") from exc
+        return any(row[f"s{i}"] != self.before.get(t) or row[f"s{i}"] is None
+                   for i, t in enumerate(tables, start=1))
+
+    async def close(self) -> None:
+        if self.sql is not None:
+            await close_session(self.sql)
 
 
 class session:

@@ -1,0 +1,157 @@
+"""DDL that changes a table's columns without rewriting it (ADD COLUMN, DROP COLUMN, RENAME,
+a wider varchar, SET NOT NULL), and the other hostile cases of a table changed under a
+snapshot (dropped, renamed, rewritten while the router is killed), on the real stack.
+
+The exported snapshot sees a table's rows as of the consistent point, but a read names its
+columns as the table has them now: a column added since must be in the records (the stream
+after the command has it), a dropped or renamed one must not fail the read. Each topic,
+folded by a plain consumer in offset order (confluent-kafka), equals ``SELECT`` at the end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.guarantee import delete_topics
+from tests.e2e.test_snapshot import _initial_done
+from tests.e2e.test_snapshot_ddl import _caught_up, _columns, _stop, _wait
+from tests.e2e.test_snapshot_ranges import _SlowSource
+from tests.helpers import (Pg, kill9, pg_text, read_topic, start_router, table_rows, unique,
+                           write_config)
+
+pytestmark = pytest.mark.services
+
+DEADLINE = 120
+
+#: DDL that changes no table file, run on a table the initial snapshot has not read yet
+COLUMN_DDL = {
+    "add_nullable": ["alter table {t} add column x int"],
+    "add_default": ["alter table {t} add column x int default 5"],
+    "drop_column": ["alter table {t} drop column n"],
+    "rename_column": ["alter table {t} rename column n to n2"],
+    "widen_varchar": ["alter table {t} alter column v type varchar(20)"],
+    "set_not_null": ["alter table {t} alter column n set default 0",
+                     "alter table {t} alter column n set not null"],
+    "new_index": ["create index on {t} (v)"],
+}
+
+
+def folded(bootstrap: str, topic: str, columns: list[str]) -> set:
+    """What a plain consumer holds after reading ``topic`` in offset order: the last value
+    of each key (a tombstone or a delete removes it, a truncate empties it), as
+    PostgreSQL's text of ``columns``."""
+    rows: dict = {}
+    for r in read_topic(bootstrap, topic):  # by partition, then offset
+        v = r["value"]
+        key = r["raw"][0]
+        if v is None or v["op"] == "d":
+            rows.pop(key, None)
+        elif v["op"] == "t":
+            rows = {k: row for k, row in rows.items() if k[0] != r["partition"]}
+        else:
+            rows[key] = v["after"]
+    return {tuple(pg_text(row.get(c)) for c in columns) for row in rows.values()}
+
+
+class _Snapshot:
+    """A slow first table (the initial snapshot reads it for ~3 s through a rate-limited
+    link) and the tables of ``kinds``, in one publication and one route."""
+
+    def __init__(self, pg_dsn, bootstrap, tmp_path, prefix: str, kinds, *, rows=2000,
+                 extra: str = "[snapshot]\nparallel = 1\nchunk_rows = 500\n"):
+        self.pg = pg = Pg(pg_dsn)
+        self.bootstrap = bootstrap
+        u = self.u = unique(prefix)
+        self.first = f"{u}_a"
+        self.tables = {kind: f"{u}_b_{kind}" for kind in kinds}
+        pg.run(f"create table {self.first} (id int primary key, v text)")
+        pg.run(f"insert into {self.first} select g, repeat('x', 60) "
+               "from generate_series(1, 20000) g")
+        for t in self.tables.values():
+            pg.run(f"create table {t} (id int primary key, n int, v varchar(10))")
+            pg.run(f"insert into {t} select g, g, 'v' || g from generate_series(1, {rows}) g")
+        names = (self.first, *self.tables.values())
+        pg.run(f"create publication {u} for table {', '.join(names)}")
+        self.slot, self.route = f"{u}_slot", f"r_{u}"
+        self.source = _SlowSource(pg_dsn)
+        self.cfg = write_config(
+            tmp_path / "router.toml", dsn=self.source.dsn, slot=self.slot, publications=[u],
+            bootstrap=bootstrap,
+            routes=f'[[routes]]\nname = "{self.route}"\npublications = ["{u}"]\n',
+            extra=extra)
+        self.log = tmp_path / "router.log"
+        self.proc = None
+        self.deadline = time.monotonic() + DEADLINE
+
+    def topic(self, table: str) -> str:
+        return f"{self.route}.public.{table}"
+
+    def start(self):
+        self.proc = start_router(self.cfg, self.log)
+        return self.proc
+
+    def copying_first(self) -> bool:
+        return self.pg.one("select count(*) > 0 from pg_stat_activity where application_name "
+                           "= 'pgrouter-snapshot' and query like 'COPY%%' and query like %s",
+                           f"%{self.first}%")
+
+    def wait(self, what, check):
+        return _wait(what, check, self.proc, self.log, self.deadline)
+
+    def finish(self):
+        """The snapshot done and the stream caught up, then the router stopped."""
+        self.wait("the initial snapshot", lambda: _initial_done(self.bootstrap, self.slot))
+        _caught_up(self.pg, self.slot, self.proc, self.log, self.deadline)
+        _stop(self.proc)
+
+    def wrong(self, tables: dict) -> dict:
+        """The tables whose topic, folded, is not the table: what differs."""
+        out = {}
+        for kind, t in tables.items():
+            cols = _columns(self.pg, t)
+            got = folded(self.bootstrap, self.topic(t), cols)
+            want = table_rows(self.pg.conn, t, cols)
+            if got != want:
+                out[kind] = (f"{len(got)} rows in the topic, {len(want)} in the table; "
+                             f"e.g. {sorted(want ^ got, key=str)[:3]}")
+        return out
+
+    def close(self, extra_tables=()):
+        if self.proc is not None:
+            _stop(self.proc)
+        self.source.close()
+        pg = self.pg
+        pg.drop_slot(self.slot)
+        pg.run(f"drop publication if exists {self.u}")
+        names = (self.first, *self.tables.values(), *extra_tables)
+        for t in names:
+            pg.run(f"drop table if exists {t}")
+        delete_topics(self.bootstrap, [self.topic(t) for t in names])
+        pg.close()
+
+
+def test_column_ddl_on_tables_the_initial_snapshot_has_not_read(pg_dsn, kafka_bootstrap,
+                                                                tmp_path):
+    """While the first table is copied, each other table gets a column DDL that keeps its
+    file, then an update and an insert. No read fails, and every topic folds to the table
+    with the columns it has now."""
+    s = _Snapshot(pg_dsn, kafka_bootstrap, tmp_path, "snapcol", COLUMN_DDL)
+    try:
+        s.start()
+        s.wait("the copy of the first table", s.copying_first)
+        for kind, t in s.tables.items():
+            for sql in COLUMN_DDL[kind]:
+                s.pg.run(sql.format(t=t))
+            s.pg.run(f"update {t} set v = 'changed' where id between 1 and 5")
+            s.pg.run(f"insert into {t} (id, v) values (9000, 'late')")
+        assert s.copying_first(), s.log.read_text()[-3000:]
+        s.finish()
+        wrong = s.wrong({"first": s.first, **s.tables})
+        assert not wrong, f"{wrong}\n{s.log.read_text()[-3000:]}"
+        text = s.log.read_text()
+        assert "Traceback" not in text and "restarting" not in text, text[-3000:]
+        assert "altered (its columns changed) after the snapshot" in text
+    finally:
+        s.close()
