@@ -77,7 +77,8 @@ def _topic(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     encode = msgspec.json.Encoder().encode
     try:
-        for partition, offset, key, value in records(cfg.kafka.bootstrap_servers, args.topic,
+        for partition, offset, key, value in records(cfg.kafka.bootstrap_servers,
+                                                     dict(cfg.kafka.settings), args.topic,
                                                      tail=args.tail):
             out.write(encode({"partition": partition, "offset": offset,
                               "key": _shown(key, decoder, key=True),

@@ -1,6 +1,7 @@
 """Looking at topics from outside the pipeline: each topic's offsets and the commit time of
 its newest record (``pgrouter status``), and today's end offsets (the demo's starting point).
-One kafka-python consumer per look, without a group, reading committed records only.
+One kafka-python consumer per look, without a group, reading committed records only, with
+the config's connection settings (``[kafka.settings]`` security, SASL, SSL, client id).
 
 Rules:
 
@@ -11,7 +12,8 @@ Rules:
   offsets but are never delivered: its ``records`` is an upper bound (``records_exact``
   false), and its newest record is looked for among the last ``TAIL`` offsets.
 * A broker that accepts connections and never answers is ``SinkUnavailable`` after
-  ``BOOTSTRAP_TIMEOUT``, not the client's 30 s.
+  ``BOOTSTRAP_TIMEOUT``, not the client's 30 s; one whose TLS or SASL handshake fails is
+  ``SinkUnavailable`` naming the protocol and the failure (``bootstrap_failures``).
 * Blocking: run it in a worker thread.
 """
 
@@ -22,6 +24,8 @@ from typing import Callable
 
 from router.errors import PgRouterError, SinkUnavailable
 
+from .bootstrap_failures import describe, security, watching
+from .compacted import kafka_python_conf
 from .versions import known_api_version
 
 KAFKA_TIMEOUT = 10.0
@@ -32,20 +36,30 @@ BOOTSTRAP_TIMEOUT = 4.0
 TAIL = 20
 
 
-def _consumer(bootstrap_servers, **extra):
+def _consumer(bootstrap_servers, settings: dict, **extra):
     from kafka import KafkaConsumer
     from kafka.errors import KafkaTimeoutError
 
-    try:
-        return KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                             request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
-                             bootstrap_timeout_ms=int(BOOTSTRAP_TIMEOUT * 1000),
-                             isolation_level="read_committed",
-                             **known_api_version(bootstrap_servers), **extra)
-    except KafkaTimeoutError as exc:
-        raise SinkUnavailable(f"{_servers(bootstrap_servers)} accepts connections but gave "
-                              f"no Kafka answer within {BOOTSTRAP_TIMEOUT:.0f} s (a hung "
-                              "broker, or not Kafka?)") from exc
+    conf = kafka_python_conf(settings)
+    with watching() as failures:
+        try:
+            return KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                                 request_timeout_ms=int(KAFKA_TIMEOUT * 1000),
+                                 bootstrap_timeout_ms=int(BOOTSTRAP_TIMEOUT * 1000),
+                                 isolation_level="read_committed",
+                                 **conf, **known_api_version(bootstrap_servers), **extra)
+        except KafkaTimeoutError as exc:
+            raise SinkUnavailable(_no_answer(bootstrap_servers, conf, failures)) from exc
+
+
+def _no_answer(bootstrap_servers, conf: dict, failures: list) -> str:
+    servers = _servers(bootstrap_servers)
+    if failures:  # the handshakes ``[kafka.settings]`` asks for, refused or failed
+        return (f"{servers} could not be used within {BOOTSTRAP_TIMEOUT:.0f} s with "
+                f"{describe(failures, conf)} (check [kafka.settings] against the listener)")
+    with_security = f" with {security(conf)}" if "security_protocol" in conf else ""
+    return (f"{servers} accepts connections but gave no Kafka answer within "
+            f"{BOOTSTRAP_TIMEOUT:.0f} s{with_security} (a hung broker, or not Kafka?)")
 
 
 def _servers(bootstrap_servers) -> str:
@@ -53,13 +67,13 @@ def _servers(bootstrap_servers) -> str:
             else ",".join(bootstrap_servers))
 
 
-def survey(bootstrap_servers, groups: dict[str, Callable[[str], bool]],
+def survey(bootstrap_servers, settings: dict, groups: dict[str, Callable[[str], bool]],
            transactional: bool, decoder=None) -> dict[str, list[dict]]:
     """group name -> the topics it selects, each with its offsets, records and the newest
     record's commit time (``decoder``: ``registry.AvroDecoder`` for Avro topics)."""
     from kafka import TopicPartition
 
-    consumer = _consumer(bootstrap_servers, consumer_timeout_ms=2000)
+    consumer = _consumer(bootstrap_servers, settings, consumer_timeout_ms=2000)
     try:
         topics = sorted(consumer.topics())
         return {name: [_topic(consumer, TopicPartition, t, transactional, decoder)
@@ -69,11 +83,12 @@ def survey(bootstrap_servers, groups: dict[str, Callable[[str], bool]],
         consumer.close()
 
 
-def end_offsets(bootstrap_servers, topics: list[str]) -> dict[str, dict[int, int]]:
+def end_offsets(bootstrap_servers, topics: list[str], settings: dict | None = None
+                ) -> dict[str, dict[int, int]]:
     """topic -> partition -> end offset now (a topic that does not exist: none)."""
     from kafka import TopicPartition
 
-    consumer = _consumer(bootstrap_servers)
+    consumer = _consumer(bootstrap_servers, settings or {})
     try:
         out: dict = {}
         for topic in topics:
@@ -126,12 +141,12 @@ def _topic(consumer, TopicPartition, topic: str, transactional: bool, decoder=No
 
 
 
-def records(bootstrap_servers, topic: str, *, tail: int | None = None):
+def records(bootstrap_servers, settings: dict, topic: str, *, tail: int | None = None):
     """(partition, offset, key, value) of ``topic``'s records up to its end offsets now
     (the last ``tail`` of each partition); a topic that does not exist raises."""
     from kafka import TopicPartition
 
-    consumer = _consumer(bootstrap_servers, consumer_timeout_ms=2000)
+    consumer = _consumer(bootstrap_servers, settings, consumer_timeout_ms=2000)
     try:
         parts = consumer.partitions_for_topic(topic)
         if not parts:
