@@ -29,7 +29,7 @@ ALL_OPERATIONS: tuple[Operation, ...] = ("insert", "update", "delete", "truncate
 _TOPIC_FIELDS = {"route", "schema", "table"}
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._\-]+$")
 #: what PostgreSQL accepts as a replication slot name (ReplicationSlotValidateName)
-_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 #: numbers that only make sense above zero (or from zero); msgspec names the key when not
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -269,7 +269,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     if not cfg.source.publications:
         raise ConfigError("at least one publication is needed", path="source.publications",
                           source=source)
-    if not _SLOT_NAME.match(cfg.source.slot):
+    if not SLOT_NAME.match(cfg.source.slot):
         raise ConfigError(f"invalid replication slot name {cfg.source.slot!r}: PostgreSQL "
                           "allows 1-63 lower-case letters, digits and underscores",
                           path="source.slot", source=source)

@@ -1,10 +1,14 @@
 """``pgrouter init --dsn DSN [--kafka HOST:PORT] [--slot NAME] [-o FILE] [--force]``: ask a
 live PostgreSQL (and, when given, Kafka) and write a commented starter config.
 
-What it writes: the slot, streaming every publication of the database, one route per
-publication (each topic then holds exactly what that publication would replicate), the Kafka
-bootstrap, snapshot mode ``initial`` and metrics off. The file passes ``pgrouter check`` as
-written when the server and Kafka are as they were asked.
+What it writes: the slot, streaming the publications of the database (``slot_plan``), one
+route per publication (each topic then holds exactly what that publication would replicate),
+the Kafka bootstrap, snapshot mode ``initial`` and metrics off. The file passes ``pgrouter
+check`` as written when the server and Kafka are as they were asked: a publication whose
+route the slot cannot feed (a column list that clashes, on one table, with a publication
+that filters rows) gets its route commented out, with what to do, and a line on stdout.
+Names and filters are written as the catalog spells them: TOML strings escaped, comments on
+one line whatever newlines a name or a filter literal holds.
 
 Rules: it never overwrites a file without ``--force``; a DSN that does not connect, a role
 without the REPLICATION attribute, a database without publications and an unreachable Kafka
@@ -14,13 +18,14 @@ are each one line on stderr and exit 1, with nothing written. It only reads the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import socket
 import sys
 
-from router.config import parse_config
+from router.config import SLOT_NAME, parse_config
+from router.errors import ConfigError
+from router.identifiers import quote_ident
 from router.dsn import mask
 from router.kafka_settings import parse_bootstrap_servers
 
@@ -30,6 +35,36 @@ DEFAULT_KAFKA = "127.0.0.1:9092"
 
 class InitError(Exception):
     """One line for the user; nothing was written."""
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: quotes, backslashes and control characters escaped,
+    the rest (unicode included) as it is (JSON's escapes would split characters beyond
+    U+FFFF into surrogates, which TOML refuses)."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[c])
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04X}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def toml_list(items) -> str:
+    return "[" + ", ".join(toml_string(i) for i in items) + "]"
+
+
+def comment_text(text: str) -> str:
+    """``text`` fit for a ``#`` comment: on one line (a newline in a table name or a filter
+    literal would end the comment and leave the rest as TOML)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+_SHORT_ESCAPES = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -88,9 +123,10 @@ def inspect(dsn: str) -> dict:
         conn.close()
     if not may_replicate:
         raise InitError(f"role {user!r} has no REPLICATION attribute: a logical replication "
-                        f"slot needs it (ALTER ROLE {user} REPLICATION, as a superuser)")
+                        f"slot needs it (ALTER ROLE {quote_ident(user)} REPLICATION, as a "
+                        "superuser)")
     if not pubs:
-        tables = ", ".join(schemas) if schemas else "public"
+        tables = ", ".join(map(quote_ident, schemas)) if schemas else "public"
         raise InitError(f"database {db!r} has no publication: pgrouter streams what "
                         f"publications cover; create one first, e.g. CREATE PUBLICATION "
                         f"pgrouter_all FOR TABLES IN SCHEMA {tables}")
@@ -127,31 +163,88 @@ def _describe(pub: dict) -> list[str]:
         + ("; partitions published as their root" if pub["via_root"] else "")]
 
 
+def _publishes(pub: dict, table: tuple[str, str]):
+    """The entry (schema, table, rowfilter, columns) of ``table`` in ``pub``, or None."""
+    return next((t for t in pub["tables"] if (t[0], t[1]) == table), None)
+
+
+def _covered(pubs: dict, slot: list[str], p: str) -> bool:
+    """Every table of ``p`` comes whole from the slot: all rows (no row filter) and all
+    columns for each action ``p`` publishes (its route then re-applies its own)."""
+    for schema, table, _, _ in pubs[p]["tables"]:
+        for action in pubs[p]["actions"]:
+            entries = [(_publishes(pubs[q], (schema, table)), q) for q in slot
+                       if action in pubs[q]["actions"]]
+            if not any(e is not None and e[3] is None and (e[2] is None or action == "truncate")
+                       for e, _ in entries):
+                return False
+    return True
+
+
+def _clash(pubs: dict, slot: list[str], p: str) -> str | None:
+    """A table of ``p`` that a slot publication sends with another column list: PostgreSQL
+    refuses to stream it ("cannot use different column lists … in different publications");
+    None when there is none."""
+    for schema, table, _, cols in pubs[p]["tables"]:
+        for q in slot:
+            e = _publishes(pubs[q], (schema, table))
+            if e is not None and (e[3] if not pubs[q]["all_tables"] else None) != cols:
+                return (f"its column list on table {schema}.{table} cannot share the slot with "
+                        f"publication {q!r}, which sends that table "
+                        + ("with other columns" if e[3] else "whole"))
+    return None
+
+
+def slot_plan(pubs: dict) -> tuple[list[str], dict[str, str]]:
+    """What the slot streams, and the publications whose route it cannot feed (with why).
+
+    Publications without column lists all go in (their row filters combine with OR, so each
+    route gets at least its rows). A publication with a column list goes in too unless the
+    slot already sends its tables whole (its route re-applies the list); PostgreSQL refuses
+    one table with two different column lists on one slot, so one that would clash is left
+    out, and so is its route: fed from a slot that filters its rows or columns, it would
+    miss changes (``pgrouter check`` refuses such a route)."""
+    slot = [p for p, d in pubs.items() if all(t[3] is None for t in d["tables"])]
+    unfed = {}
+    for p in sorted(pubs):
+        if p in slot or _covered(pubs, slot, p):
+            continue
+        why = _clash(pubs, slot, p)
+        if why is None:
+            slot.append(p)
+        else:
+            unfed[p] = why
+    return sorted(slot), unfed
+
+
 def slot_publications(pubs: dict) -> list[str]:
-    """What the slot streams: PostgreSQL refuses to stream one table with two different column
-    lists on one slot, so publications with column lists are left out where publications
-    without one already cover their tables (the routes re-apply each column list)."""
-    whole = [p for p, d in pubs.items() if all(t[3] is None for t in d["tables"])]
-    covered_all = any(pubs[p]["all_tables"] for p in whole)
-    covered = {(t[0], t[1]) for p in whole for t in pubs[p]["tables"]}
-    out = list(whole)
-    for p, d in pubs.items():
-        if p not in whole and not covered_all and not {(t[0], t[1]) for t in d["tables"]} <= covered:
-            out.append(p)
-    return sorted(out)
+    return slot_plan(pubs)[0]
+
+
+def _route_lines(pub: str, name: str, info: dict, unfed: dict[str, str]) -> list[str]:
+    lines = ["", f"# what publication {pub!r} would replicate, one topic per table:",
+             *_describe(info["pubs"][pub])]
+    route = ["[[routes]]", f"name = {toml_string(name)}", f"publication = {toml_string(pub)}",
+             'topic = "{route}.{schema}.{table}"']
+    if pub not in unfed:
+        return lines + route
+    tables = ", ".join(f"{s}.{t}" for s, t, _, _ in info["pubs"][pub]["tables"])
+    return lines + [
+        f"# NOT ROUTED: {unfed[pub]}. To route it, create a publication for {tables} with",
+        "# neither row filter nor column list, add it to [source] publications and uncomment:",
+        *(f"# {line}" for line in route)]
 
 
 def render(info: dict, *, dsn: str, kafka: str | None, slot: str) -> str:
     names: set[str] = set()
     routes = []
+    streamed, unfed = slot_plan(info["pubs"])
     for pub in info["pubs"]:
         name = _ROUTE_NAME.sub("_", pub) or "route"
         while name in names:
             name += "_"
         names.add(name)
-        routes += ["", f"# what publication {pub!r} would replicate, one topic per table:",
-                   *_describe(info["pubs"][pub]), "[[routes]]", f"name = {json.dumps(name)}",
-                   f"publication = {json.dumps(pub)}", 'topic = "{route}.{schema}.{table}"']
+        routes += _route_lines(pub, name, info, unfed)
     warn = []
     if info["wal_level"] != "logical":
         warn = [f"# NOTE: the server runs wal_level = {info['wal_level']}; logical replication "
@@ -165,17 +258,17 @@ def render(info: dict, *, dsn: str, kafka: str | None, slot: str) -> str:
         "",
         "[source]",
         f"# libpq URI or key=value string; role {info['user']!r} has the REPLICATION attribute",
-        f"dsn = {json.dumps(dsn)}",
+        f"dsn = {toml_string(dsn)}",
         "# the one logical replication slot every route is fed from (created by the first run)",
-        f"slot = {json.dumps(slot)}",
+        f"slot = {toml_string(slot)}",
         "# what the slot streams: the union of these publications (at least as wide as every",
         "# route; each route re-applies its own publication's filter and columns)",
-        f"publications = {json.dumps(slot_publications(info['pubs']))}",
+        f"publications = {toml_list(streamed)}",
         "create_slot = true",
         "",
         "[kafka]",
         "# host:port, comma-separated" + ("" if kafka else " (not checked: give --kafka to check it)"),
-        f"bootstrap_servers = {json.dumps(kafka or DEFAULT_KAFKA)}",
+        f"bootstrap_servers = {toml_string(kafka or DEFAULT_KAFKA)}",
         "",
         "[snapshot]",
         '# "initial": when the router creates the slot it first copies every routed table into',
@@ -187,18 +280,25 @@ def render(info: dict, *, dsn: str, kafka: str | None, slot: str) -> str:
         'listen = ""',
         *routes,
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(comment_text(line) if line.startswith("#") else line
+                     for line in lines) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if not SLOT_NAME.match(args.slot):
+            raise InitError(f"--slot {args.slot!r}: PostgreSQL allows 1-63 lower-case letters, "
+                            "digits and underscores in a replication slot name")
         if os.path.exists(args.output) and not args.force:
             raise InitError(f"{args.output} exists: pass --force to overwrite it")
         info = inspect(args.dsn)
         if args.kafka:
             check_kafka(args.kafka)
         text = render(info, dsn=args.dsn, kafka=args.kafka, slot=args.slot)
-        parse_config(text, source=args.output)  # what it writes loads as it is
+        try:  # what it writes loads as it is
+            parse_config(text, source="the config init would write")
+        except ConfigError as exc:
+            raise InitError(f"nothing written: {exc}") from None
         with open(args.output, "w") as fh:
             fh.write(text)
     except InitError as exc:
@@ -207,7 +307,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"pgrouter init: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
         return 1
-    routes = len(info["pubs"])
-    print(f"wrote {args.output}: slot {args.slot!r}, {routes} route(s), one per publication "
-          f"({', '.join(sorted(info['pubs']))}); next: pgrouter check -c {args.output}")
+    unfed = slot_plan(info["pubs"])[1]
+    routed = sorted(p for p in info["pubs"] if p not in unfed)
+    print(f"wrote {args.output}: slot {args.slot!r}, {len(routed)} route(s), one per publication "
+          f"({', '.join(map(repr, routed))}); next: pgrouter check -c {args.output}")
+    for pub, why in sorted(unfed.items()):
+        print(f"not routed: publication {pub!r}: {why} (the file says how to route it)")
     return 0

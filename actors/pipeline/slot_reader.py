@@ -33,6 +33,7 @@ import psycopg2.extras
 import trio
 
 from router.errors import LeadershipLost, PublicationMissing, SlotInUse, SlotMissing, SourceError, SourceUnavailable
+from router.identifiers import publication_names
 from router.lsn import format_lsn
 from router.native import NATIVE
 
@@ -66,8 +67,8 @@ def source_error(exc: psycopg2.Error, *, streaming: bool) -> SourceError:
 def pgoutput_options(*, proto_version: int, publications: list[str], streaming: bool,
                      messages: bool, binary: bool, two_phase: bool,
                      origin: str | None = None) -> dict[str, str]:
-    quoted = ",".join('"' + p.replace('"', '""') + '"' for p in publications)
-    opts = {"proto_version": str(proto_version), "publication_names": quoted}
+    opts = {"proto_version": str(proto_version),
+            "publication_names": publication_names(publications)}
     if messages:
         opts["messages"] = "true"
     if binary:

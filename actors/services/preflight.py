@@ -38,6 +38,7 @@ import trio
 from router.config import Config
 from router.errors import (ConfigError, PgRouterError, PrivilegeMissing, PublicationMissing,
                            SinkError, SinkUnavailable, SlotMissing)
+from router.identifiers import quote_ident
 from router.kafka_settings import KAFKA_PYTHON, parse_bootstrap_servers, translate
 from router.publications import Catalog
 
@@ -134,7 +135,7 @@ async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
     if not role["may_stream"]:
         out.append(Finding("source.dsn", f"role {role['rolname']!r} may not stream a "
                                          "replication slot: it needs the REPLICATION "
-                                         f"attribute (ALTER ROLE \"{role['rolname']}\" "
+                                         f"attribute (ALTER ROLE {quote_ident(role['rolname'])} "
                                          "REPLICATION) or superuser", PrivilegeMissing))
     db = await sql.fetchval("select current_database()")
     slot = await sql.fetch("select plugin, active, active_pid, database from "

@@ -39,6 +39,7 @@ needs no right to ``pg_logical_emit_message`` to run its DDL.
 from __future__ import annotations
 
 from router.definitions import PREFIX, TRUNCATE_PREFIX
+from router.identifiers import publication_names
 
 from .sql import SqlSession
 
@@ -250,5 +251,5 @@ async def first_message(sql: SqlSession, slot: str, publications: list[str],
         "select data from pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, null, "
         "'proto_version', '1', 'publication_names', $3, 'messages', 'true') "
         "where get_byte(data, 0) = 77 and position($4::bytea in data) > 0 limit 1",
-        slot, upto_lsn, ",".join(publications), PREFIX.encode() + b"\x00")
+        slot, upto_lsn, publication_names(publications), PREFIX.encode() + b"\x00")
     return bytes(rows[0]["data"]) if rows else None

@@ -116,3 +116,51 @@ def test_init_refuses_with_one_line(database, pg_dsn, tmp_path):
     finally:
         admin.run(f"drop role {role}")
         admin.close()
+
+
+def test_init_output_checks_with_filter_and_column_list_on_one_table(database, tmp_path):
+    """A row-filter publication and a column-list publication of one table cannot share a
+    slot (PostgreSQL refuses two column lists for one table), and the slot streaming only
+    one of them cannot feed the other's route: that route is written commented out with
+    what to do, said on stdout, and ``check`` accepts the file."""
+    name, dsn = database
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"""
+            create table t(id int primary key, a int, b text, c text);
+            create publication {name}_rows for table t where (a > 1);
+            create publication {name}_cols for table t (id, b);""")
+    cfg = tmp_path / "pgrouter.toml"
+    made = pgrouter("init", "--dsn", dsn, "--slot", name, "-o", str(cfg))
+    assert made.returncode == 0, made.stderr
+    checked = pgrouter("check", "-c", str(cfg))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.strip().splitlines()[-1] == "ok"
+    assert f"not routed: publication '{name}_cols'" in made.stdout, made.stdout
+    text = cfg.read_text()
+    assert f'publications = ["{name}_rows"]' in text and "# NOT ROUTED" in text, text
+
+
+def test_init_escapes_newlines_and_refuses_a_bad_slot_name(database, tmp_path):
+    """A newline in a table name and in a row filter's literal, a quote, a backslash and a
+    character beyond U+FFFF: the file is valid TOML (``check`` accepts it) and holds the
+    names as the catalog spells them. A slot name PostgreSQL refuses is one line naming
+    --slot, not the file."""
+    name, dsn = database
+    table = 'new\nline "q" \\ 😀'
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"""
+            create table "{table.replace('"', '""')}"(id int primary key, v text);
+            create publication "{name} p\n😀" for table "{table.replace('"', '""')}"
+                where (v <> E'x\\ny');""")
+    cfg = tmp_path / "pgrouter.toml"
+    made = pgrouter("init", "--dsn", dsn, "--slot", name, "-o", str(cfg))
+    assert made.returncode == 0, made.stderr
+    import tomllib
+
+    doc = tomllib.loads(cfg.read_text())
+    assert doc["source"]["publications"] == [f"{name} p\n😀"]
+    assert [r["publication"] for r in doc["routes"]] == [f"{name} p\n😀"]
+    checked = pgrouter("check", "-c", str(cfg))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    one_line_refusal(["--dsn", dsn, "--slot", "Bad Slot"], tmp_path / "bad.toml",
+                     "--slot 'Bad Slot'", "lower-case letters, digits and underscores")
