@@ -74,6 +74,7 @@ from .connect_format import unencodable
 from .errors import InternalError, RecordUnencodable
 from .native import NATIVE
 from .schema import TableSchema
+from .tombstones import Preceding
 
 NAMING = ("topic", "record", "topic_record")
 MAGIC = b"\x00"
@@ -377,6 +378,17 @@ class AvroFormat:
         _write_opt_string(out, key_change)
         return bytes(out)
 
+    def _tombstone(self, record: tuple, preceding: Preceding, missing: list):
+        """A tombstone (``router.tombstones``): its key in the Avro of the record it follows,
+        its value null (no schema id)."""
+        topic, key, _, headers = record
+        if key is None:
+            return record
+        table = self._table(preceding.schema_id(record), topic, missing)
+        if table is None:
+            return None
+        return (topic, table.key(_decode(key)), None, headers)
+
     def convert_all(self, records: list) -> list:
         """Every record converted (a key change becomes two records); raises
         ``SchemasNeeded`` listing every schema of ``records`` without an id."""
@@ -384,7 +396,13 @@ class AvroFormat:
             return self._convert_all_py(records)
         missing: list = []
         convert = self.convert
-        out = self._native.convert_all(records, lambda record: convert(record, missing))
+        preceding = Preceding(records)
+
+        def fallback(record):
+            if record[2] is None:
+                return self._tombstone(record, preceding, missing)
+            return convert(record, missing)
+        out = self._native.convert_all(records, fallback)
         if missing:
             raise SchemasNeeded(list(dict.fromkeys(missing)))
         return out
@@ -393,8 +411,10 @@ class AvroFormat:
         """``convert_all`` in Python: the reference of ``router._native.AvroConverter``."""
         out, missing = [], []
         convert = self.convert
+        preceding = Preceding(records)
         for record in records:
-            converted = convert(record, missing)
+            converted = (convert(record, missing) if record[2] is not None
+                         else self._tombstone(record, preceding, missing))
             if converted is None:
                 continue
             if type(converted) is list:

@@ -165,6 +165,9 @@ class RouteConfig(_Base):
     #: with ``tables``: a row filter (publication WHERE syntax) and a column list of our own
     where: str = ""
     columns: list[str] = []
+    #: a null-value record after each delete, so a compacted topic forgets the key
+    #: (``router.tombstones``; off by default: existing topics do not change)
+    tombstones: bool = False
 
     def publication_names(self) -> list[str]:
         return [self.publication] if self.publication else list(self.publications)

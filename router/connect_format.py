@@ -42,6 +42,7 @@ from .errors import InternalError, RecordUnencodable
 from .pg_arrays import array_items
 from .pg_time import INT32, INT64, days, fits, iso_utc, micros
 from .schema import ColumnSchema, TableSchema, element_modifiers
+from .tombstones import Preceding
 
 PLACEHOLDER = "__debezium_unavailable_value"
 _decode = msgspec.json.decode
@@ -368,11 +369,29 @@ class ConnectFormat:
                    _encode({"schema": table.key_schema, "payload": key_payload}))
         return (topic, new_key, new_value, headers)
 
+    def _tombstone(self, record: tuple, preceding: Preceding) -> tuple:
+        """A tombstone: its key in the Connect JSON of the record it follows, value null."""
+        topic, key, _, headers = record
+        if key is None:
+            return record
+        table = self._table(preceding.schema_id(record), topic)
+        if table is None:
+            raise InternalError(f"tombstone for {topic} follows a record of a schema that was "
+                                "not published before it")
+        return (topic, _encode({"schema": table.key_schema, "payload": table.key(_decode(key))}),
+                None, headers)
+
     def convert_all(self, records: list) -> list:
         """Every record converted; a key change becomes two records (delete, create)."""
         out = []
         convert = self.convert
+        preceding = None
         for record in records:
+            if record[2] is None:  # a tombstone (router.tombstones): its key reshaped
+                if preceding is None:
+                    preceding = Preceding(records)
+                out.append(self._tombstone(record, preceding))
+                continue
             converted = convert(record)
             if type(converted) is list:
                 out.extend(converted)

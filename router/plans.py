@@ -51,6 +51,9 @@ class TablePlan(msgspec.Struct, frozen=True):
     #: source-row indexes every filter of this plan reads (None: unknown). Filters are
     #: immutable expressions, so their results depend on these values only.
     filter_columns: tuple[int, ...] | None = None
+    #: a tombstone after each delete record, and of the old key after a key change
+    #: (``router.tombstones``)
+    tombstones: bool = False
 
 
 #: the record kind of a change every plan publishes as it is

@@ -40,6 +40,8 @@ class RouteSpec(msgspec.Struct, frozen=True):
     operations: frozenset[str] = frozenset({"insert", "update", "delete", "truncate"})
     topic: str = "{route}.{schema}.{table}"
     planner: Callable[[Relation], dict | None] | None = None
+    #: a tombstone after each delete record (``router.tombstones``)
+    tombstones: bool = False
 
     def takes(self, schema: str, table: str) -> bool:
         if self.all_tables:

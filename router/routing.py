@@ -43,6 +43,7 @@ from .plans import KINDS, TablePlan, apply_plan, materialize
 from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
+from . import tombstones
 from .truncates import TruncateRoutes
 from .transactions import NonTransactionalMessage, Transaction
 
@@ -149,7 +150,8 @@ class ChangeRouter:
                 continue
             ops = spec.operations
             kwargs = dict(publish_insert="insert" in ops, publish_update="update" in ops,
-                          publish_delete="delete" in ops, publish_truncate="truncate" in ops)
+                          publish_delete="delete" in ops, publish_truncate="truncate" in ops,
+                          tombstones=spec.tombstones)
             kwargs.update(extra)
             columns = kwargs.pop("columns", None)
             source = kwargs.pop("publish_as", None) or relation
@@ -277,8 +279,9 @@ class ChangeRouter:
                                   ("delete", "publish_delete", "delete_filter")):
             taking = [p for p in plans if getattr(p, publish)]
             skipping[op] = tuple(p.route for p in plans if not getattr(p, publish))
-            if any(getattr(p, filt) is not None or p.row_map is not None for p in taking):
-                direct[op] = None
+            if any(getattr(p, filt) is not None or p.row_map is not None
+                   or (p.tombstones and op != "insert") for p in taking):
+                direct[op] = None  # (a tombstone follows a delete or a key change)
             else:
                 direct[op] = tuple((p.topic, p.encoder) for p in taking)
         entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct,
@@ -485,4 +488,10 @@ class ChangeRouter:
                 # the plan is kept with its recorder: its id cannot be reused meanwhile
                 hit = bound[1][id(plan)] = (plan, encoder.recorder(tx, plan.topic,
                                                                    lsn_header, _H_SEQ))
-            out.append(hit[1](kind, lsn, seq, old, old_is_key, new))
+            record = hit[1](kind, lsn, seq, old, old_is_key, new)
+            out.append(record)
+            if plan.tombstones:
+                if kind == "d":
+                    tombstones.after_record(record, out)
+                elif kind == "u":
+                    tombstones.after_update(plan.encoder, record, old, old_is_key, out)

@@ -33,6 +33,7 @@ from .pgoutput import Relation
 from .recorders import PyRecorder
 from .routing import ChangeRouter, RoutedChunk
 from .snapshot import copy_rows, copy_rows_py
+from . import tombstones
 from .values import FLOAT4, FLOAT8
 
 _H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"
@@ -189,6 +190,8 @@ class SnapshotRows:
                     elif drop:  # the route's filter rejects it: a delete of its key
                         records.append(record("d", lsn, seq, _key_only(plan, row), True,
                                               None))
+                        if plan.tombstones:
+                            tombstones.after_record(records[-1], records)
                 seq += 1
         return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, schemas, last,
                            new_topics)
@@ -215,6 +218,8 @@ class SnapshotRows:
                 if plan.row_map is not None:
                     old = [old[i] for i in plan.row_map]
                 records.append(record("d", lsn, seq, tuple(old), True, None))
+                if plan.tombstones:
+                    tombstones.after_record(records[-1], records)
                 seq += 1
         return RoutedChunk(tx.xid, tx.commit_lsn, tx.end_lsn, records, [], True, [])
 

@@ -222,7 +222,7 @@ class KafkaPythonClient:
                     tp = null_tp
                 else:
                     tp = tps[(murmur2(key) & 0x7FFFFFFF) % n]
-                if len(value) + (len(key) if key is not None else 0) > limit:
+                if len(value or b"") + (len(key) if key is not None else 0) > limit:
                     self._check_size(topic, key, value, headers)
                 if txn_add is not None and tp not in added:
                     txn_add(tp)

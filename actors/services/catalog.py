@@ -234,7 +234,7 @@ def build_route_specs(cfg: Config, catalog: Catalog | None, *,
                               catalog.tables if catalog else {}, filters)
         specs.append(RouteSpec(name=r.name, tables=tables, schemas=frozenset(r.schemas),
                                all_tables=r.all_tables, operations=ops, topic=r.topic,
-                               planner=planner))
+                               planner=planner, tombstones=r.tombstones))
     return specs
 
 

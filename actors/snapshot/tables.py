@@ -61,7 +61,7 @@ def snapshot_specs(cfg: Config, catalog: Catalog, routes: set[str] | None = None
                               catalog.tables, filters)
         specs.append(RouteSpec(name=r.name, tables=tables, schemas=frozenset(r.schemas),
                                all_tables=r.all_tables, operations=ALL_ACTIONS, topic=r.topic,
-                               planner=planner))
+                               planner=planner, tombstones=r.tombstones))
     return specs
 
 

@@ -1,0 +1,70 @@
+"""Tombstones: the null-value record that follows a delete on a route with
+``tombstones = true``, so a compacted topic (``cleanup.policy=compact``) forgets the key, as
+Debezium's ``tombstones.on.delete`` does.
+
+Rules:
+
+* A tombstone is ``(topic, key, None, headers)``: the key and headers of the record it
+  follows, no value — in every format (an Avro or Connect tombstone is a null Kafka value,
+  no schema id, its key reshaped like the record's before it).
+* It follows, in the same chunk, every delete record of such a route: a DELETE, an UPDATE a
+  row filter turns into a delete, a repair's delete (``pgrouter verify --repair``); and an
+  UPDATE that changes the key follows with a tombstone of the old key (the JSON format's one
+  ``u`` record leaves the old key otherwise; Avro and Connect write that update as a delete
+  and a create, the tombstone then comes after both).
+* TRUNCATE gets none: pgrouter does not know the truncated keys (Debezium writes none either).
+* Routes without tombstones pay nothing: their changes keep the recorders' direct path; only
+  a route with tombstones sends its deletes and updates through ``ChangeRouter._route_change``.
+* The reshapers (``router.avro``, ``router.connect_format``) see a tombstone alone (a record
+  whose value is None); the record before it in the same list is the one it follows, which
+  names the table layout (``Preceding``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+_decode = msgspec.json.decode
+
+
+def after_record(record: tuple, out: list) -> None:
+    """The tombstone of ``record`` (a delete just appended to ``out``) appended too."""
+    out.append((record[0], record[1], None, record[3]))
+
+
+def after_update(encoder, record: tuple, old: tuple | None, old_is_key: bool,
+                 out: list) -> None:
+    """A tombstone of the old key when the update ``record`` (just appended) changed the
+    key. An identity index without the primary key (``TableEncoder._delete_key``) logs an old
+    tuple that does not hold the old key: nothing is known, nothing is written."""
+    if old is None or (old_is_key and encoder._delete_key is not None):
+        return
+    old_key = encoder.key(old)
+    if old_key != record[1] and old_key != b"null":
+        out.append((record[0], old_key, None, record[3]))
+
+
+class Preceding:
+    """The record before a tombstone in a list a reshaper converts: the reshapers are called
+    back with the tombstone only (the C converter declines a null value), in list order, so
+    a cursor finds it in one pass over the list."""
+
+    __slots__ = ("records", "at")
+
+    def __init__(self, records: list):
+        self.records = records
+        self.at = 0
+
+    def schema_id(self, tombstone: tuple) -> str:
+        """The ``schema_id`` of the record the tombstone follows (its table layout)."""
+        records, i = self.records, self.at
+        n = len(records)
+        while i < n and records[i] is not tombstone:
+            i += 1
+        self.at = i + 1
+        j = i - 1
+        while j >= 0 and records[j][2] is None:  # a key change's tombstone after a delete's
+            j -= 1
+        if i >= n or j < 0:
+            raise ValueError("a tombstone without the record it follows")
+        return _decode(records[j][2])["source"]["schema_id"]
