@@ -15,7 +15,8 @@ Rules:
   after the last, in the same chunks, so they share the transaction's ticket and are
   confirmed with it.
 * END counts the records written to each topic (every route's records, logical messages
-  included), in the order topics were first written.
+  included; tombstones not: they are no change events), in the order topics were first
+  written.
 * The key is ``{"id": …}``; the topic has one partition (route ``""`` settings), so BEGIN/END
   records are in commit order. A transaction re-sent after a restart gets identical records.
 """
@@ -90,7 +91,9 @@ class TransactionMeta:
                     it = iter(records)
                 for rec in it:
                     topic = rec[0]
-                    if topic not in ignore:
+                    # a tombstone (router.tombstones) is no change event: a reader counting a
+                    # transaction's records (the applier) skips it, as Debezium counts none
+                    if topic not in ignore and rec[2] is not None:
                         counts[topic] = counts.get(topic, 0) + 1
             if chunk.last and tx is not None:
                 records.append(self._record("END", tx, counts))

@@ -165,3 +165,24 @@ def test_repair_deletes_and_filtered_out_repair_rows_are_followed_by_tombstones(
     read = rows.chunk(REL, [("4", "drop")], tx, 7, repair=True).records
     assert shape(read) == [("r.public.t", {"id": 4}, "r"), ("f.public.t", {"id": 4}, "d"),
                            ("f.public.t", {"id": 4}, None), ("p.public.t", {"id": 4}, "r")]
+
+
+def test_the_applier_releases_a_transaction_with_tombstones():
+    """END counts change events, not tombstones: the applier's reassembler (which skips
+    tombstones) releases the transaction instead of waiting for them for ever."""
+    from router.reassembly import Reassembler
+    from router.transaction_meta import TransactionMeta
+
+    router = ChangeRouter([RouteSpec(name="r", all_tables=True, tombstones=True)], db="d")
+    t = txn(CHANGES[:4])
+    records = [r for c in TransactionMeta("tx", db="d").wrap(t, router.route(t))
+               for r in c.records]
+    assert sum(r[2] is None for r in records) == 2
+    ra = Reassembler(lambda topic: True, transactions_topic="tx")
+    for offset, (topic, _, value, _) in enumerate(records):
+        if topic == "tx":
+            ra.add_transaction_record(value, offset)
+        else:
+            ra.add_record(topic, value, 0, offset)
+    [released] = list(ra.ready())
+    assert [rec.op for _, rec in released.records] == ["c", "u", "u", "d"]
