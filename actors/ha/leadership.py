@@ -250,6 +250,7 @@ class Leadership:
 
     async def _lead(self, body) -> bool:
         """True when ``body`` returned (drained or caught up), False when leadership ended."""
+        finished = False  # also when the watch cancels the stream
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, nursery.cancel_scope)
             finished = await self._stream(body, nursery)

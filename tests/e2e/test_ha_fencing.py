@@ -13,11 +13,12 @@ new leader that must stream although the frozen one's walsender hangs.
   ``pg_terminate_backend`` alone does not end it; the new leader must keep its lease and
   stream once the walsender is gone, never stop with "slot is in use".
 
-``PGROUTER_HA_REPEAT`` runs each case that many times in a row (CI: 1).
+``PGROUTER_HA_REPEAT`` runs each case that many times in a row (CI: 2, about 80 s in all).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -34,7 +35,7 @@ from tests.helpers import read_topic
 
 pytestmark = pytest.mark.services
 
-REPEAT = int(os.environ.get("PGROUTER_HA_REPEAT", "1"))
+REPEAT = int(os.environ.get("PGROUTER_HA_REPEAT", "2"))
 KEYS = 300
 
 
@@ -77,8 +78,6 @@ class UpdateLoad(threading.Thread):
 def _fold(records: list[tuple[int, bytes, bytes]]) -> tuple[dict, dict]:
     """Each key's version after applying the records in offset order, and how often its
     version went back."""
-    import json
-
     last, back = {}, {}
     for _, key, value in records:
         if value is None:
