@@ -35,6 +35,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-registry", dest="registry", action="store_false",
                    help="leave the schema registry (Apicurio, Confluent-compatible API) out")
     p.add_argument("--spark", action="store_true", help="also fetch the Spark Kafka/Delta jars")
+    p.add_argument("--connect", action="store_true",
+                   help="also fetch the Kafka Connect jars the tests run (worker, Debezium's JDBC "
+                   "sink, Apicurio's Avro converter, FileStreamSink; needs mvn)")
     p.add_argument("--kafka-brokers", type=int, default=1, metavar="N",
                    help="also run a Kafka cluster of N KRaft nodes (replication factor "
                         "min(N, 3), min.insync.replicas one less) under DIR/kafka-cluster")
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"kafka     {info.kafka_bootstrap}")
             if info.registry_url:
                 print(f"registry  {info.registry_url}")
+            if args.connect:
+                from devstack.connect import fetch_all
+
+                print(f"connect   {fetch_all(args.dir / 'cache')}  (plugin path)")
             if args.kafka_brokers > 1:
                 cluster = KafkaCluster(args.dir, brokers=args.kafka_brokers)
                 print(f"kafka-cluster {cluster.up()}")

@@ -19,6 +19,11 @@ Rules:
   (3.0.9); 2.6 speaks the v2 API, which Apicurio 3 keeps. It reads the Confluent framing pgrouter writes (``as-confluent``:
   a 4-byte id after byte 0) and takes that id for a content id, which is what the registry's
   Confluent-compatible API hands out. Kafka's and SLF4J's jars are the worker's.
+* Kafka's own ``FileStreamSinkConnector`` (``connect-file`` of the broker's version, alone in
+  a plugin folder) writes each record as the worker's converter parsed it, one line per
+  record: a reader of pgrouter's records that is Kafka Connect and nothing else.
+* ``python -m devstack up --connect`` (``make stack``) fetches every jar here (``fetch_all``),
+  so the tests find them on a fresh machine; the tests fetch what is missing on first use.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ POMS = {
               ("io.agroal", "*"))) + _dep(
         "org.hibernate.orm", "hibernate-agroal", HIBERNATE_AGROAL_VERSION,
         _excl(("org.hibernate.orm", "hibernate-core")))),
+    "connect-file": _pom("connect-file", _dep("org.apache.kafka", "connect-file", KAFKA_VERSION)),
     "avro-converter": _pom("avro-converter", _dep(
         "io.apicurio", "apicurio-registry-utils-converter", APICURIO_CONVERTER_VERSION,
         _excl(("org.apache.kafka", "*"), ("org.slf4j", "*")))),
@@ -104,6 +110,8 @@ def _fetch_locked(name: str, target: pathlib.Path, work: pathlib.Path) -> pathli
             "-DincludeScope=runtime"]
     if name == "jdbc-sink":
         args.append("-DexcludeGroupIds=org.apache.kafka")  # the worker's own
+    if name == "connect-file":
+        args.append("-DexcludeTransitive=true")  # connect-api and SLF4J: the worker's
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
@@ -115,16 +123,25 @@ def _fetch_locked(name: str, target: pathlib.Path, work: pathlib.Path) -> pathli
     return target
 
 
-def fetch(cache: pathlib.Path, *, avro: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
-    """(the worker's jars, the plugin path holding the JDBC sink and, with ``avro``, Apicurio's
-    Avro converter), fetched on first use."""
+_PLUGINS = {"jdbc-sink": "debezium-jdbc", "avro-converter": "apicurio-avro",
+            "connect-file": "connect-file"}
+
+
+def fetch(cache: pathlib.Path, *, avro: bool = False,
+          plugins: tuple[str, ...] = ("jdbc-sink",)) -> tuple[pathlib.Path, pathlib.Path]:
+    """(the worker's jars, the plugin path holding ``plugins`` (``_PLUGINS``) and, with
+    ``avro``, Apicurio's Avro converter), fetched on first use."""
     cache = cache.resolve()
     lib = _fetch("connect", cache / "jars" / "connect", cache / "poms" / "connect")
-    plugins = cache / "jars" / "connect-plugins"
-    _fetch("jdbc-sink", plugins / "debezium-jdbc", cache / "poms" / "jdbc-sink")
-    if avro:
-        _fetch("avro-converter", plugins / "apicurio-avro", cache / "poms" / "avro-converter")
-    return lib, plugins
+    path = cache / "jars" / "connect-plugins"
+    for name in plugins + (("avro-converter",) if avro else ()):
+        _fetch(name, path / _PLUGINS[name], cache / "poms" / name)
+    return lib, path
+
+
+def fetch_all(cache: pathlib.Path) -> pathlib.Path:
+    """Every Connect jar the tests use (``python -m devstack up --connect``); the plugin path."""
+    return fetch(cache, plugins=tuple(_PLUGINS))[1]
 
 
 def apicurio_api(ccompat_url: str) -> str:
@@ -150,6 +167,14 @@ def avro_converter_properties(registry: str) -> dict[str, str]:
     return out
 
 
+def file_sink(name: str, topics: list[str], out: pathlib.Path, **extra: str) -> dict[str, str]:
+    """A ``FileStreamSinkConnector`` writing each record's value, as the worker's converter
+    parsed it (``toString``), to ``out``; ``extra``: more properties (transforms)."""
+    return {"name": name,
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector",
+            "tasks.max": "1", "topics": ",".join(topics), "file": str(out), **extra}
+
+
 def _props(values: dict[str, str]) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
@@ -159,10 +184,12 @@ class ConnectStandalone:
     Connect JSON, or Avro read through ``registry`` (``apicurio_api``) when given."""
 
     def __init__(self, cache: pathlib.Path, workdir: pathlib.Path, *, bootstrap: str,
-                 topics: list[str], jdbc_url: str, user: str = "postgres",
+                 topics: list[str], jdbc_url: str = "", user: str = "postgres",
                  password: str = "", registry: str | None = None,
-                 name: str = "pgrouter-jdbc-sink"):
+                 name: str = "pgrouter-jdbc-sink", connectors: list[dict] | None = None):
         self.cache, self.workdir, self.registry = cache, workdir, registry
+        # other connectors than the JDBC sink (``file_sink``): each a properties dict
+        self.connectors = connectors
         self.name = name  # the sink's consumer group is connect-<name>
         self.bootstrap, self.topics = bootstrap, topics
         self.jdbc_url, self.user, self.password = jdbc_url, user, password
@@ -193,15 +220,19 @@ class ConnectStandalone:
                 "collection.name.format": "${topic}"}
 
     def start(self) -> None:
-        lib, plugins = fetch(self.cache, avro=self.registry is not None)
+        lib, plugins = fetch(self.cache, avro=self.registry is not None,
+                             plugins=("jdbc-sink",) if self.connectors is None else
+                             ("connect-file",))
         self.workdir.mkdir(parents=True, exist_ok=True)
         worker = self.workdir / "worker.properties"
-        connector = self.workdir / "jdbc-sink.properties"
         worker.write_text(_props(self.worker_properties(plugins)))
-        connector.write_text(_props(self.connector_properties()))
+        files = []
+        for props in self.connectors or [self.connector_properties()]:
+            files.append(self.workdir / f"{props['name']}.properties")
+            files[-1].write_text(_props(props))
         self.proc = subprocess.Popen(
             ["java", "-Xmx384m", "-cp", f"{lib}/*",
-             "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), str(connector)],
+             "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), *map(str, files)],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
