@@ -155,3 +155,131 @@ def test_column_ddl_on_tables_the_initial_snapshot_has_not_read(pg_dsn, kafka_bo
         assert "altered (its columns changed) after the snapshot" in text
     finally:
         s.close()
+
+
+def test_a_rewrite_without_logical_messages_stops_with_one_line(pg_dsn, kafka_bootstrap,
+                                                               tmp_path):
+    """``[source] messages = false``: a table truncated before the snapshot reads it cannot
+    be copied by backfill. The router stops with one line naming ``source.messages`` (no
+    traceback), does not record the snapshot done, and confirms nothing past the
+    consistent point."""
+    s = _Snapshot(pg_dsn, kafka_bootstrap, tmp_path, "snapmsg", ["truncated"], rows=200)
+    s.cfg.write_text(s.cfg.read_text().replace("[source]\n", "[source]\nmessages = false\n", 1))
+    try:
+        s.start()
+        s.wait("the copy of the first table", s.copying_first)
+        t = s.tables["truncated"]
+        s.pg.run(f"truncate {t}")
+        s.pg.run(f"insert into {t} values (1, 1, 'after')")
+        s.proc.wait(timeout=60)
+        text = s.log.read_text()
+        assert s.proc.returncode not in (0, None), text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
+        lines = [ln for ln in text.splitlines() if "source.messages" in ln]
+        assert len(lines) == 1 and "could not copy" in lines[0] and t in lines[0], text[-3000:]
+        assert not _initial_done(kafka_bootstrap, s.slot)
+        confirmed = s.pg.one("select confirmed_flush_lsn::text from pg_replication_slots "
+                             "where slot_name = %s", s.slot)
+        assert confirmed is not None
+        # the slot's consistent point: nothing of the stream was confirmed
+        assert s.pg.one("select %s::pg_lsn < min(lsn) from (select pg_current_wal_lsn() "
+                        "as lsn) x", confirmed)
+        # the next start says the same in one line, before streaming anything
+        again = start_router(s.cfg, tmp_path / "again.log")
+        again.wait(timeout=60)
+        text = (tmp_path / "again.log").read_text()
+        assert again.returncode not in (0, None) and "Traceback" not in text, text[-3000:]
+        assert len([ln for ln in text.splitlines() if "source.messages" in ln]) == 1, text
+        assert s.pg.one("select confirmed_flush_lsn::text from pg_replication_slots "
+                        "where slot_name = %s", s.slot) == confirmed
+    finally:
+        s.close()
+
+
+def _waiting_for(pg, table: str, pid: int) -> bool:
+    return pg.one("select count(*) > 0 from pg_locks l where not l.granted and l.relation = "
+                  "%s::regclass and l.pid <> %s", table, pid)
+
+
+@pytest.mark.parametrize("kind", ["drop", "rename"])
+def test_a_table_dropped_or_renamed_while_the_snapshot_waits_for_it(pg_dsn, kafka_bootstrap,
+                                                                    tmp_path, kind):
+    """A transaction holds the table exclusively when the snapshot comes to read it (after
+    its name was looked up), then drops or renames it and commits: the snapshot leaves it
+    (no read error, no restart) and copies the renamed table by backfill. Every topic of a
+    table that exists folds to it; the dropped table's topic gets no rows."""
+    import psycopg2
+
+    s = _Snapshot(pg_dsn, kafka_bootstrap, tmp_path, f"snap{kind}", ["held", "after"],
+                  rows=300)
+    held = s.tables["held"]
+    renamed = f"{held}_renamed"
+    ddl = psycopg2.connect(pg_dsn)
+    try:
+        s.start()
+        s.wait("the copy of the first table", s.copying_first)
+        with ddl.cursor() as cur:
+            cur.execute(f"lock table {held} in access exclusive mode")
+        s.wait("the snapshot to wait for the held table",
+               lambda: _waiting_for(s.pg, held, ddl.get_backend_pid()))
+        with ddl.cursor() as cur:
+            cur.execute(f"drop table {held}" if kind == "drop"
+                        else f"alter table {held} rename to {renamed}")
+        ddl.commit()
+        if kind == "rename":
+            s.pg.run(f"update {renamed} set v = 'changed' where id <= 5")
+        s.finish()
+        text = s.log.read_text()
+        assert "Traceback" not in text and "restarting" not in text, text[-3000:]
+        tables = {"first": s.first, "after": s.tables["after"]}
+        if kind == "rename":
+            tables["renamed"] = renamed
+        wrong = s.wrong(tables)
+        assert not wrong, f"{wrong}\n{text[-3000:]}"
+        assert not [r for r in read_topic(kafka_bootstrap, s.topic(held), missing_ok=True)
+                    if r["value"] and r["value"]["op"] == "r"]
+    finally:
+        ddl.close()
+        s.close(extra_tables=[renamed])
+
+
+def test_ddl_on_the_table_being_read_waits_for_the_copy(pg_dsn, kafka_bootstrap, tmp_path):
+    """ALTER TABLE on the table the snapshot is reading waits for the copy (the reader holds
+    its lock), then commits; the changes after it are streamed: the topic folds to the
+    table, the added column included."""
+    import threading
+
+    import psycopg2
+
+    s = _Snapshot(pg_dsn, kafka_bootstrap, tmp_path, "snapnow", ["next"], rows=300)
+    errors = []
+
+    def alter():
+        try:
+            conn = psycopg2.connect(pg_dsn)
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(f"alter table {s.first} add column x int")
+                cur.execute(f"update {s.first} set x = id where id % 1000 = 0")
+                cur.execute(f"alter table {s.first} drop column v")
+            conn.close()
+        except Exception as exc:  # noqa: BLE001 (reported by the test)
+            errors.append(exc)
+
+    try:
+        s.start()
+        s.wait("the copy of the first table", s.copying_first)
+        thread = threading.Thread(target=alter)
+        thread.start()
+        s.finish()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and not errors, errors
+        s.proc = start_router(s.cfg, s.log)  # the changes after the snapshot
+        _caught_up(s.pg, s.slot, s.proc, s.log, s.deadline)
+        _stop(s.proc)
+        text = s.log.read_text()
+        assert "Traceback" not in text and "restarting" not in text, text[-3000:]
+        wrong = s.wrong({"first": s.first, **s.tables})
+        assert not wrong, f"{wrong}\n{text[-3000:]}"
+    finally:
+        s.close()
