@@ -68,7 +68,7 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	rm -f $(VENV)/.installed-*; touch $@
 
 stack: venv
-	$(STACK) --spark
+	$(STACK) --spark --connect
 
 # a Spark standalone cluster (master + 2 workers) from pyspark's own distribution; prints its
 # spark:// URL for [spark] master or spark-submit --master (README "Running on a Spark cluster")
