@@ -283,3 +283,40 @@ def test_ddl_on_the_table_being_read_waits_for_the_copy(pg_dsn, kafka_bootstrap,
         assert not wrong, f"{wrong}\n{text[-3000:]}"
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("kill_at", ["after_ddl", "in_backfill"])
+def test_tables_changed_at_once_then_kill9(pg_dsn, kafka_bootstrap, tmp_path, kill_at):
+    """One transaction truncates a table, retypes another (a rewrite) and adds a column with
+    a default to a third, while the snapshot reads the first table; the router is killed
+    with SIGKILL right after the commit (or once the backfill of those tables started) and
+    started again: every table ends complete."""
+    import psycopg2
+
+    kinds = ["truncated", "retyped", "added"]
+    s = _Snapshot(pg_dsn, kafka_bootstrap, tmp_path, "snapkill", kinds)
+    t = s.tables
+    try:
+        s.start()
+        s.wait("the copy of the first table", s.copying_first)
+        ddl = psycopg2.connect(pg_dsn)  # one transaction
+        with ddl, ddl.cursor() as cur:
+            cur.execute(f"truncate {t['truncated']}")
+            cur.execute(f"insert into {t['truncated']} select g, -g, 'after' "
+                        "from generate_series(1, 40) g")
+            cur.execute(f"alter table {t['retyped']} alter column n type bigint")
+            cur.execute(f"alter table {t['added']} add column x int default 7")
+            for name in t.values():
+                cur.execute(f"update {name} set v = 'changed' where id between 3 and 9")
+        ddl.close()
+        if kill_at == "in_backfill":
+            s.wait("the backfill", lambda: "backfill requested" in s.log.read_text())
+        kill9(s.proc)
+        s.start()
+        s.finish()
+        text = s.log.read_text()
+        assert "Traceback" not in text and "restarting" not in text, text[-3000:]
+        wrong = s.wrong({"first": s.first, **t})
+        assert not wrong, f"{wrong}\n{text[-3000:]}"
+    finally:
+        s.close()
