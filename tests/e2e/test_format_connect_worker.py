@@ -105,6 +105,7 @@ def check_edges(pg: Pg, name: str, lines: list[str]) -> None:
         got = {c: read(raw.get(c)) for c, read in EDGE_READ.items()}
         got["v"] = vsd(raw, "v")
         rid = int(raw["id"])
+        assert rid in want, f"Connect read id {rid}: {line[:200]}"
         exp = dict(want[rid])
         for c in ("ts", "ts3"):  # past int64: null (Connect's int64 cannot hold it)
             exp[c] = edges.long_or_none(exp[c])

@@ -39,7 +39,8 @@ COLUMNS = """id int primary key, moods {n}_mood[], dints {n}_dint[], dnum {n}_dn
     i inet, c cidr, o oid, lb int[], dnuma {n}_dnum[], f4a float4[], ts6a timestamptz[]"""
 ROWS = [
     """1, '{happy,sad,"it''s"}', '{1,NULL,3}', 12.345, 'abcde', 7, '(1,"x,y")', '[1,5)',
-    '{[1,3),[7,9)}', '"a"=>"b\\"c", "n"=>NULL', '{"k": "\\u00e9\\u0000\\ud83d\\ude00", "z": [1, 2.50]}',
+    '{[1,3),[7,9)}', '"a"=>"b\\"c", "n"=>NULL',
+    '{"k": "\\u00e9\\u0000\\ud83d\\ude00", "z": [1, 2.50]}',
     '{"k": "é😀", "n": 1.50}', B'1010', B'', '-178000000 years -1 mon -1 day -00:00:00.000001',
     '24:00:00', '24:00:00', '24:00:00-15:59', '-92233720368547758.08',
     '{1.5,NaN,NULL,Infinity}', '{1.5,NULL,NaN}', '{}', '{{a,NULL},{"NULL","x y"}}', '\\x',
@@ -52,8 +53,8 @@ ROWS = [
 ]
 STREAMED = ", ".join(c.split()[0] for c in COLUMNS.replace("\n", " ").split(", "))
 #: what PostgreSQL says each value is (text, or numbers for the typed columns)
-EXPECTED = f"""select id, moods::text, dints::text, dnum::text, dvc, ddom::int8, comp::text, r::text,
-    mr::text, hs, j::text, jb::text, b::text, vb::text, iv::text,
+EXPECTED = f"""select id, moods::text, dints::text, dnum::text, dvc, ddom::int8, comp::text,
+    r::text, mr::text, hs, j::text, jb::text, b::text, vb::text, iv::text,
     extract(epoch from t24) * 1000000, extract(epoch from t3) * 1000, ttz::text, m::text,
     array(select e::text from unnest(nans) e), array(select e::text from unnest(n62a) e),
     a0, ta2::text, encode(ba, 'hex'), array(select encode(e, 'hex') from unnest(baa) e),
