@@ -24,6 +24,7 @@ from tests.helpers import (Pg, kill9, pg_text, read_topic, start_router, table_r
 pytestmark = pytest.mark.services
 
 DEADLINE = 120
+COLS = ["id", "n", "v"]
 
 #: DDL that changes no table file, run on a table the initial snapshot has not read yet
 COLUMN_DDL = {
@@ -320,3 +321,66 @@ def test_tables_changed_at_once_then_kill9(pg_dsn, kafka_bootstrap, tmp_path, ki
         assert not wrong, f"{wrong}\n{text[-3000:]}"
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("when", ["before_restart", "in_backfill"])
+def test_vacuum_full_between_a_kill_and_the_ranges_left_out(pg_dsn, kafka_bootstrap,
+                                                            tmp_path, when):
+    """An initial snapshot split in block ranges is killed after a range was recorded done;
+    the rows of the first half are deleted and VACUUM FULL packs the others into the
+    blocks of the ranges done — before the restart, or while the backfill that finishes
+    the snapshot (leaving out those ranges) runs. No row moved into those blocks is lost."""
+    from router.snapshot_ranges import MIN_RANGE_BLOCKS
+    from tests.e2e import test_snapshot_ranges as ranges
+
+    pg = Pg(pg_dsn)
+    name = unique("snapvf")
+    slot = f"{name}_slot"
+    topic = f"{slot}.t"
+    pg.run(f"create table {name} (id int primary key, n int, v text) with (fillfactor = 10)")
+    pg.run(f"insert into {name} select g, 0, 'v' || g || repeat('x', 330) "
+           f"from generate_series(1, {ranges.ROWS}) g")
+    pg.run(f"vacuum analyze {name}")
+    assert pg.one(f"select pg_relation_size('{name}') / 8192") >= 2 * MIN_RANGE_BLOCKS
+    pg.run(f"create publication {name} for table {name}")
+    source = _SlowSource(pg_dsn)
+    source.proxy.rate = ranges.SLOW_LINK
+    log = tmp_path / "router.log"
+    deadline = time.monotonic() + DEADLINE
+    proc = start_router(ranges._config(tmp_path, source.dsn, kafka_bootstrap, name, slot), log)
+
+    def pack():
+        pg.run(f"delete from {name} where id <= {ranges.ROWS // 2}")
+        pg.run(f"vacuum full {name}")
+
+    try:
+        _wait("a range done", lambda: "initial snapshot: range done" in log.read_text(), proc,
+              log, deadline)
+        kill9(proc)
+        assert "initial snapshot done" not in log.read_text(), "the kill came too late"
+        if when == "before_restart":
+            pack()
+        proc = start_router(ranges._config(tmp_path, source.dsn, kafka_bootstrap, name, slot),
+                            log)
+        if when == "in_backfill":
+            _wait("the backfill", lambda: "leaves out the block ranges" in log.read_text(),
+                  proc, log, deadline)
+            pack()
+        _wait("the snapshot finished by backfill",
+              lambda: "initial snapshot finished by backfill" in log.read_text(), proc, log,
+              deadline)
+        _caught_up(pg, slot, proc, log, deadline)
+        _stop(proc)
+        got = folded(kafka_bootstrap, topic, COLS)
+        want = table_rows(pg.conn, name, COLS)
+        assert got == want, (f"{len(got)} rows in the topic, {len(want)} in the table; "
+                             f"e.g. {sorted(want ^ got, key=str)[:3]}\n"
+                             f"{log.read_text()[-3000:]}")
+    finally:
+        _stop(proc)
+        source.close()
+        pg.drop_slot(slot)
+        pg.run(f"drop publication if exists {name}")
+        pg.run(f"drop table if exists {name}")
+        delete_topics(kafka_bootstrap, [topic])
+        pg.close()
