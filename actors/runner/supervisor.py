@@ -23,7 +23,8 @@ Rules:
   flush LSN, exit 0. A second signal aborts (``Aborted``: one line, exit 1).
 * With ``[ha] enabled`` all of this runs only while this process leads its group
   (``actors.ha.leadership``); a router that lost leadership closes its producer without
-  waiting for what it still queued.
+  waiting for what it still queued, and the producer, transactional with ``[ha]``, is
+  fenced by the next leader's (``actors.kafka.fencing``): what it sent after is refused.
 """
 
 from __future__ import annotations
