@@ -378,16 +378,8 @@ class AvroFormat:
         _write_opt_string(out, key_change)
         return bytes(out)
 
-    def _tombstone(self, record: tuple, preceding: Preceding, missing: list):
-        """A tombstone (``router.tombstones``): its key in the Avro of the record it follows,
-        its value null (no schema id)."""
-        topic, key, _, headers = record
-        if key is None:
-            return record
-        table = self._table(preceding.schema_id(record), topic, missing)
-        if table is None:
-            return None
-        return (topic, table.key(_decode(key)), None, headers)
+    def _tombstone_key(self, missing: list, sid: str, topic: str, key: dict) -> bytes | None:
+        return None if (t := self._table(sid, topic, missing)) is None else t.key(key)
 
     def convert_all(self, records: list) -> list:
         """Every record converted (a key change becomes two records); raises
@@ -396,13 +388,9 @@ class AvroFormat:
             return self._convert_all_py(records)
         missing: list = []
         convert = self.convert
-        preceding = Preceding(records)
-
-        def fallback(record):
-            if record[2] is None:
-                return self._tombstone(record, preceding, missing)
-            return convert(record, missing)
-        out = self._native.convert_all(records, fallback)
+        tombstone = Preceding(records, lambda *a: self._tombstone_key(missing, *a)).reshape
+        out = self._native.convert_all(records, lambda record: convert(record, missing) if (
+            record[2] is not None) else tombstone(record))
         if missing:
             raise SchemasNeeded(list(dict.fromkeys(missing)))
         return out
@@ -411,10 +399,9 @@ class AvroFormat:
         """``convert_all`` in Python: the reference of ``router._native.AvroConverter``."""
         out, missing = [], []
         convert = self.convert
-        preceding = Preceding(records)
+        tombstone = Preceding(records, lambda *a: self._tombstone_key(missing, *a)).reshape
         for record in records:
-            converted = (convert(record, missing) if record[2] is not None
-                         else self._tombstone(record, preceding, missing))
+            converted = convert(record, missing) if record[2] is not None else tombstone(record)
             if converted is None:
                 continue
             if type(converted) is list:

@@ -23,6 +23,7 @@ from .ha import HaConfig, validate_ha
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
+from .transforms import TransformConfig, validate_transforms
 
 Operation = Literal["insert", "update", "delete", "truncate"]
 ALL_OPERATIONS: tuple[Operation, ...] = ("insert", "update", "delete", "truncate")
@@ -168,6 +169,10 @@ class RouteConfig(_Base):
     #: a null-value record after each delete, so a compacted topic forgets the key
     #: (``router.tombstones``; off by default: existing topics do not change)
     tombstones: bool = False
+    #: column transforms for personal data (``router.transforms``)
+    transforms: list[TransformConfig] = []
+    #: transforms may change key columns (and so the record key and partition)
+    transform_keys: bool = False
 
     def publication_names(self) -> list[str]:
         return [self.publication] if self.publication else list(self.publications)
@@ -315,6 +320,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
             raise ConfigError("give exactly one of tables, schemas, all_tables = true, "
                               "publication or publications", path=where, source=source)
         _validate_route_filter(route, where, source)
+        validate_transforms(route.transforms, where, source)
         for j, t in enumerate(route.tables):
             _qualified(t, path=f"{where}.tables[{j}]", source=source)
         if not route.operations:

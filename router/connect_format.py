@@ -369,17 +369,13 @@ class ConnectFormat:
                    _encode({"schema": table.key_schema, "payload": key_payload}))
         return (topic, new_key, new_value, headers)
 
-    def _tombstone(self, record: tuple, preceding: Preceding) -> tuple:
-        """A tombstone: its key in the Connect JSON of the record it follows, value null."""
-        topic, key, _, headers = record
-        if key is None:
-            return record
-        table = self._table(preceding.schema_id(record), topic)
+    def _tombstone_key(self, schema_id: str, topic: str, key: dict) -> bytes:
+        """A tombstone's key (``router.tombstones``) in the Connect JSON of its table."""
+        table = self._table(schema_id, topic)
         if table is None:
-            raise InternalError(f"tombstone for {topic} follows a record of a schema that was "
-                                "not published before it")
-        return (topic, _encode({"schema": table.key_schema, "payload": table.key(_decode(key))}),
-                None, headers)
+            raise InternalError(f"tombstone for {topic} follows a record of a schema that "
+                                "was not published before it")
+        return _encode({"schema": table.key_schema, "payload": table.key(key)})
 
     def convert_all(self, records: list) -> list:
         """Every record converted; a key change becomes two records (delete, create)."""
@@ -389,8 +385,8 @@ class ConnectFormat:
         for record in records:
             if record[2] is None:  # a tombstone (router.tombstones): its key reshaped
                 if preceding is None:
-                    preceding = Preceding(records)
-                out.append(self._tombstone(record, preceding))
+                    preceding = Preceding(records, self._tombstone_key)
+                out.append(preceding.reshape(record))
                 continue
             converted = convert(record)
             if type(converted) is list:

@@ -105,13 +105,14 @@ class TableEncoder:
                  "_key_names", "_source_static", "_identity", "_convs", "_key_single",
                  "_tx", "_source_tmpl", "_ts_ms", "_row_struct", "_width", "_value_tmpl",
                  "_static_tmpl", "_codec", "_head", "_mid", "_tail", "_route_part", "_recorder",
-                 "_delete_key", "_recorders")
+                 "_delete_key", "_recorders", "transform")
 
     def __init__(self, relation: Relation, *, route: str, db: str,
                  column_indexes: tuple[int, ...] | None = None,
                  type_names: dict[int, str] | None = None,
-                 delete_key: tuple[int, ...] | None = None):
+                 delete_key: tuple[int, ...] | None = None, transform=None):
         self.relation = relation
+        self.transform = transform  # router.transforms: rows transformed on the Python path
         #: the columns keying a DELETE's key-only old tuple when they are not the key columns
         #: (an identity index without the primary key, ``router.keys``); rare, so such a
         #: layout takes the Python path
@@ -156,7 +157,7 @@ class TableEncoder:
         self._mid = self._tail = b""
         self._recorder = None
         self._recorders: dict[str, tuple] = {}  # topic -> (recorder, its PyRecorder)
-        if NATIVE is not None and delete_key is None:
+        if NATIVE is not None and delete_key is None and transform is None:
             self._codec = NATIVE.RowCodec(
                 len(cols), pick, tuple(_encode(n) + b":" for n in self._names),
                 bytes(_NATIVE_KIND.get(cols[i].type_oid, 0) for i in pick),
@@ -326,6 +327,8 @@ class TableEncoder:
             self._use_tx(tx)
         if self._value_tmpl is None:
             self._python_tx(tx)
+        if self.transform is not None:
+            old, new = self.transform(old), self.transform(new)
         before = after = b"null"
         toast = None
         if old is not None:

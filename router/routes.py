@@ -42,6 +42,10 @@ class RouteSpec(msgspec.Struct, frozen=True):
     planner: Callable[[Relation], dict | None] | None = None
     #: a tombstone after each delete record (``router.tombstones``)
     tombstones: bool = False
+    #: column transforms (``router.transforms.ColumnTransform``) and whether key columns may
+    #: be transformed
+    transforms: tuple = ()
+    transform_keys: bool = False
 
     def takes(self, schema: str, table: str) -> bool:
         if self.all_tables:

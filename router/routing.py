@@ -44,6 +44,7 @@ from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
 from . import tombstones
+from .transforms import for_relation
 from .truncates import TruncateRoutes
 from .transactions import NonTransactionalMessage, Transaction
 
@@ -159,9 +160,14 @@ class ChangeRouter:
             delete_key = None  # an identity index without the primary key keys DELETEs
             if publish_as is not source and self.primary_keys.mismatched(source):
                 delete_key = tuple(i for i, c in enumerate(source.columns) if c.flags & 1)
-            encoder = TableEncoder(publish_as, route=spec.name, db=self.db,
+            published, transform = publish_as, None
+            if spec.transforms:  # what leaves is transformed, retyped (router.transforms)
+                published, transform = for_relation(spec.transforms, publish_as,
+                                                    route=spec.name,
+                                                    transform_keys=spec.transform_keys)
+            encoder = TableEncoder(published, route=spec.name, db=self.db,
                                    column_indexes=columns, type_names=self.type_names,
-                                   delete_key=delete_key)
+                                   delete_key=delete_key, transform=transform)
             topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace,
                                                                 publish_as.name)
             if topic not in self._seen_topics:

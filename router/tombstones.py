@@ -39,21 +39,24 @@ def after_update(encoder, record: tuple, old: tuple | None, old_is_key: bool,
     tuple that does not hold the old key: nothing is known, nothing is written."""
     if old is None or (old_is_key and encoder._delete_key is not None):
         return
+    if encoder.transform is not None:  # the key as the record's was made (router.transforms)
+        old = encoder.transform(old)
     old_key = encoder.key(old)
     if old_key != record[1] and old_key != b"null":
         out.append((record[0], old_key, None, record[3]))
 
 
 class Preceding:
-    """The record before a tombstone in a list a reshaper converts: the reshapers are called
-    back with the tombstone only (the C converter declines a null value), in list order, so
-    a cursor finds it in one pass over the list."""
+    """Tombstones reshaped for a reshaper: it is called back with the tombstone only (the C
+    converter declines a null value), in list order, so a cursor finds the record before it
+    (the one it follows, naming its table layout) in one pass over the list. ``key_of
+    (schema_id, topic, key dict)`` is the key in the reshaper's format (None: no schema id
+    yet, the reshaper's ``SchemasNeeded``)."""
 
-    __slots__ = ("records", "at")
+    __slots__ = ("records", "at", "key_of")
 
-    def __init__(self, records: list):
-        self.records = records
-        self.at = 0
+    def __init__(self, records: list, key_of):
+        self.records, self.at, self.key_of = records, 0, key_of
 
     def schema_id(self, tombstone: tuple) -> str:
         """The ``schema_id`` of the record the tombstone follows (its table layout)."""
@@ -68,3 +71,11 @@ class Preceding:
         if i >= n or j < 0:
             raise ValueError("a tombstone without the record it follows")
         return _decode(records[j][2])["source"]["schema_id"]
+
+    def reshape(self, record: tuple) -> tuple | None:
+        """The tombstone ``record`` in the reshaper's format."""
+        topic, key, _, headers = record
+        if key is None:
+            return record
+        new_key = self.key_of(self.schema_id(record), topic, _decode(key))
+        return None if new_key is None else (topic, new_key, None, headers)

@@ -30,6 +30,7 @@ from router.rowfilter import ColumnType, compile_filter
 from router.routing import RouteSpec
 
 from .sql import SqlSession
+from .transforms import route_spec
 
 _USER_TABLES = """
     c.relkind in ('r', 'p')
@@ -232,9 +233,7 @@ def build_route_specs(cfg: Config, catalog: Catalog | None, *,
         elif r.where or r.columns:
             planner = Planner(r.name, config_resolver(tables, r.where, r.columns), ops,
                               catalog.tables if catalog else {}, filters)
-        specs.append(RouteSpec(name=r.name, tables=tables, schemas=frozenset(r.schemas),
-                               all_tables=r.all_tables, operations=ops, topic=r.topic,
-                               planner=planner, tombstones=r.tombstones))
+        specs.append(route_spec(r, i, tables=tables, ops=ops, planner=planner))
     return specs
 
 

@@ -44,6 +44,7 @@ from router.publications import Catalog
 
 from . import log
 from .catalog import build_route_specs, load_catalog, route_findings, routed_tables
+from .transforms import transform_findings
 from . import failover
 from ..kafka.versions import remember_api_version
 from .sql import SqlSession, source_error
@@ -163,6 +164,8 @@ async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
                                f"publication(s) {p} do not exist in database {db}",
                                PublicationMissing))
     out.extend(Finding(path, message) for path, message in route_topic_problems(cfg, catalog))
+    out.extend(Finding(path, message) for path, message in await transform_findings(
+        sql, cfg, catalog))
     seen = {(f.path, f.message) for f in out}
     for path, message, warning in route_findings(
             cfg, catalog, missing_publications_warn=followed_publications):

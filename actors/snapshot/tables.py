@@ -32,6 +32,8 @@ from router.publications import (Catalog, FilterCache, Planner, Publication, Tab
                                  config_resolver, publication_resolver, resolve)
 from router.routing import RouteSpec
 
+from ..services.transforms import route_spec
+
 ALL_ACTIONS = frozenset({"insert", "update", "delete", "truncate"})
 _ids = itertools.count(1 << 33)  # relation ids no server oid can take
 
@@ -59,9 +61,8 @@ def snapshot_specs(cfg: Config, catalog: Catalog, routes: set[str] | None = None
         elif r.where or r.columns:
             planner = Planner(r.name, config_resolver(tables, r.where, r.columns), ALL_ACTIONS,
                               catalog.tables, filters)
-        specs.append(RouteSpec(name=r.name, tables=tables, schemas=frozenset(r.schemas),
-                               all_tables=r.all_tables, operations=ALL_ACTIONS, topic=r.topic,
-                               planner=planner, tombstones=r.tombstones))
+        specs.append(route_spec(r, cfg.routes.index(r), tables=tables, ops=ALL_ACTIONS,
+                                planner=planner))
     return specs
 
 

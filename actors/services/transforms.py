@@ -1,0 +1,90 @@
+"""Column transforms of the config's routes resolved for the core (``router.transforms``):
+the salts read from their environment variables or files. A salt is never logged or echoed:
+errors name the variable or the file, not its content. A file's one trailing newline is not
+part of the salt (``echo secret > salt`` writes one)."""
+
+from __future__ import annotations
+
+import os
+
+from router.errors import ConfigError
+from router.routes import RouteSpec
+from router.transforms import ColumnTransform, Salt
+
+
+def _salt(t, at: str) -> Salt:
+    if t.salt_env:
+        value = os.environ.get(t.salt_env)
+        if not value:
+            raise ConfigError(f"the environment variable {t.salt_env} (the hash salt) is not "
+                              "set or empty", path=f"{at}.salt_env")
+        return Salt(value.encode(), f"${t.salt_env}")
+    try:
+        with open(t.salt_file, "rb") as fh:
+            value = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the hash salt file {t.salt_file}: {exc.strerror}",
+                          path=f"{at}.salt_file") from None
+    if value.endswith(b"\n"):
+        value = value[:-2] if value.endswith(b"\r\n") else value[:-1]
+    if not value:
+        raise ConfigError(f"the hash salt file {t.salt_file} is empty", path=f"{at}.salt_file")
+    return Salt(value, t.salt_file)
+
+
+def route_transforms(route, index: int) -> tuple[ColumnTransform, ...]:
+    """The ``[[routes.transforms]]`` of ``route`` (``routes[index]``), salts read."""
+    out = []
+    for i, t in enumerate(route.transforms):
+        at = f"routes[{index}].transforms[{i}]"
+        out.append(ColumnTransform(kind=t.kind, columns=tuple(t.columns),
+                                   salt=_salt(t, at) if t.kind == "hash" else None,
+                                   mask=t.mask, chars=t.chars))
+    return tuple(out)
+
+
+async def transform_findings(sql, cfg, catalog) -> list[tuple[str, str]]:
+    """``pgrouter check``: the routes' transforms of record-key columns without
+    ``transform_keys = true`` (the key is the primary key, else the replica identity), and
+    salts that cannot be read; as (config key path, message)."""
+    from .catalog import load_primary_keys, routed_tables
+
+    out: list[tuple[str, str]] = []
+    if not any(r.transforms for r in cfg.routes):
+        return out
+    found = routed_tables(cfg, catalog)
+    names = sorted({t for i, r in enumerate(cfg.routes) if r.transforms for t in found[i]})
+    pks = await load_primary_keys(sql, names)
+    for i, route in enumerate(cfg.routes):
+        if not route.transforms:
+            continue
+        try:
+            transforms = route_transforms(route, i)
+        except ConfigError as exc:
+            out.append((exc.path or f"routes[{i}].transforms", str(exc)))
+            continue
+        if route.transform_keys:
+            continue
+        for schema, table in sorted(found[i]):
+            info = catalog.tables.get((schema, table))
+            key = pks.get((schema, table)) or (
+                tuple(c.name for c in info.columns if c.key) if info else ())
+            for j, t in enumerate(transforms):
+                hit = [c for c in key if t.applies(schema, table, c)]
+                if hit:
+                    out.append((f"routes[{i}].transforms[{j}]", (
+                        f"route {route.name!r}: column {schema}.{table}.{hit[0]} is part of the "
+                        f"record key; a {t.kind} transform of it changes the key and so the "
+                        "partition of every record of the row: set transform_keys = true to "
+                        "accept that")))
+    return out
+
+
+def route_spec(route, index: int, *, tables, ops, planner) -> RouteSpec:
+    """The ``RouteSpec`` of ``[[routes]]`` entry ``index`` with its record options:
+    tombstones, and transforms with their salts read."""
+    return RouteSpec(name=route.name, tables=tables, schemas=frozenset(route.schemas),
+                     all_tables=route.all_tables, operations=ops, topic=route.topic,
+                     planner=planner, tombstones=route.tombstones,
+                     transforms=route_transforms(route, index),
+                     transform_keys=route.transform_keys)
