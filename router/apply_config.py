@@ -27,6 +27,7 @@ from .config import LogConfig, RegistryConfig, parse_listen
 from .config_files import decode_toml, read_config_text
 from .console_config import ConsoleConfig, validate_console
 from .errors import ConfigError
+from .identifiers import split_qualified
 from .kafka_settings import parse_bootstrap_servers
 
 _ORIGIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,63}$")
@@ -112,18 +113,24 @@ def parse_apply_config(text: str, *, source: str = "<config>") -> ApplyConfig:
     if cfg.metrics.listen:
         parse_listen(cfg.metrics.listen, source=source)
     validate_console(cfg.console, source=source)
-    schema, _, table = cfg.target.progress_table.partition(".")
-    if not schema or not table:
-        raise ConfigError("table must be written schema.table, got "
-                          f"{cfg.target.progress_table!r}", path="target.progress_table",
-                          source=source)
+    try:
+        split_qualified(cfg.target.progress_table, schema_needed=True)
+    except ValueError as exc:
+        raise ConfigError(str(exc), path="target.progress_table", source=source) from None
     for src_name, dst_name in cfg.target.tables.items():
         for name in (src_name, dst_name):
-            schema, _, table = name.partition(".")
-            if not table or not schema:
-                raise ConfigError(f"table must be written schema.table, got {name!r}",
-                                  path=f"target.tables.{src_name}", source=source)
+            try:
+                split_qualified(name, schema_needed=True)
+            except ValueError as exc:
+                raise ConfigError(str(exc), path=f"target.tables.{src_name}",
+                                  source=source) from None
     return cfg
+
+
+def table_map(target: ApplyTarget) -> dict[tuple[str, str], tuple[str, str]]:
+    """``target.tables`` as (schema, table) pairs (names as ``split_qualified`` reads them)."""
+    return {split_qualified(k, schema_needed=True): split_qualified(v, schema_needed=True)
+            for k, v in target.tables.items()}
 
 
 def load_apply_config(path: str) -> ApplyConfig:

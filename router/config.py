@@ -20,6 +20,7 @@ from .console_config import ConsoleConfig, validate_console
 from .errors import ConfigError
 from .exactly_once import validate_exactly_once
 from .ha import HaConfig, validate_ha
+from .identifiers import split_qualified
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
@@ -257,13 +258,10 @@ def load_config(path: str, notes: list[str] | None = None) -> Config:
 
 
 def _qualified(name: str, *, path: str, source: str) -> tuple[str, str]:
-    schema, dot, table = name.partition(".")
-    if not dot:
-        schema, table = "public", name
-    if not schema or not table:
-        raise ConfigError(f"table must be written schema.table, got {name!r}", path=path,
-                          source=source)
-    return schema, table
+    try:
+        return split_qualified(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc), path=path, source=source) from None
 
 
 #: why ``[source] binary = true`` is refused (by ``check`` and ``run``, at load)

@@ -28,3 +28,62 @@ def qualified(schema: str, name: str) -> str:
 def publication_names(names) -> str:
     """The value of pgoutput's ``publication_names`` option for ``names``."""
     return ",".join(quote_ident(n) for n in names)
+
+
+def split_qualified(text: str, *, schema_needed: bool = False) -> tuple[str, str]:
+    """``schema.table`` as written in a config or on the command line: (schema, table).
+
+    * ``t`` is ``public.t``; ``s.t`` splits at the first dot, each part taken exactly as
+      written (``public.dot.ted`` is table ``dot.ted``, ``public.quo"te`` table ``quo"te``).
+    * A part that starts with a double quote is a quoted identifier as in SQL (a double quote
+      inside doubled, case kept): ``"My Schema.x"."t"``, ``"my.schema".t``, ``"a.b"``
+      (``public."a.b"``) — the way to name a schema holding a dot.
+    * ``schema_needed``: a lone name is an error, not ``public.name``.
+
+    Raises ``ValueError`` with what is wrong."""
+    first, rest = _part(text)
+    if not rest:
+        if not first or schema_needed:
+            raise ValueError(f"table must be written schema.table, got {text!r}")
+        return "public", first
+    if not rest.startswith(".") or not first:
+        raise ValueError(f"table must be written schema.table, got {text!r}")
+    rest = rest[1:]
+    if rest.startswith('"'):
+        table, tail = _part(rest)
+        if tail:
+            raise ValueError(f"unexpected {tail!r} after the quoted table name in {text!r}")
+    else:
+        table = rest
+    if not table:
+        raise ValueError(f"table must be written schema.table, got {text!r}")
+    return first, table
+
+
+def _part(text: str) -> tuple[str, str]:
+    """The first name of ``text`` (quoted or up to the first dot) and what follows it."""
+    if not text.startswith('"'):
+        name, dot, rest = text.partition(".")
+        return name, dot + rest
+    i, out = 1, []
+    while True:
+        j = text.find('"', i)
+        if j < 0:
+            raise ValueError(f"unterminated double quote in {text!r}")
+        out.append(text[i:j])
+        if text.startswith('""', j):
+            out.append('"')
+            i = j + 2
+            continue
+        name = "".join(out)
+        if not name:
+            raise ValueError(f"empty quoted name in {text!r}")
+        return name, text[j + 1:]
+
+
+def unparse_qualified(schema: str, table: str) -> str:
+    """The text ``split_qualified`` reads back as (schema, table): plain when it can be."""
+    plain_schema = schema and "." not in schema and not schema.startswith('"')
+    plain_table = table and not table.startswith('"')
+    return ((schema if plain_schema else quote_ident(schema)) + "."
+            + (table if plain_table else quote_ident(table)))

@@ -36,6 +36,7 @@ import trio
 from router.apply_config import ApplyTarget
 from router.batches import literal
 from router.errors import ApplyError
+from router.identifiers import split_qualified
 from router.lsn import format_lsn, parse_lsn
 from router.statements import TargetTable, quote_ident
 
@@ -47,7 +48,7 @@ ORIGIN_BUSY_WAIT = 30.0
 
 
 def progress_table_sql(cfg: ApplyTarget) -> str:
-    schema, _, name = cfg.progress_table.partition(".")
+    schema, name = split_qualified(cfg.progress_table, schema_needed=True)
     return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 

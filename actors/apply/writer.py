@@ -46,7 +46,7 @@ from itertools import chain
 import asyncpg
 import trio
 
-from router.apply_config import ApplyConfig
+from router.apply_config import ApplyConfig, table_map
 from router.batches import Prepared, statements, with_origin
 from router.errors import ApplyError, SourceUnavailable
 from router.lsn import format_lsn
@@ -90,7 +90,7 @@ class WriterActor:
         self.sql = sql
         self.cfg = cfg
         self.conflict = cfg.target.conflict
-        self.table_map = cfg.target.tables
+        self.table_map = table_map(cfg.target)
         self.inbox = Inbox(inbox, stats)
         self.stats = stats
         self.progress_lsn = progress_lsn
@@ -171,8 +171,7 @@ class WriterActor:
     async def _ensure_tables(self, txn: SourceTransaction) -> None:
         for schema, name in txn.tables:
             if (schema, name) not in self._tables:
-                mapped = self.table_map.get(f"{schema}.{name}")
-                t_schema, t_name = mapped.split(".", 1) if mapped else (schema, name)
+                t_schema, t_name = self.table_map.get((schema, name), (schema, name))
                 self._tables[(schema, name)] = await load_table(self.sql, t_schema, t_name)
 
     def _origin(self, txn: SourceTransaction) -> str:

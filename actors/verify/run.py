@@ -40,6 +40,7 @@ import trio_asyncio
 
 from router.config import Config, qualified
 from router.errors import ConfigError, SlotMissing
+from router.identifiers import unparse_qualified
 from router.routing import ChangeRouter
 from router.snapshot_rows import SnapshotRows
 from router.verify import Comparison
@@ -101,7 +102,7 @@ async def plan(sql: SqlSession, cfg: Config, routes: list[str], tables: list[str
     only = {qualified(t) for t in tables} or None
     for t in only or ():
         if t not in catalog.tables:
-            raise ConfigError(f"--table {t[0]}.{t[1]}: no such table in the source")
+            raise ConfigError(f"--table {unparse_qualified(*t)}: no such table in the source")
     db = await sql.fetchval("select current_database()")
     leaves = slot_tables(cfg, catalog, only)
     names = await type_names(sql, leaves)
@@ -135,7 +136,7 @@ async def plan(sql: SqlSession, cfg: Config, routes: list[str], tables: list[str
         if not any(t in (x.table, (x.relation.namespace, x.relation.name))
                    or t in catalog.tables[x.table].ancestors
                    for target in out for x in target.tables):
-            raise ConfigError(f"--table {t[0]}.{t[1]}: no route verified takes it (or the "
+            raise ConfigError(f"--table {unparse_qualified(*t)}: no route verified takes it (or the "
                               "slot's publications do not stream it)")
     return out
 

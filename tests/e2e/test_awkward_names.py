@@ -131,6 +131,19 @@ def test_awkward_names_init_check_run_backfill_verify(database, kafka_bootstrap,
         assert verified.returncode == 0, verified.stdout + verified.stderr
         records = read_topic(kafka_bootstrap, topic)
         assert sum(r["value"]["op"] == "r" for r in records) == copied + 3, records
+
+        # a schema holding a dot is named with SQL's double quotes ("s"."t"), on both commands
+        s, t = TABLES[-1]
+        route, name = route_of("pub\"q'.x"), f"{q(s)}.{q(t)}"
+        asked = pgrouter("snapshot", "-c", str(cfg), "--route", route, "--table", name)
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        while log.read_text().count("backfill: table done") < 2:
+            assert time.monotonic() < deadline + 60 and proc.poll() is None, \
+                log.read_text()[-3000:]
+            time.sleep(0.2)
+        verified = pgrouter("verify", "-c", str(cfg), "--route", route, "--table", name,
+                            "--wait", "60")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         if proc is not None:
