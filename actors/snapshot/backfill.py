@@ -35,7 +35,9 @@ Rules:
 from __future__ import annotations
 
 import uuid
+from logging import WARNING
 
+import msgspec
 import trio
 
 from router.config import Config
@@ -243,6 +245,13 @@ class BackfillActor:
             await self._reload()
         for p in running:
             jobs, problems = await self._plan(p.request, [p.route], [p.table], p.keys)
+            if not jobs and not await self._taken(p.route, p.table):
+                # dropped or detached while the router was down: nothing left to copy
+                log.event(_log, "backfill ends: the table is no longer streamed to the "
+                          "route (dropped, detached or out of the publications)",
+                          level=WARNING, route=p.route, table=p.table)
+                await self.store.aput(msgspec.structs.replace(p, state="done"))
+                continue
             for problem in problems:
                 log.event(_log, "backfill cannot resume", problem=problem)
             for job in jobs:
@@ -381,8 +390,8 @@ class BackfillActor:
                 chunk.xip, filenode, shape = await reader.begin_read(
                     job.table.table, SHAPE, shape_tables(job))
                 replanned = shape != job.shape
-                if replanned:  # read nothing: the chunk's window has the old columns
-                    await self._replan(job)
+                # gone: dropped, detached, out of the publication: nothing left to copy
+                gone = replanned and not await self._replan(job)
                 if job.skip and filenode != job.filenode:
                     # rewritten since the initial snapshot's ranges were read: the blocks
                     # no longer hold the rows they held (chunks before this one were read
@@ -404,6 +413,9 @@ class BackfillActor:
             finally:
                 del self.chunks[cid]
             await self._durable(chunk.end_lsn)
+            if gone:
+                await self._ended_gone(job)
+                return
             if chunk.spoiled or replanned:
                 continue  # a keyless table changed while it was copied, or new columns: again
             done = limit is None or len(rows) < limit
@@ -417,22 +429,45 @@ class BackfillActor:
                 await self._job_done(job)
                 return
 
-    async def _replan(self, job: Job) -> None:
-        """The table's columns changed since the job was planned (ALTER TABLE): the job
-        planned again from the catalog now (the chunk's lock holds it), to go on after the
-        same key with the table's new columns, key and record schema."""
+    async def _replan(self, job: Job) -> bool:
+        """The table's columns or partition parents changed since the job was planned
+        (ALTER TABLE, DETACH/ATTACH PARTITION, DROP TABLE): the job planned again from the
+        catalog now (the chunk's lock holds it), to go on after the same key with the
+        table's new columns, key and record schema. False: the slot no longer streams the
+        table to the route (dropped, detached from the table it was published as, out of
+        the publications): the job has nothing left to copy."""
         async with self._planning:
             await self._reload()
             jobs, problems = await self._plan(job.request, [job.route], [job.name], job.keys)
-        new = next((j for j in jobs if j.route == job.route and j.name == job.name), None)
+            new = next((j for j in jobs if j.route == job.route and j.name == job.name), None)
+            if new is None and await self._taken(job.route, job.name):
+                raise SourceError(f"backfill of {job.name} for route {job.route}: the table "
+                                  "changed and can no longer be backfilled: "
+                                  + "; ".join(problems))
         if new is None:
-            raise SourceError(f"backfill of {job.name} for route {job.route}: the table "
-                              "changed and can no longer be backfilled: "
-                              + ("; ".join(problems) or "the route does not take it"))
+            return False
         for field in ("table", "key", "key_types", "row_key", "encoder", "shape"):
             setattr(job, field, getattr(new, field))
         log.event(_log, "backfill goes on with the table's new columns", route=job.route,
                   table=job.name)
+        return True
+
+    async def _taken(self, route: str, table: str) -> bool:
+        """The slot streams ``table`` to ``route`` (with a key or not), by the catalog last
+        read."""
+        jobs, _ = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, "", [route],
+                                  [table], type_names, whole_keyless=True)
+        return bool(jobs)
+
+    async def _ended_gone(self, job: Job) -> None:
+        """The job's table is no longer streamed to its route: recorded done (nothing left
+        to copy; the rows copied so far stay in the topic, as the stream's do)."""
+        log.event(_log, "backfill ends: the table is no longer streamed to the route "
+                  "(dropped, detached or out of the publications)", level=WARNING,
+                  route=job.route, table=job.name)
+        await self.store.aput(self._progress(job, "done"))
+        self.report.finish(job.name)
+        await self._job_done(job)
 
     async def _job_done(self, job: Job) -> None:
         if job.request == INITIAL and self._initial_left > 0:

@@ -374,7 +374,7 @@ async def _unreadable(r: TableReader, check: "ShapeCheck | None", table: Snapsho
     """Why ``table`` (now locked by ``r``) cannot be read on the exported snapshot with
     the columns the snapshot was planned with, or "" when it can."""
     if await r.rewritten(table.table):
-        return "rewritten or truncated (or dropped, renamed)"
+        return "rewritten or truncated"  # or dropped, or renamed
     rel = table.relation
     if check is not None and await check.changed((table.table, (rel.namespace, rel.name))):
         return "altered (its columns changed)"

@@ -45,10 +45,15 @@ from pg_attribute a where a.attrelid = to_regclass($1) and a.attname = any($2::t
 """
 
 
-#: a table's columns (names, types, modifiers) as one value (SQL; ``{rel}``: its oid)
+#: a table's columns (names, types, modifiers) and the tables it is a partition of (a
+#: partition detached or attached is published as another table), as one value (SQL;
+#: ``{rel}``: its oid; null when there is no such table)
 SHAPE = ("(select md5(string_agg(a.attname || ':' || a.atttypid || ':' || a.atttypmod, ',' "
-         "order by a.attnum)) from pg_attribute a where a.attrelid = {rel} "
-         "and a.attnum > 0 and not a.attisdropped)")
+         "order by a.attnum) || ';' || coalesce((with recursive up(oid) as (select "
+         "i.inhparent from pg_inherits i where i.inhrelid = {rel} union all select "
+         "i.inhparent from pg_inherits i join up on i.inhrelid = up.oid) "
+         "select string_agg(oid::text, ',') from up), '')) from pg_attribute a "
+         "where a.attrelid = {rel} and a.attnum > 0 and not a.attisdropped)")
 
 
 async def table_shapes(sql: SqlSession) -> dict[tuple[str, str], str]:

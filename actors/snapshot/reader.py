@@ -77,7 +77,15 @@ class TableReader:
                          for i in range(2, len(names) + 2))
         try:
             await self.sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            await self.sql.execute(f"LOCK TABLE ONLY {_qualified(table)} IN ACCESS SHARE MODE")
+            try:
+                await self.sql.execute(f"LOCK TABLE ONLY {_qualified(table)} IN ACCESS SHARE "
+                                       "MODE")
+            except asyncpg.UndefinedTableError:
+                # dropped (or renamed) since the job was planned: no shape, the caller plans
+                # it again and finds it gone
+                await self.sql.execute("ROLLBACK")
+                await self.sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                return frozenset(), 0, (None,) * len(names)
             row = (await self.sql.fetch(
                 "select pg_current_snapshot()::text as snapshot, "
                 "pg_relation_filenode(to_regclass($1))::int8 as filenode" + shapes,

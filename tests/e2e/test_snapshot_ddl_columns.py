@@ -384,3 +384,91 @@ def test_vacuum_full_between_a_kill_and_the_ranges_left_out(pg_dsn, kafka_bootst
         pg.run(f"drop table if exists {name}")
         delete_topics(kafka_bootstrap, [topic])
         pg.close()
+
+
+#: DDL on a partitioned table ``{p}`` (partitions ``{p}_1`` … ``{p}_3``, ids 1-3000) while
+#: a backfill of it waits for its first partition: committed before the backfill reads
+PARTITION_DDL = {
+    "truncate_partition": ["truncate {p}_2",
+                           "insert into {p} select g, -g, 'after' from generate_series(1001, "
+                           "1040) g"],
+    "retype_root": ["alter table {p} alter column n type bigint"],
+    "detach": ["alter table {p} detach partition {p}_2"],
+    "drop_partition": ["drop table {p}_2"],
+    "attach": ["create table {p}_4 (id int not null, n int, v text)",
+               "insert into {p}_4 select g, g, 'v' || g from generate_series(3001, 3300) g",
+               "alter table {p} attach partition {p}_4 for values from (3001) to (4001)"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PARTITION_DDL))
+def test_ddl_on_a_partitioned_table_during_its_backfill(pg_dsn, kafka_bootstrap, tmp_path,
+                                                        kind):
+    """``pgrouter snapshot`` of a table published via its root; a transaction that holds the
+    first partition changes the partitions (a partition truncated, the root retyped, a
+    partition detached, dropped or attached) and commits while the backfill's first chunk
+    waits. The root's topic, folded, is ``SELECT`` of the root at the end."""
+    import psycopg2
+
+    from tests.e2e.test_backfill import progress, snapshot_cmd
+
+    pg = Pg(pg_dsn)
+    p = unique("bfpart")
+    slot, route = f"{p}_slot", f"r_{p}"
+    topic = f"{route}.public.{p}"
+    pg.run(f"create table {p} (id int primary key, n int, v text) partition by range (id)")
+    for i in (1, 2, 3):
+        pg.run(f"create table {p}_{i} partition of {p} for values from ({(i - 1) * 1000 + 1}) "
+               f"to ({i * 1000 + 1})")
+    pg.run(f"insert into {p} select g, g, 'v' || g from generate_series(1, 3000) g")
+    pg.run(f"create publication {p} for table {p} with (publish_via_partition_root = true)")
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot, publications=[p],
+                       bootstrap=kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "{route}"\npublications = ["{p}"]\n',
+                       extra='[snapshot]\nmode = "never"\nchunk_rows = 400\nparallel = 1\n')
+    log = tmp_path / "router.log"
+    proc = start_router(cfg, log)
+    deadline = time.monotonic() + DEADLINE
+    ddl = psycopg2.connect(pg_dsn)
+    try:
+        _wait("the slot", lambda: pg.run("select 1 from pg_replication_slots where "
+                                         "slot_name = %s and active", slot), proc, log,
+              deadline)
+        with ddl.cursor() as cur:
+            cur.execute(f"lock table {p}_1 in access exclusive mode")
+            asked = snapshot_cmd(cfg, route, f"public.{p}")
+            assert asked.returncode == 0, asked.stderr
+            _wait("the chunk to wait for the first partition",
+                  lambda: _waiting_for(pg, f"{p}_1", ddl.get_backend_pid()), proc, log,
+                  deadline)
+            for sql in PARTITION_DDL[kind]:
+                cur.execute(sql.format(p=p))
+        ddl.commit()
+        pg.run(f"update {p} set v = 'changed' where id in (5, 1005, 2005)")
+        _wait("the backfill", lambda: sum(x["state"] == "done" for x in
+                                          progress(kafka_bootstrap, slot))
+              >= (2 if kind in ("detach", "drop_partition") else 3), proc, log, deadline)
+        if kind == "attach":
+            # the stream carries no rows for an ATTACH, and the backfill's partitions were
+            # planned before it: the new partition is copied by a request of its own
+            asked = snapshot_cmd(cfg, route, f"public.{p}_4")
+            assert asked.returncode == 0, asked.stderr
+            _wait("the new partition's backfill", lambda: any(
+                x["state"] == "done" and x["table"] == f"public.{p}_4"
+                for x in progress(kafka_bootstrap, slot)), proc, log, deadline)
+        _caught_up(pg, slot, proc, log, deadline)
+        _stop(proc)
+        text = log.read_text()
+        got = folded(kafka_bootstrap, topic, COLS)
+        want = table_rows(pg.conn, p, COLS)
+        assert got == want, (f"{len(got)} rows in the topic, {len(want)} in the table; "
+                             f"e.g. {sorted(want ^ got, key=str)[:3]}\n{text[-3000:]}")
+        assert "Traceback" not in text and "restarting" not in text, text[-3000:]
+    finally:
+        _stop(proc)
+        ddl.close()
+        pg.drop_slot(slot)
+        pg.run(f"drop publication if exists {p}")
+        pg.run(f"drop table if exists {p}, {p}_2, {p}_4")
+        delete_topics(kafka_bootstrap, [topic])
+        pg.close()
