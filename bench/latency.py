@@ -3,7 +3,8 @@
     .venv/bin/python bench/latency.py [--rate 1000] [--writers 4] [--seconds 20]
                                       [--client auto|librdkafka|kafka-python]
                                       [--setting linger_ms=5 ...] [--dsn …] [--bootstrap …]
-                                      [--router-root DIR]
+                                      [--router-root DIR] [--ha]
+                                      [--transaction-interval-ms N]
 
 ``--writers`` connections insert one row per transaction (autocommit), paced together at
 ``--rate`` transactions a second (open loop: each writer follows its own schedule, so a slow
@@ -61,7 +62,8 @@ from bench.e2e import delete_topics, sql  # noqa: E402
 
 
 def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
-           topic: str, prefix: str, settings: dict[str, str]) -> str:
+           topic: str, prefix: str, settings: dict[str, str], extra_toml: str = "",
+           kafka_toml: str = "") -> str:
     extra = "".join(f"{k} = {v}\n" for k, v in settings.items())
     return f"""
 [source]
@@ -74,6 +76,7 @@ bootstrap_servers = "{bootstrap}"
 client = "{client}"
 schema_topic = "{prefix}.schemas"
 definitions_topic = "{prefix}.definitions"
+{kafka_toml}
 [kafka.settings]
 {extra}
 [[routes]]
@@ -82,7 +85,7 @@ tables = ["public.{table}"]
 topic = "{topic}"
 [log]
 progress_interval = 5.0
-"""
+{extra_toml}"""
 
 
 def parse_iso(text: str) -> float:
@@ -301,6 +304,10 @@ def main() -> None:
     ap.add_argument("--client", default="auto", choices=["auto", "librdkafka", "kafka-python"])
     ap.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                     help="a [kafka.settings] entry (TOML value), e.g. linger_ms=5")
+    ap.add_argument("--ha", action="store_true",
+                    help="[ha] enabled (one router: what the producer fence costs, docs/ha.md)")
+    ap.add_argument("--transaction-interval-ms", type=int, default=None,
+                    help="[kafka] transaction_interval_ms (exactly-once or --ha)")
     ap.add_argument("--no-ceiling", action="store_true",
                     help="skip Kafka alone (the same records produced without PostgreSQL and "
                          "the router)")
@@ -325,7 +332,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = pathlib.Path(tmp) / "router.toml"
             cfg.write_text(config(args.dsn, args.bootstrap, slot, pub, table, args.client,
-                                  topic, prefix, settings))
+                                  topic, prefix, settings,
+                                  "[ha]\nenabled = true\n" if args.ha else "",
+                                  "" if args.transaction_interval_ms is None else
+                                  f"transaction_interval_ms = {args.transaction_interval_ms}"))
             log = open(pathlib.Path(tmp) / "router.log", "w+")
             env = dict(os.environ, PYTHONPATH=args.router_root)
             router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg)],
@@ -432,7 +442,8 @@ def main() -> None:
         finally:
             sql(args.dsn, f"drop publication if exists {pub}", f"drop table if exists {table}")
             delete_topics(args.bootstrap, [topic, f"{prefix}.schemas",
-                                           f"{prefix}.definitions", f"{prefix}.alone"])
+                                           f"{prefix}.definitions", f"{prefix}.alone",
+                                           f"pgrouter.{slot}.leader"])
 
 
 if __name__ == "__main__":

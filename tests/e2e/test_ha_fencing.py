@@ -142,7 +142,8 @@ def test_a_woken_leader_lands_nothing_after_the_new_leader(slot_table, pg_dsn,  
         group.kill_all()
         raise
     final = dict(pg.run(f"select id, batch from {name}"))
-    for isolation, records in (("read_uncommitted", _uncommitted(kafka_bootstrap, name)),
+    uncommitted = _uncommitted(kafka_bootstrap, name)
+    for isolation, records in (("read_uncommitted", uncommitted),
                                ("read_committed", read_committed(kafka_bootstrap, name))):
         last, back = _fold(records)
         stale = {k: (v, final[k]) for k, v in last.items() if v != final[k]}
@@ -154,6 +155,9 @@ def test_a_woken_leader_lands_nothing_after_the_new_leader(slot_table, pg_dsn,  
                            f"leader's): {list(twice.items())[:5]}")
         assert set(last) == set(final)
         print(f"{isolation}: {len(records)} records, {len(back)} key(s) sent again once")
+    # what the fence costs in offsets: a commit marker per partition per Kafka transaction
+    markers = topic_size(kafka_bootstrap, name) - len(uncommitted)
+    print(f"{load.txns} source transactions, {markers} offsets taken by transaction markers")
 
 
 def _walsender(pg, pid: int) -> str:
