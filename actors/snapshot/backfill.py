@@ -28,7 +28,8 @@ Rules:
   snapshot older than such a command sees the table empty). A chunk that finds the table's
   columns changed since its job was planned (ALTER TABLE: ``jobs.SHAPE``) reads nothing:
   the job is planned again from the catalog (columns, key, record schema) and goes on after
-  the same key.
+  the same key. A table the slot no longer streams to the route (dropped, a partition
+  detached from its published root, out of the publications) ends its job, recorded done.
 * Memory: one chunk per running job (``[snapshot] parallel`` jobs at a time).
 """
 

@@ -33,8 +33,11 @@ Rules:
   gave a new file after the consistent point — before any session locked it — cannot be
   read on the exported snapshot (its rows are invisible to it, or moved): it is not copied
   (one warning line), and once the other tables are in Kafka the stream starts and that
-  table is copied by backfill, as after an interrupted snapshot (``left``). Tables being
-  read hold their lock until the copy ends, so a rewrite of one waits for it.
+  table is copied by backfill, as after an interrupted snapshot (``left``). So is a table
+  dropped or renamed since, and one whose columns or partition parents changed since they
+  were read before the catalog (``ShapeCheck``: ADD/DROP/RENAME COLUMN keep the file, but
+  the read would name the planned columns). Tables being read hold their lock until the
+  copy ends, so a rewrite of one waits for it.
 """
 
 from __future__ import annotations

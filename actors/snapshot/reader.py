@@ -211,9 +211,9 @@ def _qualified(table: tuple[str, str]) -> str:
 
 
 class ShapeCheck:
-    """Whether a table's columns (``jobs.SHAPE``: names, types, modifiers) are still those
-    read before the catalog the initial snapshot was planned from (``before``:
-    ``jobs.table_shapes``). An ALTER TABLE that keeps the file (ADD, DROP or RENAME COLUMN,
+    """Whether a table's columns (``jobs.SHAPE``: names, types, modifiers; and partition
+    parents) are still those read before the catalog the initial snapshot was planned from
+    (``before``: ``jobs.table_shapes``). An ALTER TABLE that keeps the file (ADD, DROP or RENAME COLUMN,
     a wider varchar) is invisible to ``TableReader.rewritten``, but the snapshot's read
     would name the columns the catalog had. Asked once the reader holds the table's lock
     (no ALTER TABLE commits after it), in a session of its own: the reader's transaction
