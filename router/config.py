@@ -24,6 +24,7 @@ from .identifiers import split_qualified
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
+from .outbox import OutboxConfig, validate_outbox
 from .transforms import TransformConfig, validate_transforms
 
 Operation = Literal["insert", "update", "delete", "truncate"]
@@ -174,6 +175,8 @@ class RouteConfig(_Base):
     transforms: list[TransformConfig] = []
     #: transforms may change key columns (and so the record key and partition)
     transform_keys: bool = False
+    #: the route's tables are outboxes: each insert is an event (``router.outbox``)
+    outbox: OutboxConfig | None = None
 
     def publication_names(self) -> list[str]:
         return [self.publication] if self.publication else list(self.publications)
@@ -319,6 +322,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
                               "publication or publications", path=where, source=source)
         _validate_route_filter(route, where, source)
         validate_transforms(route.transforms, where, source)
+        validate_outbox(route, where, source, cfg.kafka.format)
         for j, t in enumerate(route.tables):
             _qualified(t, path=f"{where}.tables[{j}]", source=source)
         if not route.operations:

@@ -54,6 +54,8 @@ class TablePlan(msgspec.Struct, frozen=True):
     #: a tombstone after each delete record, and of the old key after a key change
     #: (``router.tombstones``)
     tombstones: bool = False
+    #: ``router.outbox.OutboxPlan``: the plan's inserts are outbox events, not envelopes
+    outbox: object | None = None
 
 
 #: the record kind of a change every plan publishes as it is

@@ -46,6 +46,8 @@ class RouteSpec(msgspec.Struct, frozen=True):
     #: be transformed
     transforms: tuple = ()
     transform_keys: bool = False
+    #: ``router.outbox.OutboxConfig`` of an outbox route (its tables' inserts are events)
+    outbox: object | None = None
 
     def takes(self, schema: str, table: str) -> bool:
         if self.all_tables:

@@ -44,6 +44,7 @@ from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
 from . import tombstones
+from .outbox import OutboxPlan
 from .transforms import for_relation
 from .truncates import TruncateRoutes
 from .transactions import NonTransactionalMessage, Transaction
@@ -168,6 +169,11 @@ class ChangeRouter:
             encoder = TableEncoder(published, route=spec.name, db=self.db,
                                    column_indexes=columns, type_names=self.type_names,
                                    delete_key=delete_key, transform=transform)
+            if spec.outbox is not None:  # events: topics from the rows (router.outbox)
+                plans.append(TablePlan(route=spec.name, topic="", encoder=encoder,
+                                       outbox=OutboxPlan(spec.outbox, publish_as, spec.name),
+                                       **kwargs))
+                continue
             topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace,
                                                                 publish_as.name)
             if topic not in self._seen_topics:
@@ -286,7 +292,8 @@ class ChangeRouter:
             taking = [p for p in plans if getattr(p, publish)]
             skipping[op] = tuple(p.route for p in plans if not getattr(p, publish))
             if any(getattr(p, filt) is not None or p.row_map is not None
-                   or (p.tombstones and op != "insert") for p in taking):
+                   or (p.tombstones and op != "insert") or p.outbox is not None
+                   for p in taking):
                 direct[op] = None  # (a tombstone follows a delete or a key change)
             else:
                 direct[op] = tuple((p.topic, p.encoder) for p in taking)
@@ -426,6 +433,14 @@ class ChangeRouter:
         key, value = plan.encoder.encode_truncate(tx, lsn, seq, options)
         out.append((plan.topic, key, value, self._headers(tx.commit_lsn, seq)))
 
+    def _outbox_event(self, plan: TablePlan, row: tuple, tx: TxContext, seq: int,
+                      out: list) -> None:
+        record = plan.outbox.record(row, self._headers(tx.commit_lsn, seq))
+        out.append(record)
+        if record[0] not in self._seen_topics:
+            self._seen_topics.add(record[0])
+            self._new_topics.append((record[0], plan.route))
+
     def _route_change(self, change: Change, tx: TxContext, seq: int, out: list,
                       schemas: list, lsn_header: tuple | None) -> None:
         op = change.op
@@ -485,6 +500,10 @@ class ChangeRouter:
         if bound[0] is not tx:
             bound = self._plan_recorders = (tx, {})
         for plan, kind, old, old_is_key, new in results:
+            if plan.outbox is not None:  # only inserts are events
+                if kind == "c":
+                    self._outbox_event(plan, new, tx, seq, out)
+                continue
             hit = bound[1].get(id(plan))
             if hit is None:  # the plan's first record in this transaction
                 encoder = plan.encoder

@@ -245,8 +245,8 @@ def planned_topics(cfg: Config, catalog: Catalog | None) -> list[Topic]:
     specs = build_route_specs(cfg, catalog, skip_missing=True) if catalog is not None else []
     tables = routed_tables(cfg, catalog) if catalog is not None else []
     for i, (route, spec, found) in enumerate(zip(cfg.routes, specs, tables)):
-        if spec is None:
-            continue  # its publication does not exist: reported by route_problems
+        if spec is None or spec.outbox is not None:
+            continue  # its publication does not exist (route_problems); outbox: from rows
         ts = route.topic_settings
         for schema, table in sorted(found):
             try:

@@ -21,6 +21,8 @@ def route_topic_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]
     for i, route in enumerate(cfg.routes):
         if any(p not in catalog.publications for p in route.publication_names()):
             continue  # reported by route_problems
+        if route.outbox is not None:
+            continue  # topics from the rows, checked as they are met (router.outbox)
         resolver = _route_resolver(route, catalog)
         tables = []
         for table in leaves:

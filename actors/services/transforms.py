@@ -82,9 +82,12 @@ async def transform_findings(sql, cfg, catalog) -> list[tuple[str, str]]:
 
 def route_spec(route, index: int, *, tables, ops, planner) -> RouteSpec:
     """The ``RouteSpec`` of ``[[routes]]`` entry ``index`` with its record options:
-    tombstones, and transforms with their salts read."""
+    tombstones, transforms with their salts read, an outbox route's events."""
+    if route.outbox is not None:  # only inserts are events (router.outbox)
+        ops = frozenset({"insert"}) & ops
     return RouteSpec(name=route.name, tables=tables, schemas=frozenset(route.schemas),
                      all_tables=route.all_tables, operations=ops, topic=route.topic,
+                     outbox=route.outbox,
                      planner=planner, tombstones=route.tombstones,
                      transforms=route_transforms(route, index),
                      transform_keys=route.transform_keys)

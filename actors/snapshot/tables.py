@@ -50,8 +50,8 @@ def snapshot_specs(cfg: Config, catalog: Catalog, routes: set[str] | None = None
     filters = FilterCache()
     specs = []
     for r in cfg.routes:
-        if routes is not None and r.name not in routes:
-            continue
+        if (routes is not None and r.name not in routes) or r.outbox is not None:
+            continue  # (an outbox route is never snapshotted: router.outbox)
         tables = frozenset(qualified(t) for t in r.tables)
         planner = None
         if r.publication_names():

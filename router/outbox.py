@@ -1,0 +1,118 @@
+"""Outbox routes: a table written as an outbox (the transactional outbox pattern) published
+as Debezium's Outbox Event Router publishes it — each inserted row is an event.
+
+Rules:
+
+* Only INSERTs are events: an update or a delete of an outbox row publishes nothing, so a
+  row inserted and deleted in one transaction (the usual way to keep the outbox empty)
+  publishes its event once and nothing for the delete.
+* The record: topic from ``[routes.outbox] topic``, a template of the row's columns (and
+  ``{route}``), each value escaped as identifiers are (``router.topics.escape``); key = the
+  ``key`` column's text (null when NULL); value = the ``payload`` column's text as written
+  (null when NULL); headers: ``id`` = the ``id`` column's text, then each ``headers`` column
+  by its name (then the position headers when ``[kafka] position_headers`` is on).
+* Never snapshotted (the outbox holds events already published, or none): the initial
+  snapshot and backfills leave outbox routes out.
+* A column the route names that the table lacks is a ``ConfigError`` when its layout is
+  first met; a topic a value makes that Kafka refuses is one too (it names the value).
+"""
+
+from __future__ import annotations
+
+import string
+
+import msgspec
+
+from .errors import ConfigError
+from .pgoutput import Relation
+from .topics import escape, illegal
+
+
+class OutboxConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[routes.outbox]``: which columns make the event (defaults: Debezium's names)."""
+
+    topic: str = "outbox.event.{aggregatetype}"
+    key: str = "aggregateid"
+    payload: str = "payload"
+    id: str = "id"
+    headers: list[str] = []
+
+
+def validate_outbox(route, where: str, source: str, fmt: str) -> None:
+    """What an outbox route allows: tables (the outbox tables), pgrouter's JSON format, no
+    column list, tombstones or transforms; a topic template of placeholders only."""
+    out = route.outbox
+    if out is None:
+        return
+    at = f"{where}.outbox"
+    if not route.tables:
+        raise ConfigError("an outbox route names its outbox table(s): tables = [...]",
+                          path=where, source=source)
+    if fmt != "json":
+        raise ConfigError('outbox routes write the payload as written: they need [kafka] '
+                          f'format = "json" (not {fmt!r})', path=at, source=source)
+    for key, bad in (("columns", route.columns), ("tombstones", route.tombstones),
+                     ("transforms", route.transforms)):
+        if bad:
+            raise ConfigError(f"{key} is not for an outbox route", path=f"{where}.{key}",
+                              source=source)
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(out.topic) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(f"bad topic template: {exc}", path=f"{at}.topic",
+                          source=source) from exc
+    if not fields or any(not f for f in fields):
+        raise ConfigError("the topic template names a column, e.g. \"{aggregatetype}.events\"",
+                          path=f"{at}.topic", source=source)
+
+
+class OutboxPlan:
+    """One outbox table layout: its columns' indexes, the record of an inserted row."""
+
+    __slots__ = ("route", "template", "fields", "key", "payload", "id", "headers")
+
+    def __init__(self, cfg: OutboxConfig, relation: Relation, route: str):
+        index = {c.name: i for i, c in enumerate(relation.columns)}
+
+        def at(column: str, what: str) -> int:
+            if column not in index:
+                raise ConfigError(
+                    f"route {route!r}: outbox table {relation.namespace}.{relation.name} has no "
+                    f"column {column!r} ({what})", path="routes.outbox")
+            return index[column]
+        self.route = route
+        self.template = cfg.topic
+        self.fields = tuple((f, at(f, "topic"))
+                            for _, f, _, _ in string.Formatter().parse(cfg.topic)
+                            if f and f != "route")
+        self.key, self.payload, self.id = (at(cfg.key, "key"), at(cfg.payload, "payload"),
+                                           at(cfg.id, "id"))
+        self.headers = tuple((name, at(name, "headers")) for name in cfg.headers)
+
+    def topic(self, row: tuple) -> str:
+        values = {name: escape(_text(row[i]) or "") for name, i in self.fields}
+        topic = self.template.format(route=self.route, **values)
+        problem = illegal(topic)
+        if problem:
+            raise ConfigError(f"route {self.route!r}: the outbox row {values} makes topic "
+                              f"{topic!r}: {problem}", path="routes.outbox.topic")
+        return topic
+
+    def record(self, row: tuple, position: list | None) -> tuple:
+        """(topic, key, value, headers) of an inserted outbox row."""
+        headers = [("id", _bytes(row[self.id]))]
+        headers += [(name, _bytes(row[i])) for name, i in self.headers]
+        if position:
+            headers += position
+        return (self.topic(row), _bytes(row[self.key]), _bytes(row[self.payload]), headers)
+
+
+def _text(value) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    return "\\x" + value.hex()  # bytea in binary mode (refused at config load)
+
+
+def _bytes(value) -> bytes | None:
+    text = _text(value)
+    return None if text is None else text.encode()

@@ -1,0 +1,109 @@
+"""router.outbox: an outbox table's inserts as events in the Outbox Event Router's shape;
+updates and deletes publish nothing; a route beside it sees the table as usual."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.changes import Change, Changes
+from router.config import parse_config
+from router.errors import ConfigError
+from router.outbox import OutboxConfig
+from router.pgoutput import Relation, RelationColumn
+from router.routing import ChangeRouter, RouteSpec
+from router.transactions import Transaction
+
+UUID, TEXT, JSONB = 2950, 25, 3802
+OUTBOX = Relation(1, "public", "outbox", "d", (RelationColumn(1, "id", UUID, -1),
+                                               RelationColumn(0, "aggregatetype", TEXT, -1),
+                                               RelationColumn(0, "aggregateid", TEXT, -1),
+                                               RelationColumn(0, "type", TEXT, -1),
+                                               RelationColumn(0, "payload", JSONB, -1)))
+CFG = OutboxConfig(topic="{route}.{aggregatetype}.events", headers=["type"])
+ID = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+
+
+def txn(changes):
+    return Transaction(5, 100, 100, 101, 789_000_000_000, None, None, None,
+                       Changes(changes, (), None, (), frozenset(), len(changes)), len(changes))
+
+
+def router(**kw):
+    return ChangeRouter([RouteSpec(name="ev", all_tables=True, outbox=CFG,
+                                   operations=frozenset({"insert"})),
+                         RouteSpec(name="cdc", all_tables=True)], db="d", **kw)
+
+
+ROW = (ID, "Order", "o-17", "OrderCreated", '{"total": 3}')
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_an_insert_is_an_event_and_its_delete_nothing(short):
+    r = router()
+    t = txn([Change("insert", 1, OUTBOX, new=ROW),
+             Change("delete", 2, OUTBOX, old=(ID, None, None, None, None), old_is_key=True),
+             Change("insert", 3, OUTBOX, new=(ID[:-1] + "9", "a.b", None, "X", None))])
+    chunks = [r.route_short(t)] if short else list(r.route(t))
+    records = [rec for c in chunks for rec in c.records]
+    events = [rec for rec in records if not rec[0].startswith("cdc.")]
+    assert events == [
+        ("ev.Order.events", b"o-17", b'{"total": 3}', [("id", ID.encode()),
+                                                       ("type", b"OrderCreated")]),
+        ("ev.a-2eb.events", None, None, [("id", (ID[:-1] + "9").encode()), ("type", b"X")])]
+    # the other route takes the table as any other: c, d, c envelopes
+    assert [json.loads(rec[2])["op"] for rec in records if rec[0].startswith("cdc.")] == [
+        "c", "d", "c"]
+    topics = {t for c in chunks for t, _ in c.new_topics}
+    assert {"ev.Order.events", "ev.a-2eb.events"} <= topics
+    assert all(s.table == "outbox" for c in chunks for s in c.schemas)
+
+
+def test_position_headers_follow_the_events_own():
+    r = router(position_headers=True)
+    [chunk] = r.route(txn([Change("insert", 1, OUTBOX, new=ROW)]))
+    assert chunk.records[0][3] == [("id", ID.encode()), ("type", b"OrderCreated"),
+                                   ("pgrouter.commit_lsn", b"100"), ("pgrouter.seq", b"0")]
+
+
+def test_a_missing_column_is_named():
+    r = ChangeRouter([RouteSpec(name="ev", all_tables=True, outbox=OutboxConfig(
+        key="aggregate_id"))], db="d")
+    with pytest.raises(ConfigError, match="no column 'aggregate_id' \\(key\\)"):
+        r.plans_for(OUTBOX)
+
+
+def _config(route: str, fmt: str = "json") -> str:
+    return f"""
+[source]
+dsn = "postgresql://u@h/d"
+slot = "s"
+publications = ["p"]
+[kafka]
+bootstrap_servers = "k:9092"
+format = "{fmt}"
+[kafka.registry]
+url = "http://r"
+[[routes]]
+name = "ev"
+{route}
+"""
+
+
+@pytest.mark.parametrize("route, fmt, problem", [
+    ('all_tables = true\n[routes.outbox]\n', "json", "names its outbox table"),
+    ('tables = ["public.outbox"]\n[routes.outbox]\n', "avro", 'format = "json"'),
+    ('tables = ["public.outbox"]\ntombstones = true\n[routes.outbox]\n', "json", "tombstones"),
+    ('tables = ["public.outbox"]\n[routes.outbox]\ntopic = "events"\n', "json", "names a column"),
+])
+def test_outbox_config_is_checked(route, fmt, problem):
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(_config(route, fmt))
+
+
+def test_outbox_defaults_are_debeziums():
+    cfg = parse_config(_config('tables = ["public.outbox"]\n[routes.outbox]\n'))
+    out = cfg.routes[0].outbox
+    assert (out.topic, out.key, out.payload, out.id) == (
+        "outbox.event.{aggregatetype}", "aggregateid", "payload", "id")
