@@ -127,6 +127,14 @@ def test_tombstones_let_compaction_forget_deleted_rows(pg_dsn, kafka_bootstrap, 
         assert shown.returncode == 0, shown.stderr
         lines = [json.loads(ln) for ln in shown.stdout.splitlines()]
         assert all(ln["key"]["id"] in rows or ln["value"] is None for ln in lines), lines
+        # a topic ending with a tombstone still has its newest commit time in status
+        pg.run(f"delete from {name_json} where id = 5000")
+        _run_all([json_cfg])
+        status = subprocess.run([sys.executable, "-m", "actors.cli", "status", "-c",
+                                 str(json_cfg), "--json"], capture_output=True, text=True,
+                                timeout=120, cwd=ROOT)
+        [t] = json.loads(status.stdout)["routes"][name_json]
+        assert t["last_commit_time"], t
     finally:
         for name in names:
             drop_source(Pg(pg_dsn), name, kafka_bootstrap,
