@@ -74,7 +74,8 @@ def kafka_status(cfg: Config) -> dict[str, list[dict]]:
     newest record's commit time."""
     probe_kafka(cfg.kafka.bootstrap_servers)  # an unreachable Kafka says so within seconds
     return survey(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings),
-                  {r.name: topic_pattern(r.topic, r.name).match for r in cfg.routes},
+                  {r.name: topic_pattern(r.outbox.topic if r.outbox else r.topic, r.name).match
+                   for r in cfg.routes},
                   cfg.kafka.exactly_once or cfg.ha.enabled,  # [ha]: transactions too
                   decoder=decoder_for(cfg.kafka.registry))
 

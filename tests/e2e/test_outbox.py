@@ -8,11 +8,13 @@ consumer."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import Pg, read_topic, run_router, unique, write_config
+from tests.helpers import ROOT, Pg, read_topic, run_router, unique, write_config
 
 pytestmark = pytest.mark.services
 
@@ -60,6 +62,10 @@ def test_outbox_inserts_are_events_and_nothing_else(pg_dsn, kafka_bootstrap, tmp
         [user] = read_topic(kafka_bootstrap, topics[1], decode=False)
         assert user["raw"] == (b"u-1", None) and user["headers"]["id"] == str(ids[3]).encode()
         assert user["headers"]["type"] == b"UserSeen"
+        status = subprocess.run([sys.executable, "-m", "actors.cli", "status", "-c", str(cfg),
+                                 "--json"], capture_output=True, text=True, timeout=120,
+                                cwd=ROOT)
+        assert sorted(t["topic"] for t in json.loads(status.stdout)["routes"][name]) == topics
         # the payload as PostgreSQL writes the jsonb: the text the value holds
         assert events[0]["raw"][1].decode() == pg.one(
             "select %s::jsonb::text", json.dumps({"n": 0, "note": "é"}))
