@@ -1,7 +1,7 @@
 """``tombstones = true`` on a route: a null-value record after each delete (and of the old key
 after a key change), so the broker's compaction of a ``cleanup.policy=compact`` topic really
-forgets deleted rows. Two routers at once (their compaction waits overlap): pgrouter's JSON
-at-least-once, and Avro in Kafka transactions (exactly-once). A plain confluent-kafka
+forgets deleted rows. Three routers at once (their compaction waits overlap): pgrouter's JSON
+at-least-once, Avro in Kafka transactions (exactly-once), Kafka Connect's JSON. A plain confluent-kafka
 consumer folds each compacted topic by key bytes (a null value removes the key): the keys
 left are PostgreSQL's rows; ``pgrouter verify`` agrees; ``pgrouter decode`` shows a tombstone
 as a null value."""
@@ -77,26 +77,28 @@ def _compacted(bootstrap, topic, decode_key) -> dict:
 def test_tombstones_let_compaction_forget_deleted_rows(pg_dsn, kafka_bootstrap, registry_url,
                                                        tmp_path):
     pg = Pg(pg_dsn)
-    name_json, name_avro = unique("tomb_j"), unique("tomb_a")
-    names = (name_json, name_avro)
+    name_json, name_avro, name_connect = unique("tomb_j"), unique("tomb_a"), unique("tomb_c")
+    names = (name_json, name_avro, name_connect)
     for name in names:
         pg.run(f"create table {name} (id int primary key, v text)")
         pg.run(f"create publication {name} for table {name}")
     json_cfg = _config(tmp_path, pg_dsn, kafka_bootstrap, name_json, "")
     avro_cfg = _config(tmp_path, pg_dsn, kafka_bootstrap, name_avro, avro_kafka(
         registry_url, f'exactly_once = true\ncommitted_lsn_topic = "{name_avro}.p"\n'))
+    connect_cfg = _config(tmp_path, pg_dsn, kafka_bootstrap, name_connect, 'format = "connect"')
+    configs = [json_cfg, avro_cfg, connect_cfg]
     try:
-        _run_all([json_cfg, avro_cfg])  # the slots
+        _run_all(configs)  # the slots
         for name in names:
             pg.run(f"insert into {name} select g, 'v' || g from generate_series(1, 200) g")
             pg.run(f"update {name} set v = 'w' || id where id % 3 = 0")
             pg.run(f"delete from {name} where id % 2 = 0")
             pg.run(f"update {name} set id = id + 1000 where id in (1, 3, 5)")  # key changes
-        _run_all([json_cfg, avro_cfg])
+        _run_all(configs)
         time.sleep(0.5)  # past segment.ms: the next record rolls the segment holding them
         for name in names:
             pg.run(f"insert into {name} values (5000, 'roll')")
-        _run_all([json_cfg, avro_cfg])
+        _run_all(configs)
         rows = {i: v for i, v in pg.run(f"select id, v from {name_json}")}
         assert len(rows) == 101
         assert rows == {i: v for i, v in pg.run(f"select id, v from {name_avro}")}
@@ -114,6 +116,12 @@ def test_tombstones_let_compaction_forget_deleted_rows(pg_dsn, kafka_bootstrap, 
         folded = _compacted(kafka_bootstrap, topic, lambda k: deser(k, key_ctx)["id"])
         assert set(folded) == set(rows), "a deleted key is still in the compacted topic"
         assert {k: deser(v, value_ctx)["after"]["v"] for k, v in folded.items()} == rows
+
+        assert rows == {i: v for i, v in pg.run(f"select id, v from {name_connect}")}
+        folded = _compacted(kafka_bootstrap, f"{name_connect}.t",
+                            lambda k: json.loads(k)["payload"]["id"])
+        assert set(folded) == set(rows), "a deleted key is still in the compacted topic"
+        assert {k: json.loads(v)["payload"]["after"]["v"] for k, v in folded.items()} == rows
 
         proc = start_router(json_cfg, tmp_path / "router.log")  # verify waits for its progress
         try:
