@@ -66,8 +66,11 @@ _ADMIN_KEYS = ("client.id", "security.protocol", "sasl.", "ssl.", "request.timeo
                "reconnect.backoff", "socket.")
 #: librdkafka's own log lines (connection retries…) go through Python logging, under the
 #: "kafka" logger that ``actors.services.log`` quiets like kafka-python's: failures that matter reach
-#: the sink as typed delivery errors
+#: the sink as typed delivery errors. Its critical ones are silenced too: a fenced producer
+#: (a woken former ``[ha]`` leader) logged raw "TXNERR"/"FATAL" lines at LOG_CRIT, while the
+#: same error reaches ``error_cb`` as fatal and the router says it in one line of its own
 _LOGGER = logging.getLogger("kafka.librdkafka")
+_LOGGER.setLevel(logging.CRITICAL + 1)
 POLL_INTERVAL = 0.02  # seconds a poll waits when idle (reports wake it at once; close waits for it)
 
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,

@@ -1,0 +1,141 @@
+"""High availability (``[ha]``) under a hostile operator: a leader frozen (SIGSTOP) in the
+middle of its initial snapshot, a new leader killed right after it took over, ``[kafka]
+exactly_once`` together with ``[ha]``. The topic is folded by offset by a plain
+confluent_kafka Consumer (``read_uncommitted`` and ``read_committed``) and compared with
+PostgreSQL's own SELECT; a woken former leader says one line, never librdkafka's own."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.e2e.guarantee import topic_size, wait_for
+from tests.e2e.ha_routers import Group
+from tests.e2e.test_exactly_once import read_committed
+from tests.e2e.test_ha import slot_table  # noqa: F401  (the fixture)
+from tests.e2e.test_ha_fencing import KEYS, UpdateLoad, _caught_up, _fold, _uncommitted
+
+pytestmark = pytest.mark.services
+
+RAW = ("TXNERR", "FATAL [rdkafka", "Traceback", "run one router per transactional id")
+
+
+def _check(pg, name: str, bootstrap: str) -> None:
+    final = dict(pg.run(f"select id, batch from {name}"))
+    for isolation, records in (("read_uncommitted", _uncommitted(bootstrap, name)),
+                               ("read_committed", read_committed(bootstrap, name))):
+        last, back = _fold(records)
+        stale = {k: (v, final[k]) for k, v in last.items() if v != final[k]}
+        assert not stale, f"{isolation}: {len(stale)} stale key(s), e.g. {list(stale.items())[:5]}"
+        assert set(last) == set(final), f"{isolation}: {len(set(final) - set(last))} key(s) missing"
+        twice = {k: n for k, n in back.items() if n > 1}
+        assert not twice, f"{isolation}: keys went back more than once: {list(twice.items())[:5]}"
+
+
+def _quiet(router) -> None:
+    text = router.text()
+    found = [line for line in text.splitlines() if any(r in line for r in RAW)]
+    assert not found, f"{router.log.name} printed:\n" + "\n".join(found[:5])
+
+
+def test_a_leader_frozen_in_its_initial_snapshot(slot_table, pg_dsn,  # noqa: F811
+                                                 kafka_bootstrap, tmp_path):
+    pg, name, config = slot_table
+    rows = 60000
+    pg.run(f"insert into {name} select g, 0, repeat('x', 200) from generate_series(0, {rows - 1}) g")
+    group = Group(config(snapshot="initial"), tmp_path, pg_dsn, name, n=2)
+    try:
+        i = group.leader()
+        zombie = group.routers[i]
+        wait_for(lambda: topic_size(kafka_bootstrap, name) > 2000, timeout=60,
+                 what="snapshot records before the freeze", interval=0.05)
+        zombie.set_mark()
+        zombie.signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: group.holder() not in (None,) and
+                     group.routers[1 - i].get("/readyz")[0] == 200, timeout=90,
+                     what="the standby to lead and stream")
+            pg.run(f"update {name} set batch = batch + 1 where id < {KEYS}")
+            _caught_up(pg, name)
+        finally:
+            zombie.signal(signal.SIGCONT)
+        time.sleep(4)  # what its client still held is refused by now
+        group.stop()
+    except BaseException:
+        group.kill_all()
+        raise
+    for r in group.routers:
+        _quiet(r)
+    _check(pg, name, kafka_bootstrap)
+
+
+def test_the_new_leader_killed_right_after_it_took_over(slot_table, pg_dsn,  # noqa: F811
+                                                        kafka_bootstrap, tmp_path):
+    pg, name, config = slot_table
+    pg.run(f"insert into {name} select g, 0, '' from generate_series(0, {KEYS - 1}) g")
+    group = Group(config(), tmp_path, pg_dsn, name, n=3)
+    load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=256)
+    try:
+        i = group.leader()
+        old = wait_for(group.holder, timeout=60, what="the leader to stream")
+        load.start()
+        wait_for(lambda: topic_size(kafka_bootstrap, name) > 3000, timeout=60,
+                 what="records before the freeze")
+        zombie = group.routers[i]
+        zombie.signal(signal.SIGSTOP)
+        try:
+            group.taken_over(old, time.time(), timeout=60)
+            j = group.leader()
+            group.kill9(j)  # the new leader dies at once
+            group.replace(j)
+            wait_for(lambda: group.leader() not in (i, j), timeout=90, what="a third leader")
+            load.stop()
+            _caught_up(pg, name)
+        finally:
+            zombie.signal(signal.SIGCONT)
+        time.sleep(4)
+        group.stop()
+    except BaseException:
+        load.halt.set()
+        group.kill_all()
+        raise
+    for r in group.routers:
+        _quiet(r)
+    _check(pg, name, kafka_bootstrap)
+
+
+def test_exactly_once_with_ha_freeze_thaw(slot_table, pg_dsn, kafka_bootstrap,  # noqa: F811
+                                          tmp_path):
+    pg, name, config = slot_table
+    pg.run(f"insert into {name} select g, 0, '' from generate_series(0, {KEYS - 1}) g")
+    group = Group(config(kafka_extra=f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n'),
+                  tmp_path, pg_dsn, name, n=2)
+    load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=256)
+    try:
+        i = group.leader()
+        old = wait_for(group.holder, timeout=60, what="the leader to stream")
+        load.start()
+        wait_for(lambda: topic_size(kafka_bootstrap, name) > 3000, timeout=60,
+                 what="records before the freeze")
+        zombie = group.routers[i]
+        zombie.set_mark()
+        zombie.signal(signal.SIGSTOP)
+        try:
+            group.taken_over(old, time.time(), timeout=60)
+            load.stop()
+            _caught_up(pg, name)
+        finally:
+            zombie.signal(signal.SIGCONT)
+        wait_for(lambda: "leadership lost" in zombie.text(since_mark=True), timeout=30,
+                 what="the old leader to say it lost leadership")
+        time.sleep(3)
+        group.stop()
+    except BaseException:
+        load.halt.set()
+        group.kill_all()
+        raise
+    for r in group.routers:
+        _quiet(r)
+    _check(pg, name, kafka_bootstrap)
