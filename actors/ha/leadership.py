@@ -42,6 +42,7 @@ from typing import Awaitable, Callable
 import trio
 
 from router.errors import ConfigError, LeadershipLost, PgRouterError, SlotInUse
+from router.exactly_once import ProducerFenced
 from router.ha import Lease, control_topic, group_id, lease_seconds
 
 from ..services import log
@@ -273,6 +274,16 @@ class Leadership:
                 log.event(_log, "leading, but the slot is in use: fencing its holder and "
                           "starting again", level=logging.WARNING, error=str(exc))
                 await trio.sleep(RETRY)
+            except ProducerFenced as exc:
+                if not self.holds():  # a woken former leader: the new one fenced it
+                    return False
+                # fenced while this group's lease holds: a producer outside the group took
+                # the transactional id (exactly-once's hint would mislead here)
+                raise ProducerFenced(
+                    f"fenced: a router outside [ha] group {self.group!r} (another [ha] group "
+                    f"or topic, or a router without [ha]) registered this slot's Kafka "
+                    f"transactional id while this one led; this one stops (give every "
+                    f"router of the slot the same [ha] group)") from exc
             except PgRouterError as exc:
                 # losing the lease fails the sink or the reader with LeadershipLost (or
                 # what it broke); anything else while leading stops the router

@@ -139,3 +139,46 @@ def test_exactly_once_with_ha_freeze_thaw(slot_table, pg_dsn, kafka_bootstrap,  
     for r in group.routers:
         _quiet(r)
     _check(pg, name, kafka_bootstrap)
+
+
+def test_a_leader_fenced_by_a_router_of_another_group_says_so(slot_table, pg_dsn,  # noqa: F811
+                                                              kafka_bootstrap, tmp_path):
+    """Two ``[ha]`` groups on one slot (one router's ``[ha] group`` differs): each leads its
+    own group, the second one's producer fences the first's in Kafka while the first still
+    holds its lease. The first stops with one line about the groups, not exactly-once's
+    "run one router per transactional id"."""
+    from tests.e2e.ha_routers import Router
+
+    pg, name, config = slot_table
+    first = config()
+    other = tmp_path / "other.toml"
+    other.write_text(first.read_text().replace(
+        "[ha]\nenabled = true\n", f'[ha]\nenabled = true\ngroup = "pgrouter.{name}.other"\n'))
+    a = Router(first, tmp_path / "a.log")
+    b = None
+    try:
+        wait_for(lambda: a.get("/readyz")[0] == 200, timeout=60, what="a to lead")
+        b = Router(other, tmp_path / "b.log")
+        wait_for(lambda: "Kafka transactions, so a new leader" in b.text(), timeout=60,
+                 what="b to register the transactional id")
+        deadline = time.time() + 30
+        while a.proc.poll() is None and time.time() < deadline:
+            pg.run(f"insert into {name} select coalesce(max(id), 0) + 1, 0, '' from {name}")
+            time.sleep(0.2)
+        assert a.proc.poll() is not None, f"a still runs:\n{a.text()[-2000:]}"
+    finally:
+        for r in (a, b):
+            if r is not None and r.proc.poll() is None:
+                r.signal(signal.SIGKILL)
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        for done in admin.delete_consumer_groups([f"pgrouter.{name}.other"],
+                                                 request_timeout=10).values():
+            try:
+                done.result(15)
+            except Exception:  # a killed member's session still open: Kafka drops it
+                pass
+    _quiet(a)
+    last = a.text().strip().splitlines()[-1]
+    assert "[ha] group" in last and "pgrouter." + name in last, last
