@@ -6,6 +6,7 @@ part of the salt (``echo secret > salt`` writes one)."""
 from __future__ import annotations
 
 import os
+import string
 
 from router.errors import ConfigError
 from router.routes import RouteSpec
@@ -45,14 +46,15 @@ def route_transforms(route, index: int) -> tuple[ColumnTransform, ...]:
 
 async def transform_findings(sql, cfg, catalog) -> list[tuple[str, str]]:
     """``pgrouter check``: the routes' transforms of record-key columns without
-    ``transform_keys = true`` (the key is the primary key, else the replica identity), and
-    salts that cannot be read; as (config key path, message)."""
+    ``transform_keys = true`` (the key is the primary key, else the replica identity), salts
+    that cannot be read, outbox columns a table lacks; as (config key path, message)."""
     from .catalog import load_primary_keys, routed_tables
 
     out: list[tuple[str, str]] = []
-    if not any(r.transforms for r in cfg.routes):
+    if not any(r.transforms or r.outbox for r in cfg.routes):
         return out
     found = routed_tables(cfg, catalog)
+    out += _outbox_findings(cfg, catalog, found)
     names = sorted({t for i, r in enumerate(cfg.routes) if r.transforms for t in found[i]})
     pks = await load_primary_keys(sql, names)
     for i, route in enumerate(cfg.routes):
@@ -91,3 +93,23 @@ def route_spec(route, index: int, *, tables, ops, planner) -> RouteSpec:
                      planner=planner, tombstones=route.tombstones,
                      transforms=route_transforms(route, index),
                      transform_keys=route.transform_keys)
+
+
+def _outbox_findings(cfg, catalog, found) -> list[tuple[str, str]]:
+    """The columns an outbox route names (``router.outbox``) that its tables lack."""
+    out = []
+    for i, route in enumerate(cfg.routes):
+        o = route.outbox
+        if o is None:
+            continue
+        wanted = {"key": [o.key], "payload": [o.payload], "id": [o.id], "headers": o.headers,
+                  "topic": [f for _, f, _, _ in string.Formatter().parse(o.topic)
+                            if f and f != "route"]}
+        for schema, table in sorted(found[i]):
+            info = catalog.tables.get((schema, table))
+            have = {c.name for c in info.columns} if info else set()
+            for key, columns in wanted.items():
+                out += [(f"routes[{i}].outbox.{key}", f"route {route.name!r}: outbox table "
+                         f"{schema}.{table} has no column {c!r}") for c in columns
+                        if c not in have]
+    return out

@@ -66,6 +66,14 @@ def test_outbox_inserts_are_events_and_nothing_else(pg_dsn, kafka_bootstrap, tmp
                                  "--json"], capture_output=True, text=True, timeout=120,
                                 cwd=ROOT)
         assert sorted(t["topic"] for t in json.loads(status.stdout)["routes"][name]) == topics
+        bad = write_config(tmp_path / "bad.toml", dsn=pg_dsn, slot=name, publications=[name],
+                           bootstrap=kafka_bootstrap,
+                           routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                                  '[routes.outbox]\nkey = "aggregate_id"\n')
+        checked = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c", str(bad)],
+                                 capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert checked.returncode != 0 and "routes[0].outbox.key" in checked.stdout + \
+            checked.stderr and "has no column 'aggregate_id'" in checked.stdout + checked.stderr
         # the payload as PostgreSQL writes the jsonb: the text the value holds
         assert events[0]["raw"][1].decode() == pg.one(
             "select %s::jsonb::text", json.dumps({"n": 0, "note": "é"}))

@@ -124,3 +124,28 @@ all_tables = true
 """
     with pytest.raises(ConfigError, match=problem):
         parse_config(text)
+
+
+def test_connect_and_avro_schemas_type_a_hashed_int_as_a_string():
+    from router.avro import AvroFormat, SchemasNeeded
+    from router.connect_format import ConnectFormat
+
+    router = ChangeRouter([RouteSpec(name="r", all_tables=True, transforms=TRANSFORMS)], db="d")
+    chunk = next(iter(router.route(txn([Change("insert", 1, REL,
+                                               new=("1", "42", "e", "n", "x"))]))))
+    fmt = ConnectFormat()
+    for s in chunk.schemas:
+        fmt.learn(s)
+    [(_, _, value, _)] = fmt.convert_all(chunk.records)
+    doc = json.loads(value)
+    after = [f for f in doc["schema"]["fields"] if f["field"] == "after"][0]
+    types = {f["field"]: f["type"] for f in after["fields"]}
+    assert types["age"] == "string" and types["id"] == "int32"
+    assert doc["payload"]["after"]["age"] == sha("42")
+    avro = AvroFormat()
+    avro.learn(chunk.schemas[0])
+    with pytest.raises(SchemasNeeded) as need:
+        avro.convert_all(chunk.records)
+    [value] = [s for s in need.value.subjects if s.kind == "value"]
+    age = value.schema.split('"name":"age"')[1].split("}")[0]
+    assert '"string"' in age and '"int"' not in age, age
