@@ -10,13 +10,9 @@ Rules:
   before the request's transaction moves on, so a request the slot confirmed is never lost.
   A request seen again (the stream replays what was not confirmed) is recognised by its id.
 * A driver, per job: a low watermark (committed), the next ``chunk_rows`` rows by key order
-  read (its own transaction, after the low watermark committed), a high watermark. Between
-  the two watermarks in the stream the actor records every key of the table the stream
-  changes; at the high watermark the chunk rows whose key was not changed go out as
-  ``op: "r"`` records of the job's route only, right after the high watermark's
-  transaction and at its position (``router.snapshot``). Changes flow as usual all along.
-  Transactions the chunk's read saw in progress that committed before the low watermark
-  count as inside the window (``router.snapshot.RecentChanges``).
+  read (its own transaction, after the low watermark committed), a high watermark; the
+  chunk's rows not changed between the two go out at the high watermark
+  (``actors.snapshot.windows``). Changes flow as usual all along.
 * The chunk's records travel through the same sink and progress tracking as changes: the
   slot's position passes the high watermark only once they are acknowledged. The driver
   waits for that, then records the chunk's last key in the progress topic and goes on;
@@ -27,9 +23,9 @@ Rules:
   a TRUNCATE or rewrite holding the table commits first, and the read sees its rows (a
   snapshot older than such a command sees the table empty). A chunk that finds the table's
   columns changed since its job was planned (ALTER TABLE: ``jobs.SHAPE``) reads nothing:
-  the job is planned again from the catalog (columns, key, record schema) and goes on after
-  the same key. A table the slot no longer streams to the route (dropped, a partition
-  detached from its published root, out of the publications) ends its job, recorded done.
+  the job is planned again (``actors.snapshot.planner``) and goes on after the same key. A
+  table the slot no longer streams to the route (dropped, a partition detached from its
+  published root, out of the publications) ends its job, recorded done.
 * Memory: one chunk per running job (``[snapshot] parallel`` jobs at a time).
 """
 
@@ -42,43 +38,23 @@ import msgspec
 import trio
 
 from router.config import Config
-from router.envelope import TxContext
-from router.errors import SourceError
-from router.snapshot import (PREFIX, ChunkWindow, SnapshotState, RecentChanges, Watermark,
-                             decode_watermark, encode_watermark)
+from router.snapshot import PREFIX, SnapshotState, RecentChanges, Watermark, encode_watermark
 from router.transactions import Transaction
 
 from ..pipeline.mailbox import Latest
 from ..services import log
-from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
-from .initial import type_names
-from .jobs import SHAPE, Job, done_ranges, plan_jobs, route_rows, shape_tables, table_shapes
+from .jobs import SHAPE, Job, shape_tables
+from .planner import INITIAL, JobPlanner
 from .reader import TableReader, close_session
 from .report import Reporter
 from .store import StateStore
 from .tables import keys_json
+from .windows import Chunk, close_window, observe, open_window, watermark_of
 
 _log = log.get("snapshot")
 #: jobs waiting for a driver at most
 JOBS = 4096
-INITIAL = "initial"
-
-
-class _Chunk:
-    __slots__ = ("job", "rows", "window", "emitted", "end_lsn", "spoiled", "low", "xip",
-                 "absent")
-
-    def __init__(self, job: Job):
-        self.job = job
-        self.rows: list | None = None
-        self.low = 0  # the number of the last recent change before the low watermark
-        self.xip: frozenset[int] = frozenset()  # in progress for the chunk's read
-        self.window: ChunkWindow | None = None
-        self.emitted = trio.Event()
-        self.end_lsn = 0
-        self.spoiled = False
-        self.absent: list[tuple] = []  # a repair's keys the table does not hold
 
 
 class BackfillActor:
@@ -92,8 +68,8 @@ class BackfillActor:
         self.resume_initial = resume_initial
         #: where the events go on (a channel, or the next actor's ``mailbox.Inline``)
         self.out = None
-        self.chunks: dict[str, _Chunk] = {}
-        self.open: list[_Chunk] = []
+        self.chunks: dict[str, Chunk] = {}
+        self.open: list[Chunk] = []
         self.report = Reporter("backfill", cfg.log.progress_interval)
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel(JOBS)
         self._initial_left = 0
@@ -102,8 +78,7 @@ class BackfillActor:
         #: tables being backfilled, as the stream names them -> running jobs
         self._watch: dict[tuple[str, str], int] = {}
         self.recent = RecentChanges()
-        self._planning = trio.Lock()  # ``self.sql`` and the catalog: requests, drivers
-        self.shapes: dict = {}  # ``jobs.table_shapes`` before the catalog was read
+        self.planner = JobPlanner(cfg, db, self.store)
         #: ``caught_up`` (set by the confirm actor) and every backfill job done: what
         #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
         self.caught_up: trio.Event | None = None
@@ -114,10 +89,9 @@ class BackfillActor:
     # -- the stream ---------------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        # SQL sessions are opened when a backfill needs them: a router without backfills
-        # keeps only its usual connections
-        self.sql: SqlSession | None = None
-        # started before the progress topic is read: that read overlaps the rest of the
+        # SQL sessions are opened when a backfill needs them (``JobPlanner``, drivers): a
+        # router without backfills keeps only its usual connections.
+        # Started before the progress topic is read: that read overlaps the rest of the
         # pipeline's start; the stream's events wait in ``handle`` until it is done
         task_status.started()
         try:
@@ -132,8 +106,7 @@ class BackfillActor:
                 await self._ended.wait()  # the sender runs ``handle`` until it ``end``s
                 nursery.cancel_scope.cancel()
         finally:
-            if self.sql is not None:
-                await close_session(self.sql)
+            await self.planner.close()
 
     async def _finish_when_caught_up(self) -> None:
         await self.caught_up.wait()
@@ -158,13 +131,13 @@ class BackfillActor:
             out.append(ev)
             if type(ev) is not Transaction:
                 continue
-            mark = self._mark(ev) if ev.change_count == 1 else None
+            mark = watermark_of(ev, self.slot) if ev.change_count == 1 else None
             if mark is not None:
                 chunk = await self._watermark(mark, ev)
                 if chunk is not None:
                     out.append(chunk)
             elif self._watch:
-                self._observe(ev)
+                observe(ev, self._watch, self.recent, self.open)
         await self.out.send(out)
 
     def _quiet(self, events: list) -> bool:
@@ -179,26 +152,6 @@ class BackfillActor:
                     return False
         return True
 
-    def _observe(self, txn: Transaction) -> None:
-        """A transaction while tables are backfilled: its changes of those tables are
-        remembered (``RecentChanges``) and go to the open windows."""
-        watch, recent, xid = self._watch, self.recent, txn.xid
-        for change in txn.changes:
-            rel = change.relation
-            if change.op == "truncate" or (rel is not None and
-                                           (rel.namespace, rel.name) in watch):
-                recent.add(xid, change)
-                for c in self.open:
-                    c.window.observe(change.op, rel, change.old, change.new, change.relations)
-
-    def _mark(self, txn: Transaction) -> Watermark | None:
-        for change in txn.changes:
-            if change.op != "message" or change.message.prefix != PREFIX:
-                return None
-            mark = decode_watermark(change.message.prefix, change.message.content)
-            return mark if mark is not None and mark.slot == self.slot else None
-        return None
-
     async def _watermark(self, mark: Watermark, txn: Transaction):
         if mark.kind == "request":
             await self._request(mark.chunk, list(mark.routes), list(mark.tables), mark.keys)
@@ -206,33 +159,14 @@ class BackfillActor:
         chunk = self.chunks.get(mark.chunk)
         if chunk is None:
             return None  # a chunk of an earlier run
-        job = chunk.job
         if mark.kind == "low":
-            rel = job.table.relation
-            chunk.window = ChunkWindow((rel.namespace, rel.name), job.key, job.row_key,
-                                       tuple(c.name for c in rel.columns))
-            chunk.low = self.recent.count
+            open_window(chunk, self.recent)
             self.open.append(chunk)
             return None
         if mark.kind != "high" or chunk.window is None:
             return None
         self.open.remove(chunk)
-        # committed before the low watermark but not yet visible to the chunk's read
-        self.recent.replay(chunk.window, chunk.low, chunk.xip)
-        kept = chunk.window.keep(chunk.rows or [])
-        chunk.spoiled = chunk.window.spoiled
-        tx = TxContext(xid=txn.xid, commit_lsn=txn.commit_lsn, end_lsn=txn.end_lsn,
-                       commit_time=txn.commit_time)
-        routed = job.encoder.chunk(job.table.relation, kept, tx, txn.change_count,
-                                   repair=bool(job.keys))
-        if chunk.absent:  # a repair's keys the table does not hold, unchanged in the window
-            gone = [k for k in chunk.absent if k not in chunk.window.changed]
-            routed.records.extend(job.encoder.deletes(
-                job.table.relation, gone, job.row_key, tx,
-                txn.change_count + len(chunk.rows or ())).records)
-        chunk.end_lsn = txn.end_lsn
-        chunk.emitted.set()
-        return routed
+        return close_window(chunk, txn, self.recent)
 
     # -- requests and jobs --------------------------------------------------------------------
 
@@ -243,10 +177,10 @@ class BackfillActor:
         running = [p for p in records.values() if p.kind == "backfill" and p.slot == self.slot
                    and p.state == "running"]
         if running or self.resume_initial:
-            await self._reload()
+            await self.planner.reload()
         for p in running:
-            jobs, problems = await self._plan(p.request, [p.route], [p.table], p.keys)
-            if not jobs and not await self._taken(p.route, p.table):
+            jobs, problems = await self.planner.plan(p.request, [p.route], [p.table], p.keys)
+            if not jobs and not await self.planner.taken(p.route, p.table):
                 # dropped or detached while the router was down: nothing left to copy
                 log.event(_log, "backfill ends: the table is no longer streamed to the "
                           "route (dropped, detached or out of the publications)",
@@ -263,36 +197,11 @@ class BackfillActor:
         if self.resume_initial:
             await self._request(INITIAL, [r.name for r in self.cfg.routes], [])
 
-    async def _reload(self) -> None:
-        if self.sql is None:
-            self.sql = await SqlSession.connect(self.cfg.source.dsn)
-        self.shapes = await table_shapes(self.sql)
-        self.catalog = await load_catalog(self.sql, self.cfg)
-
-    async def _plan(self, request: str, routes: list[str], tables: list[str],
-                    keys: tuple = ()):
-        jobs, problems = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, request,
-                                         routes, tables, type_names,
-                                         whole_keyless=request == INITIAL, keys=keys)
-        if request == INITIAL:
-            await done_ranges(self.sql, self.cfg, self.catalog, self.store.records.values(),
-                              self.slot, jobs)
-        names = await type_names(self.sql, [job.table for job in jobs])
-        pks = await load_primary_keys(self.sql) if jobs else {}
-        encoders: dict = {}  # one per route: a schema or topic is announced once
-        for job in jobs:
-            job.shape = tuple(self.shapes.get(t) for t in shape_tables(job))
-            job.encoder = encoders.get(job.route)
-            if job.encoder is None:
-                job.encoder = encoders[job.route] = route_rows(self.cfg, self.catalog, self.db,
-                                                               job.route, names, pks)
-        return jobs, problems
-
     async def _request(self, request: str, routes: list[str], tables: list[str],
                        keys: tuple = ()) -> None:
-        async with self._planning:
-            await self._reload()
-            jobs, problems = await self._plan(request, routes, tables, keys)
+        async with self.planner.lock:
+            await self.planner.reload()
+            jobs, problems = await self.planner.plan(request, routes, tables, keys)
         for problem in problems:
             log.event(_log, "backfill refused", request=request, problem=problem)
         fresh = []
@@ -381,7 +290,7 @@ class BackfillActor:
         self.report.add(job.name, job.rows)
         while True:
             cid = uuid.uuid4().hex
-            chunk = self.chunks[cid] = _Chunk(job)
+            chunk = self.chunks[cid] = Chunk(job)
             try:
                 await self._emit(sql, Watermark("low", self.slot, chunk=cid))
                 rows: list = []
@@ -392,7 +301,7 @@ class BackfillActor:
                     job.table.table, SHAPE, shape_tables(job))
                 replanned = shape != job.shape
                 # gone: dropped, detached, out of the publication: nothing left to copy
-                gone = replanned and not await self._replan(job)
+                gone = replanned and not await self.planner.replan(job)
                 if job.skip and filenode != job.filenode:
                     # rewritten since the initial snapshot's ranges were read: the blocks
                     # no longer hold the rows they held (chunks before this one were read
@@ -429,36 +338,6 @@ class BackfillActor:
                 self.report.finish(job.name)
                 await self._job_done(job)
                 return
-
-    async def _replan(self, job: Job) -> bool:
-        """The table's columns or partition parents changed since the job was planned
-        (ALTER TABLE, DETACH/ATTACH PARTITION, DROP TABLE): the job planned again from the
-        catalog now (the chunk's lock holds it), to go on after the same key with the
-        table's new columns, key and record schema. False: the slot no longer streams the
-        table to the route (dropped, detached from the table it was published as, out of
-        the publications): the job has nothing left to copy."""
-        async with self._planning:
-            await self._reload()
-            jobs, problems = await self._plan(job.request, [job.route], [job.name], job.keys)
-            new = next((j for j in jobs if j.route == job.route and j.name == job.name), None)
-            if new is None and await self._taken(job.route, job.name):
-                raise SourceError(f"backfill of {job.name} for route {job.route}: the table "
-                                  "changed and can no longer be backfilled: "
-                                  + "; ".join(problems))
-        if new is None:
-            return False
-        for field in ("table", "key", "key_types", "row_key", "encoder", "shape"):
-            setattr(job, field, getattr(new, field))
-        log.event(_log, "backfill goes on with the table's new columns", route=job.route,
-                  table=job.name)
-        return True
-
-    async def _taken(self, route: str, table: str) -> bool:
-        """The slot streams ``table`` to ``route`` (with a key or not), by the catalog last
-        read."""
-        jobs, _ = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, "", [route],
-                                  [table], type_names, whole_keyless=True)
-        return bool(jobs)
 
     async def _ended_gone(self, job: Job) -> None:
         """The job's table is no longer streamed to its route: recorded done (nothing left

@@ -16,7 +16,7 @@ from router.snapshot import PREFIX, Watermark, encode_watermark
 
 from ..services.catalog import load_catalog
 from ..services.sql import SqlSession
-from .initial import type_names
+from .column_types import type_names
 from .jobs import plan_jobs
 
 

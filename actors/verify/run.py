@@ -48,7 +48,7 @@ from router.verify import Comparison
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.preflight import kafka_admin
 from ..services.sql import SqlSession
-from ..snapshot.initial import type_names
+from ..snapshot.column_types import type_names
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
 from .compare import SPLIT_ROWS, compare_target

@@ -1,4 +1,4 @@
-"""Which initial-snapshot chunks Kafka holds, from the sink's tickets (``_AckedPrefix``).
+"""Which initial-snapshot chunks Kafka holds, from the sink's tickets (``AckedPrefix``).
 
 The sink puts consecutive whole transactions under one ticket while their registration is not
 sent yet, so a ticket may hold several snapshot chunks, of several tables. A table may be
@@ -7,15 +7,15 @@ once every record of it is acknowledged."""
 
 from __future__ import annotations
 
-from actors.snapshot.initial import _AckedPrefix
+from actors.snapshot.tickets import AckedPrefix
 
 
-def _sent(prefix: _AckedPrefix, chunks: list[tuple[str, int]]) -> list:
+def _sent(prefix: AckedPrefix, chunks: list[tuple[str, int]]) -> list:
     return [prefix.sending(table, n) for table, n in chunks]
 
 
 def test_a_ticket_holding_several_chunks_makes_each_of_them_durable():
-    p = _AckedPrefix()
+    p = AckedPrefix()
     _sent(p, [("a", 2), ("a", 2), ("b", 3), ("b", 1)])
     p.registered(0)
     # ticket 0 holds the first three chunks (7 records), ticket 1 the last one
@@ -28,7 +28,7 @@ def test_a_ticket_holding_several_chunks_makes_each_of_them_durable():
 def test_a_ticket_acknowledged_early_waits_for_the_tickets_before_it():
     """Tickets of other partitions are acknowledged in any order: a later ticket's records
     say nothing of an earlier one's."""
-    p = _AckedPrefix()
+    p = AckedPrefix()
     _sent(p, [("a", 5), ("b", 5)])
     p.registered(0)
     assert p.done(1, 5) == []  # b's chunk: a's ticket is not acknowledged yet
@@ -36,14 +36,14 @@ def test_a_ticket_acknowledged_early_waits_for_the_tickets_before_it():
 
 
 def test_tickets_need_not_start_at_zero():
-    p = _AckedPrefix()
+    p = AckedPrefix()
     _sent(p, [("a", 1)])
     p.registered(41)
     assert p.done(41, 1) == ["a"]
 
 
 def test_a_chunk_whose_send_failed_is_not_waited_for():
-    p = _AckedPrefix()
+    p = AckedPrefix()
     first, second, third = _sent(p, [("a", 2), ("a", 2), ("b", 2)])
     p.unsent(third)  # cancelled by the drain before the sink took it
     p.unsent(second)
@@ -54,7 +54,7 @@ def test_a_chunk_whose_send_failed_is_not_waited_for():
 
 
 def test_nothing_is_durable_before_it_is_acknowledged():
-    p = _AckedPrefix()
+    p = AckedPrefix()
     _sent(p, [("a", 3)])
     p.registered(0)
     p.all_sent = True

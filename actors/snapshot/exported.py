@@ -1,0 +1,51 @@
+"""The slot of an initial snapshot, created with an exported snapshot.
+
+Rules:
+
+* The slot is created on a replication connection with ``SNAPSHOT 'export'``: its
+  consistent point and the exported snapshot describe the same instant — every
+  transaction committed before it is in the snapshot, every later one is streamed.
+* That connection stays open (and idle) until every reader imported the snapshot and
+  finished (``close``): the snapshot lives as long as the connection that exported it.
+* A slot of that name created by someone else is ``SlotInUse``; a server that cannot be
+  reached is ``SourceUnavailable``; any other refusal is ``SourceError`` (one line each).
+"""
+
+from __future__ import annotations
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extras
+
+from router.errors import SlotInUse, SourceError, SourceUnavailable
+from router.lsn import parse_lsn
+
+
+class ExportedSlot:
+    """A slot created with an exported snapshot, on a replication connection kept open."""
+
+    def __init__(self, dsn: str, slot: str, two_phase: bool, failover: bool = False):
+        try:
+            self.conn = psycopg2.connect(
+                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            cur = self.conn.cursor()
+            opts = ("SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
+                    + (", FAILOVER" if failover else ""))  # source.failover, 17+
+            cur.execute(f'CREATE_REPLICATION_SLOT "{slot.replace(chr(34), "")}" LOGICAL '
+                        f"pgoutput ({opts})")
+            row = cur.fetchone()
+        except psycopg2.errors.DuplicateObject as exc:
+            raise SlotInUse(f"replication slot {slot!r} was created by someone else: "
+                            f"{exc}".strip()) from exc
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            raise SourceUnavailable(f"cannot create slot {slot!r}: {exc}".strip()) from exc
+        except psycopg2.Error as exc:
+            raise SourceError(f"cannot create slot {slot!r}: {exc}".strip()) from exc
+        self.consistent_point = parse_lsn(row[1])
+        self.snapshot = row[2]
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except psycopg2.Error:
+            pass
