@@ -35,7 +35,17 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def routers(urls: list[str]) -> list[str]:
     for i, url in enumerate(urls):
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if "@" in parts.netloc:
+            # the page relays each URL to whoever opens it, and ps shows the command line
+            raise ConfigError("credentials in the URL are refused (the overview's page would "
+                              "show them): give the routers' [console] token with "
+                              "--token-file, and the URL as http(s)://host:port",
+                              path=f"--router[{i}]")
+        try:
+            parts.port
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"expected http(s)://host:port, got {url!r}",
                               path=f"--router[{i}]")
     return urls

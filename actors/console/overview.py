@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,6 +23,8 @@ from .web import asset, respond, send_json
 
 #: seconds one router may take to answer
 TIMEOUT = 3.0
+#: bytes of one router's answer read at most (a status document is far smaller)
+MAX_BODY = 16 * 1024 * 1024
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -37,10 +40,30 @@ _OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({
 
 def _shown(location: str | None) -> str:
     """Where a redirect pointed, without credentials or query (the log and page show it)."""
-    parts = urllib.parse.urlsplit(location or "")
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
+    try:
+        parts = urllib.parse.urlsplit(location or "")
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port out of range, a bad IPv6 literal: the router's error
+        return "an invalid URL"
     return f"{parts.scheme}://{host}{port}{parts.path}" if host else (parts.path or "?")
+
+
+def _body(resp, deadline: float, timeout: float) -> bytes:
+    """The answer, at most ``MAX_BODY`` bytes and until ``deadline`` (a read blocks at most
+    ``timeout`` more): a router dripping or streaming without end must not hold the
+    overview's page, nor fill its memory."""
+    out = bytearray()
+    while True:
+        if time.monotonic() > deadline:
+            raise ValueError(f"did not answer within {timeout:g} s")
+        chunk = resp.read1(64 * 1024)
+        if not chunk:
+            return bytes(out)
+        out += chunk
+        if len(out) > MAX_BODY:
+            raise ValueError(f"an answer larger than {MAX_BODY // (1024 * 1024)} MiB is not "
+                             "a status document")
 
 
 def _http_error(exc: urllib.error.HTTPError) -> str:
@@ -54,9 +77,10 @@ def fetch(url: str, token: str = "", timeout: float = TIMEOUT) -> dict:
     req = urllib.request.Request(url.rstrip("/") + "/api/status",
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
     out: dict = {"url": url, "ok": False, "error": None, "status": None}
+    deadline = time.monotonic() + timeout
     try:
         with _OPENER.open(req, timeout=timeout) as resp:
-            doc = json.loads(resp.read())
+            doc = json.loads(_body(resp, deadline, timeout))
         if not isinstance(doc, dict) or "schema" not in doc:
             raise ValueError("not a pgrouter status document")
     except urllib.error.HTTPError as exc:
