@@ -47,7 +47,8 @@ def route_transforms(route, index: int) -> tuple[ColumnTransform, ...]:
 async def transform_findings(sql, cfg, catalog) -> list[tuple[str, str]]:
     """``pgrouter check``: the routes' transforms of record-key columns without
     ``transform_keys = true`` (the key is the primary key, else the replica identity), salts
-    that cannot be read, outbox columns a table lacks; as (config key path, message)."""
+    that cannot be read, transformed columns no routed table has (a misspelt name would let
+    the value out as it is), outbox columns a table lacks; as (config key path, message)."""
     from .catalog import load_primary_keys, routed_tables
 
     out: list[tuple[str, str]] = []
@@ -65,6 +66,7 @@ async def transform_findings(sql, cfg, catalog) -> list[tuple[str, str]]:
         except ConfigError as exc:
             out.append((exc.path or f"routes[{i}].transforms", str(exc)))
             continue
+        out += _unmatched(route, i, transforms, found[i], catalog)
         if route.transform_keys:
             continue
         for schema, table in sorted(found[i]):
@@ -80,6 +82,17 @@ async def transform_findings(sql, cfg, catalog) -> list[tuple[str, str]]:
                         "partition of every record of the row: set transform_keys = true to "
                         "accept that")))
     return out
+
+
+def _unmatched(route, i: int, transforms, tables, catalog) -> list[tuple[str, str]]:
+    have = set()
+    for schema, table in tables:
+        info = catalog.tables.get((schema, table))
+        for c in info.columns if info else ():
+            have.update((c.name, f"{schema}.{table}.{c.name}"))
+    return [(f"routes[{i}].transforms[{j}].columns", f"route {route.name!r}: no table the "
+             f"route takes has a column {c!r} (its values would leave untransformed)")
+            for j, t in enumerate(transforms) for c in t.columns if c not in have]
 
 
 def route_spec(route, index: int, *, tables, ops, planner) -> RouteSpec:

@@ -145,6 +145,15 @@ def test_transforms_equal_postgresqls_own_hashes(pg_dsn, kafka_bootstrap, regist
         assert refused.returncode != 0 and "transform_keys" in out and ".id is part of the " \
             "record key" in out, out
         assert salt not in out
+        misspelt = write_config(tmp_path / "m.toml", dsn=pg_dsn, slot=name, publications=[name],
+                                bootstrap=kafka_bootstrap, routes=_routes(
+                                    name, topic, TRANSFORMS.replace('"email"', '"e_mail"')))
+        refused = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c",
+                                  str(misspelt)], capture_output=True, text=True, timeout=120,
+                                 cwd=ROOT)
+        out = refused.stdout + refused.stderr
+        assert refused.returncode != 0 and "routes[0].transforms[0].columns" in out and \
+            "'e_mail'" in out, out
     finally:
         pg.drop_slot(name)
         pg.run(f"drop publication {name}")
