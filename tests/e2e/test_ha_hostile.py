@@ -71,8 +71,11 @@ def test_a_leader_frozen_in_its_initial_snapshot(slot_table, pg_dsn,  # noqa: F8
     _check(pg, name, kafka_bootstrap)
 
 
+@pytest.mark.parametrize("fault", ["kill9", "sigstop"])
 def test_the_new_leader_killed_right_after_it_took_over(slot_table, pg_dsn,  # noqa: F811
-                                                        kafka_bootstrap, tmp_path):
+                                                        kafka_bootstrap, tmp_path, fault):
+    """kill -9, or a freeze in the middle of its takeover (still fencing the first frozen
+    leader's walsender), of the router that just took over: a third one leads."""
     pg, name, config = slot_table
     pg.run(f"insert into {name} select g, 0, '' from generate_series(0, {KEYS - 1}) g")
     group = Group(config(), tmp_path, pg_dsn, name, n=3)
@@ -83,18 +86,23 @@ def test_the_new_leader_killed_right_after_it_took_over(slot_table, pg_dsn,  # n
         load.start()
         wait_for(lambda: topic_size(kafka_bootstrap, name) > 3000, timeout=60,
                  what="records before the freeze")
-        zombie = group.routers[i]
+        zombie, j = group.routers[i], None
         zombie.signal(signal.SIGSTOP)
         try:
             group.taken_over(old, time.time(), timeout=60)
             j = group.leader()
-            group.kill9(j)  # the new leader dies at once
-            group.replace(j)
+            if fault == "kill9":  # the new leader dies at once
+                group.kill9(j)
+                group.replace(j)
+            else:
+                group.routers[j].signal(signal.SIGSTOP)
             wait_for(lambda: group.leader() not in (i, j), timeout=90, what="a third leader")
             load.stop()
             _caught_up(pg, name)
         finally:
             zombie.signal(signal.SIGCONT)
+            if j is not None and group.routers[j].proc.poll() is None:
+                group.routers[j].signal(signal.SIGCONT)
         time.sleep(4)
         group.stop()
     except BaseException:
