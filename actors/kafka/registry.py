@@ -53,6 +53,20 @@ def _where(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
+def _shown(location: str | None) -> str:
+    """Where a redirect pointed, without credentials or query."""
+    try:
+        return _where(location or "") if urllib.parse.urlsplit(location or "").hostname \
+            else (urllib.parse.urlsplit(location or "").path or "?")
+    except ValueError:
+        return "an invalid URL"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 class RegistryClient:
     def __init__(self, cfg):
         """``cfg``: the ``[kafka.registry]`` table (``router.config.RegistryConfig``)."""
@@ -73,6 +87,10 @@ class RegistryClient:
                 self._context.load_cert_chain(cfg.ssl_certificate_location,
                                               cfg.ssl_key_location or None)
         self._configured: set[str] = set()
+        # redirects are answers, never followed: urllib would send the Authorization header
+        # on to whatever host the answer names (a login page's, a proxy's)
+        self._opener = urllib.request.build_opener(
+            _NoRedirect, urllib.request.HTTPSHandler(context=self._context))
 
     # -- HTTP -------------------------------------------------------------------------------
 
@@ -82,9 +100,15 @@ class RegistryClient:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method, headers=self._headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as r:
+            with self._opener.open(req, timeout=self.timeout) as r:
                 return r.status, _json(r.read(), _content_type(r.headers))
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise RegistryRejected(
+                    f"schema registry {self.where} answered {exc.code} to {method} {path}, "
+                    f"redirecting to {_shown(exc.headers.get('Location'))} (not followed: "
+                    "the credentials go only to the url configured; give the url the "
+                    "registry answers at itself)") from None
             status, answer = exc.code, _json(exc.read(), _content_type(exc.headers))
             if status >= 500:
                 raise RegistryUnavailable(f"schema registry {self.where} answered {status} to "
