@@ -16,6 +16,7 @@ from router.routing import RouteSpec
 from router.server_features import ServerFeatures
 
 from ..services import failover, log
+from ..snapshot.exported import copy_name
 from ..services.catalog import build_route_specs, load_primary_keys
 from ..services.sql import SqlSession
 
@@ -67,14 +68,18 @@ def wal_end_reader(sql: SqlSession):
 
 
 async def wait_slot_free(sql: SqlSession, slot: str) -> None:
-    """Until no consumer streams ``slot`` (up to ``SLOT_BUSY_WAIT``), else ``SlotInUse``.
-    With exactly-once and no [ha] the transactional id is registered only after this: a
-    second router on a busy slot waits for it and never fences the router streaming it."""
+    """Until no consumer streams ``slot`` and no router copies its initial snapshot (up to
+    ``SLOT_BUSY_WAIT``), else ``SlotInUse``. With exactly-once and no [ha] the transactional
+    id is registered only after this: a second router on a busy slot waits for it and never
+    fences the router streaming it. A slot being copied is not streamed yet (it shows as
+    free): the copying router's connection is found by its name (``copy_name``)."""
     deadline = time.monotonic() + SLOT_BUSY_WAIT
     waiting = False
     while True:
-        pid = await sql.fetchval("select active_pid from pg_replication_slots "
-                                 "where slot_name = $1 and active", slot)
+        pid = await sql.fetchval(
+            "select coalesce((select active_pid from pg_replication_slots where slot_name = $1"
+            " and active), (select pid from pg_stat_activity where application_name = $2"
+            " limit 1))", slot, copy_name(slot))
         if pid is None:
             return
         if time.monotonic() > deadline:

@@ -7,11 +7,17 @@ Rules:
   transaction committed before it is in the snapshot, every later one is streamed.
 * That connection stays open (and idle) until every reader imported the snapshot and
   finished (``close``): the snapshot lives as long as the connection that exported it.
+* That connection is named (``application_name``, ``copy_name``): the slot shows as free
+  until the copy is in Kafka and the stream starts, and a second router on the same
+  config must see that the first is still copying (``actors.runner.source.wait_slot_free``)
+  rather than register the transactional id, which fences the copy.
 * A slot of that name created by someone else is ``SlotInUse``; a server that cannot be
   reached is ``SourceUnavailable``; any other refusal is ``SourceError`` (one line each).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import psycopg2
 import psycopg2.errors
@@ -21,13 +27,24 @@ from router.errors import SlotInUse, SourceError, SourceUnavailable
 from router.lsn import parse_lsn
 
 
+def copy_name(slot: str) -> str:
+    """The ``application_name`` of the connection exporting ``slot``'s initial snapshot:
+    at most 63 bytes (PostgreSQL cuts longer ones), a long slot name ending in a hash."""
+    name = f"pgrouter snapshot {slot}"
+    if len(name.encode()) <= 63:
+        return name
+    digest = hashlib.sha1(slot.encode()).hexdigest()[:16]
+    return f"pgrouter snapshot {slot.encode()[:28].decode(errors='ignore')}~{digest}"
+
+
 class ExportedSlot:
     """A slot created with an exported snapshot, on a replication connection kept open."""
 
     def __init__(self, dsn: str, slot: str, two_phase: bool, failover: bool = False):
         try:
             self.conn = psycopg2.connect(
-                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                application_name=copy_name(slot))
             cur = self.conn.cursor()
             opts = ("SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
                     + (", FAILOVER" if failover else ""))  # source.failover, 17+

@@ -446,3 +446,42 @@ def test_broker_restart_leaves_each_change_once(fault_stack, tmp_path):
         pg.run(f"drop publication {name}")
         pg.run(f"drop table {name}")
         pg.close()
+
+
+def test_a_second_router_waits_while_the_first_copies_its_initial_snapshot(table,
+                                                                          kafka_bootstrap,
+                                                                          tmp_path):
+    """The first router made the slot with an exported snapshot and is still copying the
+    tables (the slot is not streamed yet, so it shows as free): a second router on the
+    same config waits for it too, instead of registering the transactional id and fencing
+    the copy. The first is frozen (SIGSTOP) in its copy, standing for a long one."""
+    pg, name, config = table
+    cfg = config("librdkafka")
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    procs = [start_router(cfg, logs[0])]
+    try:
+        wait_for_line(logs[0], "replication slot created with an exported snapshot", procs[0])
+        os.killpg(procs[0].pid, signal.SIGSTOP)
+        procs.append(start_router(cfg, logs[1]))
+        deadline = time.monotonic() + 20
+        while "waiting for the slot" not in logs[1].read_text():
+            text = logs[1].read_text()
+            assert time.monotonic() < deadline and "streaming started" not in text, text[-3000:]
+            time.sleep(0.2)
+        os.killpg(procs[0].pid, signal.SIGCONT)
+        wait_for_line(logs[0], "streaming started", procs[0], timeout=30)
+        pg.run(f"update {name} set n = n + 1 where id = 1")
+        deadline = time.monotonic() + 30
+        while updates_of(kafka_bootstrap, name, 1) != [1]:
+            assert time.monotonic() < deadline and procs[0].poll() is None, \
+                logs[0].read_text()[-3000:]
+            time.sleep(0.3)
+        assert procs[1].poll() is None, logs[1].read_text()[-3000:]
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGCONT) if proc.poll() is None else None
+            kill9(proc)
+    text = logs[0].read_text() + logs[1].read_text()
+    assert "fenced" not in text, text[-3000:]
+    copied = sorted(r["after"]["id"] for r in changes(kafka_bootstrap, name) if r["op"] == "r")
+    assert copied == list(range(HOT)), len(copied)
