@@ -13,8 +13,9 @@ Rules (the consumer's view of a topic, docs/materializer.md and docs/record-form
   point) — unless it is past ``end``, the source's WAL end once the topic's end offsets
   were taken: no record the router writes can be there, so it is damage a consumer keeps
   (and orders after anything the router writes): folded as any record, and named
-  (``beyond``). Tombstones (no value) and records that are not row changes (messages, transaction
-  metadata) are skipped.
+  (``beyond``). Records that are not row changes (messages, transaction metadata) are
+  skipped. A tombstone (a key, no value) removes the key's row, as compaction does for a
+  consumer, unless it follows the key's delete (``TopicFold.tombstone``).
 * Per key, a record applies only when its position ``(commit_lsn, seq)`` is after the last
   one applied to that key: a record written twice (after a restart) or an older one read
   after a newer one changes nothing. Deletes are remembered with their position for that.
@@ -152,6 +153,8 @@ class TopicFold:
         self.beyond: list[tuple] = []
         #: partition -> its first offset, of those whose oldest records were deleted
         self.starts: dict[int, int] = {}
+        #: key -> position of its delete past the cut (``tombstone``)
+        self._later: dict[bytes, int] = {}
 
     def add(self, key, env: dict | None) -> None:
         """One record: its decoded key (None: keyless) and envelope (None: skip)."""
@@ -167,6 +170,7 @@ class TopicFold:
         if lsn >= self.cut:
             if self.end is None or lsn <= self.end:
                 self.after_cut += 1
+                self._removed_later(key, op, before, pos)
                 return
             if key is None or self.part is None or self.part(key):
                 self.beyond.append((key, lsn))
@@ -200,6 +204,25 @@ class TopicFold:
                 if was is None or was[0] < pos:
                     rows[old] = (pos, _GONE)
         rows[k] = (pos, row)
+
+    def _removed_later(self, key, op: str, before, pos: int) -> None:
+        """A delete (or the JSON format's key change) past the cut: the route's own
+        tombstone that follows it is no damage (``tombstone``)."""
+        if isinstance(key, dict) and (op == "d" or (op == "u" and isinstance(before, dict))):
+            old = key if op == "d" else {c: before.get(c) for c in key}
+            self._later[key_of(old)] = pos
+
+    def tombstone(self, key) -> None:
+        """A tombstone (a key, no value): a compacted topic's consumer loses the row the key
+        holds, unless the tombstone follows the key's delete (a route's ``tombstones =
+        true``; past the cut: the delete was ignored, so is its tombstone)."""
+        if key is None or (self.part is not None and not self.part(key)):
+            return
+        k = key_of(key)
+        held = self.rows.get(k)
+        if held is None or held[1] is _GONE or self._later.get(k, -1) > held[0]:
+            return
+        self.rows[k] = (held[0], _GONE)
 
     def keyed(self) -> dict[bytes, tuple[tuple, bytes]]:
         """key -> column digests of every row the topic holds (deletes and truncates

@@ -215,7 +215,7 @@ def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
     here).
 
     * A message with an error, or at or past its partition's end in ``ends`` (or of a
-      partition not in it), is not read; one without a value is read and skipped.
+      partition not in it), is not read; a tombstone (a key, no value) goes to the feeder.
     * The plain case is folded here: a ``c``/``r``/``u`` record (``tools[0]`` decodes it;
       ``before`` and ``after`` may be left as their JSON, ``msgspec.Raw``) with a key (``tools[1]`` decodes it to a dict, ``tools[2]`` to the fold's key bytes),
       a source, ``after``, no ``before``, no ``unchanged_toast``: as
@@ -235,6 +235,8 @@ def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
         read += 1
         kb, vb = m.key(), m.value()
         if vb is None:
+            if kb is not None:  # a tombstone: the feeder's
+                slow(kb, vb)
             continue
         done = _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key,
                          layout, row_py)

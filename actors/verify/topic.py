@@ -14,8 +14,8 @@ Rules:
   producer, a damaged topic — a value that is not JSON, Connect or Avro, a JSON value that
   is neither a change record, a logical message nor transaction metadata, an Avro record
   without ``[kafka.registry]``) is a ``SinkError`` naming the topic and the record's key:
-  a consumer would read something verify cannot compare. Tombstones (no value), logical
-  messages (``op: "m"``) and transaction metadata are skipped.
+  a consumer would read something verify cannot compare. Logical messages (``op: "m"``)
+  and transaction metadata are skipped; a tombstone goes to ``TopicFold.tombstone``.
 * A topic that does not exist is a ``SinkError`` naming it; so is a Kafka that cannot be
   reached. A partition whose first offset is not 0 (retention or ``kafka-delete-records``
   removed its oldest records) is read from its first offset, as a consumer reading from the
@@ -109,6 +109,8 @@ class Decoder:
 
         def fold_one(kb: bytes | None, vb: bytes | None) -> None:
             if vb is None:
+                if kb is not None and not keyless:
+                    fold.tombstone(key(kb))
                 return
             try:
                 c = change(vb)

@@ -427,7 +427,8 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(kb);
             goto fail;
         }
-        int r = vb == Py_None ? 3 : fold_one(&f, kb, vb);
+        /* a tombstone with a key: the feeder's (it may remove the key's row) */
+        int r = vb == Py_None ? (kb == Py_None ? 3 : 0) : fold_one(&f, kb, vb);
         if (r == 0) {
             PyObject *done = PyObject_CallFunctionObjArgs(slow, kb, vb, NULL);
             r = done == NULL ? -1 : 0;

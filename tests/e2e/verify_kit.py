@@ -157,11 +157,17 @@ def canon(key) -> str:
 def plain_fold(records: list[tuple], codec: Codec) -> dict[str, dict]:
     """What a consumer materializing the topic holds: per key, the latest change by
     ``(source.commit_lsn, seq)`` (a later one only when strictly newer), deletes removing
-    the key, a truncate every row before it, unchanged TOAST columns keeping the key's
+    the key, a tombstone too (a compacted topic's consumer loses what it follows), a
+    truncate every row before it, unchanged TOAST columns keeping the key's
     earlier value (the JSON format's key change removing the old key)."""
     held: dict[str, tuple] = {}
     truncated = None
     for _p, _o, kb, vb in records:
+        if vb is None and kb is not None:  # a tombstone: compaction drops the key's row
+            key = canon(codec.key(kb))
+            if held.get(key, (None, None))[1] is not None:
+                held[key] = (held[key][0], None)
+            continue
         env = codec.value(vb)
         if not isinstance(env, dict) or env.get("op") not in ("c", "r", "u", "d", "t"):
             continue
