@@ -7,7 +7,10 @@ Rules:
   row inserted and deleted in one transaction (the usual way to keep the outbox empty)
   publishes its event once and nothing for the delete.
 * The record: topic from ``[routes.outbox] topic``, a template of the row's columns (and
-  ``{route}``), each value escaped as identifiers are (``router.topics.escape``); key = the
+  ``{route}``), each value as it is, as Debezium's RegexRouter puts it (``purchase-order``
+  gives ``outbox.event.purchase-order``), except that a character Kafka refuses in a topic
+  name is escaped as identifiers' are (``router.topics.escape``: ``a b`` → ``a-20b``; where
+  Debezium's topic would be refused); key = the
   ``key`` column's text (null when NULL); value = the ``payload`` column's text as written
   (null when NULL); headers: ``id`` = the ``id`` column's text, then each ``headers`` column
   by its name (then the position headers when ``[kafka] position_headers`` is on).
@@ -90,7 +93,7 @@ class OutboxPlan:
         self.headers = tuple((name, at(name, "headers")) for name in cfg.headers)
 
     def topic(self, row: tuple) -> str:
-        values = {name: escape(_text(row[i]) or "") for name, i in self.fields}
+        values = {name: _in_topic(_text(row[i]) or "") for name, i in self.fields}
         topic = self.template.format(route=self.route, **values)
         problem = illegal(topic)
         if problem:
@@ -105,6 +108,18 @@ class OutboxPlan:
         if position:
             headers += position
         return (self.topic(row), _bytes(row[self.key]), _bytes(row[self.payload]), headers)
+
+
+_KAFKA_CHARS = frozenset(string.ascii_letters + string.digits + "._-")
+
+
+def _in_topic(value: str) -> str:
+    """A column's value in a topic name: as it is when Kafka takes its characters (a
+    Debezium consumer subscribes to ``outbox.event.<value>``), else each character Kafka
+    refuses escaped."""
+    if _KAFKA_CHARS.issuperset(value):
+        return value
+    return "".join(c if c in _KAFKA_CHARS else escape(c) for c in value)
 
 
 def _text(value) -> str | None:
