@@ -25,6 +25,7 @@ from .kafka_settings import parse_bootstrap_servers, translate as translate_kafk
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
 from .outbox import OutboxConfig, validate_outbox
+from .message_routes import MessageRouteConfig, validate_message_routes
 from .transforms import TransformConfig, validate_transforms
 
 Operation = Literal["insert", "update", "delete", "truncate"]
@@ -223,6 +224,8 @@ class Config(_Base):
     source: SourceConfig
     kafka: KafkaConfig
     routes: list[RouteConfig]
+    #: logical decoding messages published by prefix (``router.message_routes``)
+    message_routes: list[MessageRouteConfig] = []
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     snapshot: SnapshotConfig = msgspec.field(default_factory=SnapshotConfig)
@@ -294,7 +297,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
             ("http://", "https://")):
         raise ConfigError("the registry url must start with http:// or https://",
                           path="kafka.registry.url", source=source)
-    if not cfg.routes:
+    if not cfg.routes and not cfg.message_routes:
         raise ConfigError("at least one [[routes]] entry is needed", path="routes", source=source)
     if cfg.source.binary:
         raise ConfigError(BINARY_REFUSED, path="source.binary", source=source)
@@ -335,6 +338,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         if fields - _TOPIC_FIELDS:
             raise ConfigError(f"unknown placeholder(s) {sorted(fields - _TOPIC_FIELDS)}; use "
                               "{route}, {schema}, {table}", path=f"{where}.topic", source=source)
+    validate_message_routes(cfg.message_routes, names, cfg.source.messages, source)
     if not cfg.snapshot.state_topic or not _TOPIC_CHARS.match(cfg.snapshot.state_topic):
         raise ConfigError("a topic name (letters, digits, '.', '_' and '-')",
                           path="snapshot.state_topic", source=source)

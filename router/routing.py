@@ -45,6 +45,7 @@ from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home 
 from .schema import TableSchema
 from . import tombstones
 from .outbox import OutboxPlan
+from .message_routes import MessageRoutes
 from .transforms import for_relation
 from .truncates import TruncateRoutes
 from .transactions import NonTransactionalMessage, Transaction
@@ -99,7 +100,8 @@ class ChangeRouter:
     def __init__(self, routes: list[RouteSpec], *, db: str, messages_topic: str = "",
                  type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
                  primary_keys: PrimaryKeys | dict[tuple[str, str], tuple[str, ...]] | None = None,
-                 position_headers: bool = False):
+                 position_headers: bool = False, message_routes: list | tuple = (),
+                 signal_prefix: str = ""):
         self.routes = routes
         #: Kafka headers pgrouter.commit_lsn and pgrouter.seq on every change record (the
         #: same position as the value's source; they cost the client ~1 µs a record)
@@ -110,6 +112,12 @@ class ChangeRouter:
         self.primary_keys = (primary_keys if isinstance(primary_keys, PrimaryKeys)
                              else PrimaryKeys(primary_keys))
         self.messages_topic = messages_topic
+        #: ``router.message_routes``: messages published by prefix (None: no such routes)
+        self._messages = MessageRoutes(message_routes) if message_routes else None
+        #: messages of this prefix are signals (``router.signals``): kept in ``signals`` as
+        #: (commit_lsn, seq, content) until the caller takes them (``take_signals``)
+        self._signal_prefix = signal_prefix
+        self.signals: list = []
         self.type_names = type_names if type_names is not None else {}
         self.chunk_records = chunk_records
         self._plans: dict[int, tuple[Relation, tuple[TablePlan, ...]]] = {}
@@ -418,7 +426,26 @@ class ChangeRouter:
             key, value = encode_message(db=self.db, route="", tx=None, lsn=msg.lsn, seq=0,
                                         transactional=False, prefix=m.prefix, content=m.content)
             records.append((self.messages_topic, key, value, self._headers(msg.lsn, 0)))
-        return RoutedChunk(0, msg.lsn, 0, records, [], True)
+        if self._messages is not None:
+            m = msg.message
+            self._messages.records(m.prefix, m.content, self._headers(msg.lsn, 0), records,
+                                   self._new_topic)
+        return RoutedChunk(0, msg.lsn, 0, records, [], True, self._take_new_topics())
+
+    def _new_topic(self, topic: str, route: str) -> None:
+        if topic not in self._seen_topics:
+            self._seen_topics.add(topic)
+            self._new_topics.append((topic, route))
+
+    def _take_new_topics(self) -> list:
+        new_topics = self._new_topics
+        if new_topics:
+            self._new_topics = []
+        return new_topics
+
+    def take_signals(self) -> list:
+        signals, self.signals = self.signals, []
+        return signals
 
     def _schema(self, plan: TablePlan, schemas: list) -> None:
         sid = plan.encoder.schema.schema_id
@@ -456,6 +483,11 @@ class ChangeRouter:
                                             transactional=True, prefix=m.prefix,
                                             content=m.content)
                 out.append((self.messages_topic, key, value, self._headers(tx.commit_lsn, seq)))
+            if self._messages is not None:
+                self._messages.records(change.message.prefix, change.message.content,
+                                       self._headers(tx.commit_lsn, seq), out, self._new_topic)
+            if self._signal_prefix and change.message.prefix == self._signal_prefix:
+                self.signals.append((tx.commit_lsn, seq, change.message.content))
             return
         if op == "truncate":
             self._truncates.route(change, tx, seq, out, schemas)

@@ -197,6 +197,9 @@ class SnapshotState(msgspec.Struct, frozen=True, omit_defaults=True):
     keys: tuple[tuple, ...] = ()
     blocks: tuple[int, ...] = ()
     filenode: int = 0
+    #: a ``signal`` record (``router.signals``; keyed by slot and request): why it was
+    #: refused (state ``refused``; ``accepted`` otherwise)
+    problem: str = ""
 
 
 _progress_decoder = msgspec.json.Decoder(SnapshotState)
@@ -206,6 +209,8 @@ def state_key(p: SnapshotState) -> bytes:
     """A JSON object, like every key pgrouter writes."""
     if p.kind == "initial":
         return msgspec.json.encode({"kind": "initial", "slot": p.slot})
+    if p.kind == "signal":
+        return msgspec.json.encode({"kind": "signal", "slot": p.slot, "request": p.request})
     if p.kind == "range":
         return msgspec.json.encode({"kind": "range", "slot": p.slot, "table": p.table,
                                     "blocks": p.blocks})

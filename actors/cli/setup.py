@@ -16,6 +16,7 @@ import trio
 import trio_asyncio
 
 from router.errors import ConfigError, SourceError
+from router.signals import SETUP_SQL as SIGNALS_SQL
 
 from ..services import publication_trigger as trigger
 from ..services.retry import primary
@@ -50,6 +51,9 @@ async def _statements(cfg, uninstall: bool) -> list[str]:
                               "allows event triggers to superusers only)", path="source.dsn")
         await trigger.install(sql)
         done.append(f"event trigger installed ({', '.join(trigger.TRIGGERS)})")
+        for stmt in SIGNALS_SQL:
+            await sql.execute(stmt)
+        done.append("signal table pgrouter.signals ready (an insert asks for a backfill)")
         exists = await sql.fetchval("select count(*) from pg_replication_slots "
                                     "where slot_name = $1", src.slot)
         if not exists and src.create_slot:

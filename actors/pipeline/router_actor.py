@@ -32,8 +32,11 @@ SHORT = 64
 
 class RouterActor:
     def __init__(self, *, router: ChangeRouter, inbox: trio.MemoryReceiveChannel,
-                 out: trio.MemorySendChannel, router_for=None, meta=None, metrics=None):
+                 out: trio.MemorySendChannel, router_for=None, meta=None, metrics=None,
+                 signals=None):
         self.router = router
+        #: ``actors.snapshot.signals.on_signal`` bound to the backfill actor, or None
+        self.signals = signals
         self.inbox = inbox
         self.out = out
         self.router_for = router_for  # frozenset of route names -> ChangeRouter
@@ -84,10 +87,13 @@ class RouterActor:
                     continue
             if kind is Transaction or kind is RestrictedTransaction:
                 txn = ev if kind is Transaction else ev.transaction
-                chunks = route(txn) if kind is Transaction else self._route(
-                    txn, self._subset(ev.routes))
+                used = self.router if kind is Transaction else self._subset(ev.routes)
+                chunks = route(txn) if kind is Transaction else self._route(txn, used)
                 try:
                     for chunk in chunks:
+                        if chunk.last and used.signals:  # recorded before it can be confirmed
+                            for signal in used.take_signals():
+                                await self.signals(*signal)
                         group.append(chunk)
                         size += len(chunk.records)
                         if size >= CHUNK_RECORDS:

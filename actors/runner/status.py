@@ -18,6 +18,7 @@ from router.snapshot import eta
 
 from ..console import board
 from ..services.metrics import PG_EPOCH
+from ..snapshot import signals
 from ..snapshot.request import request
 
 #: the document's version (bumped when a field changes meaning or goes away)
@@ -108,6 +109,7 @@ def run_status(sup) -> dict:
             "now": time.time(),
             "state": board.state(sup.health, restarts),
             "slot": slot, "routes": routes, "jobs": board.jobs.snapshot(eta),
+            "signals": signals.status(),
             "kafka": {"client": cfg.kafka.client,
                       "delivery": "exactly-once" if cfg.kafka.exactly_once else "at-least-once",
                       "format": cfg.kafka.format,

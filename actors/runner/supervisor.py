@@ -53,6 +53,7 @@ from router.topics import TopicSpec
 
 from ..services import log, preflight as checks
 from ..snapshot.backfill import backfill_stage, finish_initial
+from ..snapshot.signals import SIGNAL_PREFIX, message_topic_specs, signal_handler
 from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted
 from ..services.catalog import load_catalog, load_primary_keys, needs_catalog, route_problems
 from ..services import failover, publication_mode
@@ -264,6 +265,8 @@ class Supervisor:
         def router_for(names=None):
             router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
                                   db=info.db, messages_topic=cfg.kafka.messages_topic,
+                                  message_routes=cfg.message_routes,
+                                  signal_prefix=SIGNAL_PREFIX if backfill is not None else "",
                                   type_names=TypeNames(relations),
                                   primary_keys=keys,
                                   position_headers=cfg.kafka.position_headers)
@@ -276,7 +279,7 @@ class Supervisor:
                              meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db,
                                                   ignore=frozenset({cfg.kafka.definitions_topic}))
                                    if cfg.kafka.transactions_topic else None),
-                             metrics=self.metrics)
+                             metrics=self.metrics, signals=signal_handler(backfill))
         # slot reader → decoder → backfill → origin filter → router actor in the slot reader's
         # task: each one's ``out`` is the next one's ``handle`` (one task wake-up per WAL
         # batch, not five)
@@ -286,6 +289,7 @@ class Supervisor:
         specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
                                    r.topic_settings.replication_factor,
                                    r.topic_settings.configs) for r in cfg.routes}
+        specs.update(message_topic_specs(cfg))
         specs[""] = TopicSpec("", 1, max((s.replication_factor for s in specs.values()),
                                          default=1))
         specs[DEFINITIONS_ROUTE] = TopicSpec("", 1, specs[""].replication_factor,

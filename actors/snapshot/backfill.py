@@ -198,11 +198,12 @@ class BackfillActor:
             await self._request(INITIAL, [r.name for r in self.cfg.routes], [])
 
     async def _request(self, request: str, routes: list[str], tables: list[str],
-                       keys: tuple = ()) -> None:
+                       keys: tuple = (), quiet: bool = False) -> list[str]:
+        """Plans and queues the jobs of a request; returns the problems refusing parts."""
         async with self.planner.lock:
             await self.planner.reload()
             jobs, problems = await self.planner.plan(request, routes, tables, keys)
-        for problem in problems:
+        for problem in problems if not quiet else ():  # (a signal says them its own way)
             log.event(_log, "backfill refused", request=request, problem=problem)
         fresh = []
         for job in jobs:
@@ -227,6 +228,7 @@ class BackfillActor:
             log.event(_log, "backfill requested", request=request, route=job.route,
                       table=job.name, key=list(job.key),
                       **({"repair_keys": [list(k) for k in job.keys]} if job.keys else {}))
+        return problems
 
     def _queue(self, job: Job) -> None:
         try:

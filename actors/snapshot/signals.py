@@ -1,0 +1,81 @@
+"""Signals (``router.signals``) acted upon: a row of ``pgrouter.signals`` is a backfill
+request of the ``BackfillActor``, recorded in the state topic before its transaction is
+confirmed, so it is acted upon exactly once across restarts.
+
+Rules:
+
+* The router actor hands over the signals of a transaction (``ChangeRouter.take_signals``)
+  before that transaction's last chunk goes to the sink: the slot never confirms a signal
+  whose request is not recorded.
+* Accepted: the jobs (``BackfillActor._request``, request id ``router.signals.request_id``)
+  then a ``signal`` record, state ``accepted``. Refused (unreadable, unknown route or table,
+  a table without a key, nothing to backfill): one warning line and a ``signal`` record,
+  state ``refused`` with the problem; the router goes on.
+* A signal whose record exists already (read again after a restart) is skipped.
+* ``recent``: the last signals of this process, for ``/api/status``.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from logging import WARNING
+
+from router.snapshot import SnapshotState
+from router.signals import PREFIX as SIGNAL_PREFIX, decode_signal, problem, request_id
+from router.topics import TopicSpec
+
+from ..services import log
+
+_log = log.get("snapshot")
+#: the last signals seen (the console's ``signals``)
+recent: collections.deque = collections.deque(maxlen=50)
+
+
+def status() -> list[dict]:
+    return list(recent)
+
+
+async def on_signal(actor, commit_lsn: int, seq: int, content: bytes) -> None:
+    """One signal message of the stream (``actor``: the ``BackfillActor``)."""
+    signal, unreadable = decode_signal(content)
+    if signal is not None and signal.slot and signal.slot != actor.slot:
+        return  # another router's
+    rid = request_id(signal, commit_lsn, seq)
+    if actor.store.get(SnapshotState("signal", actor.slot, "", request=rid)) is not None:
+        return  # acted upon before this restart
+    route = signal.route if signal is not None else None
+    table = signal.table if signal is not None else None
+    why = unreadable or problem(signal, {r.name for r in actor.cfg.routes})
+    if not why:
+        problems = await actor._request(rid, [route], [table] if table else [], quiet=True)
+        if problems:
+            why = "; ".join(problems)
+    state = SnapshotState("signal", actor.slot, "refused" if why else "accepted", request=rid,
+                          route=route or "", table=table or "", problem=why)
+    await actor.store.aput(state)
+    recent.append({"request": rid, "route": state.route, "table": state.table,
+                   "state": state.state, "problem": why, "ts": time.time()})
+    if why:
+        log.event(_log, "signal refused", level=WARNING, request=rid, route=route,
+                  table=table, problem=why)
+    else:
+        log.event(_log, "signal accepted", request=rid, route=route, table=table)
+
+
+def signal_handler(backfill):
+    """``on_signal`` bound to ``backfill`` (None without a backfill actor)."""
+    if backfill is None:
+        return None
+
+    async def handle(commit_lsn: int, seq: int, content: bytes) -> None:
+        await on_signal(backfill, commit_lsn, seq, content)
+    return handle
+
+
+def message_topic_specs(cfg) -> dict:
+    """The topic settings of ``[[message_routes]]`` by route name (the sink creates their
+    topics as messages make them)."""
+    return {m.name: TopicSpec(m.name, m.topic_settings.partitions,
+                              m.topic_settings.replication_factor, m.topic_settings.configs)
+            for m in cfg.message_routes}
