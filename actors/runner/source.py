@@ -3,12 +3,13 @@ created, and what the pipeline needs to know of both (``ServerInfo``)."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import trio
 
 from router.config import Config
-from router.errors import ConfigError, LeadershipLost, SlotInUse, SlotMissing
+from router.errors import ConfigError, LeadershipLost, SlotInUse, SlotMissing, SourceError
 from router.exactly_once import Stream
 from router.lsn import parse_lsn
 from router.publications import Catalog
@@ -90,6 +91,60 @@ async def wait_slot_free(sql: SqlSession, slot: str) -> None:
             log.event(_log, "waiting for the slot: another consumer streams it", slot=slot,
                       active_pid=pid, wait_s=SLOT_BUSY_WAIT)
         await trio.sleep(0.2)
+
+
+class SlotGate:
+    """Exactly-once without [ha]: a session advisory lock on the slot's name, held by the
+    router from before it registers the transactional id until it stops. Registering the
+    id fences whoever holds it, and a slot shows as free until it is streamed (from a
+    start's first queries to ``START_REPLICATION``, and all through an initial snapshot):
+    the lock makes the check and the registration one step, so of two routers starting at
+    once, or one starting while the other is between its registration and its stream,
+    the second waits (``SLOT_BUSY_WAIT``) instead of fencing the first. A killed router's
+    session ends and lets go of the lock at once."""
+
+    def __init__(self, dsn: str, slot: str):
+        self.dsn, self.slot = dsn, slot
+        digest = hashlib.sha1(f"pgrouter slot {slot}".encode()).digest()
+        # 63 bits: pg_locks shows it as classid (high 32 bits) and objid (low 32 bits)
+        self.key = int.from_bytes(digest[:8], "big") >> 1
+        self.session: SqlSession | None = None
+
+    async def hold(self) -> None:
+        """The lock held (kept from the last start if its session is still alive), else
+        ``SlotInUse`` after ``SLOT_BUSY_WAIT``."""
+        if self.session is not None:
+            try:
+                await self.session.fetchval("select 1")
+                return
+            except SourceError:
+                await self.release()
+        session = await SqlSession.connect(self.dsn)
+        try:
+            deadline = time.monotonic() + SLOT_BUSY_WAIT
+            waiting = False
+            while not await session.fetchval("select pg_try_advisory_lock($1)", self.key):
+                pid = await session.fetchval(
+                    "select pid from pg_locks where locktype = 'advisory' and granted and "
+                    "((classid::bigint << 32) | objid::bigint) = $1 limit 1", self.key)
+                if time.monotonic() > deadline:
+                    raise SlotInUse(f"replication slot {self.slot!r} is in use by another "
+                                    f"router (its PostgreSQL session pid {pid}); stop it first")
+                if not waiting:
+                    waiting = True
+                    log.event(_log, "waiting for the slot: another router holds it",
+                              slot=self.slot, pid=pid, wait_s=SLOT_BUSY_WAIT)
+                await trio.sleep(0.2)
+        except BaseException:
+            await session.close()
+            raise
+        self.session = session
+
+    async def release(self) -> None:
+        if self.session is not None:
+            session, self.session = self.session, None
+            with trio.CancelScope(shield=True):
+                await session.close()
 
 
 async def prepare_source(sql: SqlSession, cfg: Config, leading=None) -> ServerInfo:

@@ -75,7 +75,8 @@ from ..pipeline.transactional_sink import client_for, sink_class
 from ..pipeline.slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
 from ..pipeline.slot_owner import SlotOwner, guarded
 from ..pipeline.slot_reader import SlotReader, pgoutput_options
-from .source import (ServerInfo, identity, prepare_source, route_specs, wait_slot_free,
+from .source import (ServerInfo, SlotGate, identity, prepare_source, route_specs,
+                     wait_slot_free,
                      wal_end_reader)
 from .status import backfill_action, describe_routes, run_status
 
@@ -104,6 +105,9 @@ class Supervisor:
         self.leadership = Leadership(cfg, self.health) if cfg.ha.enabled else None
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
+        #: exactly-once without [ha]: held from before the transactional id is registered
+        self.gate = (SlotGate(cfg.source.dsn, cfg.source.slot)
+                     if cfg.kafka.exactly_once and self.leadership is None else None)
         #: "wal"/"poll"/None (``publication_mode.mode``); with "wal" the routers' definitions
         self.publication_mode: str | None = None
         self.definitions = None
@@ -154,9 +158,13 @@ class Supervisor:
     async def _run_with_retries(self) -> None:
         on_restart = (None if self.metrics is None
                       else lambda kind: self.metrics.restarts.labels(kind).inc())
-        self.restarts = await run_with_retries(self._run_once, stop=self.drain, logger=_log,
-                                               on_restart=on_restart,
-                                               give_up_after=self.retry_timeout)
+        try:
+            self.restarts = await run_with_retries(self._run_once, stop=self.drain,
+                                                   logger=_log, on_restart=on_restart,
+                                                   give_up_after=self.retry_timeout)
+        finally:
+            if self.gate is not None:
+                await self.gate.release()
 
     async def _run_once(self) -> None:
         cfg = self.cfg
@@ -170,9 +178,10 @@ class Supervisor:
             snapshot_wanted = await InitialSnapshot.wanted(sql, cfg)
             # the stream its exactly-once progress belongs to
             stream = await identity(sql, src.slot)
-            if cfg.kafka.exactly_once and self.leadership is None:
+            if self.gate is not None:
                 # registering the transactional id fences the router streaming the slot:
                 # without [ha] to say who leads, a second router waits for the slot instead
+                await self.gate.hold()
                 await wait_slot_free(sql, src.slot)
             if self.leadership is not None and not self.leadership.holds():
                 # with [ha] the producer registers the group's transactional id, which

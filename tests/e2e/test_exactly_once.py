@@ -485,3 +485,115 @@ def test_a_second_router_waits_while_the_first_copies_its_initial_snapshot(table
     assert "fenced" not in text, text[-3000:]
     copied = sorted(r["after"]["id"] for r in changes(kafka_bootstrap, name) if r["op"] == "r")
     assert copied == list(range(HOT)), len(copied)
+
+
+def test_the_first_router_killed_while_a_second_waits_the_second_takes_over_once(
+        table, kafka_bootstrap, tmp_path):
+    """The first router is killed (-9) mid-stream while a second on the same config waits
+    for the slot: the second takes over, and a read_committed consumer sees every change
+    once, none lost (each key's counter 1..n, n as SELECT reads it)."""
+    pg, name, config = table
+    cfg = config("librdkafka")
+    run_router(cfg)  # the slot and its initial snapshot
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    procs = [start_router(cfg, logs[0])]
+    made = 0
+    try:
+        wait_for_line(logs[0], "streaming started", procs[0])
+        procs.append(start_router(cfg, logs[1]))
+        wait_for_line(logs[1], "waiting for the slot", procs[1])
+        for i in range(40):  # commits before, during and after the kill
+            pg.run(f"update {name} set n = n + 1 where id = {i % HOT}")
+            made += 1
+            if i == 20:
+                kill9(procs[0])
+            time.sleep(0.05)
+        wait_for_line(logs[1], "streaming started", procs[1], timeout=30)
+        want = {i: pg.one(f"select n from {name} where id = {i}") for i in range(HOT)}
+        assert sum(want.values()) == made
+        deadline = time.monotonic() + 60
+        while {i: updates_of(kafka_bootstrap, name, i) for i in range(HOT)} != \
+                {i: list(range(1, n + 1)) for i, n in want.items()}:
+            assert time.monotonic() < deadline and procs[1].poll() is None, \
+                ({i: updates_of(kafka_bootstrap, name, i) for i in range(HOT)}, want,
+                 logs[1].read_text()[-3000:])
+            time.sleep(0.5)
+    finally:
+        for proc in procs:
+            kill9(proc)
+    assert "fenced" not in logs[1].read_text(), logs[1].read_text()[-3000:]
+
+
+def test_a_second_router_waits_for_one_that_registered_but_streams_not_yet(
+        table, kafka_bootstrap, tmp_path):
+    """The first router registered the transactional id and has not started streaming yet
+    (the slot shows as free): a second on the same config waits for it, instead of
+    registering the id again and fencing it. The first is frozen (SIGSTOP) right after it
+    registered, standing for a slow start."""
+    pg, name, config = table
+    cfg = config("librdkafka")
+    run_router(cfg)  # the slot and its initial snapshot
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    procs = [start_router(cfg, logs[0])]
+    try:
+        deadline = time.monotonic() + 30
+        while "exactly-once: Kafka transactions" not in logs[0].read_text():
+            assert time.monotonic() < deadline and procs[0].poll() is None
+            time.sleep(0.002)
+        os.killpg(procs[0].pid, signal.SIGSTOP)
+        assert "streaming started" not in logs[0].read_text()
+        procs.append(start_router(cfg, logs[1]))
+        deadline = time.monotonic() + 20
+        while "waiting for the slot" not in logs[1].read_text():
+            text = logs[1].read_text()
+            assert time.monotonic() < deadline and "streaming started" not in text, text[-3000:]
+            time.sleep(0.2)
+        os.killpg(procs[0].pid, signal.SIGCONT)
+        wait_for_line(logs[0], "streaming started", procs[0], timeout=30)
+        pg.run(f"update {name} set n = n + 1 where id = 1")
+        deadline = time.monotonic() + 30
+        while updates_of(kafka_bootstrap, name, 1) != [1]:
+            assert time.monotonic() < deadline and procs[0].poll() is None, \
+                logs[0].read_text()[-3000:]
+            time.sleep(0.3)
+        assert procs[1].poll() is None, logs[1].read_text()[-3000:]
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGCONT) if proc.poll() is None else None
+            kill9(proc)
+    text = logs[0].read_text() + logs[1].read_text()
+    assert "fenced" not in text, text[-3000:]
+
+
+def test_three_routers_started_at_once_one_streams_two_wait(table, kafka_bootstrap,
+                                                            tmp_path):
+    """Three `pgrouter run` on one new config at once (the slot still to be made, with its
+    initial snapshot): one makes the slot and streams, the others wait for it; nobody is
+    fenced and the copy reaches Kafka once."""
+    pg, name, config = table
+    cfg = config("librdkafka")
+    logs = [tmp_path / f"r{i}.log" for i in range(3)]
+    procs = [start_router(cfg, log) for log in logs]
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            texts = [log.read_text() for log in logs]
+            if (sum("streaming started" in t for t in texts) == 1
+                    and sum("waiting for the slot" in t for t in texts) == 2):
+                break
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [t[-1500:] for t in texts]
+            time.sleep(0.2)
+        pg.run(f"update {name} set n = n + 1 where id = 1")
+        deadline = time.monotonic() + 30
+        while updates_of(kafka_bootstrap, name, 1) != [1]:
+            assert time.monotonic() < deadline, [log.read_text()[-1500:] for log in logs]
+            time.sleep(0.3)
+        assert all(p.poll() is None for p in procs), [log.read_text()[-1500:] for log in logs]
+    finally:
+        for proc in procs:
+            kill9(proc)
+    text = "".join(log.read_text() for log in logs)
+    assert "fenced" not in text, text[-3000:]
+    copied = sorted(r["after"]["id"] for r in changes(kafka_bootstrap, name) if r["op"] == "r")
+    assert copied == list(range(HOT)), len(copied)
