@@ -1,0 +1,110 @@
+"""Signals on the real stack: a row inserted into ``pgrouter.signals`` asks for a backfill,
+read from the stream — while the router streams, and when the row was inserted while the
+router was down (acted upon once it is back, exactly once). A bad signal is one warning line
+and a ``refused`` record; the router goes on."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from router.signals import SETUP_SQL
+from tests.helpers import Pg, read_topic, run_router, start_router, unique, write_config
+
+pytestmark = pytest.mark.services
+
+ROWS = 60
+
+
+def setup(pg_dsn, kafka_bootstrap, tmp_path, name):
+    pg = Pg(pg_dsn)
+    for stmt in SETUP_SQL:  # what `pgrouter setup` runs for the signal table
+        pg.run(stmt)
+    pg.run(f"create table {name} (id int primary key, v text)")
+    pg.run(f"insert into {name} select g, 'v' || g from generate_series(1, {ROWS}) g")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, extra='[snapshot]\nmode = "never"\n',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\n')
+    return pg, cfg
+
+
+def teardown(pg, name):
+    pg.drop_slot(name)
+    pg.run("delete from pgrouter.signals where slot = %s", name)
+    pg.run(f"drop publication {name}")
+    pg.run(f"drop table {name}")
+    pg.close()
+
+
+def snapshot_ids(bootstrap, topic):
+    return sorted(r["value"]["after"]["id"] for r in read_topic(bootstrap, topic, missing_ok=True)
+                  if r["value"] and r["value"]["op"] == "r")
+
+
+def signal_states(bootstrap, slot):
+    out = {}
+    for r in read_topic(bootstrap, "pgrouter.snapshots"):
+        v = r["value"]
+        if v and v.get("kind") == "signal" and v.get("slot") == slot:
+            out[v["request"]] = (v["state"], v.get("problem", ""))
+    return out
+
+
+def test_a_signal_inserted_while_the_router_streams(pg_dsn, kafka_bootstrap, tmp_path):
+    name = unique("sig")
+    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    log = tmp_path / "router.log"
+    router = None
+    try:
+        run_router(cfg)  # the slot, no snapshot
+        assert snapshot_ids(kafka_bootstrap, name) == []
+        router = start_router(cfg, log)
+        pg.run(f"update {name} set v = 'changed' where id = 1")  # streamed as usual
+        pg.run("insert into pgrouter.signals (route, \"table\", slot) values "
+               "(%s, %s, %s)", "nope", f"public.{name}", name)
+        pg.run("insert into pgrouter.signals (route, \"table\", slot) values "
+               "(%s, %s, %s)", name, f"public.{name}", name)
+        deadline = time.monotonic() + 90
+        while snapshot_ids(kafka_bootstrap, name) != list(range(1, ROWS + 1)):
+            assert time.monotonic() < deadline, f"no backfill:\n{log.read_text()[-3000:]}"
+            assert router.poll() is None, f"the router stopped:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        text = log.read_text()
+        refused = [line for line in text.splitlines() if "signal refused" in line]
+        assert len(refused) == 1 and "route 'nope' is not in the config" in refused[0], text
+        assert "Traceback" not in text
+        states = sorted(signal_states(kafka_bootstrap, name).values())
+        assert states == [("accepted", ""), ("refused", "route 'nope' is not in the config")]
+    finally:
+        if router is not None:
+            router.terminate()
+            router.wait(timeout=30)
+        teardown(pg, name)
+
+
+def test_a_signal_inserted_while_the_router_was_down(pg_dsn, kafka_bootstrap, tmp_path):
+    name = unique("sigd")
+    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    try:
+        run_router(cfg)  # the slot, no snapshot
+        pg.run("insert into pgrouter.signals (route, \"table\", slot) values "
+               "(%s, %s, %s)", name, f"public.{name}", name)
+        pg.run("insert into pgrouter.signals (route, \"table\", slot) values "
+               "(%s, %s, %s)", name, "public.no_such_table", name)
+        pg.run("insert into pgrouter.signals (route, slot) values (%s, %s)", name, "other")
+        done = run_router(cfg)  # waits for the backfill (--until-caught-up)
+        assert snapshot_ids(kafka_bootstrap, name) == list(range(1, ROWS + 1))
+        refused = [line for line in done.stderr.splitlines() if "signal refused" in line]
+        assert len(refused) == 1 and "no_such_table" in refused[0], done.stderr
+        run_router(cfg)  # once: the signal is not acted upon again
+        assert snapshot_ids(kafka_bootstrap, name) == list(range(1, ROWS + 1))
+        assert sorted(s for s, _ in signal_states(kafka_bootstrap, name).values()) == [
+            "accepted", "refused"]
+        states = json.dumps(signal_states(kafka_bootstrap, name))
+        assert "other" not in states
+    finally:
+        teardown(pg, name)
