@@ -53,7 +53,7 @@ from router.topics import TopicSpec
 
 from ..services import log, preflight as checks
 from ..snapshot.backfill import backfill_stage, finish_initial
-from ..snapshot.signals import SIGNAL_PREFIX, message_topic_specs, signal_handler
+from ..snapshot.signals import message_topic_specs, router_extras, signal_handler
 from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted
 from ..services.catalog import load_catalog, load_primary_keys, needs_catalog, route_problems
 from ..services import failover, publication_mode
@@ -274,8 +274,7 @@ class Supervisor:
         def router_for(names=None):
             router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
                                   db=info.db, messages_topic=cfg.kafka.messages_topic,
-                                  message_routes=cfg.message_routes,
-                                  signal_prefix=SIGNAL_PREFIX if backfill is not None else "",
+                                  **router_extras(cfg, backfill),
                                   type_names=TypeNames(relations),
                                   primary_keys=keys,
                                   position_headers=cfg.kafka.position_headers)

@@ -73,6 +73,13 @@ def signal_handler(backfill):
     return handle
 
 
+def router_extras(cfg, backfill) -> dict:
+    """``ChangeRouter`` arguments: the message routes, and the signal prefix when a backfill
+    actor acts upon signals."""
+    return {"message_routes": cfg.message_routes,
+            "signal_prefix": SIGNAL_PREFIX if backfill is not None else ""}
+
+
 def message_topic_specs(cfg) -> dict:
     """The topic settings of ``[[message_routes]]`` by route name (the sink creates their
     topics as messages make them)."""
