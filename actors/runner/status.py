@@ -1,4 +1,5 @@
-"""``/api/status`` of ``pgrouter run``: one JSON document built on the HTTP thread from what
+"""The HTTP endpoint of ``pgrouter run``: its start line (``listening``), and
+``/api/status``: one JSON document built on the HTTP thread from what
 the supervisor and its actors published (``Metrics``, ``Stats``, ``Health``, the console's
 board), never by waiting for the trio loop. Its schema (``SCHEMA``, tested) is documented in
 docs/console.md; ``describe_routes`` reads, once per pipeline start, each route's tables with
@@ -8,6 +9,7 @@ their row filter and column list as PostgreSQL prints them (``pg_publication_tab
 from __future__ import annotations
 
 import time
+from logging import WARNING
 
 import trio
 
@@ -17,10 +19,13 @@ from router.errors import PgRouterError
 from router.snapshot import eta
 
 from ..console import board
+from ..services import log
+from ..services.http import Endpoint
 from ..services.metrics import PG_EPOCH
 from ..snapshot import signals
 from ..snapshot.request import request
 
+_log = log.get("supervisor")  # its lines are the supervisor's
 #: the document's version (bumped when a field changes meaning or goes away)
 SCHEMA = 1
 
@@ -131,3 +136,16 @@ def backfill_action(cfg):
         except PgRouterError as exc:
             return "", [], [str(exc)]
     return start
+
+
+def listening(endpoint: Endpoint, console) -> None:
+    """The endpoint's start line, and a warning when it answers beyond this machine without
+    credentials (the console shows the configuration, secrets taken out)."""
+    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+    base = f"{endpoint.scheme}://{host}:{endpoint.port}"
+    log.event(_log, "metrics endpoint listening", url=f"{base}/metrics",
+              console=f"{base}/" if console.enabled else None)
+    if (console.enabled and not (console.token or console.username)
+            and endpoint.host not in ("127.0.0.1", "::1", "localhost")):
+        log.event(_log, "the console answers anyone who reaches this address: set [console] "
+                  "token or username/password", level=WARNING, listen=f"{host}:{endpoint.port}")

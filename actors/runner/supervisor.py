@@ -1,18 +1,23 @@
-"""The supervisor: owns the nursery, wires the actors, restarts on transient failures.
+"""The supervisor of ``pgrouter run``: starts the pipeline (built by ``runner.wiring``),
+restarts it on transient failures, drains it on a signal, reloads its routes, and with
+``[ha]`` runs it only while this process leads.
+
+Start-up (``_run_once``, again after each restart):
+
+1. failover check of the resume position; what ``pgrouter check`` finds wrong stops the
+   router before a slot or a topic is made (``actors.services.preflight``);
+2. exactly-once: without ``[ha]`` the slot's gate is held and the slot waited for, with
+   ``[ha]`` only a leader goes on; the Kafka client is made;
+3. the slot is found or created (``runner.source``: pgoutput, not in use — a killed
+   predecessor's walsender is waited for briefly) and dropped again if the run fails before
+   streaming from it (``slot_owner.guarded``); one created for an initial snapshot exports
+   it (``actors.snapshot.initial``) and is kept: an interrupted snapshot ends by backfill;
+4. publication mode, catalog, the "starting" line (``--until-caught-up`` may stop here);
+5. ``wiring.build`` makes the pipeline; the initial snapshot runs first, into its sink, and
+   the slot reader starts once Kafka holds it.
 
 Rules:
 
-* Before streaming, what ``pgrouter check`` finds wrong stops the router before a slot or a
-  topic is made (``actors.services.preflight``, every check once); then the slot is found or
-  created (``runner.source``: pgoutput, not in use — a killed predecessor's walsender is
-  waited for briefly) and dropped again if the run fails before streaming from it
-  (``slot_owner.guarded``). A slot created for an initial snapshot is created with an
-  exported snapshot (``actors.snapshot.initial``) and kept: an interrupted snapshot is
-  finished by backfill.
-* Actors: slot reader → decoder → backfill → origin filter → router → Kafka sink → confirm
-  actor → (flush LSN) → slot reader, joined by small bounded channels, so backpressure
-  reaches the replication socket. The initial snapshot is a source of the same sink: it runs
-  first, and the slot reader starts once Kafka holds it.
 * A failure is retried when ``router.errors.is_retryable`` says so, with capped exponential
   backoff; the pipeline restarts from the slot's confirmed position (PostgreSQL resends
   everything not confirmed; records already in Kafka are sent again, identical, at the same
@@ -21,6 +26,9 @@ Rules:
   holds cannot land after the new pipeline's records of the same key.
 * SIGTERM/SIGINT drain: stop reading, let every channel empty, flush Kafka, send the final
   flush LSN, exit 0. A second signal aborts (``Aborted``: one line, exit 1).
+* SIGHUP (or the publication poller) reads the publications again; every router of the
+  running pipeline takes the new routes from its next transaction on, a failed reload keeps
+  the current ones.
 * With ``[ha] enabled`` all of this runs only while this process leads its group
   (``actors.ha.leadership``); a router that lost leadership closes its producer without
   waiting for what it still queued, and the producer, transactional with ``[ha]``, is
@@ -37,48 +45,36 @@ import trio
 import trio_asyncio
 
 from router.config import Config, parse_listen
-from router.following import DEFINITIONS_ROUTE
 from router.errors import LeadershipLost, PgRouterError
 from router import native
 from router.lsn import format_lsn, parse_lsn
-from router.pgoutput import Decoder
-from router.keys import PrimaryKeys
-from router.relations import RelationCache
 from router.origins import rules_from_config
-from router.routing import ChangeRouter
-from router.transaction_meta import TransactionMeta
-from router.transactions import TransactionAssembler
 from router.publications import Catalog
-from router.topics import TopicSpec
 
 from ..services import log, preflight as checks
-from ..snapshot.backfill import backfill_stage, finish_initial
-from ..snapshot.signals import message_topic_specs, router_extras, signal_handler
+from ..snapshot.backfill import finish_initial
 from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted
-from ..services.catalog import load_catalog, load_primary_keys, needs_catalog, route_problems
+from ..services.catalog import load_catalog, needs_catalog, route_problems
 from ..services import failover, publication_mode
-from ..pipeline.decoder import DecoderActor
 from ..pipeline import definitions_state
 from ..pipeline.delivery_watch import DeliveryWatch
-from ..pipeline.router_actor import RouterActor, TypeNames
-from ..pipeline.origin_filter import OriginFilterActor
-from ..pipeline.mailbox import Inline, CHUNKS, ACKS, Latest
+from ..pipeline.mailbox import Latest
 from ..console.board import Rates
 from ..console.web import Console
 from ..services.http import Endpoint, Health
 from ..ha.leadership import Leadership
 from ..services.metrics import Metrics, activate
 from ..services.sql import SqlSession
-from ..pipeline.confirmer import ConfirmActor, Stats
+from ..pipeline.confirmer import Stats
 from ..services.retry import only_cancelled, primary, run_with_retries
-from ..pipeline.transactional_sink import client_for, sink_class
-from ..pipeline.slot_monitor import SlotMonitor, refuse_invalidated, sample_slot
+from ..pipeline.transactional_sink import client_for
+from ..pipeline.slot_monitor import refuse_invalidated, sample_slot
 from ..pipeline.slot_owner import SlotOwner, guarded
-from ..pipeline.slot_reader import SlotReader, pgoutput_options
+from ..pipeline.slot_reader import SlotReader
+from . import wiring
 from .source import (ServerInfo, SlotGate, identity, prepare_source, route_specs,
-                     wait_slot_free,
-                     wal_end_reader)
-from .status import backfill_action, describe_routes, run_status
+                     wait_slot_free, wal_end_reader)
+from .status import backfill_action, describe_routes, listening, run_status
 
 _log = log.get("supervisor")
 
@@ -234,121 +230,41 @@ class Supervisor:
 
     async def _pipeline(self, info: ServerInfo, client,
                         snapshot: InitialSnapshot | None = None) -> None:
-        cfg, src = self.cfg, self.cfg.source
-        origins = rules_from_config(cfg)
-        chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
-        prog_tx, prog_rx = trio.open_memory_channel(ACKS)
+        cfg = self.cfg
         flush = self._flush = Latest(info.start_lsn)
-        caught_up = trio.Event()
-        relations = RelationCache()
-        keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
-        slot = SlotReader(
-            dsn=src.dsn, slot=src.slot, out=None, flush=flush,
-            status_interval=src.status_interval, stats=self.stats, holds=self._holds(),
-            options=pgoutput_options(proto_version=info.proto_version,
-                                     publications=src.publications, streaming=src.streaming,
-                                     # definitions and TRUNCATE markers
-                                     messages=(src.messages or self.definitions is not None
-                                               or publication_mode.follows_publications(cfg)),
-                                     binary=src.binary,
-                                     two_phase=src.two_phase,
-                                     origin=origins.server_option(info.version)))
-        decoder = DecoderActor(
-            decoder=Decoder(info.proto_version),
-            assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
-                                           spill_dir=src.spill_dir),
-            out=None, metrics=self.metrics, keys=keys,
-            lookup=self._primary_keys)
-        # backfills (watermark windows) see the decoder's output before anything is dropped
-        backfill, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
-                                        pending=self.snapshot_pending, caught_up=caught_up)
-        # origin filter between decoder and router actor, unless nothing can be dropped or the
-        # server drops it (PG >= 16, "none" everywhere)
-        origin_filter = None
-        if not origins.passes_everything and origins.server_option(info.version) is None:
-            origin_filter = OriginFilterActor(rules=origins, inbox=None, out=None)
-        state = {"routes": self.definitions.routes if self.definitions is not None
-                 else route_specs(cfg, self.catalog)}
-        routers: list[tuple[frozenset | None, ChangeRouter]] = []
-
-        def router_for(names=None):
-            router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
-                                  db=info.db, messages_topic=cfg.kafka.messages_topic,
-                                  **router_extras(cfg, backfill),
-                                  type_names=TypeNames(relations),
-                                  primary_keys=keys,
-                                  position_headers=cfg.kafka.position_headers)
-            if self.definitions is not None:
-                router.follow(self.definitions, names)
-            routers.append((names, router))
-            return router
-        router_actor = RouterActor(router=router_for(), inbox=None, out=chunk_tx,
-                             router_for=router_for,
-                             meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db,
-                                                  ignore=frozenset({cfg.kafka.definitions_topic}))
-                                   if cfg.kafka.transactions_topic else None),
-                             metrics=self.metrics, signals=signal_handler(backfill))
-        # slot reader → decoder → backfill → origin filter → router actor in the slot reader's
-        # task: each one's ``out`` is the next one's ``handle`` (one task wake-up per WAL
-        # batch, not five)
-        stages = [s for s in (decoder, backfill, origin_filter, router_actor) if s is not None]
-        for up, down in zip([slot, *stages], stages):
-            up.out = Inline(down)
-        specs = {r.name: TopicSpec(r.name, r.topic_settings.partitions,
-                                   r.topic_settings.replication_factor,
-                                   r.topic_settings.configs) for r in cfg.routes}
-        specs.update(message_topic_specs(cfg))
-        specs[""] = TopicSpec("", 1, max((s.replication_factor for s in specs.values()),
-                                         default=1))
-        specs[DEFINITIONS_ROUTE] = TopicSpec("", 1, specs[""].replication_factor,
-                                             definitions_state.TOPIC_CONFIGS)
-        sink = sink_class(cfg)(client=client, inbox=chunk_rx, progress=prog_tx,
-                         schema_topic=cfg.kafka.schema_topic, topic_specs=specs,
-                         create_topics=cfg.kafka.create_topics, stats=self.stats,
-                         metrics=self.metrics, holds=self._holds())
-        progress = ConfirmActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
-                                 stats=self.stats, interval=cfg.log.progress_interval,
-                                 until_lsn=self.until_lsn, caught_up=caught_up)
-        metrics = self.metrics
-        if metrics is not None:
-            stats = self.stats
-            metrics.clock.reset()
-            metrics.bind(in_flight=lambda: stats.sent_records - stats.acked_records,
-                         confirmed_lsn=lambda: flush.value,
-                         received_lsn=lambda: stats.received_lsn)
-        monitor = SlotMonitor(dsn=src.dsn, slot=src.slot, interval=cfg.metrics.sample_interval,
-                              metrics=metrics, warn_bytes=cfg.metrics.lag_warning_bytes,
-                              warn_seconds=cfg.metrics.lag_warning_seconds,
-                              lag_seconds=metrics.clock.lag_seconds if metrics else None)
+        p = wiring.build(cfg, info, client, flush=flush, stats=self.stats, metrics=self.metrics,
+                         holds=self._holds(), definitions=self.definitions,
+                         catalog=self.catalog, snapshot_pending=self.snapshot_pending,
+                         until_lsn=self.until_lsn)
         async with trio.open_nursery() as reloader:
             if needs_catalog(cfg):  # lives as long as the pipeline, not longer
-                reloader.start_soon(self._reload_on_hup, state, routers)
-            reloader.start_soon(monitor.run)
+                reloader.start_soon(self._reload_on_hup, p.state, p.routers)
+            reloader.start_soon(p.monitor.run)
             if self.publication_mode == "poll":
                 reloader.start_soon(definitions_state.PublicationPoller(
-                    cfg, lambda: self._reload(state, routers), self.catalog).run)
+                    cfg, lambda: self._reload(p.state, p.routers), self.catalog).run)
             reloader.start_soon(DeliveryWatch(self.stats).run)
             stopped = False
             async with trio.open_nursery() as nursery:
-                await nursery.start(sink.run)
+                await nursery.start(p.sink.run)
                 # the initial snapshot first, into the same sink; the stream starts once
                 # Kafka holds it (the snapshot reads the sink's tickets until then), or not
                 # at all when a drain stopped it (the sink then drains and returns)
-                if snapshot is not None and not await snapshot.run(chunk_tx.clone(), prog_rx,
-                                                                   self.drain):
+                if snapshot is not None and not await snapshot.run(p.chunk_tx.clone(),
+                                                                   p.prog_rx, self.drain):
                     stopped = True
-                    chunk_tx.close()
+                    p.chunk_tx.close()
                 else:
                     if snapshot is not None and snapshot.left:  # rewritten while it ran
-                        finish_initial(backfill, snapshot.left)
-                    await nursery.start(progress.run)
-                    if origin_filter is not None:
-                        origin_filter.start()
-                    if backfill is not None:
-                        await nursery.start(backfill.run)
-                    await nursery.start(slot.run)
+                        finish_initial(p.backfill, snapshot.left)
+                    await nursery.start(p.progress.run)
+                    if p.origin_filter is not None:
+                        p.origin_filter.start()
+                    if p.backfill is not None:
+                        await nursery.start(p.backfill.run)
+                    await nursery.start(p.slot.run)
                     self.slot_owner.streamed = True
-                    nursery.start_soon(self._drain_when, slot, done)
+                    nursery.start_soon(self._drain_when, p.slot, p.done)
                     self._streaming(True, "streaming")
             reloader.cancel_scope.cancel()
         if stopped:
@@ -356,8 +272,8 @@ class Supervisor:
         if self.until_lsn is not None and flush.value >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))
-        elif self.until_lsn is not None and progress.held is not None:
-            held = progress.held
+        elif self.until_lsn is not None and p.progress.held is not None:
+            held = p.progress.held
             log.event(_log, "caught up except a prepared transaction: everything else is in "
                       "Kafka; it is delivered by a run after COMMIT PREPARED", level=WARNING,
                       gid=held.gid, prepare_lsn=format_lsn(held.prepare_lsn),
@@ -371,10 +287,6 @@ class Supervisor:
         self.health.set(on, reason)
         if self.metrics is not None:
             self.metrics.streaming.set(1 if on else 0)
-
-    async def _primary_keys(self, tables: list[tuple[str, str]]) -> dict:
-        async with await SqlSession.connect(self.cfg.source.dsn) as sql:
-            return await load_primary_keys(sql, tables)
 
     async def _reload_on_hup(self, state: dict, routers: list) -> None:
         """SIGHUP: read the publications again; every router uses the new definitions from
@@ -414,16 +326,3 @@ class Supervisor:
             nursery.start_soon(wait, self.drain)
             nursery.start_soon(wait, caught_up)
         slot.stop_reading()
-
-
-def listening(endpoint: Endpoint, console) -> None:
-    """The endpoint's start line, and a warning when it answers beyond this machine without
-    credentials (the console shows the configuration, secrets taken out)."""
-    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
-    base = f"{endpoint.scheme}://{host}:{endpoint.port}"
-    log.event(_log, "metrics endpoint listening", url=f"{base}/metrics",
-              console=f"{base}/" if console.enabled else None)
-    if (console.enabled and not (console.token or console.username)
-            and endpoint.host not in ("127.0.0.1", "::1", "localhost")):
-        log.event(_log, "the console answers anyone who reaches this address: set [console] "
-                  "token or username/password", level=WARNING, listen=f"{host}:{endpoint.port}")
