@@ -72,7 +72,7 @@ def validate_outbox(route, where: str, source: str, fmt: str) -> None:
 class OutboxPlan:
     """One outbox table layout: its columns' indexes, the record of an inserted row."""
 
-    __slots__ = ("route", "template", "fields", "key", "payload", "id", "headers")
+    __slots__ = ("route", "template", "fields", "key", "payload", "id", "headers", "_topics")
 
     def __init__(self, cfg: OutboxConfig, relation: Relation, route: str):
         index = {c.name: i for i, c in enumerate(relation.columns)}
@@ -91,8 +91,21 @@ class OutboxPlan:
         self.key, self.payload, self.id = (at(cfg.key, "key"), at(cfg.payload, "payload"),
                                            at(cfg.id, "id"))
         self.headers = tuple((name, at(name, "headers")) for name in cfg.headers)
+        # the topic of each distinct tuple of the template's values (an outbox has few
+        # aggregate types: formatting and checking each event's topic was a third of its cost)
+        self._topics: dict[tuple, str] = {}
 
     def topic(self, row: tuple) -> str:
+        values = tuple([row[i] for _, i in self.fields])
+        topic = self._topics.get(values)
+        if topic is None:
+            topic = self._make_topic(row)
+            if len(self._topics) >= TOPICS_KEPT:
+                self._topics.clear()
+            self._topics[values] = topic
+        return topic
+
+    def _make_topic(self, row: tuple) -> str:
         values = {name: _in_topic(_text(row[i]) or "") for name, i in self.fields}
         topic = self.template.format(route=self.route, **values)
         problem = illegal(topic)
@@ -103,13 +116,19 @@ class OutboxPlan:
 
     def record(self, row: tuple, position: list | None) -> tuple:
         """(topic, key, value, headers) of an inserted outbox row."""
-        headers = [("id", _bytes(row[self.id]))]
-        headers += [(name, _bytes(row[i])) for name, i in self.headers]
+        value = row[self.id]  # text (binary mode is refused), or None
+        headers = [("id", value.encode() if type(value) is str else _bytes(value))]
+        if self.headers:
+            headers += [(name, _bytes(row[i])) for name, i in self.headers]
         if position:
             headers += position
-        return (self.topic(row), _bytes(row[self.key]), _bytes(row[self.payload]), headers)
+        key, value = row[self.key], row[self.payload]
+        return (self.topic(row), key.encode() if type(key) is str else _bytes(key),
+                value.encode() if type(value) is str else _bytes(value), headers)
 
 
+#: distinct topic values remembered per outbox table layout (then forgotten at once)
+TOPICS_KEPT = 4096
 _KAFKA_CHARS = frozenset(string.ascii_letters + string.digits + "._-")
 
 

@@ -300,11 +300,11 @@ class ChangeRouter:
             taking = [p for p in plans if getattr(p, publish)]
             skipping[op] = tuple(p.route for p in plans if not getattr(p, publish))
             if any(getattr(p, filt) is not None or p.row_map is not None
-                   or (p.tombstones and op != "insert") or p.outbox is not None
+                   or (p.tombstones and op != "insert") or (p.outbox is not None and op == "insert")
                    for p in taking):
                 direct[op] = None  # (a tombstone follows a delete or a key change)
-            else:
-                direct[op] = tuple((p.topic, p.encoder) for p in taking)
+            else:  # an outbox route's updates and deletes publish nothing (router.outbox)
+                direct[op] = tuple((p.topic, p.encoder) for p in taking if p.outbox is None)
         entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct,
                  skipping)
         self._dispatch[relation.relation_id] = entry

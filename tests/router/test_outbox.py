@@ -112,3 +112,22 @@ def test_outbox_defaults_are_debeziums():
     out = cfg.routes[0].outbox
     assert (out.topic, out.key, out.payload, out.id) == (
         "outbox.event.{aggregatetype}", "aggregateid", "payload", "id")
+
+
+def test_remembered_topics_stay_each_values_own(monkeypatch):
+    """The topic of each distinct value is remembered (router.outbox ``TOPICS_KEPT``, then
+    forgotten at once): a value seen again, after others and after the forgetting, gets its
+    own topic; one that makes a topic Kafka refuses is refused every time."""
+    import router.outbox as outbox
+
+    monkeypatch.setattr(outbox, "TOPICS_KEPT", 2)
+    plan = outbox.OutboxPlan(OutboxConfig(), OUTBOX, "ev")
+    kinds = ["Order", "a b", "Order", "purchase-order", "x", "a b", "Order"]
+    assert [plan.record((ID, k, "1", "T", "{}"), None)[0] for k in kinds] == [
+        "outbox.event.Order", "outbox.event.a-20b", "outbox.event.Order",
+        "outbox.event.purchase-order", "outbox.event.x", "outbox.event.a-20b",
+        "outbox.event.Order"]
+    assert len(plan._topics) <= 2
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="makes topic"):
+            plan.record((ID, "y" * 300, "1", "T", "{}"), None)
