@@ -150,3 +150,32 @@ def _text(value) -> str | None:
 def _bytes(value) -> bytes | None:
     text = _text(value)
     return None if text is None else text.encode()
+
+
+class OutboxEncoder:
+    """An outbox plan in the router's direct path (``ChangeRouter._dispatch_for``): a
+    ``recorder`` as ``TableEncoder.recorder`` makes, whose records are the plan's events
+    (inserts only), each new topic told to ``new_topic(topic, route)``; no schema (an
+    event has none)."""
+
+    __slots__ = ("plan", "new_topic", "seen", "_made")
+    schema = None
+
+    def __init__(self, plan: OutboxPlan, new_topic, seen: set):
+        self.plan, self.new_topic, self.seen = plan, new_topic, seen
+        self._made: tuple | None = None
+
+    def recorder(self, tx, topic: str, lsn_header: tuple | None, seq_name: str):
+        made = self._made
+        if made is not None and made[0] is tx and made[1] is lsn_header:
+            return made[2]
+        record_of, new_topic, seen, route = (self.plan.record, self.new_topic, self.seen,
+                                             self.plan.route)
+
+        def record(kind, lsn, seq, old, old_is_key, row):
+            rec = record_of(row, [lsn_header, (seq_name, b"%d" % seq)] if lsn_header else None)
+            if rec[0] not in seen:
+                new_topic(rec[0], route)
+            return rec
+        self._made = (tx, lsn_header, record)
+        return record

@@ -44,7 +44,7 @@ from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
 from . import tombstones
-from .outbox import OutboxPlan
+from .outbox import OutboxEncoder, OutboxPlan
 from .message_routes import MessageRoutes
 from .transforms import for_relation
 from .truncates import TruncateRoutes
@@ -265,7 +265,7 @@ class ChangeRouter:
             kind = KINDS[op]
             for topic, encoder in targets:
                 schema = encoder.schema
-                if schema.schema_id not in seen:
+                if schema is not None and schema.schema_id not in seen:
                     seen.add(schema.schema_id)
                     schemas.append(schema)
                 records.append(encoder.recorder(tx, topic, lsn_header, _H_SEQ)(
@@ -300,11 +300,13 @@ class ChangeRouter:
             taking = [p for p in plans if getattr(p, publish)]
             skipping[op] = tuple(p.route for p in plans if not getattr(p, publish))
             if any(getattr(p, filt) is not None or p.row_map is not None
-                   or (p.tombstones and op != "insert") or (p.outbox is not None and op == "insert")
-                   for p in taking):
+                   or (p.tombstones and op != "insert") for p in taking):
                 direct[op] = None  # (a tombstone follows a delete or a key change)
-            else:  # an outbox route's updates and deletes publish nothing (router.outbox)
-                direct[op] = tuple((p.topic, p.encoder) for p in taking if p.outbox is None)
+            else:  # an outbox route's inserts are its events, the rest nothing (router.outbox)
+                direct[op] = tuple(
+                    (p.topic, p.encoder) if p.outbox is None else
+                    (p.topic, OutboxEncoder(p.outbox, self._new_topic, self._seen_topics))
+                    for p in taking if p.outbox is None or op == "insert")
         entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct,
                  skipping)
         self._dispatch[relation.relation_id] = entry
@@ -396,7 +398,7 @@ class ChangeRouter:
         if targets is None:
             return None
         for _, encoder in targets:
-            if encoder.schema.schema_id not in self._seen_schemas:
+            if encoder.schema is not None and encoder.schema.schema_id not in self._seen_schemas:
                 self._seen_schemas.add(encoder.schema.schema_id)
                 schemas.append(encoder.schema)
         return tuple(encoder.recorder(tx, topic, lsn_header, _H_SEQ) for topic, encoder in targets)
