@@ -72,7 +72,8 @@ def validate_outbox(route, where: str, source: str, fmt: str) -> None:
 class OutboxPlan:
     """One outbox table layout: its columns' indexes, the record of an inserted row."""
 
-    __slots__ = ("route", "template", "fields", "key", "payload", "id", "headers", "_topics")
+    __slots__ = ("route", "template", "fields", "key", "payload", "id", "headers", "_topics",
+                 "_one")
 
     def __init__(self, cfg: OutboxConfig, relation: Relation, route: str):
         index = {c.name: i for i, c in enumerate(relation.columns)}
@@ -93,10 +94,13 @@ class OutboxPlan:
         self.headers = tuple((name, at(name, "headers")) for name in cfg.headers)
         # the topic of each distinct tuple of the template's values (an outbox has few
         # aggregate types: formatting and checking each event's topic was a third of its cost)
-        self._topics: dict[tuple, str] = {}
+        self._topics: dict = {}
+        # the column of a template naming one (the usual "outbox.event.{aggregatetype}")
+        self._one = self.fields[0][1] if len(self.fields) == 1 else None
 
     def topic(self, row: tuple) -> str:
-        values = tuple([row[i] for _, i in self.fields])
+        one = self._one
+        values = row[one] if one is not None else tuple([row[i] for _, i in self.fields])
         topic = self._topics.get(values)
         if topic is None:
             topic = self._make_topic(row)
@@ -118,8 +122,9 @@ class OutboxPlan:
         """(topic, key, value, headers) of an inserted outbox row."""
         value = row[self.id]  # text (binary mode is refused), or None
         headers = [("id", value.encode() if type(value) is str else _bytes(value))]
-        if self.headers:
-            headers += [(name, _bytes(row[i])) for name, i in self.headers]
+        for name, i in self.headers:
+            value = row[i]
+            headers.append((name, value.encode() if type(value) is str else _bytes(value)))
         if position:
             headers += position
         key, value = row[self.key], row[self.payload]
