@@ -44,7 +44,7 @@ class SparkSection(msgspec.Struct, **_opts):
 
 
 class DeltaSection(msgspec.Struct, **_opts):
-    warehouse: str
+    warehouse: str | None = None  # required with [output] format = "delta"
     checkpoint: str
     mode: Literal["state", "changelog"] = "state"
     trigger_interval: str | None = None
@@ -55,9 +55,27 @@ class DeltaSection(msgspec.Struct, **_opts):
     vacuum_retention: str | None = None
 
 
+class OutputSection(msgspec.Struct, **_opts):
+    format: Literal["delta", "iceberg"] = "delta"
+
+
+class IcebergSection(msgspec.Struct, **_opts):
+    catalog: Literal["hadoop", "jdbc"] = "hadoop"
+    name: str = "pgrouter"
+    uri: str | None = None
+    user: str | None = None
+    password: str | None = None
+    warehouse: str | None = None
+    options: dict[str, str] = {}
+    compact_interval: str | None = "1 hour"
+    snapshot_retention: str = "1 day"
+
+
 class MaterializeConfig(msgspec.Struct, **_opts):
     kafka: KafkaSection
     delta: DeltaSection
+    output: OutputSection = msgspec.field(default_factory=OutputSection)
+    iceberg: IcebergSection = msgspec.field(default_factory=IcebergSection)
     spark: SparkSection = msgspec.field(default_factory=SparkSection)
     max_offsets_per_trigger: int | None = None
 
@@ -104,7 +122,11 @@ def parse(text: str | bytes, *, source: str | None = None) -> JobConfig:
                   class_archive=s.class_archive,
                   maintenance_interval=d.maintenance_interval,
                   tombstone_retention=d.tombstone_retention, optimize=d.optimize,
-                  vacuum_retention=d.vacuum_retention)
+                  vacuum_retention=d.vacuum_retention, output_format=cfg.output.format,
+                  **{f"iceberg_{f}": getattr(cfg.iceberg, f) for f in
+                     ("catalog", "name", "uri", "user", "password", "warehouse", "options")},
+                  compact_interval=cfg.iceberg.compact_interval,
+                  snapshot_retention=cfg.iceberg.snapshot_retention)
     try:
         return validate(values)
     except MaterializeError as exc:

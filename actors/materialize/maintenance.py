@@ -8,6 +8,14 @@ retention are deleted, so a late record older than its row's delete is refused o
 tombstone is kept (README "Table maintenance"). Tombstones written before ``_pgr_deleted_at``
 existed (NULL) are kept. Only tables this job has written since it started are maintained.
 Maintenance never carries the batch's ``txnAppId``: every step is idempotent.
+
+Iceberg tables (``[output] format = "iceberg"``) are written merge-on-read, so compaction is
+part of their upkeep, at most every ``[iceberg] compact_interval`` (``compact``; also
+``pgrouter materialize --compact``): data files with deletes rewritten without them
+(``rewrite_data_files``, small files binpacked), delete files no data file needs any more
+removed (``rewrite_position_delete_files``), then snapshots older than
+``[iceberg] snapshot_retention`` expired (the current one is always kept) and their files
+deleted. ``optimize`` and ``vacuum_retention`` are Delta's and do nothing on Iceberg tables.
 """
 
 from __future__ import annotations
@@ -16,12 +24,18 @@ import datetime as dt
 import time
 
 from .columns import quote
-from .settings import STATE, JobConfig, duration_seconds
+from .settings import ICEBERG, STATE, JobConfig, duration_seconds
 
 
 class Maintenance:
     def __init__(self, spark, cfg: JobConfig, *, clock=time.monotonic):
         self.spark, self.cfg, self.clock = spark, cfg, clock
+        self.iceberg = cfg.output_format == ICEBERG
+        self.compact_every = (None if not self.iceberg or cfg.compact_interval is None else
+                              duration_seconds(cfg.compact_interval, path="iceberg.compact_interval"))
+        self.keep_snapshots = duration_seconds(cfg.snapshot_retention,
+                                               path="iceberg.snapshot_retention")
+        self.ref = (lambda path: path) if self.iceberg else (lambda path: f"delta.{quote(path)}")
         self.interval = duration_seconds(cfg.maintenance_interval, path="delta.maintenance_interval")
         self.retention = (None if cfg.tombstone_retention is None else
                           duration_seconds(cfg.tombstone_retention, path="delta.tombstone_retention"))
@@ -30,25 +44,51 @@ class Maintenance:
                              / 3600)
         self.last = clock()
 
+        self.last_compact = clock()
+
     @property
     def enabled(self) -> bool:
-        return (self.retention is not None and self.cfg.mode == STATE) or self.cfg.optimize \
-            or self.vacuum_hours is not None
+        return (self.retention is not None and self.cfg.mode == STATE) or (
+            not self.iceberg and (self.cfg.optimize or self.vacuum_hours is not None))
 
     def due(self) -> bool:
-        return self.enabled and self.clock() - self.last >= self.interval
+        return (self.enabled and self.clock() - self.last >= self.interval) or (
+            self.compact_every is not None
+            and self.clock() - self.last_compact >= self.compact_every)
 
     def run(self, paths) -> None:
-        for path in sorted(paths):
-            self.table(path)
-        self.last = self.clock()
+        paths = sorted(paths)
+        if self.enabled and self.clock() - self.last >= self.interval:
+            for path in paths:
+                self.table(path)
+            self.last = self.clock()
+        if self.compact_every is not None and self.clock() - self.last_compact >= self.compact_every:
+            for path in paths:
+                self.compact(path)
+            self.last_compact = self.clock()
+
+    def compact(self, ref: str) -> None:
+        """An Iceberg table's compaction (the module's docstring)."""
+        catalog = ref.split(".", 1)[0]
+        # the catalog named in the argument too: a route named like the catalog would be
+        # taken for it
+        arg = ref.replace("\\", "\\\\").replace("'", "\\'")
+        self.spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{arg}', "
+                       "options => map('delete-file-threshold', '1', 'min-input-files', '2'))")
+        self.spark.sql(f"CALL {catalog}.system.rewrite_position_delete_files(table => '{arg}')")
+        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=self.keep_snapshots)
+        self.spark.sql(f"CALL {catalog}.system.expire_snapshots(table => '{arg}', older_than => "
+                       f"TIMESTAMP '{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00', "
+                       "retain_last => 1)")
 
     def table(self, path: str) -> None:
-        t = f"delta.{quote(path)}"
+        t = self.ref(path)
         if self.retention is not None and self.cfg.mode == STATE:
             cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=self.retention)
             self.spark.sql(f"DELETE FROM {t} WHERE _pgr_deleted AND _pgr_deleted_at < "
                            f"TIMESTAMP '{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00'")
+        if self.iceberg:
+            return
         if self.cfg.optimize:
             self.spark.sql(f"OPTIMIZE {t}")
         if self.vacuum_hours is not None:

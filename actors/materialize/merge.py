@@ -17,7 +17,7 @@ from .columns import (CORRUPT, convert, envelope_schema, image_fields, image_sch
 from .batch_meta import meta_columns, summary
 from .maintenance import Maintenance
 from .schema_topic import read_schema_topic
-from .settings import CHANGELOG, STATE, JobConfig, MaterializeError, reason
+from .settings import CHANGELOG, ICEBERG, STATE, JobConfig, MaterializeError, reason
 from .tables import TRUNCATE_PROPERTY, DeltaTables, TableState
 from .toast import fill_toast, moved_toast
 
@@ -32,8 +32,12 @@ class Materializer:
         self.spark = spark
         self.cfg = cfg
         self.schemas: dict[str, dict] = {}
-        self.delta = DeltaTables(spark, cfg)
         self.app_id = "pgrouter-" + hashlib.sha256(cfg.checkpoint.encode()).hexdigest()[:16]
+        if cfg.output_format == ICEBERG:
+            from .iceberg import IcebergTables
+            self.delta = IcebergTables(spark, cfg, self.app_id)
+        else:
+            self.delta = DeltaTables(spark, cfg)
         self.failure: BaseException | None = None
         self.maintenance = Maintenance(spark, cfg)
         self.registry = avro.RegistrySchemas(cfg.registry)
@@ -239,6 +243,8 @@ class Materializer:
                                            f"{had} -> {t} (only widening changes apply: "
                                            f"README \"Schema changes\")")
         state = self.delta.ensure(route, schema, table, wanted, keys)
+        if self.delta.committed(state, batch_id):  # Iceberg: a re-run batch it has
+            return
         truncs = [tuple(m.truncate) for m in metas if m.truncate is not None]
         toast = sorted({t for m in metas for t in m.toast})
 
@@ -256,9 +262,10 @@ class Materializer:
         if truncs and max(truncs) > (state.truncated_before or (-1, -1)):
             t = max(truncs)
             self.delta.create(state)  # a new table's first batch: the truncate is its property
-            self.spark.sql(f"DELETE FROM delta.{quote(state.path)} WHERE _pgr_commit_lsn < {t[0]} "
+            ref = self.delta.ref(state)
+            self.spark.sql(f"DELETE FROM {ref} WHERE _pgr_commit_lsn < {t[0]} "
                            f"OR (_pgr_commit_lsn = {t[0]} AND _pgr_seq < {t[1]})")
-            self.spark.sql(f"ALTER TABLE delta.{quote(state.path)} SET TBLPROPERTIES "
+            self.spark.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES "
                            f"('{TRUNCATE_PROPERTY}' = '{t[0]}:{t[1]}')")
             state.truncated_before = t
         rows = rows.filter((F.col("_pgr_op") != "t") & (
@@ -319,12 +326,18 @@ class Materializer:
                      (F.to_json("before") if typed else F.col("before")).alias("_pgr_before")]
         return p.select(*out, *meta)
 
-    def _txn(self, batch_id: int):
+    def _txn(self, batch_id: int, rows):
+        if self.cfg.output_format == ICEBERG:
+            self.delta.commit_with(rows.sparkSession, batch_id)
+            return
         conf = self.spark.conf
         conf.set("spark.databricks.delta.write.txnAppId", self.app_id)
         conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
 
-    def _untxn(self):
+    def _untxn(self, rows, state: TableState, batch_id: int, done: bool):
+        if self.cfg.output_format == ICEBERG:
+            self.delta.uncommit(rows.sparkSession, state, batch_id, done)
+            return
         self.spark.conf.unset("spark.databricks.delta.write.txnAppId")
         self.spark.conf.unset("spark.databricks.delta.write.txnVersion")
 
@@ -339,7 +352,7 @@ class Materializer:
             filled = fill_toast(rows, keys, toast, order)
             if moves:  # key changes: unchanged-TOAST values come from the old key
                 self.delta.create(state)  # (read from the table, empty if new)
-                stored = self.spark.read.format("delta").load(state.path)
+                stored = self.delta.read(state)
                 rows = fill_toast(moved_toast(stored, rows, filled, keys, toast), keys, toast,
                                   order)
             else:
@@ -366,16 +379,20 @@ class Materializer:
         inserts = {quote(n): f"s.{quote(n)}" for n in [*data, *POS, "_pgr_deleted",
                                                        "_pgr_deleted_at"]}
         cond = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
-        self._txn(batch_id)
+        self._txn(batch_id, src)
+        done = False
         try:
             if state.empty:  # the MERGE would insert every row: one plain write, no join
                 self.delta.write_first(state, src)
+            elif self.cfg.output_format == ICEBERG:
+                self.delta.merge(state, src, cond, update=newer, sets=sets, inserts=inserts)
             else:
                 (DeltaTable.forPath(self.spark, state.path).alias("t").merge(src.alias("s"), cond)
                  .whenMatchedUpdate(condition=newer, set=sets)
                  .whenNotMatchedInsert(values=inserts).execute())
+            done = True
         finally:
-            self._untxn()
+            self._untxn(src, state, batch_id, done)
 
     def _append(self, batch_id, state: TableState, rows, lo: int) -> None:
         from delta.tables import DeltaTable
@@ -384,12 +401,16 @@ class Materializer:
         cond = (f"t._pgr_commit_lsn >= {lo} AND t._pgr_commit_lsn = s._pgr_commit_lsn "
                 "AND t._pgr_seq = s._pgr_seq")
         values = {quote(n): f"s.{quote(n)}" for n in state.types}
-        self._txn(batch_id)
+        self._txn(batch_id, rows)
+        done = False
         try:
             if state.empty:
                 self.delta.write_first(state, rows)
+            elif self.cfg.output_format == ICEBERG:
+                self.delta.merge(state, rows, cond, update=None, sets={}, inserts=values)
             else:
                 (DeltaTable.forPath(self.spark, state.path).alias("t").merge(rows.alias("s"), cond)
                  .whenNotMatchedInsert(values=values).execute())
+            done = True
         finally:
-            self._untxn()
+            self._untxn(rows, state, batch_id, done)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STATE, CHANGELOG = "state", "changelog"
+DELTA, ICEBERG = "delta", "iceberg"
 
 
 class MaterializeError(Exception):
@@ -81,6 +82,18 @@ class JobConfig:
     tombstone_retention: str | None = None  # None: tombstones are kept for ever
     optimize: bool = False
     vacuum_retention: str | None = None  # None: no VACUUM
+    # ``[output] format``: Delta tables at ``warehouse`` or Iceberg tables in ``[iceberg]``'s
+    # catalog (``iceberg.py``)
+    output_format: str = DELTA
+    iceberg_catalog: str = "hadoop"  # "hadoop" (files only) or "jdbc" (a PostgreSQL database)
+    iceberg_name: str = "pgrouter"  # the catalog's name in the Spark session
+    iceberg_uri: str | None = None  # jdbc: jdbc:postgresql://host:port/db
+    iceberg_user: str | None = None
+    iceberg_password: str | None = field(default=None, repr=False)
+    iceberg_warehouse: str | None = None
+    iceberg_options: dict[str, str] = field(default_factory=dict)  # more catalog properties
+    compact_interval: str | None = "1 hour"  # Iceberg: compaction schedule; None: never
+    snapshot_retention: str = "1 day"  # Iceberg: expire_snapshots older than this
 
 
 #: section -> key -> (type, JobConfig field). The stdlib twin of ``config.py``'s msgspec
@@ -100,6 +113,13 @@ _KEYS: dict[str, dict[str, tuple[type, str]]] = {
               "maintenance_interval": (str, "maintenance_interval"),
               "tombstone_retention": (str, "tombstone_retention"),
               "optimize": (bool, "optimize"), "vacuum_retention": (str, "vacuum_retention")},
+    "output": {"format": (str, "output_format")},
+    "iceberg": {"catalog": (str, "iceberg_catalog"), "name": (str, "iceberg_name"),
+                "uri": (str, "iceberg_uri"), "user": (str, "iceberg_user"),
+                "password": (str, "iceberg_password"), "warehouse": (str, "iceberg_warehouse"),
+                "options": (dict, "iceberg_options"),
+                "compact_interval": (str, "compact_interval"),
+                "snapshot_retention": (str, "snapshot_retention")},
 }
 
 _REGISTRY_KEYS = {"url": str, "username": str, "password": str, "ssl_ca_location": str,
@@ -149,10 +169,27 @@ def config_from_dict(raw: dict[str, Any]) -> JobConfig:
 
 
 def validate(values: dict[str, Any]) -> JobConfig:
-    for need, where in (("bootstrap_servers", "kafka"), ("warehouse", "delta"),
-                        ("checkpoint", "delta")):
+    fmt = values.get("output_format", DELTA)
+    if fmt not in (DELTA, ICEBERG):
+        raise MaterializeError("must be 'delta' or 'iceberg'", path="output.format")
+    needs = [("bootstrap_servers", "kafka.bootstrap_servers"), ("checkpoint", "delta.checkpoint"),
+             ("warehouse", "delta.warehouse") if fmt == DELTA else
+             ("iceberg_warehouse", "iceberg.warehouse")]
+    if fmt == ICEBERG and values.get("iceberg_catalog", "hadoop") == "jdbc":
+        needs.append(("iceberg_uri", "iceberg.uri"))
+    for need, path in needs:
         if not values.get(need):
-            raise MaterializeError("required", path=f"{where}.{need}")
+            raise MaterializeError("required", path=path)
+    if values.get("iceberg_catalog", "hadoop") not in ("hadoop", "jdbc"):
+        raise MaterializeError("must be 'hadoop' or 'jdbc'", path="iceberg.catalog")
+    if not re.fullmatch(r"[A-Za-z_]\w*", values.get("iceberg_name", "pgrouter")):
+        raise MaterializeError("must be a plain identifier", path="iceberg.name")
+    if fmt == ICEBERG and not values.get("warehouse"):
+        values["warehouse"] = values["iceberg_warehouse"]  # where a hadoop catalog's tables are
+    for key in ("compact_interval", "snapshot_retention"):
+        if values.get(key) is not None:
+            duration_seconds(values[key], path=f"iceberg.{key}")
+    values["iceberg_options"] = {k: str(v) for k, v in values.get("iceberg_options", {}).items()}
     if bool(values.get("topics")) == bool(values.get("topic_pattern")):
         raise MaterializeError("give exactly one of topics (a non-empty list) or topic_pattern",
                                path="kafka.topics")

@@ -34,6 +34,8 @@ class TableState:
 
 
 class DeltaTables:
+    kind = "Delta"
+
     def __init__(self, spark, cfg: JobConfig):
         self.spark, self.cfg = spark, cfg
         self.known: dict[str, TableState] = {}
@@ -44,29 +46,33 @@ class DeltaTables:
         from delta.tables import DeltaTable
 
         path = table_path(self.cfg.warehouse, route, schema, table)
+        if path not in self.known and DeltaTable.isDeltaTable(self.spark, path):
+            dt = DeltaTable.forPath(self.spark, path)
+            types = {f.name: f.dataType.simpleString() for f in dt.toDF().schema.fields}
+            props = dt.detail().collect()[0].properties or {}
+            tb = props.get(TRUNCATE_PROPERTY)
+            key = props.get(KEY_PROPERTY)
+            self.known[path] = TableState(path, types,
+                                          tuple(int(x) for x in tb.split(":")) if tb else None,
+                                          tuple(json.loads(key)) if key else None)
+        return self._ensure(path, schema, table, wanted, keys)
+
+    def _ensure(self, path, schema, table, wanted: dict[str, str], keys) -> TableState:
+        """``ensure`` once the table's stored state is known (``known``) or it is not stored:
+        a new table is planned, missing columns are added, narrower ones widened."""
         state = self.known.get(path)
         if state is None:
-            if DeltaTable.isDeltaTable(self.spark, path):
-                dt = DeltaTable.forPath(self.spark, path)
-                types = {f.name: f.dataType.simpleString() for f in dt.toDF().schema.fields}
-                props = dt.detail().collect()[0].properties or {}
-                tb = props.get(TRUNCATE_PROPERTY)
-                key = props.get(KEY_PROPERTY)
-                state = TableState(path, types,
-                                   tuple(int(x) for x in tb.split(":")) if tb else None,
-                                   tuple(json.loads(key)) if key else None)
+            cols = dict(wanted)
+            if self.cfg.mode == STATE:
+                cols.update(_pgr_commit_lsn="bigint", _pgr_seq="bigint", _pgr_deleted="boolean",
+                            _pgr_deleted_at="timestamp")
             else:
-                cols = dict(wanted)
-                if self.cfg.mode == STATE:
-                    cols.update(_pgr_commit_lsn="bigint", _pgr_seq="bigint", _pgr_deleted="boolean",
-                                _pgr_deleted_at="timestamp")
-                else:
-                    cols.update(_pgr_op="string", _pgr_commit_lsn="bigint", _pgr_seq="bigint",
-                                _pgr_lsn="bigint", _pgr_xid="bigint", _pgr_commit_time="timestamp",
-                                _pgr_schema_id="string", _pgr_toast="array<string>",
-                                _pgr_before="string")
-                state = TableState(path, cols, None, tuple(keys), empty=True, created=False)
-            self.known[path] = state
+                cols.update(_pgr_op="string", _pgr_commit_lsn="bigint", _pgr_seq="bigint",
+                            _pgr_lsn="bigint", _pgr_xid="bigint", _pgr_commit_time="timestamp",
+                            _pgr_schema_id="string", _pgr_toast="array<string>",
+                            _pgr_before="string")
+            state = self.known[path] = TableState(path, cols, None, tuple(keys), empty=True,
+                                                  created=False)
         if state.key is not None and self.cfg.mode == STATE and tuple(keys) != state.key:
             raise MaterializeError(f"{schema}.{table}: key columns changed from "
                                    f"{list(state.key)} to {list(keys)}")
@@ -75,17 +81,32 @@ class DeltaTables:
         for n, t in wanted.items():
             have = state.types.get(n)
             if have is None:
-                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({quote(n)} {t})")
+                self._add_column(path, n, t)
                 state.types[n] = t
             elif have != t and widens(have, t):
                 self._widen(path, n, t)
                 state.types[n] = t
             elif not widens(t, have):  # a narrower type (an older schema's) fits the column
                 raise MaterializeError(f"{schema}.{table}.{n}: incompatible type change: the "
-                                       f"Delta table has {have}, the new schema needs {t}, which "
-                                       f"is not a widening of it; materialize into a new "
+                                       f"{self.kind} table has {have}, the new schema needs "
+                                       f"{t}, which is not a widening of it; materialize into "
+                                       f"a new "
                                        f"warehouse or migrate the table")
         return state
+
+    def _add_column(self, path: str, name: str, dtype: str) -> None:
+        self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({quote(name)} {dtype})")
+
+    def ref(self, state: TableState) -> str:
+        """The table's name in SQL."""
+        return f"delta.{quote(state.path)}"
+
+    def read(self, state: TableState):
+        return self.spark.read.format("delta").load(state.path)
+
+    def committed(self, state: TableState, batch_id: int) -> bool:
+        """Delta skips a re-run batch by itself (``txnAppId``/``txnVersion``)."""
+        return False
 
     def _properties(self, state: TableState) -> dict[str, str]:
         return {KEY_PROPERTY: json.dumps(list(state.key or ()))}

