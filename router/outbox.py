@@ -29,6 +29,9 @@ import msgspec
 from .errors import ConfigError
 from .pgoutput import Relation
 from .topics import escape, illegal
+from .values import BYTEA, converter_for
+
+bytea_bytes = converter_for(BYTEA)
 
 
 class OutboxConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -73,7 +76,7 @@ class OutboxPlan:
     """One outbox table layout: its columns' indexes, the record of an inserted row."""
 
     __slots__ = ("route", "template", "fields", "key", "payload", "id", "headers", "_topics",
-                 "_one")
+                 "_one", "_payload_bytes")
 
     def __init__(self, cfg: OutboxConfig, relation: Relation, route: str):
         index = {c.name: i for i, c in enumerate(relation.columns)}
@@ -92,6 +95,8 @@ class OutboxPlan:
         self.key, self.payload, self.id = (at(cfg.key, "key"), at(cfg.payload, "payload"),
                                            at(cfg.id, "id"))
         self.headers = tuple((name, at(name, "headers")) for name in cfg.headers)
+        # a bytea payload is its bytes (what the application wrote), not their \x text
+        self._payload_bytes = relation.columns[self.payload].type_oid == BYTEA
         # the topic of each distinct tuple of the template's values (an outbox has few
         # aggregate types: formatting and checking each event's topic was a third of its cost)
         self._topics: dict = {}
@@ -110,12 +115,18 @@ class OutboxPlan:
         return topic
 
     def _make_topic(self, row: tuple) -> str:
-        values = {name: _in_topic(_text(row[i]) or "") for name, i in self.fields}
+        for name, i in self.fields:
+            if row[i] is None:  # "outbox.event." would be a topic no consumer reads
+                raise ConfigError(f"route {self.route!r}: the outbox row of id "
+                                  f"{_text(row[self.id])} names no topic: its column {name} "
+                                  "is NULL", path="routes.outbox.topic")
+        values = {name: _in_topic(_text(row[i])) for name, i in self.fields}
         topic = self.template.format(route=self.route, **values)
         problem = illegal(topic)
         if problem:
-            raise ConfigError(f"route {self.route!r}: the outbox row {values} makes topic "
-                              f"{topic!r}: {problem}", path="routes.outbox.topic")
+            shown = topic if len(topic) <= 100 else topic[:100] + "…"
+            raise ConfigError(f"route {self.route!r}: the outbox row of id {_text(row[self.id])} "
+                              f"makes topic {shown!r}: {problem}", path="routes.outbox.topic")
         return topic
 
     def record(self, row: tuple, position: list | None) -> tuple:
@@ -128,6 +139,9 @@ class OutboxPlan:
         if position:
             headers += position
         key, value = row[self.key], row[self.payload]
+        if self._payload_bytes and type(value) is str:
+            return (self.topic(row), key.encode() if type(key) is str else _bytes(key),
+                    bytea_bytes(value), headers)
         return (self.topic(row), key.encode() if type(key) is str else _bytes(key),
                 value.encode() if type(value) is str else _bytes(value), headers)
 

@@ -131,3 +131,33 @@ def test_remembered_topics_stay_each_values_own(monkeypatch):
     for _ in range(2):
         with pytest.raises(ConfigError, match="makes topic"):
             plan.record((ID, "y" * 300, "1", "T", "{}"), None)
+
+
+def test_a_null_topic_column_names_no_topic():
+    """A NULL in a column of the topic template names no topic: one line naming the column
+    and the event id (it went to ``outbox.event.``, a topic no consumer reads), every time."""
+    import router.outbox as outbox
+
+    plan = outbox.OutboxPlan(OutboxConfig(), OUTBOX, "ev")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=f"id {ID} names no topic: its column aggregatetype is NULL"):
+            plan.record((ID, None, "1", "T", "{}"), None)
+    two = outbox.OutboxPlan(OutboxConfig(topic="{type}.{aggregatetype}"), OUTBOX, "ev")
+    with pytest.raises(ConfigError, match="column type is NULL"):
+        two.record((ID, "Order", "1", None, "{}"), None)
+
+
+def test_a_bytea_payload_is_its_bytes():
+    """A ``bytea`` payload is published as its bytes (what the application wrote, as
+    Debezium's BinaryDataConverter writes it), not PostgreSQL's ``\\x`` hex text of them;
+    in hex and escape output alike."""
+    import router.outbox as outbox
+
+    cols = OUTBOX.columns[:4] + (RelationColumn(0, "payload", 17, -1),)
+    plan = outbox.OutboxPlan(OutboxConfig(), Relation(1, "public", "outbox", "d", cols), "ev")
+    assert plan.record((ID, "Order", "1", "T", "\\x00ff41"), None)[2] == b"\x00\xffA"
+    assert plan.record((ID, "Order", "1", "T", "\\000\\377A"), None)[2] == b"\x00\xffA"
+    assert plan.record((ID, "Order", "1", "T", None), None)[2] is None
+    # a text payload stays its UTF-8 text, even when it reads like hex
+    assert outbox.OutboxPlan(OutboxConfig(), OUTBOX, "ev").record(
+        (ID, "Order", "1", "T", "\\x41"), None)[2] == b"\\x41"
