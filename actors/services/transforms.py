@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import string
 
+from router.config import qualified
 from router.errors import ConfigError
 from router.routes import RouteSpec
 from router.transforms import ColumnTransform, Salt
@@ -55,6 +56,11 @@ async def transform_findings(sql, cfg, catalog) -> list[tuple[str, str]]:
     if not any(r.transforms or r.outbox for r in cfg.routes):
         return out
     found = routed_tables(cfg, catalog)
+    for i, route in enumerate(cfg.routes):
+        # a partitioned table the route names is what its partitions are published as
+        # with publish_via_partition_root (routed_tables lists leaf tables' names only)
+        found[i] = found[i] | {qualified(t) for t in route.tables
+                               if qualified(t) in catalog.tables}
     out += _outbox_findings(cfg, catalog, found)
     names = sorted({t for i, r in enumerate(cfg.routes) if r.transforms for t in found[i]})
     pks = await load_primary_keys(sql, names)
