@@ -20,7 +20,11 @@ def _salt(t, at: str) -> Salt:
         if not value:
             raise ConfigError(f"the environment variable {t.salt_env} (the hash salt) is not "
                               "set or empty", path=f"{at}.salt_env")
-        return Salt(value.encode(), f"${t.salt_env}")
+        try:
+            return Salt(value.encode(), f"${t.salt_env}")
+        except UnicodeEncodeError:  # bytes the locale could not decode
+            raise ConfigError(f"the environment variable {t.salt_env} (the hash salt) is not "
+                              "UTF-8 text", path=f"{at}.salt_env") from None
     try:
         with open(t.salt_file, "rb") as fh:
             value = fh.read()
@@ -31,6 +35,11 @@ def _salt(t, at: str) -> Salt:
         value = value[:-2] if value.endswith(b"\r\n") else value[:-1]
     if not value:
         raise ConfigError(f"the hash salt file {t.salt_file} is empty", path=f"{at}.salt_file")
+    try:  # the digest is PostgreSQL's convert_to(salt || value, 'UTF8'): the salt is text
+        value.decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"the hash salt file {t.salt_file} is not UTF-8 text",
+                          path=f"{at}.salt_file") from None
     return Salt(value, t.salt_file)
 
 

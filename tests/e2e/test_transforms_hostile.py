@@ -66,3 +66,54 @@ def test_partition_root_types_toast_and_multibyte(pg_dsn, kafka_bootstrap, tmp_p
         pg.run(f"drop table {name}")
         pg.close()
         delete_topics(kafka_bootstrap, [topic])
+
+
+@pytest.mark.parametrize("case", ["unset", "missing", "empty", "newline", "directory",
+                                  "not-utf8-file", "not-utf8-env"])
+def test_an_unusable_salt_is_one_line(case, pg_dsn, kafka_bootstrap, tmp_path):
+    """A salt that is not there or not UTF-8 text (PostgreSQL's ``convert_to(salt || …)``
+    cannot hold it) stops ``check`` and ``run`` with one line naming the variable or the file,
+    no traceback, before any slot is made."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, router_cmd
+
+    pg = Pg(pg_dsn)
+    name = unique("xfs")
+    pg.run(f"create table {name} (id int primary key, email text)")
+    pg.run(f"create publication {name} for table {name}")
+    path = tmp_path / "salt"
+    env = {k: v for k, v in os.environ.items() if k != SALT_ENV}
+    where = f'salt_file = "{path}"'
+    if case == "unset":
+        where = f'salt_env = "{SALT_ENV}"'
+    elif case == "not-utf8-env":
+        where = f'salt_env = "{SALT_ENV}"'
+        env = {**env, SALT_ENV: b"s\xffx".decode("utf-8", "surrogateescape")}
+    elif case == "directory":
+        path.mkdir()
+    elif case != "missing":
+        path.write_bytes({"empty": b"", "newline": b"\n", "not-utf8-file": b"s\xffx\n"}[case])
+    routes = (f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+              f'[[routes.transforms]]\nkind = "hash"\ncolumns = ["email"]\n{where}\n')
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, routes=routes)
+    try:
+        for cmd in ([sys.executable, "-m", "actors.cli", "check", "-c", str(cfg)],
+                    router_cmd(cfg, "--until-caught-up")):
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                                  cwd=ROOT, env=env)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode != 0 and "Traceback" not in out, out
+            assert "routes[0].transforms[0].salt_" in out, out
+            assert (SALT_ENV if "env" in case or case == "unset" else str(path)) in out, out
+            assert "s\\xff" not in out and "sx" not in out
+        assert pg.one("select count(*) from pg_replication_slots where slot_name = %s",
+                      name) == 0
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
