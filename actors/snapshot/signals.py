@@ -55,7 +55,7 @@ async def on_signal(actor, commit_lsn: int, seq: int, content: bytes) -> None:
                           route=route or "", table=table or "", problem=why)
     await actor.store.aput(state)
     recent.append({"request": rid, "route": state.route, "table": state.table,
-                   "state": state.state, "problem": why, "ts": time.time()})
+                   "state": state.state, "problem": why or None, "ts": time.time()})
     if why:
         log.event(_log, "signal refused", level=WARNING, request=rid, route=route,
                   table=table, problem=why)

@@ -76,6 +76,15 @@ class Job(msgspec.Struct, forbid_unknown_fields=True):
     eta_s: float | None
 
 
+class Signal(msgspec.Struct, forbid_unknown_fields=True):
+    request: str
+    route: str
+    table: str
+    state: str
+    problem: str | None
+    ts: float
+
+
 class Kafka(msgspec.Struct, forbid_unknown_fields=True):
     client: str
     delivery: str
@@ -108,6 +117,7 @@ class RunStatus(msgspec.Struct, forbid_unknown_fields=True):
     slot: Slot
     routes: list[Route]
     jobs: list[Job]
+    signals: list[Signal]
     kafka: Kafka
     problems: list[Problem]
     config: dict

@@ -18,6 +18,7 @@ import re
 
 import pytest
 
+from router.signals import SETUP_SQL
 from tests.e2e.console_browser import TOKEN, free_port, http, stop, wait_for
 from tests.e2e.guarantee import delete_topics
 from tests.helpers import ROOT, Pg, start_router, unique, write_config
@@ -159,6 +160,13 @@ allow_actions = true
         wait_for(lambda: http(f"http://127.0.0.1:{port}/readyz")[0] == 200,
                  "the router streaming", 60)
         pg.run(f"insert into {name} values (100, 100)")
+        # a refused signal (an unknown route): signals[] then holds every documented field
+        for stmt in SETUP_SQL:
+            pg.run(stmt)
+        pg.run("insert into pgrouter.signals (route, \"table\", slot) "
+               f"values ('no_such_route', 'public.{name}', '{name}')")
+        wait_for(lambda: json.loads(http(f"http://127.0.0.1:{port}/api/status")[1])["signals"],
+                 "the signal in /api/status", 60)
         yield f"http://127.0.0.1:{port}", name
     finally:
         stop(proc)
