@@ -36,8 +36,9 @@ def fits(n: int | None, bounds: tuple[int, int]) -> int | None:
     return n if n is None or bounds[0] <= n <= bounds[1] else None
 
 
-def _leap(y: int) -> bool:
-    return y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+def month_days(y: int, m: int) -> int:
+    """Days in month ``m`` of year ``y`` (proleptic Gregorian, year 0 is 1 BC)."""
+    return _MDAYS[m - 1] + (m == 2 and y % 4 == 0 and (y % 100 != 0 or y % 400 == 0))
 
 
 def days_from_civil(y: int, m: int, d: int) -> int:
@@ -78,7 +79,7 @@ def _day(text: str, bc: bool) -> tuple[int, int]:
         if y == 0:
             raise ValueError(f"not a date: {text[:40]!r}")
         y = 1 - y
-    if not 1 <= mo <= 12 or not 1 <= d <= _MDAYS[mo - 1] + (mo == 2 and _leap(y)):
+    if not 1 <= mo <= 12 or not 1 <= d <= month_days(y, mo):
         raise ValueError(f"not a date: {text[:40]!r}")
     return days_from_civil(y, mo, d), m.end()
 

@@ -11,14 +11,20 @@ Text accepted: what PostgreSQL prints with ``DateStyle = ISO`` (``2024-01-02``,
 separator and ``Z`` / ``UTC`` as a zone. A timestamptz without a zone is taken as UTC: the router
 connects with ``TimeZone=UTC``, which is also how PostgreSQL would have read such a constant.
 Special words that depend on the clock (``now``, ``today``…) raise ``ValueError``.
+
+The calendar arithmetic is ``router.pg_time``'s; the parsing is not: a filter constant is read
+as PostgreSQL's input function reads it (lenient, ``epoch``, ``24:00``, rounding past six
+digits), a replicated value only as PostgreSQL's output function prints it.
 """
 
 from __future__ import annotations
 
 import re
 
+from ..pg_time import DAY_MICROS as USECS_PER_DAY
+from ..pg_time import civil_from_days, days_from_civil, month_days
+
 INF = float("inf")
-USECS_PER_DAY = 86_400_000_000
 
 _DATE_RE = re.compile(r"(\d{4,})-(\d{1,2})-(\d{1,2})")
 _TS_RE = re.compile(
@@ -26,35 +32,6 @@ _TS_RE = re.compile(
     r"(?:[ T](\d{1,2}):(\d{2})(?::(\d{2})(?:\.(\d*))?)?)?"
     r"\s*(Z|UTC|GMT|[+-]\d{1,2}(?::?\d{2}(?::?\d{2})?)?)?", re.IGNORECASE)
 _CLOCK_WORDS = {"now", "today", "tomorrow", "yesterday", "allballs"}
-
-
-def days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year numbering)."""
-    y -= m <= 2
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
-
-
-def civil_from_days(z: int) -> tuple[int, int, int]:
-    z += 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    y = yoe + era * 400
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + (3 if mp < 10 else -9)
-    return y + (m <= 2), m, d
-
-
-def _days_in_month(y: int, m: int) -> int:
-    if m == 2:
-        return 29 if (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)) else 28
-    return 30 if m in (4, 6, 9, 11) else 31
 
 
 def _special(s: str):
@@ -84,7 +61,7 @@ def _ymd(y: str, m: str, d: str, bc: bool) -> int:
         if year == 0:
             raise ValueError("year 0 BC")
         year = 1 - year
-    if not (1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)):
+    if not (1 <= month <= 12 and 1 <= day <= month_days(year, month)):
         raise ValueError("date/time field value out of range")
     return days_from_civil(year, month, day)
 
