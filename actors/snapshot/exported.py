@@ -37,20 +37,36 @@ def copy_name(slot: str) -> str:
     return f"pgrouter snapshot {slot.encode()[:28].decode(errors='ignore')}~{digest}"
 
 
+def export_slot(dsn: str, slot: str, options: str = "", temporary: bool = False,
+                application_name: str | None = None):
+    """Opens a replication connection and creates the logical slot ``slot`` on it with
+    ``SNAPSHOT 'export'`` (``options``: more, e.g. ``", TWO_PHASE"``): (connection, consistent
+    point, snapshot name). The snapshot lives as long as the connection. psycopg2's errors
+    pass through: each caller says in its own words what failed."""
+    extra = {"application_name": application_name} if application_name else {}
+    conn = psycopg2.connect(
+        dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **extra)
+    try:
+        cur = conn.cursor()
+        cur.execute(f'CREATE_REPLICATION_SLOT "{slot.replace(chr(34), "")}"'
+                    f"{' TEMPORARY' if temporary else ''} LOGICAL pgoutput "
+                    f"(SNAPSHOT 'export'{options})")
+        row = cur.fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn, parse_lsn(row[1]), row[2]
+
+
 class ExportedSlot:
     """A slot created with an exported snapshot, on a replication connection kept open."""
 
     def __init__(self, dsn: str, slot: str, two_phase: bool, failover: bool = False):
+        opts = ((", TWO_PHASE" if two_phase else "")
+                + (", FAILOVER" if failover else ""))  # source.failover, 17+
         try:
-            self.conn = psycopg2.connect(
-                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                application_name=copy_name(slot))
-            cur = self.conn.cursor()
-            opts = ("SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
-                    + (", FAILOVER" if failover else ""))  # source.failover, 17+
-            cur.execute(f'CREATE_REPLICATION_SLOT "{slot.replace(chr(34), "")}" LOGICAL '
-                        f"pgoutput ({opts})")
-            row = cur.fetchone()
+            self.conn, self.consistent_point, self.snapshot = export_slot(
+                dsn, slot, opts, application_name=copy_name(slot))
         except psycopg2.errors.DuplicateObject as exc:
             raise SlotInUse(f"replication slot {slot!r} was created by someone else: "
                             f"{exc}".strip()) from exc
@@ -58,8 +74,6 @@ class ExportedSlot:
             raise SourceUnavailable(f"cannot create slot {slot!r}: {exc}".strip()) from exc
         except psycopg2.Error as exc:
             raise SourceError(f"cannot create slot {slot!r}: {exc}".strip()) from exc
-        self.consistent_point = parse_lsn(row[1])
-        self.snapshot = row[2]
 
     def close(self) -> None:
         try:

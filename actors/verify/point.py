@@ -20,13 +20,13 @@ Rules:
 from __future__ import annotations
 
 import psycopg2
-import psycopg2.extras
 import trio
 
 from router.errors import SlotMissing, SourceError, SourceUnavailable
 from router.lsn import format_lsn, parse_lsn
 
 from ..services.sql import SqlSession
+from ..snapshot.exported import export_slot
 
 #: seconds an inactive router slot may stay behind the point before verify gives up
 IDLE_GRACE = 5.0
@@ -38,20 +38,13 @@ class VerifyPoint:
 
     def __init__(self, dsn: str, name: str):
         try:
-            self.conn = psycopg2.connect(
-                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
-            cur = self.conn.cursor()
-            cur.execute(f'CREATE_REPLICATION_SLOT "{name.replace(chr(34), "")}" TEMPORARY '
-                        "LOGICAL pgoutput (SNAPSHOT 'export')")
-            row = cur.fetchone()
+            self.conn, self.lsn, self.snapshot = export_slot(dsn, name, temporary=True)
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
             raise SourceUnavailable(f"source.dsn: cannot open a replication connection for "
                                     f"the verify snapshot: {exc}".strip()) from exc
         except psycopg2.Error as exc:
             raise SourceError(f"cannot create the temporary slot of the verify snapshot: "
                               f"{exc}".strip()) from exc
-        self.lsn = parse_lsn(row[1])
-        self.snapshot = row[2]
 
     def close(self) -> None:
         try:
