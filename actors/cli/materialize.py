@@ -24,6 +24,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="materialize config (TOML; see configs/materialize.toml)")
     p.add_argument("--available-now", action="store_true",
                    help="process what is in Kafka now (Trigger.AvailableNow), then exit")
+    p.add_argument("--compact", action="store_true",
+                   help="Iceberg tables: compact every table of the catalog now (rewrite data "
+                   "files with deletes, drop unused delete files, expire old snapshots), then exit")
     p.add_argument("--devstack-dir", default=".devstack", type=pathlib.Path,
                    help="dev stack folder whose Maven cache supplies the Spark jars when the "
                    "config names none (default .devstack)")
@@ -48,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
         py_files = () if cfg.master.startswith("local") else (
             str(write_bundle(pathlib.Path(tmp) / "pgrouter-materialize.zip")),)
         try:
+            if args.compact:
+                for ref in job.compact(cfg):
+                    print(f"compacted {ref}")
+                return 0
             job.run(cfg, available_now=args.available_now, py_files=py_files)
         except job.MaterializeError as exc:
             raise MaterializeFailed(str(exc)) from exc

@@ -61,10 +61,11 @@ import sys
 from actors.materialize import class_archive
 from actors.materialize.columns import parse_pg_array, quote, spark_type_name, table_path
 from actors.materialize.merge import Materializer
-from actors.materialize.settings import (CHANGELOG, STATE, JobConfig, MaterializeError,
-                                         config_from_dict, load_config, validate)
+from actors.materialize.settings import (CHANGELOG, ICEBERG, STATE, JobConfig,
+                                         MaterializeError, config_from_dict, load_config, reason,
+                                         validate)
 
-__all__ = ["CHANGELOG", "STATE", "JobConfig", "MaterializeError", "Materializer", "build_session",
+__all__ = ["CHANGELOG", "ICEBERG", "STATE", "compact", "JobConfig", "MaterializeError", "Materializer", "build_session",
            "config_from_dict", "load_config", "main", "parse_pg_array", "quote", "run",
            "spark_type_name", "table_path", "validate"]
 
@@ -152,14 +153,39 @@ def run(cfg: JobConfig, *, available_now: bool = False, spark=None,
     class_archive.finish(getattr(spark, "_pgrouter_archive", None), spark)
 
 
+def compact(cfg: JobConfig, *, spark=None) -> list[str]:
+    """``--compact``: every Iceberg table of the catalog compacted now (``maintenance``), as
+    the job does on its schedule; returns their names."""
+    if cfg.output_format != ICEBERG:
+        raise MaterializeError("--compact compacts Iceberg tables ([output] format = "
+                               "\"iceberg\"); Delta tables: [delta] optimize = true")
+    from actors.materialize.iceberg import all_tables
+    from actors.materialize.maintenance import Maintenance
+
+    spark = spark or build_session(cfg)
+    tables = all_tables(spark, cfg)
+    upkeep = Maintenance(spark, cfg)
+    for ref in tables:
+        try:
+            upkeep.compact(ref)
+        except Exception as exc:
+            raise MaterializeError(f"{ref}: compaction failed: {reason(exc)}") from exc
+    return tables
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="materialize pgrouter topics into Delta tables")
     ap.add_argument("--config", "-c", required=True, help="materialize TOML config")
     ap.add_argument("--available-now", action="store_true",
                     help="process what is in Kafka now, then exit")
+    ap.add_argument("--compact", action="store_true",
+                    help="compact every Iceberg table of the catalog now, then exit")
     args = ap.parse_args(argv)
     try:
-        run(load_config(args.config), available_now=args.available_now)
+        if args.compact:
+            compact(load_config(args.config))
+        else:
+            run(load_config(args.config), available_now=args.available_now)
     except MaterializeError as exc:
         print(f"pgrouter materialize: {exc}", file=sys.stderr)
         return 1

@@ -211,3 +211,55 @@ def test_registry_table_of_avro_topics():
 def test_registry_table_rejects_with_key_path(table, path):
     for cfg, err in both(BASE + "[kafka.registry]\n" + table):
         assert cfg is None and err == path
+
+
+ICEBERG = """
+[kafka]
+bootstrap_servers = "k:9092"
+topics = ["a"]
+[delta]
+checkpoint = "/ck"
+[output]
+format = "iceberg"
+[iceberg]
+catalog = "jdbc"
+uri = "jdbc:postgresql://db:5432/iceberg"
+user = "pgr"
+warehouse = "s3://bucket/wh"
+options = { "io-impl" = "org.apache.iceberg.aws.s3.S3FileIO" }
+"""
+
+
+def test_iceberg_output_keys():
+    for cfg, err in both(ICEBERG):
+        assert err is None
+        assert (cfg.output_format, cfg.iceberg_catalog, cfg.iceberg_name) == (
+            "iceberg", "jdbc", "pgrouter")
+        assert cfg.iceberg_uri.endswith("/iceberg") and cfg.warehouse == "s3://bucket/wh"
+        assert cfg.iceberg_options == {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO"}
+        assert (cfg.compact_interval, cfg.snapshot_retention) == ("1 hour", "1 day")
+    for cfg, err in both(BASE):
+        assert cfg.output_format == "delta"
+
+
+@pytest.mark.parametrize("edit, path", [
+    (('uri = "jdbc:postgresql://db:5432/iceberg"\n', ""), "iceberg.uri"),  # jdbc needs it
+    (('warehouse = "s3://bucket/wh"\n', ""), "iceberg.warehouse"),
+    (('format = "iceberg"', 'format = "hudi"'), "output.format"),
+    (('catalog = "jdbc"', 'catalog = "glue"'), "iceberg.catalog"),
+    (('user = "pgr"', 'compact_interval = "soon"'), "iceberg.compact_interval"),
+    (('user = "pgr"', 'usr = "pgr"'), "iceberg.usr"),
+])
+def test_iceberg_keys_rejected_with_their_path(edit, path):
+    for cfg, err in both(ICEBERG.replace(*edit)):
+        assert cfg is None and err == path
+
+
+def test_delta_needs_its_warehouse_and_compact_refuses_delta():
+    from actors.materialize import job
+
+    text = BASE.replace('warehouse = "/wh"\n', "")
+    for cfg, err in both(text):
+        assert cfg is None and err == "delta.warehouse"
+    with pytest.raises(MaterializeError, match=r"--compact compacts Iceberg tables"):
+        job.compact(parse(BASE))
