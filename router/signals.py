@@ -6,13 +6,19 @@ Rules (docs/snapshots.md "Signals"):
 * ``pgrouter setup`` creates ``pgrouter.signals`` (UNLOGGED: its rows are neither streamed
   by a FOR ALL TABLES publication nor replicated; what counts is the message) and an AFTER
   INSERT trigger that writes each row as a transactional logical decoding message of prefix
-  ``pgrouter.signal`` (JSON: ``id``, ``route``, ``table``, ``slot``). Logical messages are not
-  filtered by publications, so the slot streams it whatever its publications hold; it
-  commits (or rolls back) with the insert, travels through the WAL (a standby promoted by
+  ``pgrouter.signal`` (JSON: ``id``, ``route``, ``table``, ``slot``, ``where``). Logical
+  messages are not filtered by publications, so the slot streams it whatever its
+  publications hold; it commits (or rolls back) with the insert, travels through the WAL (a standby promoted by
   failover has it), and is decoded when the router reaches it: also after a restart, when
   the row was inserted while the router was down.
 * A signal whose ``slot`` names another slot is not for this router (ignored); null = every
   router of the database.
+* ``where`` (null: every row) narrows the backfill to the rows it matches: an expression
+  of the table's columns as a publication row filter allows it (``router.rowfilter``: no
+  subqueries, no functions that are not immutable built-ins, one expression — never a
+  statement), checked against each table's columns before any job is planned
+  (``where_problem``); one that does not pass refuses the signal's job for that table. It
+  is read in the chunk's READ ONLY transaction.
 * Its request id is ``signal-<id>@<commit LSN>``: the same signal read again (the stream
   replays what was not confirmed) is recognised, so it is acted upon once.
 """
@@ -31,6 +37,7 @@ class Signal(msgspec.Struct, frozen=True):
     route: str | None = None
     table: str | None = None
     slot: str | None = None
+    where: str | None = None
 
 
 _decoder = msgspec.json.Decoder(Signal)
@@ -58,6 +65,19 @@ def problem(signal: Signal, routes: set[str]) -> str:
     return ""
 
 
+def where_problem(where: str, columns) -> str:
+    """Why ``where`` cannot narrow a backfill of a table of ``columns`` (``CatalogColumn``s,
+    the leaf's), "" when it can."""
+    from .errors import FilterError
+    from .rowfilter import check, parser
+
+    try:
+        check.check(parser.parse(where), where, columns)
+    except FilterError as exc:
+        return f"where {where!r}: {exc}"
+    return ""
+
+
 #: what ``pgrouter setup`` runs to create the signal table and its trigger (idempotent;
 #: also what an operator without superuser can run by hand: needs CREATE on the database)
 SETUP_SQL = (
@@ -65,9 +85,12 @@ SETUP_SQL = (
     "create unlogged table if not exists pgrouter.signals ("
     "id bigint generated always as identity primary key, route text not null, "
     "\"table\" text, slot text, requested_at timestamptz not null default now())",
+    # (a table made before signals carried a condition)
+    "alter table pgrouter.signals add column if not exists \"where\" text",
     "create or replace function pgrouter.signal() returns trigger language plpgsql as $$ "
     "begin perform pg_logical_emit_message(true, '" + PREFIX + "', json_build_object("
-    "'id', new.id, 'route', new.route, 'table', new.\"table\", 'slot', new.slot)::text); "
+    "'id', new.id, 'route', new.route, 'table', new.\"table\", 'slot', new.slot, "
+    "'where', new.\"where\")::text); "
     "return null; end $$",
     "drop trigger if exists signal on pgrouter.signals",
     "create trigger signal after insert on pgrouter.signals for each row "

@@ -200,6 +200,9 @@ class SnapshotState(msgspec.Struct, frozen=True, omit_defaults=True):
     #: a ``signal`` record (``router.signals``; keyed by slot and request): why it was
     #: refused (state ``refused``; ``accepted`` otherwise)
     problem: str = ""
+    #: a ``backfill`` (or ``signal``) record's condition (a signal's ``where``): a resumed
+    #: job reads only the rows it matches
+    where: str = ""
 
 
 _progress_decoder = msgspec.json.Decoder(SnapshotState)

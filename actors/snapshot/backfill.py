@@ -179,7 +179,8 @@ class BackfillActor:
         if running or self.resume_initial:
             await self.planner.reload()
         for p in running:
-            jobs, problems = await self.planner.plan(p.request, [p.route], [p.table], p.keys)
+            jobs, problems = await self.planner.plan(p.request, [p.route], [p.table], p.keys,
+                                                     p.where)
             if not jobs and not await self.planner.taken(p.route, p.table):
                 # dropped or detached while the router was down: nothing left to copy
                 log.event(_log, "backfill ends: the table is no longer streamed to the "
@@ -198,11 +199,12 @@ class BackfillActor:
             await self._request(INITIAL, [r.name for r in self.cfg.routes], [])
 
     async def _request(self, request: str, routes: list[str], tables: list[str],
-                       keys: tuple = (), quiet: bool = False) -> list[str]:
-        """Plans and queues the jobs of a request; returns the problems refusing parts."""
+                       keys: tuple = (), quiet: bool = False, where: str = "") -> list[str]:
+        """Plans and queues the jobs of a request (only the rows ``where`` matches, when
+        given); returns the problems refusing parts."""
         async with self.planner.lock:
             await self.planner.reload()
-            jobs, problems = await self.planner.plan(request, routes, tables, keys)
+            jobs, problems = await self.planner.plan(request, routes, tables, keys, where)
         for problem in problems if not quiet else ():  # (a signal says them its own way)
             log.event(_log, "backfill refused", request=request, problem=problem)
         fresh = []
@@ -241,7 +243,8 @@ class BackfillActor:
 
     def _progress(self, job: Job, state: str) -> SnapshotState:
         return SnapshotState("backfill", self.slot, state, request=job.request, route=job.route,
-                        table=job.name, last_key=job.last_key, rows=job.rows, keys=job.keys)
+                        table=job.name, last_key=job.last_key, rows=job.rows, keys=job.keys,
+                        where=job.where)
 
     # -- drivers ------------------------------------------------------------------------------
 
@@ -312,7 +315,7 @@ class BackfillActor:
                     log.event(_log, "backfill reads every block: the table was rewritten",
                               route=job.route, table=job.name)
                 select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
-                                                        limit, job.keys, job.skip)
+                                                        limit, job.keys, job.skip, job.where)
                 if not replanned:
                     await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
                 if job.keys and not replanned:

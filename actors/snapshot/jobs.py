@@ -23,6 +23,7 @@ import msgspec
 from router.config import Config, qualified
 from router.errors import ConfigError
 from router.routing import ChangeRouter
+from router.signals import where_problem
 from router.snapshot_ranges import done_blocks
 from router.snapshot_rows import SnapshotRows
 
@@ -93,6 +94,8 @@ class Job(msgspec.Struct):
     filenode: int = 0
     #: the ``SHAPE`` of ``shape_tables`` before the catalog the job was planned from
     shape: tuple = ()
+    #: only the rows this condition matches (a signal's ``where``), "" for all
+    where: str = ""
 
     @property
     def name(self) -> str:
@@ -127,7 +130,7 @@ def route_rows(cfg: Config, catalog, db: str, route: str, type_names: dict,
 
 async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str,
                     routes: list[str], tables: list[str], type_names, *,
-                    whole_keyless: bool = False, keys: tuple = ()
+                    whole_keyless: bool = False, keys: tuple = (), where: str = ""
                     ) -> tuple[list[Job], list[str]]:
     """The jobs of a request, and the problems that refuse parts of it (one line each)."""
     problems: list[str] = []
@@ -170,7 +173,12 @@ async def plan_jobs(sql: SqlSession, cfg: Config, catalog, db: str, request: str
                                 "index: it cannot be backfilled in chunks (only the initial "
                                 "snapshot copies it)")
                 continue
-            jobs.append(Job(request, route, t, key, types, row_key, keys=tuple(keys)))
+            bad = where and where_problem(where, catalog.tables[t.table].columns)
+            if bad:
+                problems.append(f"table {t.name}: {bad}")
+                continue
+            jobs.append(Job(request, route, t, key, types, row_key, keys=tuple(keys),
+                            where=where))
     return jobs, problems
 
 

@@ -63,10 +63,11 @@ class JobPlanner:
         self.catalog = await load_catalog(self.sql, self.cfg)
 
     async def plan(self, request: str, routes: list[str], tables: list[str],
-                   keys: tuple = ()):
+                   keys: tuple = (), where: str = ""):
         jobs, problems = await plan_jobs(self.sql, self.cfg, self.catalog, self.db, request,
                                          routes, tables, type_names,
-                                         whole_keyless=request == INITIAL, keys=keys)
+                                         whole_keyless=request == INITIAL, keys=keys,
+                                         where=where)
         if request == INITIAL:
             await done_ranges(self.sql, self.cfg, self.catalog, self.store.records.values(),
                               self.slot, jobs)
@@ -90,7 +91,8 @@ class JobPlanner:
         the publications): the job has nothing left to copy."""
         async with self.lock:
             await self.reload()
-            jobs, problems = await self.plan(job.request, [job.route], [job.name], job.keys)
+            jobs, problems = await self.plan(job.request, [job.route], [job.name], job.keys,
+                                             job.where)
             new = next((j for j in jobs if j.route == job.route and j.name == job.name), None)
             if new is None and await self.taken(job.route, job.name):
                 raise SourceError(f"backfill of {job.name} for route {job.route}: the table "

@@ -46,21 +46,25 @@ async def on_signal(actor, commit_lsn: int, seq: int, content: bytes) -> None:
         return  # acted upon before this restart
     route = signal.route if signal is not None else None
     table = signal.table if signal is not None else None
+    where = signal.where if signal is not None else None
     why = unreadable or problem(signal, {r.name for r in actor.cfg.routes})
     if not why:
-        problems = await actor._request(rid, [route], [table] if table else [], quiet=True)
+        problems = await actor._request(rid, [route], [table] if table else [], quiet=True,
+                                        where=where if where is not None else "")
         if problems:
             why = "; ".join(problems)
     state = SnapshotState("signal", actor.slot, "refused" if why else "accepted", request=rid,
-                          route=route or "", table=table or "", problem=why)
+                          route=route or "", table=table or "", problem=why,
+                          where=where or "")
     await actor.store.aput(state)
     recent.append({"request": rid, "route": state.route, "table": state.table,
                    "state": state.state, "problem": why or None, "ts": time.time()})
+    extra = {"where": where} if where is not None else {}
     if why:
         log.event(_log, "signal refused", level=WARNING, request=rid, route=route,
-                  table=table, problem=why)
+                  table=table, problem=why, **extra)
     else:
-        log.event(_log, "signal accepted", request=rid, route=route, table=table)
+        log.event(_log, "signal accepted", request=rid, route=route, table=table, **extra)
 
 
 def signal_handler(backfill):

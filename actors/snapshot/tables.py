@@ -105,14 +105,19 @@ class SnapshotTable(msgspec.Struct, frozen=True):
 
     def chunk_select(self, key: tuple[str, ...], key_types: tuple[str, ...],
                      after: tuple | None, limit: int | None,
-                     keys: tuple = (), skip: tuple = ()) -> tuple[str, tuple]:
+                     keys: tuple = (), skip: tuple = (), where: str = ""
+                     ) -> tuple[str, tuple]:
         """The next chunk by key order: rows whose key is after ``after`` (text values),
         ``limit`` of them, only those of ``keys`` when given (``keys_json``), none in the
-        blocks of ``skip`` (``outside``): SQL with ``$n`` parameters, and the parameters."""
+        blocks of ``skip`` (``outside``), only those ``where`` matches (a signal's condition,
+        checked by ``router.signals.where_problem``): SQL with ``$n`` parameters, and the
+        parameters."""
         cols = ", ".join(ident(c.name) for c in self.relation.columns)
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
         conds = [] if self.where is None else [f"({self.where})"]
         conds += self.outside(skip)
+        if where:
+            conds.append(f"({where})")
         params: tuple = ()
         names = ", ".join(ident(k) for k in key)
         if after is not None:

@@ -108,3 +108,30 @@ def test_a_signal_inserted_while_the_router_was_down(pg_dsn, kafka_bootstrap, tm
         assert "other" not in states
     finally:
         teardown(pg, name)
+
+
+def test_a_signal_with_a_where_backfills_only_the_rows_it_matches(pg_dsn, kafka_bootstrap,
+                                                                  tmp_path):
+    name = unique("sigw")
+    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    try:
+        run_router(cfg)  # the slot, no snapshot
+        insert = ("insert into pgrouter.signals (route, \"table\", slot, \"where\") values "
+                  "(%s, %s, %s, %s)")
+        pg.run(insert, name, f"public.{name}", name, "id % 10 = 0 and v <> 'v20'")
+        # refused, never run: a subquery, a volatile function, a second statement
+        pg.run(insert, name, f"public.{name}", name, "id in (select 1)")
+        pg.run(insert, name, f"public.{name}", name, "random() < 2")
+        pg.run(insert, name, f"public.{name}", name, "true; drop table " + name)
+        done = run_router(cfg)  # waits for the backfill (--until-caught-up)
+        assert snapshot_ids(kafka_bootstrap, name) == [10, 30, 40, 50, 60], done.stderr
+        refused = [line for line in done.stderr.splitlines() if "signal refused" in line]
+        assert len(refused) == 3, done.stderr
+        assert "subqueries" in refused[0] and "random()" in refused[1], refused
+        assert "syntax error" in refused[2], refused
+        assert "Traceback" not in done.stderr
+        assert pg.one(f"select count(*) from {name}") == ROWS  # never run as a statement
+        states = sorted(s for s, _ in signal_states(kafka_bootstrap, name).values())
+        assert states == ["accepted", "refused", "refused", "refused"]
+    finally:
+        teardown(pg, name)
