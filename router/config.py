@@ -25,7 +25,7 @@ from .kafka_settings import parse_bootstrap_servers, translate as translate_kafk
 from .origins import OriginSetting, parse_policy
 from .topics import illegal
 from .outbox import OutboxConfig, validate_outbox
-from .message_routes import MessageRouteConfig, validate_message_routes
+from .message_routes import MessageRouteConfig, claim_route_name, validate_message_routes
 from .transforms import TransformConfig, validate_transforms
 
 Operation = Literal["insert", "update", "delete", "truncate"]
@@ -311,13 +311,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
     for i, route in enumerate(cfg.routes):
         where = f"routes[{i}]"
         parse_policy(route.origin, path=f"{where}.origin", source=source)
-        if not route.name or not _TOPIC_CHARS.match(route.name):
-            raise ConfigError("route names use letters, digits, '.', '_' and '-'",
-                              path=f"{where}.name", source=source)
-        if route.name in names:
-            raise ConfigError(f"duplicate route name {route.name!r}", path=f"{where}.name",
-                              source=source)
-        names.add(route.name)
+        claim_route_name(route.name, names, f"{where}.name", source)
         chosen = sum((bool(route.tables), bool(route.schemas), route.all_tables,
                       bool(route.publication), bool(route.publications)))
         if chosen != 1:

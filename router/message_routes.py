@@ -57,18 +57,23 @@ class MessageRouteConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     topic_settings: MessageTopicSettings = msgspec.field(default_factory=MessageTopicSettings)
 
 
+def claim_route_name(name: str, names: set, path: str, source: str) -> None:
+    """A route's name, of ``[[routes]]`` or ``[[message_routes]]`` (one namespace): letters,
+    digits, '.', '_' and '-', unique among all routes; added to ``names``."""
+    if not name or not set(name) <= _LEGAL:
+        raise ConfigError("route names use letters, digits, '.', '_' and '-'", path=path,
+                          source=source)
+    if name in names:
+        raise ConfigError(f"duplicate route name {name!r}", path=path, source=source)
+    names.add(name)
+
+
 def validate_message_routes(routes: list, names: set, messages: bool, source: str) -> None:
     """Names unique among all routes, a prefix, a topic template of ``{prefix}``/``{route}``,
     settings above zero, and messages asked of pgoutput."""
     for i, r in enumerate(routes):
         at = f"message_routes[{i}]"
-        if not r.name or not set(r.name) <= _LEGAL:
-            raise ConfigError("route names use letters, digits, '.', '_' and '-'",
-                              path=f"{at}.name", source=source)
-        if r.name in names:
-            raise ConfigError(f"duplicate route name {r.name!r}", path=f"{at}.name",
-                              source=source)
-        names.add(r.name)
+        claim_route_name(r.name, names, f"{at}.name", source)
         if not r.prefix:
             raise ConfigError("a prefix (or a glob pattern of prefixes) is needed",
                               path=f"{at}.prefix", source=source)

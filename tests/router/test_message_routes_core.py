@@ -116,6 +116,16 @@ def test_config_problems_are_one_line_naming_the_key(route, source, problem):
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("table_route", ['"r\\n"', '"r s"', '""'])
+def test_a_route_name_is_checked_alike_in_routes_and_message_routes(table_route):
+    """One rule for both kinds of route: a name ending in a newline was let through in
+    ``[[routes]]`` (a ``$`` match) and refused in ``[[message_routes]]``."""
+    text = BASE.format(route='name = "m"\nprefix = "a"', source="")
+    with pytest.raises(ConfigError, match=r"(^|[^_])routes\[0\]\.name: route names use") as exc:
+        parse_config(text.replace('name = "r"', f"name = {table_route}", 1))
+    assert "\n" not in str(exc.value)
+
+
 def test_config_loads():
     cfg = parse_config(BASE.format(route='name = "m"\nprefix = "orders.*"\nkey = "id"\n'
                                          'topic_settings = {partitions = 3}', source=""))
