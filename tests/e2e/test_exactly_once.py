@@ -448,6 +448,35 @@ def test_broker_restart_leaves_each_change_once(fault_stack, tmp_path):
         pg.close()
 
 
+def second_waits_for_the_frozen_first(pg: Pg, name: str, cfg, bootstrap: str, logs: list,
+                                      procs: list) -> None:
+    """With the first router (``procs[0]``) frozen by SIGSTOP, a second on the same config
+    (appended to ``procs``) waits for the slot rather than streams; the first, thawed, streams
+    an update while the second still waits."""
+    procs.append(start_router(cfg, logs[1]))
+    deadline = time.monotonic() + 20
+    while "waiting for the slot" not in logs[1].read_text():
+        text = logs[1].read_text()
+        assert time.monotonic() < deadline and "streaming started" not in text, text[-3000:]
+        time.sleep(0.2)
+    os.killpg(procs[0].pid, signal.SIGCONT)
+    wait_for_line(logs[0], "streaming started", procs[0], timeout=30)
+    pg.run(f"update {name} set n = n + 1 where id = 1")
+    deadline = time.monotonic() + 30
+    while updates_of(bootstrap, name, 1) != [1]:
+        assert time.monotonic() < deadline and procs[0].poll() is None, \
+            logs[0].read_text()[-3000:]
+        time.sleep(0.3)
+    assert procs[1].poll() is None, logs[1].read_text()[-3000:]
+
+
+def thaw_and_kill(procs: list) -> None:
+    """Kills (-9) each router, one still frozen by SIGSTOP thawed first."""
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGCONT) if proc.poll() is None else None
+        kill9(proc)
+
+
 def test_a_second_router_waits_while_the_first_copies_its_initial_snapshot(table,
                                                                           kafka_bootstrap,
                                                                           tmp_path):
@@ -462,25 +491,9 @@ def test_a_second_router_waits_while_the_first_copies_its_initial_snapshot(table
     try:
         wait_for_line(logs[0], "replication slot created with an exported snapshot", procs[0])
         os.killpg(procs[0].pid, signal.SIGSTOP)
-        procs.append(start_router(cfg, logs[1]))
-        deadline = time.monotonic() + 20
-        while "waiting for the slot" not in logs[1].read_text():
-            text = logs[1].read_text()
-            assert time.monotonic() < deadline and "streaming started" not in text, text[-3000:]
-            time.sleep(0.2)
-        os.killpg(procs[0].pid, signal.SIGCONT)
-        wait_for_line(logs[0], "streaming started", procs[0], timeout=30)
-        pg.run(f"update {name} set n = n + 1 where id = 1")
-        deadline = time.monotonic() + 30
-        while updates_of(kafka_bootstrap, name, 1) != [1]:
-            assert time.monotonic() < deadline and procs[0].poll() is None, \
-                logs[0].read_text()[-3000:]
-            time.sleep(0.3)
-        assert procs[1].poll() is None, logs[1].read_text()[-3000:]
+        second_waits_for_the_frozen_first(pg, name, cfg, kafka_bootstrap, logs, procs)
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGCONT) if proc.poll() is None else None
-            kill9(proc)
+        thaw_and_kill(procs)
     text = logs[0].read_text() + logs[1].read_text()
     assert "fenced" not in text, text[-3000:]
     copied = sorted(r["after"]["id"] for r in changes(kafka_bootstrap, name) if r["op"] == "r")
@@ -542,25 +555,9 @@ def test_a_second_router_waits_for_one_that_registered_but_streams_not_yet(
             time.sleep(0.002)
         os.killpg(procs[0].pid, signal.SIGSTOP)
         assert "streaming started" not in logs[0].read_text()
-        procs.append(start_router(cfg, logs[1]))
-        deadline = time.monotonic() + 20
-        while "waiting for the slot" not in logs[1].read_text():
-            text = logs[1].read_text()
-            assert time.monotonic() < deadline and "streaming started" not in text, text[-3000:]
-            time.sleep(0.2)
-        os.killpg(procs[0].pid, signal.SIGCONT)
-        wait_for_line(logs[0], "streaming started", procs[0], timeout=30)
-        pg.run(f"update {name} set n = n + 1 where id = 1")
-        deadline = time.monotonic() + 30
-        while updates_of(kafka_bootstrap, name, 1) != [1]:
-            assert time.monotonic() < deadline and procs[0].poll() is None, \
-                logs[0].read_text()[-3000:]
-            time.sleep(0.3)
-        assert procs[1].poll() is None, logs[1].read_text()[-3000:]
+        second_waits_for_the_frozen_first(pg, name, cfg, kafka_bootstrap, logs, procs)
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGCONT) if proc.poll() is None else None
-            kill9(proc)
+        thaw_and_kill(procs)
     text = logs[0].read_text() + logs[1].read_text()
     assert "fenced" not in text, text[-3000:]
 
