@@ -7,7 +7,11 @@ topic template produces with their offsets as the record count (exact unless Kaf
 transactions write the topic, ``[kafka] exactly_once`` or ``[ha]``, whose commit markers
 take offsets too: then an upper bound, ``records_exact`` false) and the
 commit time of the newest record delivered to each (pgrouter's format or Connect's); with
-``[ha] enabled`` the leadership group's members and its leader (``actors.ha.group``). ``--json`` prints the same as one JSON object.
+``[ha] enabled`` the leadership group's members and its leader (``actors.ha.group``); the
+signals the state topic recorded for the slot (how many accepted and refused, the last ones
+with their route, table, where and problem: ``actors.snapshot.signals.recorded``; the
+router's own ``recent`` list lives in its process). ``--json`` prints the same as one JSON
+object.
 
 Exit status: 0, or 1 when the slot is missing or invalidated or a server cannot be reached
 (what could be read is still printed).
@@ -32,6 +36,7 @@ from ..pipeline.slot_monitor import sample_slot
 from ..kafka.registry import decoder_for
 from ..kafka.survey import survey
 from ..services.preflight import probe_kafka
+from ..snapshot import signals
 from ..services.sql import SqlSession
 from .config_file import load
 
@@ -82,7 +87,7 @@ def kafka_status(cfg: Config) -> dict[str, list[dict]]:
 
 async def _gather(cfg: Config) -> tuple[dict, list[str]]:
     problems: list[str] = []
-    report: dict = {"slot": {"name": cfg.source.slot}, "routes": {}}
+    report: dict = {"slot": {"name": cfg.source.slot}, "routes": {}, "signals": None}
     async with trio_asyncio.open_loop():
         try:
             report["slot"] = await slot_status(cfg)
@@ -101,6 +106,12 @@ async def _gather(cfg: Config) -> tuple[dict, list[str]]:
         why = str(exc).removeprefix("kafka.bootstrap_servers: ").removeprefix(
             "Kafka not reachable: ")
         problems.append(f"kafka.bootstrap_servers: Kafka not reachable: {why}")
+    if "kafka.bootstrap_servers" not in " ".join(problems):
+        try:
+            count, states, last = await trio.to_thread.run_sync(signals.recorded, cfg)
+            report["signals"] = {"recorded": count, "states": states, "last": last}
+        except Exception as exc:  # noqa: BLE001 — any failure to read the topic is the report
+            problems.append(f"snapshot.state_topic: the signals cannot be read: {exc}")
     if cfg.ha.enabled:
         try:
             report["ha"] = await trio.to_thread.run_sync(group.describe_group, cfg)
@@ -132,11 +143,26 @@ def _text(report: dict) -> str:
                                                   "markers included)")
             lines.append(f"  {t['topic']}: {count}, last commit "
                          f"{t['last_commit_time'] or '-'}")
+    if report.get("signals"):
+        lines.extend(_signal_lines(report["signals"]))
     if report.get("ha"):
         lines.extend(group.text(report["ha"]))
     lines.append(f"last delivered commit: {report['last_delivered_commit_time'] or '-'}")
     lines.extend(report["problems"])
     return "\n".join(lines)
+
+
+def _signal_lines(sig: dict) -> list[str]:
+    if not sig["recorded"]:
+        return ["signals: none recorded"]
+    counts = ", ".join(f"{n} {state}" for state, n in sig["states"].items())
+    lines = [f"signals: {sig['recorded']} recorded ({counts}); the last {len(sig['last'])}:"]
+    for s in sig["last"]:
+        lines.append(f"  {s['request']}: {s['state']}, route {s['route'] or '-'}, "
+                     f"table {s['table'] or 'all'}"
+                     + (f", where {s['where']}" if s["where"] else "")
+                     + (f": {s['problem']}" if s["problem"] else ""))
+    return lines
 
 
 def _bytes(n: int | None) -> str:

@@ -12,7 +12,8 @@ Rules:
   a table without a key, nothing to backfill): one warning line and a ``signal`` record,
   state ``refused`` with the problem; the router goes on.
 * A signal whose record exists already (read again after a restart) is skipped.
-* ``recent``: the last signals of this process, for ``/api/status``.
+* ``recent``: the last signals of this process, for ``/api/status``; ``recorded``: the
+  last ones the state topic holds for the slot, for ``pgrouter status`` (another process).
 """
 
 from __future__ import annotations
@@ -21,15 +22,18 @@ import collections
 import time
 from logging import WARNING
 
-from router.snapshot import SnapshotState
+from router.snapshot import SnapshotState, decode_state
 from router.signals import PREFIX as SIGNAL_PREFIX, decode_signal, problem, request_id
 from router.topics import TopicSpec
 
+from ..kafka.compacted import read_topic
 from ..services import log
 
 _log = log.get("snapshot")
 #: the last signals seen (the console's ``signals``)
 recent: collections.deque = collections.deque(maxlen=50)
+#: the signals ``pgrouter status`` lists
+RECORDED = 10
 
 
 def status() -> list[dict]:
@@ -65,6 +69,24 @@ async def on_signal(actor, commit_lsn: int, seq: int, content: bytes) -> None:
                   table=table, problem=why, **extra)
     else:
         log.event(_log, "signal accepted", request=rid, route=route, table=table, **extra)
+
+
+def recorded(cfg, last: int = RECORDED) -> tuple[int, dict[str, int], list[dict]]:
+    """The ``signal`` records of the state topic for ``cfg``'s slot (blocking: a worker
+    thread's): how many, how many per state, and the ``last`` ones in the order they were
+    recorded (the topic has one partition; compaction keeps offset order)."""
+    k = cfg.kafka
+    found = []
+    for _, value in read_topic(k.bootstrap_servers, dict(k.settings), cfg.snapshot.state_topic,
+                               library=k.client):
+        p = decode_state(value)
+        if p is not None and p.kind == "signal" and p.slot == cfg.source.slot:
+            found.append(p)
+    states = collections.Counter(p.state for p in found)
+    return len(found), dict(sorted(states.items())), [
+        {"request": p.request, "route": p.route, "table": p.table or None,
+         "where": p.where or None, "state": p.state, "problem": p.problem or None}
+        for p in found[-last:]]
 
 
 def signal_handler(backfill):

@@ -6,12 +6,14 @@ and a ``refused`` record; the router goes on."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
 
 from router.signals import SETUP_SQL
-from tests.helpers import Pg, read_topic, run_router, start_router, unique, write_config
+from tests.helpers import (Pg, read_topic, router_cmd, run_router, start_router, unique,
+                           write_config)
 
 pytestmark = pytest.mark.services
 
@@ -133,5 +135,18 @@ def test_a_signal_with_a_where_backfills_only_the_rows_it_matches(pg_dsn, kafka_
         assert pg.one(f"select count(*) from {name}") == ROWS  # never run as a statement
         states = sorted(s for s, _ in signal_states(kafka_bootstrap, name).values())
         assert states == ["accepted", "refused", "refused", "refused"]
+        # `pgrouter status`, another process, reads them from the state topic
+        out = subprocess.run([*router_cmd(cfg)[:3], "status", "-c", str(cfg), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        sig = json.loads(out.stdout)["signals"]
+        assert (sig["recorded"], sig["states"]) == (4, {"accepted": 1, "refused": 3}), sig
+        assert [(s["state"], s["where"]) for s in sig["last"]] == [
+            ("accepted", "id % 10 = 0 and v <> 'v20'"), ("refused", "id in (select 1)"),
+            ("refused", "random() < 2"), ("refused", "true; drop table " + name)], sig
+        assert "subqueries" in sig["last"][1]["problem"] and sig["last"][0]["problem"] is None
+        text = subprocess.run([*router_cmd(cfg)[:3], "status", "-c", str(cfg)],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "signals: 4 recorded (1 accepted, 3 refused); the last 4:" in text, text
+        assert "accepted, route " + name + f", table public.{name}, where id % 10" in text
     finally:
         teardown(pg, name)
