@@ -101,6 +101,18 @@ def _caught_up(pg, slot: str) -> None:
              timeout=90, what="the new leader to catch up")
 
 
+def leader_under_load(group: Group, load: UpdateLoad, bootstrap: str,
+                      name: str) -> tuple[int, int]:
+    """Waits for a leader to stream, starts ``load`` and waits for 3000 records in the topic:
+    (the leader's index, its walsender's pid)."""
+    i = group.leader()
+    old = wait_for(group.holder, timeout=60, what="the leader to stream")
+    load.start()
+    wait_for(lambda: topic_size(bootstrap, name) > 3000, timeout=60,
+             what="records before the freeze")
+    return i, old
+
+
 def _freeze_thaw(group: Group, pg, name: str, bootstrap: str, load: UpdateLoad) -> None:
     i = group.leader()
     zombie = group.routers[i]
@@ -130,11 +142,7 @@ def test_a_woken_leader_lands_nothing_after_the_new_leader(slot_table, pg_dsn,  
     group = Group(config(), tmp_path, pg_dsn, name, n=2)
     load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=256)
     try:
-        group.leader()
-        wait_for(group.holder, timeout=60, what="the leader to stream")
-        load.start()
-        wait_for(lambda: topic_size(kafka_bootstrap, name) > 3000, timeout=60,
-                 what="records before the freeze")
+        leader_under_load(group, load, kafka_bootstrap, name)
         _freeze_thaw(group, pg, name, kafka_bootstrap, load)
         group.stop()
     except BaseException:
@@ -175,11 +183,7 @@ def test_a_new_leader_streams_although_the_frozen_walsender_hangs(slot_table, pg
     group = Group(config(), tmp_path, pg_dsn, name, n=2)
     load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=1024)
     try:
-        i = group.leader()
-        old = wait_for(group.holder, timeout=60, what="the leader to stream")
-        load.start()
-        wait_for(lambda: topic_size(kafka_bootstrap, name) > 3000, timeout=60,
-                 what="records before the freeze")
+        i, old = leader_under_load(group, load, kafka_bootstrap, name)
         zombie = group.routers[i]
         new = group.routers[1 - i]
         new.set_mark()

@@ -6,6 +6,7 @@ PostgreSQL's own SELECT; a woken former leader says one line, never librdkafka's
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 
@@ -15,7 +16,8 @@ from tests.e2e.guarantee import topic_size, wait_for
 from tests.e2e.ha_routers import Group
 from tests.e2e.test_exactly_once import read_committed
 from tests.e2e.test_ha import slot_table  # noqa: F401  (the fixture)
-from tests.e2e.test_ha_fencing import KEYS, UpdateLoad, _caught_up, _fold, _uncommitted
+from tests.e2e.test_ha_fencing import (KEYS, UpdateLoad, _caught_up, _fold, _uncommitted,
+                                       leader_under_load)
 
 pytestmark = pytest.mark.services
 
@@ -40,13 +42,30 @@ def _quiet(router) -> None:
     assert not found, f"{router.log.name} printed:\n" + "\n".join(found[:5])
 
 
+@contextlib.contextmanager
+def _judged(group: Group, pg, name: str, bootstrap: str, load: UpdateLoad | None = None):
+    """Around a test's faults: the group stopped after them (killed, the load halted, at an
+    error), then no router printed a raw error and the topic folds to PostgreSQL's rows."""
+    try:
+        yield
+        group.stop()
+    except BaseException:
+        if load is not None:
+            load.halt.set()
+        group.kill_all()
+        raise
+    for r in group.routers:
+        _quiet(r)
+    _check(pg, name, bootstrap)
+
+
 def test_a_leader_frozen_in_its_initial_snapshot(slot_table, pg_dsn,  # noqa: F811
                                                  kafka_bootstrap, tmp_path):
     pg, name, config = slot_table
     rows = 60000
     pg.run(f"insert into {name} select g, 0, repeat('x', 200) from generate_series(0, {rows - 1}) g")
     group = Group(config(snapshot="initial"), tmp_path, pg_dsn, name, n=2)
-    try:
+    with _judged(group, pg, name, kafka_bootstrap):
         i = group.leader()
         zombie = group.routers[i]
         wait_for(lambda: topic_size(kafka_bootstrap, name) > 2000, timeout=60,
@@ -62,13 +81,6 @@ def test_a_leader_frozen_in_its_initial_snapshot(slot_table, pg_dsn,  # noqa: F8
         finally:
             zombie.signal(signal.SIGCONT)
         time.sleep(4)  # what its client still held is refused by now
-        group.stop()
-    except BaseException:
-        group.kill_all()
-        raise
-    for r in group.routers:
-        _quiet(r)
-    _check(pg, name, kafka_bootstrap)
 
 
 @pytest.mark.parametrize("fault", ["kill9", "sigstop"])
@@ -80,12 +92,8 @@ def test_the_new_leader_killed_right_after_it_took_over(slot_table, pg_dsn,  # n
     pg.run(f"insert into {name} select g, 0, '' from generate_series(0, {KEYS - 1}) g")
     group = Group(config(), tmp_path, pg_dsn, name, n=3)
     load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=256)
-    try:
-        i = group.leader()
-        old = wait_for(group.holder, timeout=60, what="the leader to stream")
-        load.start()
-        wait_for(lambda: topic_size(kafka_bootstrap, name) > 3000, timeout=60,
-                 what="records before the freeze")
+    with _judged(group, pg, name, kafka_bootstrap, load):
+        i, old = leader_under_load(group, load, kafka_bootstrap, name)
         zombie, j = group.routers[i], None
         zombie.signal(signal.SIGSTOP)
         try:
@@ -104,14 +112,6 @@ def test_the_new_leader_killed_right_after_it_took_over(slot_table, pg_dsn,  # n
             if j is not None and group.routers[j].proc.poll() is None:
                 group.routers[j].signal(signal.SIGCONT)
         time.sleep(4)
-        group.stop()
-    except BaseException:
-        load.halt.set()
-        group.kill_all()
-        raise
-    for r in group.routers:
-        _quiet(r)
-    _check(pg, name, kafka_bootstrap)
 
 
 def test_exactly_once_with_ha_freeze_thaw(slot_table, pg_dsn, kafka_bootstrap,  # noqa: F811
@@ -121,12 +121,8 @@ def test_exactly_once_with_ha_freeze_thaw(slot_table, pg_dsn, kafka_bootstrap,  
     group = Group(config(kafka_extra=f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n'),
                   tmp_path, pg_dsn, name, n=2)
     load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=256)
-    try:
-        i = group.leader()
-        old = wait_for(group.holder, timeout=60, what="the leader to stream")
-        load.start()
-        wait_for(lambda: topic_size(kafka_bootstrap, name) > 3000, timeout=60,
-                 what="records before the freeze")
+    with _judged(group, pg, name, kafka_bootstrap, load):
+        i, old = leader_under_load(group, load, kafka_bootstrap, name)
         zombie = group.routers[i]
         zombie.set_mark()
         zombie.signal(signal.SIGSTOP)
@@ -139,14 +135,6 @@ def test_exactly_once_with_ha_freeze_thaw(slot_table, pg_dsn, kafka_bootstrap,  
         wait_for(lambda: "leadership lost" in zombie.text(since_mark=True), timeout=30,
                  what="the old leader to say it lost leadership")
         time.sleep(3)
-        group.stop()
-    except BaseException:
-        load.halt.set()
-        group.kill_all()
-        raise
-    for r in group.routers:
-        _quiet(r)
-    _check(pg, name, kafka_bootstrap)
 
 
 def test_a_leader_fenced_by_a_router_of_another_group_says_so(slot_table, pg_dsn,  # noqa: F811
