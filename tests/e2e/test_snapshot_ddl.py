@@ -58,6 +58,21 @@ def _caught_up(pg, slot, proc, log, deadline):
         "slot_name = %s", lsn, slot), proc, log, deadline)
 
 
+def _start_for_backfills(tmp_path, dsn, bootstrap, slot, publication, routes, snapshot):
+    """A router that makes no initial snapshot (``snapshot``: more ``[snapshot]`` keys), for
+    ``pgrouter snapshot`` requests: (config, log, process, deadline)."""
+    cfg = write_config(tmp_path / "router.toml", dsn=dsn, slot=slot, publications=[publication],
+                       bootstrap=bootstrap, routes=routes,
+                       extra='[snapshot]\nmode = "never"\n' + snapshot)
+    log = tmp_path / "router.log"
+    return cfg, log, start_router(cfg, log), time.monotonic() + DEADLINE
+
+
+def _slot_active(pg, slot, proc, log, deadline):
+    _wait("the slot", lambda: pg.run("select 1 from pg_replication_slots where "
+                                     "slot_name = %s and active", slot), proc, log, deadline)
+
+
 def _columns(pg, table):
     return [r[0] for r in pg.run("select attname::text from pg_attribute where attrelid = "
                                  "%s::regclass and attnum > 0 and not attisdropped "
@@ -156,18 +171,12 @@ def test_ddl_while_a_backfill_chunk_waits_for_the_table(pg_dsn, kafka_bootstrap,
     pg.run(f"create table {t} (id int primary key, n int, v text)")
     pg.run(f"insert into {t} select g, g, 'v' || g from generate_series(1, 2000) g")
     pg.run(f"create publication {u} for table {t}")
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot, publications=[u],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "{route}"\ntables = ["public.{t}"]\n',
-                       extra='[snapshot]\nmode = "never"\nchunk_rows = 500\n')
-    log = tmp_path / "router.log"
-    proc = start_router(cfg, log)
-    deadline = time.monotonic() + DEADLINE
+    cfg, log, proc, deadline = _start_for_backfills(
+        tmp_path, pg_dsn, kafka_bootstrap, slot, u,
+        f'[[routes]]\nname = "{route}"\ntables = ["public.{t}"]\n', "chunk_rows = 500\n")
     ddl = psycopg2.connect(pg_dsn)
     try:
-        _wait("the slot", lambda: pg.run("select 1 from pg_replication_slots where "
-                                         "slot_name = %s and active", slot), proc, log,
-              deadline)
+        _slot_active(pg, slot, proc, log, deadline)
         with ddl.cursor() as cur:  # a transaction: the command holds the table until COMMIT
             for sql in BACKFILL_DDL[kind]:
                 cur.execute(sql.format(t=t))

@@ -16,7 +16,8 @@ import pytest
 
 from tests.e2e.guarantee import delete_topics
 from tests.e2e.test_snapshot import _initial_done
-from tests.e2e.test_snapshot_ddl import _caught_up, _columns, _stop, _wait
+from tests.e2e.test_snapshot_ddl import (_caught_up, _columns, _slot_active, _start_for_backfills,
+                                         _stop, _wait)
 from tests.e2e.test_snapshot_ranges import _SlowSource
 from tests.helpers import (Pg, kill9, pg_text, read_topic, start_router, table_rows, unique,
                            write_config)
@@ -422,18 +423,13 @@ def test_ddl_on_a_partitioned_table_during_its_backfill(pg_dsn, kafka_bootstrap,
                f"to ({i * 1000 + 1})")
     pg.run(f"insert into {p} select g, g, 'v' || g from generate_series(1, 3000) g")
     pg.run(f"create publication {p} for table {p} with (publish_via_partition_root = true)")
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=slot, publications=[p],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "{route}"\npublications = ["{p}"]\n',
-                       extra='[snapshot]\nmode = "never"\nchunk_rows = 400\nparallel = 1\n')
-    log = tmp_path / "router.log"
-    proc = start_router(cfg, log)
-    deadline = time.monotonic() + DEADLINE
+    cfg, log, proc, deadline = _start_for_backfills(
+        tmp_path, pg_dsn, kafka_bootstrap, slot, p,
+        f'[[routes]]\nname = "{route}"\npublications = ["{p}"]\n',
+        "chunk_rows = 400\nparallel = 1\n")
     ddl = psycopg2.connect(pg_dsn)
     try:
-        _wait("the slot", lambda: pg.run("select 1 from pg_replication_slots where "
-                                         "slot_name = %s and active", slot), proc, log,
-              deadline)
+        _slot_active(pg, slot, proc, log, deadline)
         with ddl.cursor() as cur:
             cur.execute(f"lock table {p}_1 in access exclusive mode")
             asked = snapshot_cmd(cfg, route, f"public.{p}")
