@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import string
 from typing import Annotated, Literal
 
 import msgspec
@@ -23,7 +22,7 @@ from .ha import HaConfig, validate_ha
 from .identifiers import split_qualified
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
-from .topics import illegal
+from .topics import illegal, template_problem
 from .outbox import OutboxConfig, validate_outbox
 from .message_routes import MessageRouteConfig, claim_route_name, validate_message_routes
 from .transforms import TransformConfig, validate_transforms
@@ -324,14 +323,9 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
             _qualified(t, path=f"{where}.tables[{j}]", source=source)
         if not route.operations:
             raise ConfigError("at least one operation", path=f"{where}.operations", source=source)
-        try:
-            fields = {f for _, f, _, _ in string.Formatter().parse(route.topic) if f}
-        except ValueError as exc:
-            raise ConfigError(f"bad topic template: {exc}", path=f"{where}.topic",
-                              source=source) from exc
-        if fields - _TOPIC_FIELDS:
-            raise ConfigError(f"unknown placeholder(s) {sorted(fields - _TOPIC_FIELDS)}; use "
-                              "{route}, {schema}, {table}", path=f"{where}.topic", source=source)
+        problem = template_problem(route.topic, _TOPIC_FIELDS)
+        if problem:
+            raise ConfigError(problem, path=f"{where}.topic", source=source)
     validate_message_routes(cfg.message_routes, names, cfg.source.messages, source)
     if not cfg.snapshot.state_topic or not _TOPIC_CHARS.match(cfg.snapshot.state_topic):
         raise ConfigError("a topic name (letters, digits, '.', '_' and '-')",

@@ -31,7 +31,7 @@ import string
 import msgspec
 
 from .errors import ConfigError
-from .topics import illegal
+from .topics import illegal, template_problem
 
 #: prefixes pgrouter writes itself (router.snapshot, router.definitions, signals)
 RESERVED = "pgrouter."
@@ -80,14 +80,9 @@ def validate_message_routes(routes: list, names: set, messages: bool, source: st
         if r.prefix.startswith(RESERVED):
             raise ConfigError(f"prefixes starting with {RESERVED!r} are pgrouter's own",
                               path=f"{at}.prefix", source=source)
-        try:
-            fields = {f for _, f, _, _ in string.Formatter().parse(r.topic) if f is not None}
-        except ValueError as exc:
-            raise ConfigError(f"bad topic template: {exc}", path=f"{at}.topic",
-                              source=source) from exc
-        if fields - _TOPIC_FIELDS:
-            raise ConfigError(f"unknown placeholder(s) {sorted(fields - _TOPIC_FIELDS)}; use "
-                              "{prefix}, {route}", path=f"{at}.topic", source=source)
+        problem = template_problem(r.topic, _TOPIC_FIELDS)
+        if problem:
+            raise ConfigError(problem, path=f"{at}.topic", source=source)
         problem = illegal(r.topic.format(prefix="p", route=r.name))
         if problem:
             raise ConfigError(f"topic {problem}", path=f"{at}.topic", source=source)

@@ -91,6 +91,19 @@ def illegal(topic: str) -> str | None:
     return None
 
 
+def template_problem(template: str, fields: set[str]) -> str | None:
+    """Why ``template`` is not a topic template over ``fields`` (e.g. ``{route}``), or None:
+    a stray brace, or a placeholder not among them (a positional ``{}`` is none of them)."""
+    try:
+        used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        return f"bad topic template: {exc}"
+    if used - fields:
+        return (f"unknown placeholder(s) {sorted(used - fields)}; use "
+                + ", ".join(f"{{{f}}}" for f in sorted(fields)))
+    return None
+
+
 def route_name_problem(name: str, template: str) -> str | None:
     """Why a route name used in a topic template cannot be, or None: it must be made of
     Kafka's characters."""

@@ -126,6 +126,23 @@ def test_a_route_name_is_checked_alike_in_routes_and_message_routes(table_route)
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("topic,problem", [
+    ("x{}", r"unknown placeholder\(s\) \[''\]"),
+    ("x{nope}", r"unknown placeholder\(s\) \['nope'\]"),
+    ("x{route", "bad topic template"),
+])
+@pytest.mark.parametrize("kind", ["routes", "message_routes"])
+def test_a_topic_template_is_checked_alike_in_routes_and_message_routes(kind, topic, problem):
+    """A positional ``{}`` in a ``[[routes]]`` topic passed the config check; naming a topic
+    with it then raised IndexError (a traceback, not one line)."""
+    text = BASE.format(route='name = "m"\nprefix = "a"', source="")
+    at = 'tables = ["public.t"]\n' if kind == "routes" else 'prefix = "a"\n'
+    text = text.replace(at, f'{at}topic = "{topic}"\n', 1)
+    with pytest.raises(ConfigError, match=rf"(^|[^_]){kind}\[0\]\.topic: {problem}") as exc:
+        parse_config(text)
+    assert "\n" not in str(exc.value)
+
+
 def test_config_loads():
     cfg = parse_config(BASE.format(route='name = "m"\nprefix = "orders.*"\nkey = "id"\n'
                                          'topic_settings = {partitions = 3}', source=""))
