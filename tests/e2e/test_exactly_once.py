@@ -277,6 +277,17 @@ def updates_of(bootstrap: str, topic: str, key: int) -> list[int]:
             if r["op"] == "u" and r["after"]["id"] == key]
 
 
+def first_update_delivered(pg: Pg, bootstrap: str, name: str, key: int, proc, log,
+                           timeout: float) -> None:
+    """Updates row ``key`` (never updated before) and waits for its change in the topic,
+    ``proc`` (the router streaming it, writing ``log``) alive all along."""
+    pg.run(f"update {name} set n = n + 1 where id = {key}")
+    deadline = time.monotonic() + timeout
+    while updates_of(bootstrap, name, key) != [1]:
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.3)
+
+
 def test_a_second_router_on_the_same_config_waits_for_the_slot(table, kafka_bootstrap,
                                                                tmp_path):
     """A second `pgrouter run` on the same config (no [ha]): the slot is held by the first,
@@ -309,12 +320,7 @@ def test_a_second_router_on_the_same_config_waits_for_the_slot(table, kafka_boot
         os.killpg(procs[0].pid, signal.SIGTERM)  # the first drains and stops
         assert procs[0].wait(timeout=30) == 0, logs[0].read_text()[-3000:]
         wait_for_line(logs[1], "streaming started", procs[1], timeout=30)
-        pg.run(f"update {name} set n = n + 1 where id = 2")
-        deadline = time.monotonic() + 60
-        while updates_of(kafka_bootstrap, name, 2) != [1]:
-            assert time.monotonic() < deadline and procs[1].poll() is None, \
-                logs[1].read_text()[-3000:]
-            time.sleep(0.3)
+        first_update_delivered(pg, kafka_bootstrap, name, 2, procs[1], logs[1], timeout=60)
     finally:
         for proc in procs:
             kill9(proc)
@@ -461,12 +467,7 @@ def second_waits_for_the_frozen_first(pg: Pg, name: str, cfg, bootstrap: str, lo
         time.sleep(0.2)
     os.killpg(procs[0].pid, signal.SIGCONT)
     wait_for_line(logs[0], "streaming started", procs[0], timeout=30)
-    pg.run(f"update {name} set n = n + 1 where id = 1")
-    deadline = time.monotonic() + 30
-    while updates_of(bootstrap, name, 1) != [1]:
-        assert time.monotonic() < deadline and procs[0].poll() is None, \
-            logs[0].read_text()[-3000:]
-        time.sleep(0.3)
+    first_update_delivered(pg, bootstrap, name, 1, procs[0], logs[0], timeout=30)
     assert procs[1].poll() is None, logs[1].read_text()[-3000:]
 
 

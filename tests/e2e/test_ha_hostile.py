@@ -16,8 +16,8 @@ from tests.e2e.guarantee import topic_size, wait_for
 from tests.e2e.ha_routers import Group
 from tests.e2e.test_exactly_once import read_committed
 from tests.e2e.test_ha import slot_table  # noqa: F401  (the fixture)
-from tests.e2e.test_ha_fencing import (KEYS, UpdateLoad, _caught_up, _fold, _uncommitted,
-                                       leader_under_load)
+from tests.e2e.test_ha_fencing import (KEYS, UpdateLoad, _caught_up, _fold, _freeze_thaw,
+                                       _uncommitted, leader_under_load)
 
 pytestmark = pytest.mark.services
 
@@ -122,19 +122,8 @@ def test_exactly_once_with_ha_freeze_thaw(slot_table, pg_dsn, kafka_bootstrap,  
                   tmp_path, pg_dsn, name, n=2)
     load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=256)
     with _judged(group, pg, name, kafka_bootstrap, load):
-        i, old = leader_under_load(group, load, kafka_bootstrap, name)
-        zombie = group.routers[i]
-        zombie.set_mark()
-        zombie.signal(signal.SIGSTOP)
-        try:
-            group.taken_over(old, time.time(), timeout=60)
-            load.stop()
-            _caught_up(pg, name)
-        finally:
-            zombie.signal(signal.SIGCONT)
-        wait_for(lambda: "leadership lost" in zombie.text(since_mark=True), timeout=30,
-                 what="the old leader to say it lost leadership")
-        time.sleep(3)
+        leader_under_load(group, load, kafka_bootstrap, name)
+        _freeze_thaw(group, pg, name, kafka_bootstrap, load)
 
 
 def test_a_leader_fenced_by_a_router_of_another_group_says_so(slot_table, pg_dsn,  # noqa: F811
