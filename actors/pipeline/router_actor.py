@@ -35,7 +35,7 @@ class RouterActor:
                  out: trio.MemorySendChannel, router_for=None, meta=None, metrics=None,
                  signals=None):
         self.router = router
-        #: ``actors.snapshot.signals.on_signal`` bound to the backfill actor, or None
+        #: ``actors.snapshot.signals.on_signals`` bound to the backfill actor, or None
         self.signals = signals
         self.inbox = inbox
         self.out = out
@@ -92,8 +92,7 @@ class RouterActor:
                 try:
                     for chunk in chunks:
                         if chunk.last and used.signals:  # recorded before it can be confirmed
-                            for signal in used.take_signals():
-                                await self.signals(*signal)
+                            await self.signals(used.take_signals())
                         group.append(chunk)
                         size += len(chunk.records)
                         if size >= CHUNK_RECORDS:

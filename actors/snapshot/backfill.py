@@ -204,7 +204,19 @@ class BackfillActor:
         given); returns the problems refusing parts."""
         async with self.planner.lock:
             await self.planner.reload()
-            jobs, problems = await self.planner.plan(request, routes, tables, keys, where)
+            fresh, problems, states = await self._plan(request, routes, tables, keys, quiet,
+                                                       where, set())
+        await self.store.aput_many(states)
+        self._enqueue(request, fresh)
+        return problems
+
+    async def _plan(self, request: str, routes: list[str], tables: list[str], keys: tuple,
+                    quiet: bool, where: str, planned: set) -> tuple[list, list, list]:
+        """The new jobs of a request, the problems refusing parts, and the state records to
+        write before they are queued (``_enqueue``), from the catalog last read (the
+        planner's lock held). ``planned``: the (route, table) of jobs planned but not yet
+        queued (several requests recorded together); this request's are added."""
+        jobs, problems = await self.planner.plan(request, routes, tables, keys, where)
         for problem in problems if not quiet else ():  # (a signal says them its own way)
             log.event(_log, "backfill refused", request=request, problem=problem)
         fresh = []
@@ -213,24 +225,27 @@ class BackfillActor:
                                            table=job.name))
             if seen is not None and seen.request == request:
                 continue  # already known: running (resumed) or done
-            if (job.route, job.name) in self._running:
+            if (job.route, job.name) in self._running | planned:
                 log.event(_log, "backfill already running", route=job.route, table=job.name)
                 continue
+            planned.add((job.route, job.name))
             fresh.append(job)
+        states = []
         if request == INITIAL:
             self._initial_left = len(fresh) + sum(
                 1 for p in self.store.records.values() if p.kind == "backfill"
                 and p.slot == self.slot and p.request == INITIAL and p.state == "running")
             if not self._initial_left:
-                await self.store.aput(SnapshotState("initial", self.slot, "done"))
-        for job in fresh:
-            await self.store.aput(self._progress(job, "running"))
+                states.append(SnapshotState("initial", self.slot, "done"))
+        states += [self._progress(job, "running") for job in fresh]
+        return fresh, problems, states
+
+    def _enqueue(self, request: str, fresh: list[Job]) -> None:
         for job in fresh:
             self._queue(job)
             log.event(_log, "backfill requested", request=request, route=job.route,
                       table=job.name, key=list(job.key),
                       **({"repair_keys": [list(k) for k in job.keys]} if job.keys else {}))
-        return problems
 
     def _queue(self, job: Job) -> None:
         try:

@@ -7,10 +7,13 @@ Rules:
 * The router actor hands over the signals of a transaction (``ChangeRouter.take_signals``)
   before that transaction's last chunk goes to the sink: the slot never confirms a signal
   whose request is not recorded.
-* Accepted: the jobs (``BackfillActor._request``, request id ``router.signals.request_id``)
-  then a ``signal`` record, state ``accepted``. Refused (unreadable, unknown route or table,
-  a table without a key, nothing to backfill): one warning line and a ``signal`` record,
-  state ``refused`` with the problem; the router goes on.
+* Accepted: the jobs (``BackfillActor._plan``, request id ``router.signals.request_id``)
+  then a ``signal`` record, state ``accepted``. The signals of one transaction are planned
+  from one read of the catalog and their records written in one batch (1,000 signals in
+  one transaction were 1,000 catalog reads and 2,000 acknowledged writes one after
+  another). Refused (unreadable, unknown route or table, a table without a key, a bad
+  ``where``): one warning line and a ``signal`` record, state ``refused`` with the problem;
+  the router goes on.
 * A signal whose record exists already (read again after a restart) is skipped.
 * ``recent``: the last signals of this process, for ``/api/status``; ``recorded``: the
   last ones the state topic holds for the slot, for ``pgrouter status`` (another process).
@@ -40,29 +43,60 @@ def status() -> list[dict]:
     return list(recent)
 
 
-async def on_signal(actor, commit_lsn: int, seq: int, content: bytes) -> None:
-    """One signal message of the stream (``actor``: the ``BackfillActor``)."""
-    signal, unreadable = decode_signal(content)
-    if signal is not None and signal.slot and signal.slot != actor.slot:
-        return  # another router's
-    rid = request_id(signal, commit_lsn, seq)
-    if actor.store.get(SnapshotState("signal", actor.slot, "", request=rid)) is not None:
-        return  # acted upon before this restart
+async def on_signals(actor, signals: list[tuple[int, int, bytes]]) -> None:
+    """The signal messages of one transaction, ``(commit_lsn, seq, content)`` (``actor``: the
+    ``BackfillActor``): planned from one read of the catalog, their jobs' and their own
+    state records written in one batch, then the jobs queued."""
+    mine = []
+    for commit_lsn, seq, content in signals:
+        signal, unreadable = decode_signal(content)
+        if signal is not None and signal.slot and signal.slot != actor.slot:
+            continue  # another router's
+        rid = request_id(signal, commit_lsn, seq)
+        if actor.store.get(SnapshotState("signal", actor.slot, "", request=rid)) is None:
+            mine.append((rid, signal, unreadable))  # (else acted upon before this restart)
+    if not mine:
+        return
+    routes = {r.name for r in actor.cfg.routes}
+    states: list = []
+    queued: list = []
+    seen: list = []
+    planned: set = set()
+    async with actor.planner.lock:
+        reloaded = False
+        for rid, signal, unreadable in mine:
+            why = unreadable or problem(signal, routes)
+            if not why:
+                if not reloaded:
+                    await actor.planner.reload()
+                    reloaded = True
+                where = signal.where if signal.where is not None else ""
+                fresh, problems, jobs_states = await actor._plan(
+                    rid, [signal.route], [signal.table] if signal.table else [], (), True,
+                    where, planned)
+                states += jobs_states
+                queued.append((rid, fresh))
+                why = "; ".join(problems)
+            seen.append((rid, signal, why))
+    for rid, signal, why in seen:
+        states.append(SnapshotState(
+            "signal", actor.slot, "refused" if why else "accepted", request=rid,
+            route=(signal and signal.route) or "", table=(signal and signal.table) or "",
+            problem=why, where=(signal and signal.where) or ""))
+    await actor.store.aput_many(states)  # before the transaction can be confirmed
+    for rid, fresh in queued:
+        actor._enqueue(rid, fresh)
+    for rid, signal, why in seen:
+        _said(rid, signal, why)
+
+
+def _said(rid: str, signal, why: str) -> None:
     route = signal.route if signal is not None else None
     table = signal.table if signal is not None else None
     where = signal.where if signal is not None else None
-    why = unreadable or problem(signal, {r.name for r in actor.cfg.routes})
-    if not why:
-        problems = await actor._request(rid, [route], [table] if table else [], quiet=True,
-                                        where=where if where is not None else "")
-        if problems:
-            why = "; ".join(problems)
-    state = SnapshotState("signal", actor.slot, "refused" if why else "accepted", request=rid,
-                          route=route or "", table=table or "", problem=why,
-                          where=where or "")
-    await actor.store.aput(state)
-    recent.append({"request": rid, "route": state.route, "table": state.table,
-                   "state": state.state, "problem": why or None, "ts": time.time()})
+    recent.append({"request": rid, "route": route or "", "table": table or "",
+                   "state": "refused" if why else "accepted", "problem": why or None,
+                   "ts": time.time()})
     extra = {"where": where} if where is not None else {}
     if why:
         log.event(_log, "signal refused", level=WARNING, request=rid, route=route,
@@ -90,12 +124,12 @@ def recorded(cfg, last: int = RECORDED) -> tuple[int, dict[str, int], list[dict]
 
 
 def signal_handler(backfill):
-    """``on_signal`` bound to ``backfill`` (None without a backfill actor)."""
+    """``on_signals`` bound to ``backfill`` (None without a backfill actor)."""
     if backfill is None:
         return None
 
-    async def handle(commit_lsn: int, seq: int, content: bytes) -> None:
-        await on_signal(backfill, commit_lsn, seq, content)
+    async def handle(signals: list) -> None:
+        await on_signals(backfill, signals)
     return handle
 
 
