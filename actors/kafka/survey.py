@@ -53,7 +53,11 @@ def _consumer(bootstrap_servers, settings: dict, **extra):
 
 
 def _no_answer(bootstrap_servers, conf: dict, failures: list) -> str:
+    from kafka.errors import RequestTimedOutError
+
     servers = _servers(bootstrap_servers)
+    # a request that timed out is the broker not answering, not a handshake refused
+    failures = [f for f in failures if not isinstance(f, RequestTimedOutError)]
     if failures:  # the handshakes ``[kafka.settings]`` asks for, refused or failed
         return (f"{servers} could not be used within {BOOTSTRAP_TIMEOUT:.0f} s with "
                 f"{describe(failures, conf)} (check [kafka.settings] against the listener)")

@@ -154,22 +154,19 @@ def test_a_signal_with_a_where_backfills_only_the_rows_it_matches(pg_dsn, kafka_
 
 def test_many_signals_in_one_transaction_are_recorded_together(pg_dsn, kafka_bootstrap,
                                                                tmp_path):
-    """400 signals of one transaction: one catalog read and one batch of state records (one
-    after another, they took ~50 ms each here: 21 s)."""
+    """400 signals of one transaction: each recorded accepted, merged into one backfill (their
+    records go out in one batch: bench figures, not this test, say what that saves)."""
     name = unique("sigm")
     pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
     try:
         run_router(cfg)  # the slot, no snapshot
         pg.run("insert into pgrouter.signals (route, \"table\", slot) select %s, %s, %s "
                "from generate_series(1, 400)", name, f"public.{name}", name)
-        started = time.monotonic()
         done = run_router(cfg)  # waits for the backfill (--until-caught-up)
-        took = time.monotonic() - started
         assert snapshot_ids(kafka_bootstrap, name) == list(range(1, ROWS + 1)), done.stderr
         states = [s for s, _ in signal_states(kafka_bootstrap, name).values()]
         assert states == ["accepted"] * 400
         assert done.stderr.count("signal accepted") == 400
         assert done.stderr.count("backfill requested") == 1, done.stderr[-3000:]
-        assert took < 12, took  # the router's start and the backfill included
     finally:
         teardown(pg, name)
