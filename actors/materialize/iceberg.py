@@ -66,6 +66,7 @@ class IcebergTables(DeltaTables):
     """``DeltaTables``' interface over Iceberg tables; ``state.path`` is the table's name."""
 
     kind = "Iceberg"
+    using = "iceberg"
 
     def __init__(self, spark, cfg: JobConfig, app_id: str):
         super().__init__(spark, cfg)
@@ -108,15 +109,6 @@ class IcebergTables(DeltaTables):
 
     def _properties(self, state: TableState) -> dict[str, str]:
         return {**TABLE_PROPERTIES, **super()._properties(state)}
-
-    def create(self, state: TableState) -> None:
-        if state.created:
-            return
-        ddl = ", ".join(f"{quote(n)} {t}" for n, t in state.types.items())
-        props = ", ".join(f"'{k}' = '{v}'" for k, v in self._properties(state).items())
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {state.path} ({ddl}) USING iceberg "
-                       f"TBLPROPERTIES ({props})")
-        state.created = True
 
     def write_first(self, state: TableState, rows) -> None:
         from pyspark.sql import functions as F

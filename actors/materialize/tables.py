@@ -35,6 +35,8 @@ class TableState:
 
 class DeltaTables:
     kind = "Delta"
+    #: the table format in ``CREATE TABLE … USING``
+    using = "delta"
 
     def __init__(self, spark, cfg: JobConfig):
         self.spark, self.cfg = spark, cfg
@@ -117,8 +119,8 @@ class DeltaTables:
             return
         ddl = ", ".join(f"{quote(n)} {t}" for n, t in state.types.items())
         props = ", ".join(f"'{k}' = '{v}'" for k, v in self._properties(state).items())
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.{quote(state.path)} ({ddl}) USING delta "
-                       f"TBLPROPERTIES ({props})")
+        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.ref(state)} ({ddl}) "
+                       f"USING {self.using} TBLPROPERTIES ({props})")
         state.created = True
 
     def write_first(self, state: TableState, rows) -> None:
