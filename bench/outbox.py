@@ -18,7 +18,6 @@ the ratio outbox / plain of events per second (the goal is ≥ 0.9).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import resource
 import statistics
@@ -30,24 +29,9 @@ import uuid
 
 import psycopg2
 
+from fanout import config  # noqa: E402  (bench/fanout.py: one config writer for the benches)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def config(path: pathlib.Path, *, dsn: str, slot: str, pub: str, kafka: str, client: str,
-           route: str) -> None:
-    path.write_text(f"""
-[source]
-dsn = {json.dumps(dsn)}
-slot = {json.dumps(slot)}
-publications = [{json.dumps(pub)}]
-[kafka]
-bootstrap_servers = {json.dumps(kafka)}
-client = {json.dumps(client)}
-settings = {{ linger_ms = 5 }}
-[log]
-level = "warning"
-{route}
-""")
 
 
 def drain(cfg: pathlib.Path, profile: str | None = None) -> tuple[float, float]:
@@ -109,7 +93,7 @@ def main() -> None:
             for kind, route in routes.items():
                 cfgs[kind] = pathlib.Path(tmp, f"{kind}.toml")
                 config(cfgs[kind], dsn=args.dsn, slot=slots[kind], pub=tag, kafka=args.kafka,
-                       client=args.client, route=route)
+                       client=args.client, routes=route)
             for i in range(args.rounds):
                 for s in slots.values():
                     cur.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')",
