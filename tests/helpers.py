@@ -142,6 +142,39 @@ def start_router(config: pathlib.Path, log: pathlib.Path, *,
                             start_new_session=True)
 
 
+#: runs argv[1:] and prints its peak resident set (KiB) as the last line of stderr. A child
+#: forked by a big process (a pytest worker) inherits that process's peak in ``ru_maxrss``
+#: (the kernel records the old memory's high-water mark at the exec), so the command is
+#: started from this small launcher instead, whose own peak is a few MiB
+_PEAK_LAUNCHER = ("import resource, subprocess, sys\n"
+                  "code = subprocess.run(sys.argv[1:]).returncode\n"
+                  "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+                  "print(f'peak-rss-kib {peak}', file=sys.stderr)\n"
+                  "sys.exit(code)\n")
+
+
+def peak_rss(cmd: list[str], *, timeout: float = 300) -> tuple[int, int, str]:
+    """(peak RSS in bytes, exit code, stderr) of ``cmd`` run to its end."""
+    err_path = ROOT / ".devstack" / f"peak-{os.getpid()}-{time.monotonic_ns()}.log"
+    try:
+        with open(err_path, "w+b") as err:
+            proc = subprocess.Popen([sys.executable, "-c", _PEAK_LAUNCHER, *cmd], cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(f"timed out: {cmd}") from None
+            err.seek(0)
+            text = err.read().decode(errors="replace")
+    finally:
+        err_path.unlink(missing_ok=True)
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    assert last.startswith("peak-rss-kib "), text[-3000:]
+    return int(last.split()[1]) * 1024, code, body
+
+
 def kill9(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -6,14 +6,11 @@ queues are bounded). ``bench/memory.py`` measures the same for 2,000,000 rows (R
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.helpers import ROOT, Pg, drop_source, router_cmd, unique, write_config
+from tests.helpers import Pg, drop_source, peak_rss, router_cmd, unique, write_config
 
 pytestmark = pytest.mark.services
 ROWS = 300_000
@@ -22,28 +19,6 @@ MIB = 1024 * 1024
 #: 300k records of this table are ~330 bytes of key and value each (~95 MiB as Kafka bytes,
 #: more as Python objects); a router holding them all grew by 100-150 MiB here
 MAX_GROWTH = 75 * MIB
-
-
-def peak_rss(cmd: list[str], timeout: float = 300) -> tuple[int, int, str]:
-    """(peak RSS in bytes, exit code, stderr) of ``cmd``."""
-    err_path = ROOT / ".devstack" / f"memtest-{os.getpid()}-{time.monotonic_ns()}.log"
-    with open(err_path, "w+b") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                raise AssertionError(f"timed out: {cmd}")
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        text = err.read().decode(errors="replace")
-    err_path.unlink()
-    return usage.ru_maxrss * 1024, proc.returncode, text
 
 
 @pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
