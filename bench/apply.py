@@ -276,8 +276,10 @@ topic = "{prefix}.{{schema}}.{{table}}"
 """)
         cfg.close()
         t = time.monotonic()
-        subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", cfg.name,
-                        "--until-caught-up"], cwd=ROOT, check=True, capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", cfg.name,
+                               "--until-caught-up"], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"pgrouter run exited {done.returncode}:\n{done.stderr[-3000:]}")
         print(f"router wrote the topics in {time.monotonic() - t:.1f}s", file=sys.stderr)
         ends = transaction_ends(info.kafka_bootstrap, tx_topic)
         assert len(ends) == n_a + args.updates, len(ends)
