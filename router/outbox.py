@@ -17,7 +17,14 @@ Rules:
 * Never snapshotted (the outbox holds events already published, or none): the initial
   snapshot and backfills leave outbox routes out.
 * A column the route names that the table lacks is a ``ConfigError`` when its layout is
-  first met; a topic a value makes that Kafka refuses is one too (it names the value).
+  first met.
+* A row that makes no event (``Poison``: a NULL in a column of the topic template, a topic
+  Kafka refuses, a payload of a type other than ``json``, ``jsonb`` or ``bytea`` that is not
+  JSON text) is, without ``dead_letter``, a ``ConfigError`` naming the route, the table, the
+  row's id and key and its LSN (the router stops before confirming its transaction); with
+  ``dead_letter = "topic"`` it goes there instead, in its place in the stream: key and value
+  as an event's (the value the payload's bytes as written), its headers then
+  ``pgrouter.error`` (the reason) and ``pgrouter.table``.
 """
 
 from __future__ import annotations
@@ -27,11 +34,18 @@ import string
 import msgspec
 
 from .errors import ConfigError
+from .lsn import format_lsn
 from .pgoutput import Relation
 from .topics import escape, illegal
-from .values import BYTEA, converter_for
+from .values import BYTEA, JSON, JSONB, converter_for
 
 bytea_bytes = converter_for(BYTEA)
+_json_text = msgspec.json.Decoder(msgspec.Raw)  # checks the syntax, builds nothing
+_H_ERROR, _H_TABLE = "pgrouter.error", "pgrouter.table"
+
+
+class Poison(Exception):
+    """An outbox row that makes no event; the argument says why, in one line."""
 
 
 class OutboxConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -42,6 +56,8 @@ class OutboxConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     payload: str = "payload"
     id: str = "id"
     headers: list[str] = []
+    #: the topic of the rows that make no event ("": such a row stops the router)
+    dead_letter: str = ""
 
 
 def validate_outbox(route, where: str, source: str, fmt: str) -> None:
@@ -70,13 +86,16 @@ def validate_outbox(route, where: str, source: str, fmt: str) -> None:
     if not fields or any(not f for f in fields):
         raise ConfigError("the topic template names a column, e.g. \"{aggregatetype}.events\"",
                           path=f"{at}.topic", source=source)
+    problem = illegal(out.dead_letter) if out.dead_letter else None
+    if problem:
+        raise ConfigError(f"topic {problem}", path=f"{at}.dead_letter", source=source)
 
 
 class OutboxPlan:
     """One outbox table layout: its columns' indexes, the record of an inserted row."""
 
-    __slots__ = ("route", "template", "fields", "key", "payload", "id", "headers", "_topics",
-                 "_one", "_payload_bytes")
+    __slots__ = ("route", "table", "template", "fields", "key", "payload", "id", "headers",
+                 "dead_letter", "_topics", "_one", "_payload_bytes", "_payload_json")
 
     def __init__(self, cfg: OutboxConfig, relation: Relation, route: str):
         index = {c.name: i for i, c in enumerate(relation.columns)}
@@ -88,6 +107,8 @@ class OutboxPlan:
                     f"column {column!r} ({what})", path="routes.outbox")
             return index[column]
         self.route = route
+        self.table = f"{relation.namespace}.{relation.name}"
+        self.dead_letter = cfg.dead_letter
         self.template = cfg.topic
         self.fields = tuple((f, at(f, "topic"))
                             for _, f, _, _ in string.Formatter().parse(cfg.topic)
@@ -96,7 +117,11 @@ class OutboxPlan:
                                            at(cfg.id, "id"))
         self.headers = tuple((name, at(name, "headers")) for name in cfg.headers)
         # a bytea payload is its bytes (what the application wrote), not their \x text
-        self._payload_bytes = relation.columns[self.payload].type_oid == BYTEA
+        payload_type = relation.columns[self.payload].type_oid
+        self._payload_bytes = payload_type == BYTEA
+        # json and jsonb are JSON (PostgreSQL checked them), bytea is bytes; a value of any
+        # other type (text, varchar...) must be JSON text for a route of format "json"
+        self._payload_json = payload_type not in (BYTEA, JSON, JSONB)
         # the topic of each distinct tuple of the template's values (an outbox has few
         # aggregate types: formatting and checking each event's topic was a third of its cost)
         self._topics: dict = {}
@@ -117,20 +142,18 @@ class OutboxPlan:
     def _make_topic(self, row: tuple) -> str:
         for name, i in self.fields:
             if row[i] is None:  # "outbox.event." would be a topic no consumer reads
-                raise ConfigError(f"route {self.route!r}: the outbox row of id "
-                                  f"{_text(row[self.id])} names no topic: its column {name} "
-                                  "is NULL", path="routes.outbox.topic")
+                raise Poison(f"names no topic: its column {name} is NULL")
         values = {name: _in_topic(_text(row[i])) for name, i in self.fields}
         topic = self.template.format(route=self.route, **values)
         problem = illegal(topic)
         if problem:
             shown = topic if len(topic) <= 100 else topic[:100] + "…"
-            raise ConfigError(f"route {self.route!r}: the outbox row of id {_text(row[self.id])} "
-                              f"makes topic {shown!r}: {problem}", path="routes.outbox.topic")
+            raise Poison(f"makes topic {shown!r}: {problem}")
         return topic
 
     def record(self, row: tuple, position: list | None) -> tuple:
-        """(topic, key, value, headers) of an inserted outbox row."""
+        """(topic, key, value, headers) of an inserted outbox row; ``Poison`` when it makes
+        no event (``dead``)."""
         value = row[self.id]  # text (binary mode is refused), or None
         headers = [("id", value.encode() if type(value) is str else _bytes(value))]
         for name, i in self.headers:
@@ -142,8 +165,37 @@ class OutboxPlan:
         if self._payload_bytes and type(value) is str:
             return (self.topic(row), key.encode() if type(key) is str else _bytes(key),
                     bytea_bytes(value), headers)
-        return (self.topic(row), key.encode() if type(key) is str else _bytes(key),
-                value.encode() if type(value) is str else _bytes(value), headers)
+        if type(value) is str:
+            value = value.encode()
+            if self._payload_json:
+                try:
+                    _json_text.decode(value)
+                except msgspec.DecodeError as exc:
+                    raise Poison(f"its payload is not JSON ({exc})") from None
+        else:
+            value = _bytes(value)
+        return (self.topic(row), key.encode() if type(key) is str else _bytes(key), value,
+                headers)
+
+    def dead(self, row: tuple, why: Poison, lsn: int, position: list | None) -> tuple:
+        """The record of a row that makes no event: on the ``dead_letter`` topic with the
+        reason in a header, else a ``ConfigError`` naming route, table, id, key and LSN."""
+        key = row[self.key]
+        if not self.dead_letter:
+            shown = repr(key) if key is None or len(key) <= 100 else repr(key[:100]) + "…"
+            raise ConfigError(f"route {self.route!r}: the outbox row of id {_text(row[self.id])} "
+                              f"(table {self.table}, key {shown}, LSN {format_lsn(lsn)}) "
+                              f"{why.args[0]}", path="routes.outbox")
+        value = row[self.payload]
+        if self._payload_bytes and type(value) is str:
+            value = bytea_bytes(value)
+        headers = [("id", _bytes(row[self.id]))]
+        headers += [(name, _bytes(row[i])) for name, i in self.headers]
+        headers += [(_H_ERROR, why.args[0].encode()), (_H_TABLE, self.table.encode())]
+        if position:
+            headers += position
+        return (self.dead_letter, _bytes(key), value if type(value) is bytes else _bytes(value),
+                headers)
 
 
 #: distinct topic values remembered per outbox table layout (then forgotten at once)
@@ -190,9 +242,14 @@ class OutboxEncoder:
             return made[2]
         record_of, new_topic, seen, route = (self.plan.record, self.new_topic, self.seen,
                                              self.plan.route)
+        dead = self.plan.dead
 
         def record(kind, lsn, seq, old, old_is_key, row):
-            rec = record_of(row, [lsn_header, (seq_name, b"%d" % seq)] if lsn_header else None)
+            position = [lsn_header, (seq_name, b"%d" % seq)] if lsn_header else None
+            try:
+                rec = record_of(row, position)
+            except Poison as why:
+                rec = dead(row, why, lsn, position)
             if rec[0] not in seen:
                 new_topic(rec[0], route)
             return rec

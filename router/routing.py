@@ -44,7 +44,7 @@ from .pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from .schema import TableSchema
 from . import tombstones
-from .outbox import OutboxEncoder, OutboxPlan
+from .outbox import OutboxEncoder, OutboxPlan, Poison
 from .message_routes import MessageRoutes
 from .transforms import for_relation
 from .truncates import TruncateRoutes
@@ -462,9 +462,13 @@ class ChangeRouter:
         key, value = plan.encoder.encode_truncate(tx, lsn, seq, options)
         out.append((plan.topic, key, value, self._headers(tx.commit_lsn, seq)))
 
-    def _outbox_event(self, plan: TablePlan, row: tuple, tx: TxContext, seq: int,
+    def _outbox_event(self, plan: TablePlan, row: tuple, tx: TxContext, seq: int, lsn: int,
                       out: list) -> None:
-        record = plan.outbox.record(row, self._headers(tx.commit_lsn, seq))
+        position = self._headers(tx.commit_lsn, seq)
+        try:
+            record = plan.outbox.record(row, position)
+        except Poison as why:  # the dead-letter topic's, or a ConfigError
+            record = plan.outbox.dead(row, why, lsn, position)
         out.append(record)
         if record[0] not in self._seen_topics:
             self._seen_topics.add(record[0])
@@ -536,7 +540,7 @@ class ChangeRouter:
         for plan, kind, old, old_is_key, new in results:
             if plan.outbox is not None:  # only inserts are events
                 if kind == "c":
-                    self._outbox_event(plan, new, tx, seq, out)
+                    self._outbox_event(plan, new, tx, seq, lsn, out)
                 continue
             hit = bound[1].get(id(plan))
             if hit is None:  # the plan's first record in this transaction

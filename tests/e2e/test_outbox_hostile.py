@@ -1,7 +1,9 @@
 """Outbox rows a hostile application writes, against real PostgreSQL and Kafka, read by a
 plain confluent-kafka consumer: a ``bytea`` payload is published as its bytes; a row whose
-topic column is NULL stops the router with one line naming the column and the event id, and
-nothing past the events delivered is confirmed (the row is still in the slot)."""
+topic column is NULL stops the router with one line naming the route, table, event id, key
+and LSN, and nothing past the events delivered is confirmed (the row is still in the slot);
+with a dead-letter topic such rows (a NULL or too long topic column, a text payload that is
+not JSON) go there with their reason in a header and the stream goes on."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ def test_bytea_payload_and_a_null_topic_column(pg_dsn, kafka_bootstrap, tmp_path
         last = proc.stderr.strip().splitlines()[-1]
         assert "names no topic: its column aggregatetype is NULL" in last, proc.stderr
         assert "outbox row of id 2 " in last and "Traceback" not in proc.stderr
+        assert f"(table public.{name}, key 'o-2', LSN " in last, last
         assert len(read_topic(kafka_bootstrap, topic, decode=False)) == 1
         assert not read_topic(kafka_bootstrap, f"{name}.", missing_ok=True, settle=0)
         # the NULL row's transaction is not confirmed: the slot still holds its insert
@@ -54,3 +57,45 @@ def test_bytea_payload_and_a_null_topic_column(pg_dsn, kafka_bootstrap, tmp_path
         pg.run(f"drop table {name}")
         pg.close()
         delete_topics(kafka_bootstrap, [topic, f"{name}."])
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_a_dead_letter_topic_takes_the_rows_that_make_no_event(pg_dsn, kafka_bootstrap,
+                                                               tmp_path, exactly_once):
+    pg = Pg(pg_dsn)
+    name = unique("obxd")
+    topic, dead = f"{name}.Order", f"{name}.dead"
+    pg.run(f"create table {name} (id serial primary key, aggregatetype text, "
+           "aggregateid text, payload text)")
+    pg.run(f"create publication {name} for table {name}")
+    kafka = 'client = "librdkafka"\nexactly_once = true\n' if exactly_once else ""
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra=kafka,
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n'
+                              f'dead_letter = "{dead}"\n')
+    try:
+        run_router(cfg, timeout=300)
+        pg.run(f"insert into {name} (aggregatetype, aggregateid, payload) values "
+               "('Order', 'o-1', '{\"n\": 1}'), (null, 'o-2', '{\"n\": 2}'), "
+               "('Order', 'o-3', '{not json'), (repeat('x', 300), 'o-4', '{\"n\": 4}'), "
+               "('Order', 'o-5', '{\"n\": 5}')")  # one transaction
+        run_router(cfg)  # not stopped by the three poison rows
+        assert [r["raw"] for r in read_topic(kafka_bootstrap, topic, decode=False)] == [
+            (b"o-1", b'{"n": 1}'), (b"o-5", b'{"n": 5}')]
+        letters = read_topic(kafka_bootstrap, dead, decode=False)
+        assert [r["raw"] for r in letters] == [(b"o-2", b'{"n": 2}'), (b"o-3", b"{not json"),
+                                               (b"o-4", b'{"n": 4}')]
+        errors = [r["headers"]["pgrouter.error"].decode() for r in letters]
+        assert errors[0] == "names no topic: its column aggregatetype is NULL"
+        assert errors[1].startswith("its payload is not JSON (") and "\n" not in errors[1]
+        assert "is 314 characters long, Kafka allows 249" in errors[2], errors
+        assert {r["headers"]["pgrouter.table"] for r in letters} == {f"public.{name}".encode()}
+        assert [r["headers"]["id"] for r in letters] == [b"2", b"3", b"4"]
+        assert pg.pending_changes(name, name) == ""  # all of it confirmed
+    finally:
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
+        delete_topics(kafka_bootstrap, [topic, dead])

@@ -101,6 +101,8 @@ name = "ev"
     ('tables = ["public.outbox"]\n[routes.outbox]\n', "avro", 'format = "json"'),
     ('tables = ["public.outbox"]\ntombstones = true\n[routes.outbox]\n', "json", "tombstones"),
     ('tables = ["public.outbox"]\n[routes.outbox]\ntopic = "events"\n', "json", "names a column"),
+    ('tables = ["public.outbox"]\n[routes.outbox]\ndead_letter = "a b"\n', "json",
+     "dead_letter: topic .* Kafka does not allow"),
 ])
 def test_outbox_config_is_checked(route, fmt, problem):
     with pytest.raises(ConfigError, match=problem):
@@ -129,7 +131,7 @@ def test_remembered_topics_stay_each_values_own(monkeypatch):
         "outbox.event.Order"]
     assert len(plan._topics) <= 2
     for _ in range(2):
-        with pytest.raises(ConfigError, match="makes topic"):
+        with pytest.raises(outbox.Poison, match="makes topic"):
             plan.record((ID, "y" * 300, "1", "T", "{}"), None)
 
 
@@ -140,11 +142,58 @@ def test_a_null_topic_column_names_no_topic():
 
     plan = outbox.OutboxPlan(OutboxConfig(), OUTBOX, "ev")
     for _ in range(2):
-        with pytest.raises(ConfigError, match=f"id {ID} names no topic: its column aggregatetype is NULL"):
+        with pytest.raises(outbox.Poison, match="names no topic: its column aggregatetype is NULL"):
             plan.record((ID, None, "1", "T", "{}"), None)
     two = outbox.OutboxPlan(OutboxConfig(topic="{type}.{aggregatetype}"), OUTBOX, "ev")
-    with pytest.raises(ConfigError, match="column type is NULL"):
+    with pytest.raises(outbox.Poison, match="column type is NULL"):
         two.record((ID, "Order", "1", None, "{}"), None)
+
+
+TEXT_OUTBOX = Relation(1, "public", "outbox", "d", OUTBOX.columns[:4]
+                       + (RelationColumn(0, "payload", TEXT, -1),))
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_a_row_that_makes_no_event_stops_the_router_in_one_line(short):
+    """Without a dead-letter topic a row that makes no event (a NULL topic column, a text
+    payload that is not JSON) is one ConfigError naming route, table, id, key and LSN."""
+    r = ChangeRouter([RouteSpec(name="ev", all_tables=True, outbox=OutboxConfig())], db="d")
+    for row, why in (((ID, None, "o-1", "T", "{}"), "its column aggregatetype is NULL"),
+                     ((ID, "Order", "o-1", "T", "{\"a\": 1"), "its payload is not JSON")):
+        t = txn([Change("insert", 0x16B3748, TEXT_OUTBOX, new=row)])
+        with pytest.raises(ConfigError) as err:
+            [r.route_short(t)] if short else list(r.route(t))
+        assert (f"route 'ev': the outbox row of id {ID} (table public.outbox, key 'o-1', "
+                f"LSN 0/16B3748) ") in str(err.value) and why in str(err.value)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_a_dead_letter_topic_takes_the_rows_that_make_no_event(short):
+    """With ``dead_letter`` such rows go there in their place (the reason and the table in
+    headers) and the events around them go on."""
+    cfg = OutboxConfig(dead_letter="ev.dead", headers=["type"])
+    r = ChangeRouter([RouteSpec(name="ev", all_tables=True, outbox=cfg)], db="d",
+                     position_headers=True)
+    t = txn([Change("insert", 1, TEXT_OUTBOX, new=(ID, "Order", "o-1", "T", "{}")),
+             Change("insert", 2, TEXT_OUTBOX, new=(ID, None, "o-2", "T", "{}")),
+             Change("insert", 3, TEXT_OUTBOX, new=(ID, "Order", "o-3", "T", "not json")),
+             Change("insert", 4, TEXT_OUTBOX, new=(ID, "y" * 300, None, "T", None)),
+             Change("insert", 5, TEXT_OUTBOX, new=(ID, "Order", "o-5", "T", '"a string"'))])
+    chunks = [r.route_short(t)] if short else list(r.route(t))
+    records = [rec for c in chunks for rec in c.records]
+    assert [(rec[0], rec[1], rec[2]) for rec in records] == [
+        ("outbox.event.Order", b"o-1", b"{}"), ("ev.dead", b"o-2", b"{}"),
+        ("ev.dead", b"o-3", b"not json"), ("ev.dead", None, None),
+        ("outbox.event.Order", b"o-5", b'"a string"')]
+    heads = [dict(rec[3]) for rec in records]
+    assert heads[1]["pgrouter.error"] == b"names no topic: its column aggregatetype is NULL"
+    assert heads[2]["pgrouter.error"].startswith(b"its payload is not JSON (")
+    assert b"is 313 characters long" in heads[3]["pgrouter.error"]
+    assert all(h["pgrouter.table"] == b"public.outbox" and h["id"] == ID.encode()
+               and h["type"] == b"T" for h in heads[1:4])
+    assert [h["pgrouter.seq"] for h in heads] == [b"0", b"1", b"2", b"3", b"4"]
+    assert ("ev.dead", "ev") in {nt for c in chunks for nt in c.new_topics}
 
 
 def test_a_bytea_payload_is_its_bytes():
