@@ -20,6 +20,7 @@ from .errors import ConfigError
 from .exactly_once import validate_exactly_once
 from .ha import HaConfig, validate_ha
 from .identifiers import split_qualified
+from .record_format import record_format
 from .kafka_settings import parse_bootstrap_servers, translate as translate_kafka_settings
 from .origins import OriginSetting, parse_policy
 from .topics import illegal, template_problem
@@ -289,7 +290,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         parse_bootstrap_servers(cfg.kafka.bootstrap_servers)
     except ConfigError as exc:
         raise ConfigError(str(exc), source=source) from exc
-    if cfg.kafka.format == "avro" and cfg.kafka.registry is None:
+    if record_format(cfg.kafka).registers and cfg.kafka.registry is None:
         raise ConfigError('format = "avro" needs a schema registry: a [kafka.registry] table '
                           'with its url', path="kafka.registry", source=source)
     if cfg.kafka.registry is not None and not cfg.kafka.registry.url.startswith(

@@ -1,7 +1,19 @@
 """The contracts of the Kafka adapters, as ``typing.Protocol``: what the rest of pgrouter may
-call on a producer client, a transactional one, and a consumer of the applier. The adapters
-(``kafka_python``, ``librdkafka``, ``transactional``, ``consumers``) satisfy them; the
-tests check that each does (``tests/actors/kafka/test_contracts.py``).
+call on a producer client, a transactional one, and a consumer of the applier. The producer
+adapters (``kafka_python``, ``librdkafka``, ``transactional``) name the contracts they
+implement as their bases, the consumers (``consumers``) satisfy theirs; the tests check each
+(``tests/actors/kafka/test_contracts.py``, and mypy on the sink and the clients:
+``tests/actors/kafka/test_types.py``).
+
+Capabilities beyond ``Producer`` are contracts of their own, which a caller asks for with
+``isinstance`` (the Protocols are ``runtime_checkable``), never by probing for a name:
+
+* ``InlineProducer``: hands records over on the caller's thread when the local queue has
+  room (``produce_now``: librdkafka); the sink uses it for small hand-overs.
+* ``PackedProducer``: can produce packed records in C (``takes_packed``: librdkafka's second,
+  native producer); an initial snapshot packs its records when its client does.
+* ``TransactionalProducer``: records visible only with ``commit``, with the router's
+  exactly-once progress (``transactional``; ``fencing`` for ``[ha]``).
 
 Rules:
 
@@ -17,9 +29,10 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from router.errors import SinkError
+from router.exactly_once import Progress
 from router.topics import TopicSpec
 
 #: ``(topic, key, value, headers)``; headers None or a list of ``(name, bytes)``
@@ -27,6 +40,8 @@ Record = tuple
 #: ``on_done(ticket, error, count)``: every record acknowledged (``error`` None, ``count``
 #: the number handed over) or the first failure
 OnDone = Callable[..., None]
+#: what ``produce_now`` leaves to do: hands the rest over, waiting for room (a worker thread's)
+Rest = Callable[[], None]
 
 
 @runtime_checkable
@@ -52,14 +67,39 @@ class Producer(Protocol):
     def map_error(self, exc: BaseException) -> SinkError:
         """The ``SinkError`` a library's exception means."""
 
+    @property
+    def fatal(self) -> Any:
+        """The fatal error the library reported (the producer cannot go on), else None."""
+
+
+@runtime_checkable
+class InlineProducer(Producer, Protocol):
+    """A producer that can hand records over on the caller's thread without waiting."""
+
+    def produce_now(self, records: list[Record], ticket: int, on_done: OnDone) -> Rest | None:
+        """``produce`` of what the local queue takes now: None when that is every record,
+        else a ``Rest`` that hands the others over (to call in a worker thread)."""
+
+
+@runtime_checkable
+class PackedProducer(Producer, Protocol):
+    """A producer that may take packed records (``router.snapshot_rows.PackedRecords``)."""
+
+    @property
+    def takes_packed(self) -> bool:
+        """Whether packed records are produced in C now (else ``produce`` unpacks them)."""
+
 
 @runtime_checkable
 class TransactionalProducer(Producer, Protocol):
     """A producer whose records become visible only with ``commit``, with the router's
     exactly-once progress (``router.exactly_once``)."""
 
+    transactional_id: str
     #: the end LSN of the last source transaction Kafka holds committed
     committed_lsn: int
+    #: a progress record under this id that names no stream (an older pgrouter's): not used
+    unattributed: Progress | None
 
     def start(self, replication_factor: int = 1) -> int:
         """Fence predecessors, read the committed progress, return its LSN."""

@@ -57,14 +57,10 @@ class FencingClient(TransactionalClient):
 def fencing_client(cfg, stream: Stream) -> FencingClient:
     """The configured client with the group's transactional id, registered (blocking; run in
     a worker thread)."""
-    k = cfg.kafka
-    tid = transactional_id(k.transactional_id, stream)
-    if k.client == "librdkafka":
-        from .librdkafka import RdKafkaClient as Client
-    else:
-        from .kafka_python import KafkaPythonClient as Client
-    client = FencingClient(Client(k.bootstrap_servers, dict(k.settings), transactional_id=tid),
-                           transactional_id=tid)
+    from . import open_producer
+
+    tid = transactional_id(cfg.kafka.transactional_id, stream)
+    client = FencingClient(open_producer(cfg, tid), transactional_id=tid)
     try:
         client.start()
     except BaseException:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import itertools
 import struct
 import time
+from collections.abc import Callable
+from typing import Any
 
 import kafka.errors as kerr
 from kafka import KafkaAdminClient, KafkaProducer
@@ -42,7 +44,9 @@ from router.delivery import Tally, record_too_large
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.kafka_settings import KAFKA_PYTHON, translate
 
-DEFAULTS = {
+from .contracts import Producer
+
+DEFAULTS: dict[str, Any] = {
     "linger_ms": 5,
     "batch_size": 256 * 1024,
     "max_in_flight_requests_per_connection": 5,
@@ -76,7 +80,7 @@ def map_error(exc: BaseException) -> SinkError:
     return SinkUnavailable(f"Kafka client failed: {exc!r}")
 
 
-_blocks: dict[int, object] = {}
+_blocks: dict[int, Callable[[bytes], tuple[int, ...]]] = {}
 
 
 def murmur2(data: bytes) -> int:
@@ -131,7 +135,7 @@ def check_codec(compression: str | None) -> None:
                           path="kafka.settings.compression_type")
 
 
-class KafkaPythonClient:
+class KafkaPythonClient(Producer):
     def __init__(self, bootstrap_servers, settings: dict | None = None, *,
                  transactional_id: str | None = None):
         config = dict(DEFAULTS)
@@ -167,8 +171,8 @@ class KafkaPythonClient:
         #: ``send`` does), once per ``produce`` call: a Kafka transaction spans whole calls
         self._txn_add = (txn.maybe_add_partition_to_transaction
                          if txn is not None and txn.is_transactional() else None)
-        self._accumulator = accumulator
-        self._sender = sender
+        self._accumulator: Any = accumulator
+        self._sender: Any = sender
         self._tps: dict[str, list[TopicPartition]] = {}
         self._rotation = itertools.count()
         self._known_topics: set[str] = set()
@@ -176,6 +180,11 @@ class KafkaPythonClient:
         self._admin: KafkaAdminClient | None = None
 
     map_error = staticmethod(map_error)
+
+    @property
+    def fatal(self) -> None:
+        """kafka-python reports no fatal state: a failure is the exception of a call."""
+        return None
 
     def _partitions(self, topic: str) -> list[TopicPartition]:
         """The topic's partitions (from the producer's metadata, refreshed by the producer;

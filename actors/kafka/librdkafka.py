@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -40,6 +41,7 @@ from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, 
 from router.kafka_settings import LIBRDKAFKA, translate
 
 from . import native_producer
+from .contracts import InlineProducer, PackedProducer
 from .native_producer import NativeProducer
 
 #: batch sizes and buffers match KafkaPythonClient's; no Nagle on the broker sockets (a small
@@ -47,7 +49,7 @@ from .native_producer import NativeProducer
 #: sets TCP_NODELAY too). ``linger.ms`` stays 5: 0 made the router's librdkafka send a
 #: request per record at 1,000 one-row transactions/s, +30% CPU (bench/latency.py), which
 #: on a busy machine cost more latency than the linger saved (docs/performance.md)
-DEFAULTS = {
+DEFAULTS: dict[str, Any] = {
     "linger.ms": 5,
     "socket.nagle.disable": True,
     "batch.size": 1024 * 1024,
@@ -158,7 +160,7 @@ class _Failure:
         self.on_done(ticket, KafkaException(err), count)
 
 
-class RdKafkaClient:
+class RdKafkaClient(InlineProducer, PackedProducer):
     def __init__(self, bootstrap_servers, settings: dict | None = None, *,
                  transactional_id: str | None = None):
         servers = (bootstrap_servers if isinstance(bootstrap_servers, str)
@@ -199,6 +201,10 @@ class RdKafkaClient:
     map_error = staticmethod(map_error)
 
     @property
+    def fatal(self) -> KafkaError | None:
+        return self._fatal
+
+    @property
     def takes_packed(self) -> bool:
         """Packed records (``router.snapshot_rows.PackedRecords``) are produced in C: not by
         a transactional producer (its records belong to its transactions)."""
@@ -233,14 +239,15 @@ class RdKafkaClient:
 
     def _produce_packed(self, records: PackedRecords, ticket, on_done) -> None:
         """``produce`` of packed records by the native producer; one report for them all."""
-        if not self.takes_packed:
+        conf = self._native_conf
+        if conf is None or not native_producer.available():  # not ``takes_packed``
             return self.produce(list(records), ticket, on_done)
         if self._fatal is not None:
             raise map_error(KafkaException(self._fatal))
         with self._native_lock:
             if self._native is None:
                 try:
-                    self._native = NativeProducer(self._native_conf)
+                    self._native = NativeProducer(conf)
                 except ValueError as exc:
                     raise ConfigError(f"librdkafka refused the configuration: {exc}",
                                       path="kafka.settings") from exc
@@ -327,10 +334,10 @@ class RdKafkaClient:
             if time.monotonic() > deadline:
                 raise SinkUnavailable(f"record to {topic} not acknowledged within {timeout} s")
         if outcome[0] is not None:
-            exc = KafkaException(outcome[0])
+            failed = KafkaException(outcome[0])
             if outcome[0].code() in _TOO_LARGE:
-                raise record_too_large(topic, key, value) from exc
-            raise map_error(exc) from exc
+                raise record_too_large(topic, key, value) from failed
+            raise map_error(failed) from failed
 
     def ensure_topics(self, specs) -> None:
         missing = [s for s in specs if s.name not in self._known_topics]

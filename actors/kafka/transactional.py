@@ -26,12 +26,13 @@ import time
 import warnings
 
 from router.errors import ConfigError, SinkError, SinkUnavailable
-from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, ProducerFenced, Stream,
+from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, Progress, ProducerFenced, Stream,
                                  committed_position, decode_progress, fenced_line,
                                  foreign_stream, progress_record, shared_id_line)
 from router.topics import TopicSpec
 
 from .compacted import read_topic
+from .contracts import TransactionalProducer
 
 #: seconds Kafka's transaction calls may take (init waits for a predecessor's abort)
 TXN_TIMEOUT = 60.0
@@ -58,8 +59,8 @@ def _fenced(exc: BaseException | None) -> bool:
     return False
 
 
-class TransactionalClient:
-    def __init__(self, inner, *, transactional_id: str, committed_lsn_topic: str, stream: Stream,
+class TransactionalClient(TransactionalProducer):
+    def __init__(self, inner, *, transactional_id: str, committed_lsn_topic: str, stream: Stream | None,
                  wal_end, read_committed):
         """``inner``: a client built with ``transactional_id``; ``read_committed(topic, key)``
         returns the newest committed value of ``key`` in ``topic`` (None when absent);
@@ -72,7 +73,7 @@ class TransactionalClient:
         self.stream = stream
         self.wal_end = wal_end
         #: a progress record without a stream (an older pgrouter's), not used
-        self.unattributed = None
+        self.unattributed: Progress | None = None
         self._read_committed = read_committed
         self._rdkafka = type(inner).__name__ == "RdKafkaClient"
         self._cond = threading.Condition()
@@ -87,15 +88,18 @@ class TransactionalClient:
 
     # -- errors -------------------------------------------------------------------------------
 
+    @property
+    def fatal(self):
+        return self.inner.fatal
+
     def map_error(self, exc: BaseException) -> SinkError:
-        if (_fenced(exc) or _fenced(getattr(exc, "__cause__", None))
-                or _fenced_code(getattr(self.inner, "_fatal", None))):
+        if _fenced(exc) or _fenced(exc.__cause__) or _fenced_code(self.inner.fatal):
             return ProducerFenced(fenced_line(self.transactional_id))
         return self.inner.map_error(exc)
 
     def _explain(self, exc: SinkError) -> SinkError:
         """``ProducerFenced`` for a failure that is the producer being fenced."""
-        if _fenced(exc.__cause__) or _fenced_code(getattr(self.inner, "_fatal", None)):
+        if _fenced(exc.__cause__) or _fenced_code(self.inner.fatal):
             return ProducerFenced(fenced_line(self.transactional_id))
         return exc
 
@@ -119,9 +123,11 @@ class TransactionalClient:
         key = self.transactional_id.encode()
         # another stream's progress under this id: refused before registering the id, which
         # would fence that stream's router
+        stream = self.stream
+        assert stream is not None  # a FencingClient (no stream) has its own start
         before = decode_progress(self._call(self._read_committed, self.committed_lsn_topic, key))
-        if foreign_stream(before, self.stream):
-            raise ConfigError(shared_id_line(self.transactional_id, before, self.stream),
+        if before is not None and foreign_stream(before, stream):
+            raise ConfigError(shared_id_line(self.transactional_id, before, stream),
                               path="kafka.transactional_id")
         if self._rdkafka:
             self._call(self.producer.init_transactions, TXN_TIMEOUT)
@@ -131,8 +137,7 @@ class TransactionalClient:
         if progress is not None and not progress.system_id:
             self.unattributed = progress
         wal_end = self.wal_end() if callable(self.wal_end) else self.wal_end
-        self.committed_lsn = committed_position(self.transactional_id, progress, self.stream,
-                                                wal_end)
+        self.committed_lsn = committed_position(self.transactional_id, progress, stream, wal_end)
         return self.committed_lsn
 
     # -- the contract ----------------------------------------------------------------------------
@@ -203,6 +208,7 @@ class TransactionalClient:
             if not self._open:
                 return
             end_lsn = max(end_lsn, self.committed_lsn)
+            assert self.stream is not None  # a FencingClient (no stream) has its own commit
             key, value = progress_record(self.transactional_id, end_lsn, self.stream)
             self.produce_sync(self.committed_lsn_topic, key, value)
             self._commit_open()

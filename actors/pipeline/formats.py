@@ -1,10 +1,13 @@
-"""The record formats the sink writes besides pgrouter's JSON (``[kafka] format``): how a
-chunk's records are reshaped, whatever their source (stream, initial snapshot, backfill,
-exactly-once).
+"""The record formats the sink writes (``[kafka] format``): how a chunk's records are
+encoded, whatever their source (stream, initial snapshot, backfill, exactly-once, and
+``pgrouter verify``, which encodes rows as the sink would).
 
 Rules:
 
-* ``"connect"``: Kafka Connect's JSON (``router.connect_format``); ``"avro"``: Avro in the
+* What the format is comes from ``router.record_format`` (the one place that reads
+  ``[kafka] format``); ``record_format`` builds its encoder, which the sink is handed.
+* ``"json"``: pgrouter's JSON, the records as the router made them (packed ones too);
+  ``"connect"``: Kafka Connect's JSON (``router.connect_format``); ``"avro"``: Avro in the
   Confluent wire format (``router.avro``), each schema registered once before the first
   record naming it (``AvroRecords.register``, called by the sink in a worker thread).
 * Key and value are reshaped alike, so a row's snapshot record and its changes share key
@@ -16,9 +19,13 @@ Rules:
 from __future__ import annotations
 
 import json
+from typing import Protocol
 
 from router.avro import COLUMN_PROP, AvroFormat, Subject
 from router.connect_format import ConnectFormat
+from router.record_format import FORMATS
+from router.record_format import record_format as format_of
+from router.routing import RoutedChunk
 
 from ..kafka.registry import RegistryClient, SchemaIncompatible
 from ..services import log
@@ -26,36 +33,87 @@ from ..services import log
 _log = log.get("sink")
 
 
-def record_reshaper(cfg):
-    """How every sink encodes records for ``cfg``, whatever their source (stream, initial
-    snapshot, backfill, exactly-once): None for pgrouter's JSON, else ``chunk -> records`` in
-    Kafka Connect's JSON (``[kafka] format = "connect"``) or Avro with the schema registry
-    (``"avro"``; ``AvroRecords``). Key and value are reshaped alike, so a row's snapshot
-    record and its changes share key bytes and partition."""
-    if cfg.kafka.format == "avro":
-        return AvroRecords(cfg.kafka.registry)
-    if cfg.kafka.format != "connect":
-        return None
-    return connect_records(ConnectFormat())
+class RecordFormat(Protocol):
+    """``chunk -> records`` in the configured format (``router.record_format``'s traits)."""
+
+    #: the ``[kafka] format`` value
+    name: str
+    #: records name their schemas by a registry id: ``convert`` raises
+    #: ``router.avro.SchemasNeeded`` until ``register`` gave them one
+    registers: bool
+    #: records may stay as the router packed them (an initial snapshot's, produced in C)
+    packs: bool
+
+    def __call__(self, chunk: RoutedChunk) -> list:
+        """The chunk's records encoded (its new table layouts learned first)."""
+
+    def learn(self, chunk: RoutedChunk) -> None:
+        """The table layouts ``chunk`` publishes, known before its records are converted."""
+
+    def convert(self, records: list) -> list:
+        """``records`` encoded (callable from the producing thread)."""
+
+    def register(self, subjects) -> None:
+        """The registry ids of ``subjects`` asked for (blocking: a worker thread's)."""
+
+
+class JsonRecords:
+    """pgrouter's JSON: the records as the router made them."""
+
+    name, registers, packs = FORMATS["json"]
+
+    def __call__(self, chunk: RoutedChunk) -> list:
+        return chunk.records
+
+    def learn(self, chunk: RoutedChunk) -> None:
+        pass
+
+    def convert(self, records: list) -> list:
+        return records
+
+    def register(self, subjects) -> None:
+        pass
+
+
+class ConnectRecords:
+    """Kafka Connect's JSON (``router.connect_format``)."""
+
+    name, registers, packs = FORMATS["connect"]
+
+    def __init__(self):
+        self.format = ConnectFormat()
+
+    def __call__(self, chunk: RoutedChunk) -> list:
+        self.learn(chunk)
+        return self.format.convert_all(chunk.records)
+
+    def learn(self, chunk: RoutedChunk) -> None:
+        for schema in chunk.schemas:
+            self.format.learn(schema)
+
+    def convert(self, records: list) -> list:
+        return self.format.convert_all(records)
+
+    def register(self, subjects) -> None:
+        pass
 
 
 class AvroRecords:
     """``chunk -> records`` in Avro (``router.avro``), raising ``SchemasNeeded`` for schemas
     without an id; ``register`` (blocking: a worker thread's) asks the registry for them."""
 
-    registers = True
+    name, registers, packs = FORMATS["avro"]
 
     def __init__(self, registry_cfg, client=None):
         self.format = AvroFormat(registry_cfg.subject_naming)
         self.client = client or RegistryClient(registry_cfg)
         self._last: dict[str, Subject] = {}  # subject -> the layout last registered there
 
-    def __call__(self, chunk) -> list:
+    def __call__(self, chunk: RoutedChunk) -> list:
         self.learn(chunk)
         return self.convert(chunk.records)
 
-    def learn(self, chunk) -> None:
-        """The table layouts ``chunk`` publishes, known before its records are converted."""
+    def learn(self, chunk: RoutedChunk) -> None:
         for schema in chunk.schemas:
             self.format.learn(schema)
 
@@ -79,17 +137,31 @@ class AvroRecords:
                       table=subject.table or None)
 
 
+#: the encoder of each record format
+ENCODERS: dict[str, type[JsonRecords] | type[ConnectRecords] | type[AvroRecords]] = {
+    c.name: c for c in (JsonRecords, ConnectRecords, AvroRecords)}
+
+
+def record_format(cfg) -> RecordFormat:
+    """How every sink encodes records for ``cfg``, whatever their source (stream, initial
+    snapshot, backfill, exactly-once): the one object a pipeline's sink uses."""
+    cls = ENCODERS[format_of(cfg.kafka).name]
+    if cls is AvroRecords:
+        return AvroRecords(cfg.kafka.registry)
+    return ConnectRecords() if cls is ConnectRecords else JsonRecords()
+
+
 def incompatible_line(subject: Subject, before: Subject | None, exc,
                       latest: str | None = None) -> str:
     """One line for a schema the registry refused: table, columns that changed (since the
     layout this process registered there, else since the subject's latest schema), subject
     and compatibility level."""
+    old: dict[str, str] | None = None
+    new: dict[str, str] = {}
     if before is not None:
         old, new = dict(before.columns), dict(subject.columns)
     elif latest is not None:
         old, new = _row_fields(latest), _row_fields(subject.schema)
-    else:
-        old = new = None
     if old is not None:
         changes = ([f"column {c} added ({t})" for c, t in new.items() if c not in old]
                    + [f"column {c} dropped" for c in old if c not in new]
@@ -126,12 +198,3 @@ def _type_words(t) -> str:
             return f"array of {_type_words(t.get('items'))}"
         return t.get("logicalType") or t.get("connect.name") or str(t.get("type"))
     return str(t)
-
-
-def connect_records(fmt: ConnectFormat):
-    """``chunk -> records`` in Connect's JSON (the chunk's new schemas learned first)."""
-    def reshape(chunk):
-        for schema in chunk.schemas:
-            fmt.learn(schema)
-        return fmt.convert_all(chunk.records)
-    return reshape

@@ -17,11 +17,14 @@ Rules (the delivery contract, whichever Kafka client is behind it):
   partitions, replication factor and configs; the schema topic is compacted.
 * A failed delivery fails the sink with a typed ``SinkError`` (the supervisor decides on a
   retry); nothing after it is reported done.
-* With ``format = "avro"`` a chunk's records are converted before they are queued; schemas
+* Records are encoded by the ``RecordFormat`` the sink is given (``formats.record_format``).
+  With one that ``registers`` (Avro) a chunk's records are converted before they are
+  queued, or in the producing thread when the sink queues chunks as they come; schemas
   without a registry id are registered first (in a worker thread; an unreachable registry
   is retried in place with a line every attempt, a refused schema stops the sink), so no
   record is sent, and no position confirmed, ahead of its schema's id.
-* The client's blocking calls run in a worker thread; delivery callbacks arrive on the
+* The client is a ``contracts.Producer``; one that is an ``InlineProducer`` hands small
+  groups over on trio's thread. The client's blocking calls run in a worker thread; delivery callbacks arrive on the
   client's own thread and are handed to trio with ``run_sync_soon``.
 * With ``[ha]`` (``holds``) a router whose leadership lease expired hands no record over
   (checked in the producing thread per hand-over and per schema record; router.ha).
@@ -39,17 +42,21 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from time import perf_counter
 
 import trio
 
+from router.avro import SchemasNeeded
 from router.errors import LeadershipLost, SinkError
 from router.routing import RoutedChunk
 from router.topics import TopicSpec
 
+from ..kafka.contracts import InlineProducer, Producer, Rest
 from ..services import log
+from .formats import JsonRecords, RecordFormat
 from .mailbox import Registered, Acked, Hold, Keepalive
-from .sink_schemas import SchemaSide
+from .sink_schemas import Schemas
 
 _log = log.get("sink")
 #: channel items taken together at most (each a chunk of at most CHUNK_RECORDS records)
@@ -69,20 +76,22 @@ class _Txn:
         self.sealed = False
 
 
-class SinkActor(SchemaSide):
-    #: ``chunk -> records`` in another record format (``[kafka] format``), or None
-    reshape = None
+class SinkActor:
+    #: a chunk that needs no topic and no schema made ready is queued by ``_plain_chunk``
+    #: (the exactly-once sink looks at every chunk in ``_chunk``)
+    queues_plain_chunks = True
 
-    def __init__(self, *, client, inbox: trio.MemoryReceiveChannel,
+    def __init__(self, *, client: Producer, inbox: trio.MemoryReceiveChannel,
                  progress: trio.MemorySendChannel, schema_topic: str,
                  topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None,
-                 metrics=None, holds=None):
+                 metrics=None, holds=None, fmt: RecordFormat | None = None):
         self.client = client
+        #: how records are encoded (``[kafka] format``: ``formats.record_format``)
+        self.fmt: RecordFormat = fmt if fmt is not None else JsonRecords()
         #: with ``[ha]``: ``Leadership.holds``, asked before every hand-over of records
         self.holds = holds
         self.inbox = inbox
         self.progress = progress
-        self.schema_topic = schema_topic
         self.topic_specs = topic_specs  # route name -> settings template
         self.create_topics = create_topics
         self.stats = stats
@@ -98,25 +107,20 @@ class SinkActor(SchemaSide):
         self._completed: deque[int] = deque()
         self._outbox: list = []  # Registered/Keepalive/Hold not yet sent to the confirm actor
         self._wake = trio.Event()
-        self._now = getattr(client, "produce_now", None)
+        self._now = client.produce_now if isinstance(client, InlineProducer) else None
         self._error: BaseException | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._schema_ready = False
+        self._token: trio.lowlevel.TrioToken  # the trio run's (``run``)
         self._joinable = False  # the last records queued were whole transactions'
+        self.schemas = Schemas(client=client, fmt=self.fmt, topic=schema_topic,
+                               replication_factor=topic_specs.get(
+                                   "", TopicSpec("")).replication_factor,
+                               create_topic=create_topics, check_lease=self._check_lease)
+        self._plain = self._plain_chunk if self.queues_plain_chunks else None
         #: records are queued as the router made them and converted in the producing thread
-        #: (Avro, at-least-once: ``set_reshape``)
-        self._defer = False
-        #: ``_plain_chunk`` where ``_chunk`` is this class's (a subclass may add to it)
-        self._plain = (self._plain_chunk if type(self)._chunk is SinkActor._chunk else None)
-
-    def set_reshape(self, reshape) -> None:
-        """Records encoded by ``reshape`` (``formats.record_reshaper``). One that needs schema
-        ids (Avro) converts in the producing thread when this class's ``_chunk`` is in use
-        (``_defer``): the router's thread routes meanwhile, and a schema without an id stops
-        the producing thread there until it is registered (``_convert_and_produce``)."""
-        self.reshape = reshape
-        if getattr(reshape, "registers", False) and self._plain is not None:
-            self._defer = True
+        #: (a format that registers, chunks queued as they come: ``_convert_produce``): the
+        #: router's thread routes meanwhile, and a schema without an id stops the producing
+        #: thread there until it is registered
+        self._defer = self.fmt.registers and self.queues_plain_chunks
 
     # -- delivery callbacks (client thread) ---------------------------------------------------
 
@@ -245,11 +249,12 @@ class SinkActor(SchemaSide):
             return
         started = perf_counter()
         if self._defer:
-            await self._convert_and_produce(batch)
+            await self.schemas.produce_converted(batch, self._convert_produce)
         elif self._now is not None and sum(len(r) for r, _ in batch) <= INLINE_RECORDS:
-            await self._produce_now(batch)
+            await self._produce_now(self._now, batch)
         elif len(batch) == 1 and self.holds is None:
-            await trio.to_thread.run_sync(self.client.produce, *batch[0], self._on_delivery)
+            records, ticket = batch[0]
+            await trio.to_thread.run_sync(self.client.produce, records, ticket, self._on_delivery)
         else:
             await trio.to_thread.run_sync(self._produce_all, batch)
         if self.metrics is not None:
@@ -271,11 +276,35 @@ class SinkActor(SchemaSide):
         self._check_lease()
         produce, on_delivery = self.client.produce, self._on_delivery
         for i in range(start, len(batch)):
-            produce(*batch[i], on_delivery)
+            records, ticket = batch[i]
+            produce(records, ticket, on_delivery)
 
-    async def _produce_now(self, batch: list) -> None:
+    def _convert_produce(self, batch: list, start: int) -> tuple | None:
+        """``_produce_all`` from ``batch[start]`` on, each entry's records converted first
+        (producing thread): None when all are handed over, or (index, subjects) of the first
+        entry whose schemas have no id yet (nothing of it handed over). A conversion that
+        makes more records than the router's (a key change is two) counts them into its
+        ticket before they go, so the ticket cannot complete early."""
         self._check_lease()
-        now, on_delivery = self._now, self._on_delivery
+        convert, produce, on_delivery = self.fmt.convert, self.client.produce, self._on_delivery
+        for i in range(start, len(batch)):
+            raw, ticket = batch[i]
+            try:
+                records = convert(raw)
+            except SchemasNeeded as need:
+                return i, need.subjects
+            extra = len(records) - len(raw)
+            if extra:
+                with self._lock:
+                    self._txns[ticket].sent += extra
+                self._sent_records += extra
+            batch[i] = (records, ticket)
+            produce(records, ticket, on_delivery)
+        return None
+
+    async def _produce_now(self, now: Callable[..., Rest | None], batch: list) -> None:
+        self._check_lease()
+        on_delivery = self._on_delivery
         for i, (records, ticket) in enumerate(batch):
             rest = now(records, ticket, on_delivery)
             if rest is not None:  # the local queue is full: wait for room in a thread
@@ -291,9 +320,9 @@ class SinkActor(SchemaSide):
         self._register(chunk)
         await self._needs(chunk, batch)
         if self._defer:  # queued as they are (``_queue``), converted by ``_convert_produce``
-            self.reshape.learn(chunk)
-        elif getattr(self.reshape, "registers", False) and chunk.records:
-            records = await self._registered(chunk)
+            self.fmt.learn(chunk)
+        elif self.fmt.registers and chunk.records:
+            records = await self.schemas.encoded(chunk)
             self._queue(chunk, batch, whole, records)
             return
         self._queue(chunk, batch, whole)
@@ -310,7 +339,7 @@ class SinkActor(SchemaSide):
             if self._begin is not None and self._outbox[-1] is self._begin:
                 # joins the current ticket, whose registration is not sent yet
                 end = max(self._begin.end_lsn, chunk.end_lsn)
-                self._begin = self._outbox[-1] = Registered(self._current, end)
+                self._begin = self._outbox[-1] = Registered(self._begin.ticket, end)
             else:
                 if self._current is not None:  # a keepalive or hold follows its Registered
                     self._to_seal.append(self._current)
@@ -339,7 +368,7 @@ class SinkActor(SchemaSide):
             await trio.to_thread.run_sync(self.client.ensure_topics, specs)
         if chunk.schemas:
             await self._produce(batch)
-            await self._send_schemas(chunk.schemas)
+            await self.schemas.publish(chunk.schemas)
 
     def _queue(self, chunk: RoutedChunk, batch: list, whole: bool,
                records: list | None = None) -> None:
@@ -348,10 +377,10 @@ class SinkActor(SchemaSide):
         larger transaction each in their own, so its acknowledged records are counted as
         they come."""
         ticket = self._current
+        assert ticket is not None  # _register gave the chunk's transaction one
         if chunk.records:
             if records is None:
-                records = (chunk.records if self.reshape is None or self._defer
-                           else self.reshape(chunk))
+                records = chunk.records if self._defer else self.fmt(chunk)
             with self._lock:
                 self._txns[ticket].sent += len(records)
             self._sent_records += len(records)

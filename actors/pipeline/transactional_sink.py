@@ -15,8 +15,8 @@ Rules (on top of ``SinkActor``'s):
 
 from __future__ import annotations
 
-import functools
 import logging
+from typing import cast
 
 import msgspec
 import trio
@@ -26,8 +26,9 @@ from router.exactly_once import Stream, already_in_kafka, transactional_id
 from router.lsn import format_lsn
 from router.routing import RoutedChunk
 
+from ..kafka.contracts import Producer, TransactionalProducer
 from ..services import log
-from .formats import record_reshaper
+from .formats import RecordFormat, record_format
 from .sink import SinkActor
 
 _log = log.get("sink")
@@ -36,8 +37,11 @@ IDLE_POLL = 0.005
 
 
 class TransactionalSinkActor(SinkActor):
-    def __init__(self, *, interval: float = 0.1, **kwargs):
-        super().__init__(**kwargs)
+    queues_plain_chunks = False  # every chunk is looked at: Kafka may hold it already
+
+    def __init__(self, *, client: TransactionalProducer, interval: float = 0.1, **kwargs):
+        super().__init__(client=client, **kwargs)
+        self.client: TransactionalProducer = client
         self.interval = interval
         self._sealed_end: int | None = None  # end LSN of the last whole source transaction
         self._began: float | None = None
@@ -53,8 +57,7 @@ class TransactionalSinkActor(SinkActor):
                               up_to_lsn=format_lsn(self.client.committed_lsn))
                 self.skipped += 1
             chunk = msgspec.structs.replace(chunk, records=[])
-            if self.reshape is not None:  # its schemas are still learned
-                self.reshape(chunk)
+            self.fmt(chunk)  # its schemas are still learned
         if self._began is None and chunk.records:
             self._began = trio.current_time()
         await super()._chunk(chunk, batch)
@@ -76,7 +79,7 @@ class TransactionalSinkActor(SinkActor):
 
     async def _commit(self) -> None:
         end, self._sealed_end, self._began = self._sealed_end, None, None
-        if self.client.in_transaction:
+        if end is not None and self.client.in_transaction:
             await trio.to_thread.run_sync(self._commit_leading, end)
 
     def _commit_leading(self, end: int) -> None:
@@ -97,23 +100,19 @@ class TransactionalSinkActor(SinkActor):
             log.event(_log, "skipped transactions Kafka already held", count=self.skipped)
 
 
-def sink_class(cfg):
+def sink_for(cfg, *, client: Producer, fmt: RecordFormat | None = None,
+             **kwargs) -> SinkActor:
     """The sink actor for ``cfg``: at-least-once unless ``[kafka] exactly_once``, in Kafka
-    transactions also with ``[ha]`` (``actors.kafka.fencing``); records reshaped to Kafka
-    Connect's JSON or Avro with ``[kafka] format = "connect"``/``"avro"``."""
+    transactions also with ``[ha]`` (``actors.kafka.fencing``; ``client`` is then a
+    ``TransactionalProducer``); records encoded by ``fmt`` (``formats.record_format(cfg)``
+    when not given). ``kwargs``: ``SinkActor``'s."""
+    fmt = fmt if fmt is not None else record_format(cfg)
     if cfg.kafka.exactly_once or cfg.ha.enabled:
-        cls = functools.partial(TransactionalSinkActor,
-                                interval=cfg.kafka.transaction_interval_ms / 1000)
-    else:
-        cls = SinkActor
-    if cfg.kafka.format not in ("connect", "avro"):
-        return cls
-
-    def build(**kwargs):
-        sink = cls(**kwargs)
-        sink.set_reshape(record_reshaper(cfg))
-        return sink
-    return build
+        # ``client_for`` made it transactional for this same config
+        return TransactionalSinkActor(client=cast(TransactionalProducer, client), fmt=fmt,
+                                      interval=cfg.kafka.transaction_interval_ms / 1000,
+                                      **kwargs)
+    return SinkActor(client=client, fmt=fmt, **kwargs)
 
 
 def client_for(cfg, stream: Stream, wal_end):
@@ -143,15 +142,12 @@ def plain_client(cfg):
 def transactional_client(cfg, stream: Stream, wal_end):
     """The configured client with a transactional id, started: the progress Kafka holds
     is read after the id fenced any predecessor (blocking; run in a worker thread)."""
+    from ..kafka import open_producer
     from ..kafka.transactional import TransactionalClient, committed_reader
 
     k = cfg.kafka
     tid = transactional_id(k.transactional_id, stream)
-    if k.client == "librdkafka":
-        from ..kafka.librdkafka import RdKafkaClient as Client
-    else:
-        from ..kafka.kafka_python import KafkaPythonClient as Client
-    inner = Client(k.bootstrap_servers, dict(k.settings), transactional_id=tid)
+    inner = open_producer(cfg, tid)
     client = TransactionalClient(inner, transactional_id=tid, committed_lsn_topic=k.committed_lsn_topic,
                                  stream=stream, wal_end=wal_end,
                                  read_committed=committed_reader(k.bootstrap_servers,

@@ -50,7 +50,7 @@ from ..pipeline.router_actor import RouterActor, TypeNames
 from ..pipeline.origin_filter import OriginFilterActor
 from ..pipeline.mailbox import Inline, CHUNKS, ACKS, Latest
 from ..pipeline.confirmer import ConfirmActor, Stats
-from ..pipeline.transactional_sink import sink_class
+from ..pipeline.transactional_sink import sink_for
 from ..pipeline.slot_monitor import SlotMonitor
 from ..pipeline.slot_reader import SlotReader, pgoutput_options
 from .source import ServerInfo, route_specs
@@ -135,10 +135,10 @@ def build(cfg: Config, info: ServerInfo, client, *, flush: Latest, stats: Stats,
     stages = [s for s in (decoder, backfill, origin_filter, router_actor) if s is not None]
     for up, down in zip([slot, *stages], stages):
         up.out = Inline(down)
-    sink = sink_class(cfg)(client=client, inbox=chunk_rx, progress=prog_tx,
-                     schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
-                     create_topics=cfg.kafka.create_topics, stats=stats,
-                     metrics=metrics, holds=holds)
+    sink = sink_for(cfg, client=client, inbox=chunk_rx, progress=prog_tx,
+                    schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
+                    create_topics=cfg.kafka.create_topics, stats=stats,
+                    metrics=metrics, holds=holds)
     progress = ConfirmActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
                              stats=stats, interval=cfg.log.progress_interval,
                              until_lsn=until_lsn, caught_up=caught_up)

@@ -41,6 +41,7 @@ from router.errors import (ConfigError, PgRouterError, PrivilegeMissing, Publica
 from router.identifiers import quote_ident
 from router.kafka_settings import KAFKA_PYTHON, parse_bootstrap_servers, translate
 from router.publications import Catalog
+from router.record_format import record_format
 
 from . import log
 from .catalog import build_route_specs, load_catalog, route_findings, routed_tables
@@ -304,7 +305,7 @@ def probe_kafka(bootstrap_servers) -> None:
 def registry_findings(cfg: Config) -> list[Finding]:
     """``format = "avro"``: the schema registry answers (unreachable: retried like Kafka;
     credentials or URL refused: an error)."""
-    if cfg.kafka.format != "avro" or cfg.kafka.registry is None:
+    if not record_format(cfg.kafka).registers or cfg.kafka.registry is None:
         return []
     from ..kafka.registry import RegistryClient
 

@@ -49,10 +49,12 @@ import trio
 
 from router.config import Config
 from router.lsn import format_lsn
+from router.record_format import record_format
 from router.routing import ChangeRouter
 from router.snapshot import SnapshotState
 from router.snapshot_rows import SnapshotRows
 
+from ..kafka.contracts import PackedProducer
 from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
@@ -74,8 +76,10 @@ class InitialSnapshot:
     def __init__(self, cfg: Config, client):
         self.cfg = cfg
         self.store = StateStore(cfg, client)
-        #: the sink's client produces packed records in C (plain sink, pgrouter's JSON)
-        self.packed = cfg.kafka.format == "json" and getattr(client, "takes_packed", False)
+        #: the sink's client produces packed records in C (plain sink, a format that keeps
+        #: the router's records: pgrouter's JSON)
+        self.packed = (record_format(cfg.kafka).packs and isinstance(client, PackedProducer)
+                       and client.takes_packed)
         self.slot: ExportedSlot | None = None
         self.rows: SnapshotRows | None = None
         self.tables: list[SnapshotTable] = []

@@ -30,7 +30,7 @@ from router.verify import Comparer, Comparison, TopicFold, key_of, salted
 from router.verify_digest import (bucket_in, bucket_of, bucket_sums, buckets_for, differing,
                                   digester, key_text, sub_sums, subs_for, to_split)
 
-from ..pipeline.formats import record_reshaper
+from ..pipeline.formats import record_format
 from ..snapshot.reader import TableReader
 from ..snapshot.tables import ident
 from .digests import copy_sums, digestible, rows_select, sql_sums
@@ -47,7 +47,7 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
                          progress, repairs: list | None, max_keys: int,
                          split_rows: int = SPLIT_ROWS, metrics=None) -> list[Comparison]:
     decoder = Decoder(cfg.kafka.registry)
-    reshape = record_reshaper(cfg)
+    reshape = record_format(cfg)
     tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
     out = []
     for topic, tables in target.topics.items():
@@ -64,7 +64,7 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
             metrics.result(result)
         if repairs is not None and not result.ok:
             repairs.append(Repair(target.route, topic, tables, target.keyless(topic), send,
-                                  delete, cfg.kafka.format, result.beyond_keys,
+                                  delete, reshape.name, result.beyond_keys,
                                   result.beyond))
     return out
 
@@ -81,7 +81,7 @@ class _Topic:
         self.schemas = {t.name: next(p.encoder.schema for p in target.rows.router.plans_for(
             t.relation) if p.topic == topic) for t in tables}
         self.keyless = target.keyless(topic)
-        self.fmt = cfg.kafka.format
+        self.fmt = reshape.name
         self.by_buckets = not self.keyless and all(
             s.key_columns and set(s.key_columns) <= {c.name for c in s.columns}
             and digestible(self.fmt, s) for s in self.schemas.values())
@@ -215,8 +215,6 @@ async def _rows(reader: TableReader, tables) -> int:
 async def _encoded(reshape, chunk) -> list:
     """The chunk's records as the sink writes them (Avro: schemas registered, as the sink
     does; the registry hands back the ids the router's records carry)."""
-    if reshape is None:
-        return chunk.records
     while True:
         try:
             return reshape(chunk)

@@ -38,6 +38,8 @@ def params(fn) -> list[tuple[str, object]]:
 @pytest.mark.parametrize("protocol, adapter", [
     (contracts.Producer, KafkaPythonClient),
     (contracts.Producer, RdKafkaClient),
+    (contracts.InlineProducer, RdKafkaClient),
+    (contracts.PackedProducer, RdKafkaClient),
     (contracts.TransactionalProducer, TransactionalClient),
     (contracts.Consumer, KafkaPythonReader),
     (contracts.Consumer, RdkafkaReader),
@@ -48,6 +50,8 @@ def test_the_adapter_has_every_method_of_its_contract(protocol, adapter):
     for name, fn in declared.items():
         found = inspect.getattr_static(adapter, name, None)
         assert found is not None, f"{adapter.__name__} lacks {name}"
+        # a contract the adapter names as its base lends it the Protocol's empty method
+        assert found is not fn, f"{adapter.__name__} lacks {name} (only the contract's)"
         if isinstance(fn, property):
             assert isinstance(found, property), f"{adapter.__name__}.{name} is no property"
             continue
@@ -66,3 +70,26 @@ def test_a_class_missing_a_method_breaks_the_contract():
 
     with pytest.raises(AssertionError):
         test_the_adapter_has_every_method_of_its_contract(contracts.Producer, Partial)
+
+
+def test_a_class_naming_a_contract_still_writes_its_methods():
+    class Named(contracts.Producer):
+        def produce(self, records, ticket, on_done):
+            pass
+
+    with pytest.raises(AssertionError, match="only the contract's"):
+        test_the_adapter_has_every_method_of_its_contract(contracts.Producer, Named)
+
+
+@pytest.mark.parametrize("adapter, capabilities", [
+    (KafkaPythonClient, set()),
+    (RdKafkaClient, {contracts.InlineProducer, contracts.PackedProducer}),
+    (TransactionalClient, {contracts.TransactionalProducer}),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_each_client_states_its_capabilities_as_contracts(adapter, capabilities):
+    """The sink and the initial snapshot ask a client for a capability by its contract
+    (``isinstance``), so each client names the contracts it has as its bases."""
+    named = {c for c in (contracts.InlineProducer, contracts.PackedProducer,
+                         contracts.TransactionalProducer) if c in adapter.__mro__}
+    assert named == capabilities
+    assert contracts.Producer in adapter.__mro__

@@ -217,7 +217,9 @@ class SplittingFormat:
     ``b"kc"`` becomes two (a key change), and records of topic ``"new"`` need a schema until
     ``register`` is called."""
 
+    name = "splitting"
     registers = True
+    packs = False
 
     def __init__(self):
         self.registered: list = []
@@ -242,6 +244,9 @@ class SplittingFormat:
     def register(self, subjects):
         self.registered.extend(s.subject for s in subjects)
 
+    def __call__(self, chunk):
+        return self.convert(chunk.records)
+
 
 async def test_converted_in_the_producing_thread_and_done_only_with_the_extra_records():
     """With a format that registers schemas, records are converted where they are produced
@@ -253,8 +258,7 @@ async def test_converted_in_the_producing_thread_and_done_only_with_the_extra_re
     chunks_tx, chunks_rx = trio.open_memory_channel(8)
     prog_tx, progress = trio.open_memory_channel(64)
     sink = SinkActor(client=client, inbox=chunks_rx, progress=prog_tx, schema_topic="schemas",
-                     topic_specs={"r": TopicSpec("r", 3)})
-    sink.set_reshape(fmt)
+                     topic_specs={"r": TopicSpec("r", 3)}, fmt=fmt)
     async with trio.open_nursery() as nursery:
         await nursery.start(sink.run)
         kc = RoutedChunk(1, 100, 100, [("t", b"k", b"v0", []), ("t", b"k", b"kc1", [])], [],
