@@ -46,6 +46,7 @@ from ..services import log
 from ..services.sql import SqlSession
 from .jobs import SHAPE, Job, shape_tables
 from .planner import INITIAL, JobPlanner
+from . import signals
 from .reader import TableReader, close_session
 from .report import Reporter
 from .store import StateStore
@@ -75,6 +76,7 @@ class BackfillActor:
         self._initial_left = 0
         self._active = 0  # jobs queued or running
         self._running: set[tuple[str, str]] = set()  # their (route, table)
+        self.waiting: dict[tuple, list] = {}  # (route, table) -> signals' [(request, job)]
         #: tables being backfilled, as the stream names them -> running jobs
         self._watch: dict[tuple[str, str], int] = {}
         self.recent = RecentChanges()
@@ -197,6 +199,7 @@ class BackfillActor:
                           after_key=list(p.last_key or ()), rows_done=p.rows)
         if self.resume_initial:
             await self._request(INITIAL, [r.name for r in self.cfg.routes], [])
+        await signals.resume_queued(self)
 
     async def _request(self, request: str, routes: list[str], tables: list[str],
                        keys: tuple = (), quiet: bool = False, where: str = "") -> list[str]:
@@ -211,11 +214,13 @@ class BackfillActor:
         return problems
 
     async def _plan(self, request: str, routes: list[str], tables: list[str], keys: tuple,
-                    quiet: bool, where: str, planned: set) -> tuple[list, list, list]:
+                    quiet: bool, where: str, planned: set,
+                    busy: list | None = None) -> tuple[list, list, list]:
         """The new jobs of a request, the problems refusing parts, and the state records to
         write before they are queued (``_enqueue``), from the catalog last read (the
         planner's lock held). ``planned``: the (route, table) of jobs planned but not yet
-        queued (several requests recorded together); this request's are added."""
+        queued (several requests recorded together); this request's are added. ``busy``
+        takes the jobs of a (route, table) running or planned (else they are left out)."""
         jobs, problems = await self.planner.plan(request, routes, tables, keys, where)
         for problem in problems if not quiet else ():  # (a signal says them its own way)
             log.event(_log, "backfill refused", request=request, problem=problem)
@@ -226,7 +231,10 @@ class BackfillActor:
             if seen is not None and seen.request == request:
                 continue  # already known: running (resumed) or done
             if (job.route, job.name) in self._running | planned:
-                log.event(_log, "backfill already running", route=job.route, table=job.name)
+                if busy is None:
+                    log.event(_log, "backfill already running", route=job.route, table=job.name)
+                else:  # a signal's job waits for it (actors.snapshot.signals)
+                    busy.append(job)
                 continue
             planned.add((job.route, job.name))
             fresh.append(job)
@@ -276,6 +284,7 @@ class BackfillActor:
                 finally:
                     self._active -= 1
                     self._running.discard((job.route, job.name))
+                await signals.next_waiting(self, job)
         finally:
             if sql is not None:
                 await close_session(sql)

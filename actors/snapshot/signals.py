@@ -14,6 +14,12 @@ Rules:
   another). Refused (unreadable, unknown route or table, a table without a key, a bad
   ``where``): one warning line and a ``signal`` record, state ``refused`` with the problem;
   the router goes on.
+* A signal asking for a (route, table) whose backfill runs (or is planned, or waits) is
+  not dropped: a job of the same rows (same ``where``) planned and not started yet takes it
+  too (merged: ``accepted``); otherwise its job waits for that backfill to end and runs
+  after it (``queued``, then ``accepted`` when it starts, its job's state record written
+  then). A ``queued`` record is planned again at the next start, so a queued signal
+  outlives a restart.
 * A signal whose record exists already (read again after a restart) is skipped.
 * ``recent``: the last signals of this process, for ``/api/status``; ``recorded``: the
   last ones the state topic holds for the slot, for ``pgrouter status`` (another process).
@@ -24,6 +30,8 @@ from __future__ import annotations
 import collections
 import time
 from logging import WARNING
+
+import msgspec
 
 from router.snapshot import SnapshotState, decode_state
 from router.signals import PREFIX as SIGNAL_PREFIX, decode_signal, problem, request_id
@@ -62,60 +70,145 @@ async def on_signals(actor, signals: list[tuple[int, int, bytes]]) -> None:
     queued: list = []
     seen: list = []
     planned: set = set()
+    fresh_where: set = set()  # (route, table, where) of the jobs planned in this batch
     async with actor.planner.lock:
         reloaded = False
         for rid, signal, unreadable in mine:
-            why = unreadable or problem(signal, routes)
+            why, waits = unreadable or problem(signal, routes), []
             if not why:
                 if not reloaded:
                     await actor.planner.reload()
                     reloaded = True
                 where = signal.where if signal.where is not None else ""
+                busy: list = []
                 fresh, problems, jobs_states = await actor._plan(
                     rid, [signal.route], [signal.table] if signal.table else [], (), True,
-                    where, planned)
+                    where, planned, busy)
                 states += jobs_states
-                queued.append((rid, fresh))
+                fresh_where.update((j.route, j.name, j.where) for j in fresh)
+                waits = [j for j in busy if not _merged(actor, j, fresh_where)]
+                queued.append((rid, fresh, waits))
                 why = "; ".join(problems)
-            seen.append((rid, signal, why))
-    for rid, signal, why in seen:
+            seen.append((rid, signal, why, "refused" if why else
+                         "queued" if waits else "accepted"))
+    for rid, signal, why, state in seen:
         states.append(SnapshotState(
-            "signal", actor.slot, "refused" if why else "accepted", request=rid,
+            "signal", actor.slot, state, request=rid,
             route=(signal and signal.route) or "", table=(signal and signal.table) or "",
             problem=why, where=(signal and signal.where) or ""))
     await actor.store.aput_many(states)  # before the transaction can be confirmed
-    for rid, fresh in queued:
+    for rid, fresh, _ in queued:
         actor._enqueue(rid, fresh)
-    for rid, signal, why in seen:
-        _said(rid, signal, why)
+    for rid, signal, why, state in seen:
+        _said(rid, signal, why, state)
+    for rid, _, waits in queued:
+        await _wait(actor, rid, waits)
 
 
-def _said(rid: str, signal, why: str) -> None:
+def _merged(actor, job, fresh_where: set) -> bool:
+    """A job of the same rows planned and not started yet (in this batch, or waiting) copies
+    what ``job`` would: ``job`` is not needed."""
+    if job.keys:
+        return False
+    waiting = actor.waiting.get((job.route, job.name), ())
+    return (job.route, job.name, job.where) in fresh_where or any(
+        j.where == job.where and not j.keys for _, j in waiting)
+
+
+async def _wait(actor, rid: str, jobs: list) -> None:
+    """``jobs`` (of request ``rid``, whose ``queued`` record is written) wait for the running
+    backfill of their (route, table): each counts as active meanwhile (``--until-caught-up``
+    waits for it); one whose backfill ended meanwhile starts now."""
+    for job in jobs:
+        actor._active += 1
+        key = (job.route, job.name)
+        if key in actor._running or key in actor.waiting:
+            actor.waiting.setdefault(key, []).append((rid, job))
+            log.event(_log, "backfill waits for the one running for its table",
+                      request=rid, route=job.route, table=job.name)
+        else:
+            await _start(actor, rid, job)
+
+
+async def next_waiting(actor, job) -> None:
+    """``job`` ended: the first job waiting for its (route, table) starts."""
+    key = (job.route, job.name)
+    waiting = actor.waiting.get(key)
+    if waiting:
+        rid, nxt = waiting.pop(0)
+        if not waiting:
+            del actor.waiting[key]
+        await _start(actor, rid, nxt)
+
+
+async def _start(actor, rid: str, job) -> None:
+    """A waiting job starts: its ``running`` record, and its signal ``accepted`` when no
+    other job of it waits, written before it is queued."""
+    actor._running.add((job.route, job.name))  # no other job of it starts meanwhile
+    states = [actor._progress(job, "running")]
+    left = any(r == rid for jobs in actor.waiting.values() for r, _ in jobs)
+    record = actor.store.get(SnapshotState("signal", actor.slot, "", request=rid))
+    if not left and record is not None:
+        states.append(msgspec.structs.replace(record, state="accepted"))
+    await actor.store.aput_many(states)
+    actor._active -= 1  # (counted while it waited; ``_queue`` counts it again)
+    actor._enqueue(rid, [job])
+    if not left:
+        for entry in recent:
+            if entry["request"] == rid:
+                entry["state"] = "accepted"
+
+
+async def resume_queued(actor) -> None:
+    """The ``queued`` signals the state topic holds for the slot (the router stopped while
+    their jobs waited): planned again; a job started before the stop is left out
+    (``_plan``: its request's state record exists)."""
+    records = [p for p in actor.store.records.values()
+               if p.kind == "signal" and p.slot == actor.slot and p.state == "queued"]
+    if not records:
+        return
+    planned: set = set()
+    for p in records:
+        busy: list = []
+        async with actor.planner.lock:
+            await actor.planner.reload()
+            fresh, _, states = await actor._plan(p.request, [p.route],
+                                                 [p.table] if p.table else [], (), True,
+                                                 p.where, planned, busy)
+        if not busy:
+            states.append(msgspec.structs.replace(p, state="accepted"))
+        await actor.store.aput_many(states)
+        actor._enqueue(p.request, fresh)
+        await _wait(actor, p.request, busy)
+
+
+def _said(rid: str, signal, why: str, state: str) -> None:
     route = signal.route if signal is not None else None
     table = signal.table if signal is not None else None
     where = signal.where if signal is not None else None
     recent.append({"request": rid, "route": route or "", "table": table or "",
-                   "state": "refused" if why else "accepted", "problem": why or None,
-                   "ts": time.time()})
+                   "state": state, "problem": why or None, "ts": time.time()})
     extra = {"where": where} if where is not None else {}
     if why:
         log.event(_log, "signal refused", level=WARNING, request=rid, route=route,
                   table=table, problem=why, **extra)
     else:
-        log.event(_log, "signal accepted", request=rid, route=route, table=table, **extra)
+        log.event(_log, f"signal {state}", request=rid, route=route, table=table, **extra)
 
 
 def recorded(cfg, last: int = RECORDED) -> tuple[int, dict[str, int], list[dict]]:
     """The ``signal`` records of the state topic for ``cfg``'s slot (blocking: a worker
     thread's): how many, how many per state, and the ``last`` ones in the order they were
-    recorded (the topic has one partition; compaction keeps offset order)."""
+    first recorded (the topic has one partition; compaction keeps offset order), each in its
+    last state."""
     k = cfg.kafka
-    found = []
+    latest: dict = {}  # request -> its last record (a queued signal is recorded again)
     for _, value in read_topic(k.bootstrap_servers, dict(k.settings), cfg.snapshot.state_topic,
                                library=k.client):
         p = decode_state(value)
         if p is not None and p.kind == "signal" and p.slot == cfg.source.slot:
-            found.append(p)
+            latest[p.request] = p
+    found = list(latest.values())
     states = collections.Counter(p.state for p in found)
     return len(found), dict(sorted(states.items())), [
         {"request": p.request, "route": p.route, "table": p.table or None,

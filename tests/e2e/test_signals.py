@@ -170,3 +170,83 @@ def test_many_signals_in_one_transaction_are_recorded_together(pg_dsn, kafka_boo
         assert done.stderr.count("backfill requested") == 1, done.stderr[-3000:]
     finally:
         teardown(pg, name)
+
+
+SIGNAL = 'insert into pgrouter.signals (route, "table", slot, "where") values (%s, %s, %s, %s)'
+
+
+def signal_summary(cfg):
+    """``pgrouter status --json``'s signals (read from the state topic by another process)."""
+    out = subprocess.run([*router_cmd(cfg)[:3], "status", "-c", str(cfg), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout)["signals"]
+
+
+def test_a_signal_for_a_table_being_backfilled_runs_after_it(pg_dsn, kafka_bootstrap,
+                                                             tmp_path):
+    """A signal for a table whose backfill runs waits and is copied after it (it was recorded
+    accepted and copied nothing); one for the same rows as a waiting one is merged into it."""
+    name = unique("sigq")
+    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    try:
+        run_router(cfg)  # the slot, no snapshot
+        pg.run(SIGNAL, name, f"public.{name}", name, None)  # the whole table: runs first
+        pg.run(SIGNAL, name, f"public.{name}", name, "id <= 5")  # waits for it
+        pg.run(SIGNAL, name, f"public.{name}", name, "id <= 5")  # merged into the waiting one
+        done = run_router(cfg)  # waits for the backfills (--until-caught-up)
+        assert snapshot_ids(kafka_bootstrap, name) == sorted(
+            [*range(1, ROWS + 1), *range(1, 6)]), done.stderr[-3000:]
+        assert done.stderr.count("signal queued") == 1, done.stderr[-3000:]
+        assert done.stderr.count("backfill requested") == 2, done.stderr[-3000:]
+        assert [s for s, _ in signal_states(kafka_bootstrap, name).values()] == ["accepted"] * 3
+        assert signal_summary(cfg)["states"] == {"accepted": 3}
+    finally:
+        teardown(pg, name)
+
+
+def test_a_queued_signal_outlives_a_restart(pg_dsn, kafka_bootstrap, tmp_path):
+    """The first backfill cannot read (the table is locked), a second signal for the table
+    waits: `status` says queued; the router is killed; at the next start the first resumes
+    and the queued one runs after it."""
+    import os
+    import signal as signals
+
+    import psycopg2
+
+    name = unique("sigr")
+    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    log = tmp_path / "router.log"
+    locker = psycopg2.connect(pg_dsn)
+    router = None
+    try:
+        run_router(cfg)  # the slot, no snapshot
+        with locker.cursor() as cur:
+            cur.execute(f"lock table {name} in access exclusive mode")  # held: no chunk reads
+        router = start_router(cfg, log)
+        pg.run(SIGNAL, name, f"public.{name}", name, None)
+        pg.run(SIGNAL, name, f"public.{name}", name, "id > 50")
+        deadline = time.monotonic() + 90
+        while "signal queued" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            assert router.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.3)
+        summary = signal_summary(cfg)
+        assert summary["states"] == {"accepted": 1, "queued": 1}, summary
+        assert [(s["state"], s["where"]) for s in summary["last"]] == [
+            ("accepted", None), ("queued", "id > 50")], summary
+        os.killpg(router.pid, signals.SIGKILL)
+        router.wait(timeout=30)
+        router = None
+        locker.rollback()  # the lock goes
+        done = run_router(cfg)
+        assert snapshot_ids(kafka_bootstrap, name) == sorted(
+            [*range(1, ROWS + 1), *range(51, ROWS + 1)]), done.stderr[-3000:]
+        assert signal_summary(cfg)["states"] == {"accepted": 2}
+        run_router(cfg)  # neither is acted upon again
+        assert len(snapshot_ids(kafka_bootstrap, name)) == ROWS + 10
+    finally:
+        if router is not None:
+            os.killpg(router.pid, signals.SIGKILL)
+            router.wait(timeout=30)
+        locker.close()
+        teardown(pg, name)
