@@ -19,6 +19,9 @@ Rules:
   offsets a restart reads from, written in the same transaction as the changes it covers.
   It is a seek hint, the origin is the truth: a row ahead of the origin's progress (the
   origin was dropped and made again) is ignored and the topics are read from the beginning.
+* The session plans without hash and merge joins (``PLANNER``): the statements join their
+  rows to a table on its key, whose index every target table has (its primary key or
+  replica identity), so each row is found by one index lookup, never by reading the table.
 * ``synchronous_commit`` is the configured one ("off" by default, like PostgreSQL's apply
   worker): what a crash of the target loses, it loses with its origin progress and its
   offsets, so it is applied again.
@@ -45,6 +48,11 @@ from ..services.sql import SqlSession
 
 _log = log.get("applier")
 ORIGIN_BUSY_WAIT = 30.0
+#: the session's plans: a set-based statement joins its rows to the table by key, one index
+#: lookup a row, as the apply worker finds each row (measured on a 200,000-row table: a
+#: 1,000-row UPDATE … FROM (VALUES …) hash-joined a sequential scan of the table, 33-39 µs
+#: of the server's CPU a row, against 9-11 µs by the key's index)
+PLANNER = "set enable_hashjoin = off; set enable_mergejoin = off"
 
 
 def progress_table_sql(cfg: ApplyTarget) -> str:
@@ -67,7 +75,7 @@ async def setup_session(sql: SqlSession, cfg: ApplyTarget) -> tuple[int, dict[st
     beginning)."""
     origin = cfg.origin
     await sql.execute(f"set synchronous_commit = {cfg.synchronous_commit}; "
-                      "set standard_conforming_strings = on")
+                      "set standard_conforming_strings = on; " + PLANNER)
     if await sql.fetchval("select pg_replication_origin_oid($1)", origin) is None:
         try:
             await sql.fetchval("select pg_replication_origin_create($1)", origin)
