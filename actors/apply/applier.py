@@ -104,6 +104,13 @@ class ConsumerActor:
             add_tx, add_records = ra.add_transaction_record, ra.add_records
             clock = time.perf_counter
             while not self.stop.is_set():
+                # checked before each poll: a start with nothing new (the stored offsets
+                # at the topic's end) ends without waiting for a poll's timeout
+                if end_at_start is not None and tx_position >= end_at_start:
+                    oldest = ra.oldest_pending_offset()
+                    if oldest is None or oldest >= end_at_start:
+                        await self.out.send([CAUGHT_UP])
+                        return
                 batch = reader.poll_ready()
                 if batch:
                     await trio.lowlevel.checkpoint()  # let the writer run between batches
@@ -134,12 +141,6 @@ class ConsumerActor:
                     t0 = clock()
                     await self.out.send(released)
                     self.send_s += clock() - t0
-                if end_at_start is not None:
-                    oldest = ra.oldest_pending_offset()
-                    if tx_position >= end_at_start and (oldest is None or
-                                                        oldest >= end_at_start):
-                        await self.out.send([CAUGHT_UP])
-                        return
 
 
 class Applier:
