@@ -13,8 +13,9 @@ transaction topic) puts them into Kafka once, untimed.
 
 Each round, in alternating order: a native subscription (``copy_data = false``, its own
 slot) into a fresh database on node ``pg3``, and ``pgrouter apply --until-caught-up`` into
-another fresh database there (a new origin: it reads the topics from the beginning); with
-``--group-rows N`` also ``pgrouter apply`` with ``[target] group_rows = N``. All
+another fresh database there (a new origin: it reads the topics from the beginning), with
+the default configuration; with ``--group-rows N`` also ``pgrouter apply`` with ``[target]
+group_rows = N`` (``--group-rows 1``: a target transaction per source transaction). All
 are timed the same way: the target's replication origin progress is polled; a phase runs
 from the first commit seen (inserts) or the end of the previous phase (updates) to its last
 transaction's commit. Both targets are checked equal to the source. Printed: rows/s and
@@ -22,8 +23,10 @@ transactions/s per phase and contender, the ratio pgrouter/native (best round ea
 each round's time over native's time in that round), the
 applier's CPU per row (user+sys of its process, per phase) and its peak RSS, and the target
 server's CPU per row for each (the apply worker's process, the applier's backend): a
-figure a busy machine disturbs less than the wall-clock ratio. Everything
-created is removed.
+figure a busy machine disturbs less than the wall-clock ratio. After each pgrouter round,
+``pgrouter apply --until-caught-up`` runs again on its target with nothing left to apply:
+the fixed cost of a start (process, connections, topics' ends, exit). Medians over the
+rounds are printed beside the best. Everything created is removed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
+from statistics import median
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,7 +51,6 @@ import psycopg2  # noqa: E402
 
 TABLE = ("create table t (id int primary key, a int not null, b text, c numeric(14,2), "
          "d timestamptz, e boolean)")
-GROUPED = "pgrouter grouped"
 
 
 def sql(dsn: str, query: str, *args, fetch: bool = False):
@@ -156,7 +159,7 @@ def run_native(src_dsn: str, server: str, slot: str, a_end: int, b_end: int, tag
 
 
 def run_pgrouter(server: str, bootstrap: str, tx_topic: str, prefix: str, a_end: int,
-                 b_end: int, tag: str, profile: str | None, group_rows: int = 1) -> dict:
+                 b_end: int, tag: str, profile: str | None, group_rows: int = 0) -> dict:
     db = f"bapply_p_{tag}"
     sql(server, f"create database {db}")
     dsn = with_db(server, db)
@@ -170,7 +173,7 @@ topics = ["{prefix}.*"]
 [target]
 dsn = "{dsn}"
 origin = "{origin}"
-group_rows = {group_rows}
+{f"group_rows = {group_rows}" if group_rows else ""}
 [log]
 progress_interval = 600
 """)
@@ -209,12 +212,19 @@ progress_interval = 600
         if proc.returncode != 0:
             raise SystemExit(f"pgrouter apply exited {proc.returncode}:\n{err[-3000:]}")
         prog.close()
+        t_idle = time.monotonic()  # again, with nothing left to apply
+        again = subprocess.run(cmd[:1] + ["-m", "actors.cli", "apply", "-c", cfg.name,
+                                          "--until-caught-up"], cwd=ROOT, capture_output=True)
+        idle = time.monotonic() - t_idle
+        if again.returncode != 0:
+            raise SystemExit(f"pgrouter apply (nothing to apply) exited {again.returncode}")
         print("  " + "\n  ".join(ln for ln in err.splitlines() if " waited " in ln
                                  or "applier stopped" in ln), file=sys.stderr)
         return {"start": t0, "first": first, "a": t_a, "b": t_b, "fp": fingerprint(dsn),
                 "cpu_a": cpu_a, "cpu_b": cpu_b - cpu_a, "server_a": s_a - s0,
                 "server_b": s_b - s_a,
-                "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
+                "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024,
+                "idle": idle}
     finally:
         os.unlink(cfg.name)
         sql(server, f"drop database {db}")
@@ -229,7 +239,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--profile", help="cProfile output of the first pgrouter round")
     ap.add_argument("--group-rows", type=int, default=0, metavar="N",
-                    help="also measure pgrouter apply with [target] group_rows = N")
+                    help="also measure pgrouter apply with [target] group_rows = N "
+                         "(1: a target transaction per source transaction)")
     ap.add_argument("--stack", metavar="DIR", type=pathlib.Path,
                     help="a running dev stack's folder, read only (default: bring up the one "
                          "in .devstack)")
@@ -286,12 +297,13 @@ topic = "{prefix}.{{schema}}.{{table}}"
         last_a, last_b = ends[n_a - 1]["source"], ends[-1]["source"]
         expected = fingerprint(src)
         results: dict[str, list[dict]] = {"native": [], "pgrouter": []}
+        grouped = f"pgrouter group_rows={args.group_rows}"
         if args.group_rows:
-            results[GROUPED] = []
+            results[grouped] = []
         for r in range(args.rounds):
             order = list(results) if r % 2 == 0 else list(reversed(results))
             for who in order:
-                rtag = f"{tag}{r}{'g' if who == GROUPED else ''}"
+                rtag = f"{tag}{r}{'g' if who == grouped else ''}"
                 if who == "native":
                     res = run_native(src, dst_server, slots[r], last_a["end_lsn"],
                                      last_b["end_lsn"], rtag)
@@ -299,7 +311,7 @@ topic = "{prefix}.{{schema}}.{{table}}"
                     res = run_pgrouter(dst_server, info.kafka_bootstrap, tx_topic, prefix,
                                        last_a["commit_lsn"], last_b["commit_lsn"], rtag,
                                        args.profile if r == 0 and who == "pgrouter" else None,
-                                       args.group_rows if who == GROUPED else 1)
+                                       args.group_rows if who == grouped else 0)
                 assert res["fp"] == expected, f"{who} round {r}: target differs from source"
                 results[who].append(res)
                 print(f"round {r} {who}: inserts {res['a'] - res['first']:.2f}s, "
@@ -365,8 +377,9 @@ def report(args, results: dict) -> None:
         times_b = [(p_r["b"] - p_r["a"]) / (n_r["b"] - n_r["a"])
                    for p_r, n_r in zip(results[who], results["native"])]
         print(f"  time / native's time, per round: inserts "
-              f"{', '.join(f'{t:.2f}' for t in times)}; updates "
-              f"{', '.join(f'{t:.2f}' for t in times_b)}")
+              f"{', '.join(f'{t:.2f}' for t in times)} (median {median(times):.2f}); "
+              f"updates {', '.join(f'{t:.2f}' for t in times_b)} "
+              f"(median {median(times_b):.2f})")
     for who in (w for w in results if w != "native"):
         pr = results[who]
         cpu_a = min(r["cpu_a"] for r in pr) / rows_a * 1e6
@@ -374,14 +387,24 @@ def report(args, results: dict) -> None:
         print(f"\n{who} CPU (its process, user+sys, process start included in inserts): "
               f"{cpu_a:.1f} µs per inserted row, {cpu_b:.1f} µs per one-row transaction; "
               f"peak RSS {max(r['rss_mb'] for r in pr):.0f} MB")
-    srv = {who: (min(r["server_a"] for r in rs) / rows_a * 1e6,
-                 min(r["server_b"] for r in rs) / txns_b * 1e6) for who, rs in results.items()}
-    print("target server CPU (the apply worker / the applier's backend, after its first "
-          "commit): " + ", ".join(f"{who} {a:.1f} µs per inserted row, {b:.1f} µs per one-row "
-                                  "transaction" for who, (a, b) in srv.items()))
-    print("process start to first commit: " + ", ".join(
-        f"{who} {min(r['first'] - r['start'] for r in rs):.2f}s" for who, rs in results.items()))
-
+    srv = {who: (median([r["server_a"] for r in rs]) / rows_a * 1e6,
+                 median([r["server_b"] for r in rs]) / txns_b * 1e6)
+           for who, rs in results.items()}
+    n_a, n_b = srv["native"]
+    print("\ntarget server CPU, median of the rounds (the apply worker / the applier's "
+          "backend, after its first commit):")
+    for who, (a, b) in srv.items():
+        ratio = "" if who == "native" else f" ({a / n_a:.2f}x, {b / n_b:.2f}x native's)"
+        print(f"  {who}: {a:.1f} µs per inserted row, {b:.1f} µs per one-row "
+              f"transaction{ratio}")
+    print("process start to first commit, median: " + ", ".join(
+        f"{who} {median([r['first'] - r['start'] for r in rs]):.2f}s"
+        for who, rs in results.items()))
+    for who, rs in results.items():
+        if who != "native":
+            idle = [r["idle"] for r in rs]
+            print(f"a start with nothing to apply (process start to exit), {who}: median "
+                  f"{median(idle):.2f}s ({', '.join(f'{t:.2f}' for t in idle)})")
 
 if __name__ == "__main__":
     main()
