@@ -46,6 +46,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "row_codec": ("router.envelope:TableEncoder._encode_py", "RowCodec"),
     "tx_bits": ("router.envelope:TableEncoder._use_tx", "tx_bits"),
     "recorder": ("router.recorders:PyRecorder", "Recorder"),
+    "outbox_recorder": ("router.outbox:PyOutboxRecorder", "OutboxRecorder"),
     "record_run": ("router.routing:_record_run_py", "record_run"),
     "tally": ("router.delivery:PyTally", "Tally"),
     "drain": ("actors.pipeline.slot_reader:_drain_py", "drain"),

@@ -35,6 +35,7 @@ import msgspec
 
 from .errors import ConfigError
 from .lsn import format_lsn
+from .native import NATIVE
 from .pgoutput import Relation
 from .topics import escape, illegal
 from .values import BYTEA, JSON, JSONB, converter_for
@@ -95,7 +96,7 @@ class OutboxPlan:
     """One outbox table layout: its columns' indexes, the record of an inserted row."""
 
     __slots__ = ("route", "table", "template", "fields", "key", "payload", "id", "headers",
-                 "dead_letter", "_topics", "_one", "_payload_bytes", "_payload_json")
+                 "dead_letter", "plain", "_topics", "_one", "_payload_bytes", "_payload_json")
 
     def __init__(self, cfg: OutboxConfig, relation: Relation, route: str):
         index = {c.name: i for i, c in enumerate(relation.columns)}
@@ -127,6 +128,9 @@ class OutboxPlan:
         self._topics: dict = {}
         # the column of a template naming one (the usual "outbox.event.{aggregatetype}")
         self._one = self.fields[0][1] if len(self.fields) == 1 else None
+        # its events need no more than C's OutboxRecorder does (a one-column template's topic
+        # remembered, text taken as UTF-8): it makes them
+        self.plain = self._one is not None and not self._payload_bytes and not self._payload_json
 
     def topic(self, row: tuple) -> str:
         one = self._one
@@ -253,5 +257,45 @@ class OutboxEncoder:
             if rec[0] not in seen:
                 new_topic(rec[0], route)
             return rec
+        plan = self.plan
+        if NATIVE is not None and plan.plain:  # the closure makes what C leaves
+            record = NATIVE.OutboxRecorder(plan._topics, plan._one, plan.key, plan.payload,
+                                           plan.id, plan.headers, lsn_header, seq_name, record)
         self._made = (tx, lsn_header, record)
         return record
+
+
+def _utf8(value) -> bytes | None:
+    return None if value is None else value.encode()
+
+
+class PyOutboxRecorder:
+    """``router._native.OutboxRecorder`` in Python, its twin (with C off the router uses the
+    closure of ``OutboxEncoder.recorder`` alone): the event of a plain row (a tuple of str or
+    None at the columns it reads, a topic column not NULL whose topic ``topics`` remembers),
+    ``fallback``'s record otherwise."""
+
+    __slots__ = ("topics", "one", "key", "payload", "id", "headers", "lsn_header", "seq_name",
+                 "fallback")
+
+    def __init__(self, topics: dict, one: int, key: int, payload: int, id: int,
+                 headers: tuple, lsn_header: tuple | None, seq_name: str, fallback):
+        self.topics, self.one, self.key, self.payload, self.id = topics, one, key, payload, id
+        self.headers, self.lsn_header, self.seq_name = headers, lsn_header, seq_name
+        self.fallback = fallback
+
+    def __call__(self, kind, lsn, seq, old, old_is_key, row):
+        at = (self.one, self.key, self.payload, self.id, *(i for _, i in self.headers))
+        if (type(row) is not tuple or len(row) <= max(at) or row[self.one] is None
+                or any(row[i] is not None and type(row[i]) is not str for i in at)
+                or row[self.one] not in self.topics):
+            return self.fallback(kind, lsn, seq, old, old_is_key, row)
+        try:
+            headers = [("id", _utf8(row[self.id]))]
+            headers += [(name, _utf8(row[i])) for name, i in self.headers]
+            key, value = _utf8(row[self.key]), _utf8(row[self.payload])
+        except UnicodeEncodeError:
+            return self.fallback(kind, lsn, seq, old, old_is_key, row)
+        if self.lsn_header is not None:
+            headers += [self.lsn_header, (self.seq_name, b"%d" % seq)]
+        return (self.topics[row[self.one]], key, value, headers)

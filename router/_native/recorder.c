@@ -1,5 +1,5 @@
 /* The router side of router._native beyond the codec: one route's records of a transaction
- * (Recorder) and runs of them (record_run). */
+ * (Recorder), an outbox route's events (OutboxRecorder) and runs of them (record_run). */
 #include "codec.h"
 
 /* ------------------------------------------------------------------------------------------
@@ -176,6 +176,242 @@ static PyTypeObject RecorderType = {
 };
 
 /* ------------------------------------------------------------------------------------------
+ * OutboxRecorder(topics, one, key, payload, id, headers, lsn_header, seq_name, fallback):
+ * the events of an outbox route's inserts (router.outbox.PyOutboxRecorder, its twin).
+ *
+ * recorder(op, lsn, seq, old, old_is_key, row) -> (topic, key, value, headers) when row is a
+ * tuple whose values at one, key, payload, id and the headers' indexes are str or None and
+ * topics (a dict, the plan's remembered topics) holds row[one]: topic = topics[row[one]],
+ * key, value = the UTF-8 of row[key], row[payload] (None for None), headers = [("id",
+ * row[id]), (name, row[i]) for (name, i) in headers] then lsn_header and (seq_name,
+ * b"<seq>") unless lsn_header is None. Anything else (a topic not remembered yet, a NULL
+ * topic column, a text the codec cannot take) is fallback(op, lsn, seq, old, old_is_key,
+ * row). The record and its headers hold only atoms: untracked by the collector, as the
+ * Recorder's are (a stream of Python-made events spent a third of its time there).
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *topics, *headers, *lsn_header, *seq_name, *fallback, *id_name;
+    Py_ssize_t one, key, payload, id, width;
+    vectorcallfunc vectorcall;
+} OutboxRecorder;
+
+/* the UTF-8 bytes of a str, None for None; NULL without an exception: not plain */
+static PyObject *
+text_bytes(PyObject *value)
+{
+    if (value == Py_None)
+        return Py_NewRef(Py_None);
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(value, &n);
+    if (s == NULL) {
+        PyErr_Clear(); /* (lone surrogates) the fallback says what is wrong */
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize(s, n);
+}
+
+static PyObject *
+outbox_headers(OutboxRecorder *self, PyObject *row, PyObject *seq)
+{
+    Py_ssize_t nh = PyTuple_GET_SIZE(self->headers), extra = self->lsn_header != Py_None;
+    PyObject *headers = PyList_New(1 + nh + 2 * extra);
+    if (headers == NULL)
+        return NULL;
+    for (Py_ssize_t h = -1; h < nh; h++) {
+        PyObject *spec = h < 0 ? NULL : PyTuple_GET_ITEM(self->headers, h);
+        PyObject *name = h < 0 ? self->id_name : PyTuple_GET_ITEM(spec, 0);
+        Py_ssize_t at = h < 0 ? self->id : PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 1));
+        PyObject *pair = PyTuple_New(2), *value = text_bytes(PyTuple_GET_ITEM(row, at));
+        if (pair == NULL || value == NULL) {
+            Py_XDECREF(pair);
+            Py_XDECREF(value);
+            Py_DECREF(headers);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(pair, 0, Py_NewRef(name));
+        PyTuple_SET_ITEM(pair, 1, value);
+        PyObject_GC_UnTrack(pair);
+        PyList_SET_ITEM(headers, h + 1, pair);
+    }
+    if (extra) {
+        unsigned long long n = PyLong_AsUnsignedLongLong(seq);
+        PyObject *more = n == (unsigned long long)-1 && PyErr_Occurred()
+                             ? NULL : seq_headers(self->lsn_header, self->seq_name, n);
+        if (more == NULL) {
+            Py_DECREF(headers);
+            return NULL;
+        }
+        PyList_SET_ITEM(headers, 1 + nh, Py_NewRef(PyList_GET_ITEM(more, 0)));
+        PyList_SET_ITEM(headers, 2 + nh, Py_NewRef(PyList_GET_ITEM(more, 1)));
+        Py_DECREF(more);
+    }
+    PyObject_GC_UnTrack(headers);
+    return headers;
+}
+
+static int
+outbox_plain(OutboxRecorder *self, PyObject *row)
+{
+    if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) < self->width)
+        return 0;
+    Py_ssize_t at[4] = {self->one, self->key, self->payload, self->id};
+    for (int i = 0; i < 4; i++) {
+        PyObject *v = PyTuple_GET_ITEM(row, at[i]);
+        if (v != Py_None && !PyUnicode_CheckExact(v))
+            return 0;
+    }
+    for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(self->headers); h++) {
+        PyObject *v = PyTuple_GET_ITEM(
+            row, PyLong_AsSsize_t(PyTuple_GET_ITEM(PyTuple_GET_ITEM(self->headers, h), 1)));
+        if (v != Py_None && !PyUnicode_CheckExact(v))
+            return 0;
+    }
+    return PyTuple_GET_ITEM(row, self->one) != Py_None;
+}
+
+static PyObject *
+outbox_vectorcall(OutboxRecorder *self, PyObject *const *args, size_t nargsf,
+                  PyObject *kwnames)
+{
+    if (PyVectorcall_NARGS(nargsf) != 6 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "recorder(op, lsn, seq, old, old_is_key, row)");
+        return NULL;
+    }
+    if (self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "OutboxRecorder is not initialised");
+        return NULL;
+    }
+    PyObject *row = args[5];
+    if (!outbox_plain(self, row))
+        return PyObject_Vectorcall(self->fallback, args, 6, NULL);
+    PyObject *topic = PyDict_GetItemWithError(self->topics, PyTuple_GET_ITEM(row, self->one));
+    if (topic == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return PyObject_Vectorcall(self->fallback, args, 6, NULL);
+    }
+    Py_INCREF(topic);
+    PyObject *key = text_bytes(PyTuple_GET_ITEM(row, self->key));
+    PyObject *value = key ? text_bytes(PyTuple_GET_ITEM(row, self->payload)) : NULL;
+    PyObject *headers = value ? outbox_headers(self, row, args[2]) : NULL;
+    PyObject *rec = headers ? PyTuple_New(4) : NULL;
+    if (rec == NULL) {
+        Py_DECREF(topic);
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(headers);
+        if (PyErr_Occurred())
+            return NULL;
+        return PyObject_Vectorcall(self->fallback, args, 6, NULL);
+    }
+    PyTuple_SET_ITEM(rec, 0, topic);
+    PyTuple_SET_ITEM(rec, 1, key);
+    PyTuple_SET_ITEM(rec, 2, value);
+    PyTuple_SET_ITEM(rec, 3, headers);
+    PyObject_GC_UnTrack(rec);
+    return rec;
+}
+
+static int
+outbox_init(OutboxRecorder *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *topics, *headers, *lsn_header, *seq_name, *fallback;
+    Py_ssize_t one, key, payload, id;
+    if (!PyArg_ParseTuple(args, "O!nnnnO!OUO:OutboxRecorder", &PyDict_Type, &topics, &one,
+                          &key, &payload, &id, &PyTuple_Type, &headers, &lsn_header,
+                          &seq_name, &fallback))
+        return -1;
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "OutboxRecorder: fallback must be callable");
+        return -1;
+    }
+    if (check_lsn_header(lsn_header) < 0)
+        return -1;
+    Py_ssize_t width = 0, at[4] = {one, key, payload, id};
+    for (int i = 0; i < 4; i++) {
+        if (at[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "OutboxRecorder: a negative column index");
+            return -1;
+        }
+        width = at[i] + 1 > width ? at[i] + 1 : width;
+    }
+    for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers); h++) {
+        PyObject *spec = PyTuple_GET_ITEM(headers, h);
+        Py_ssize_t i = -1;
+        if (PyTuple_CheckExact(spec) && PyTuple_GET_SIZE(spec) == 2 &&
+            PyUnicode_CheckExact(PyTuple_GET_ITEM(spec, 0)) &&
+            PyLong_CheckExact(PyTuple_GET_ITEM(spec, 1)))
+            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 1));
+        if (i < 0) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "OutboxRecorder: headers are (name, index)");
+            return -1;
+        }
+        width = i + 1 > width ? i + 1 : width;
+    }
+    PyObject *id_name = PyUnicode_InternFromString("id");
+    if (id_name == NULL)
+        return -1;
+    Py_XSETREF(self->id_name, id_name);
+    Py_XSETREF(self->topics, Py_NewRef(topics));
+    Py_XSETREF(self->headers, Py_NewRef(headers));
+    Py_XSETREF(self->lsn_header, Py_NewRef(lsn_header));
+    Py_XSETREF(self->seq_name, Py_NewRef(seq_name));
+    Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    self->one = one, self->key = key, self->payload = payload, self->id = id;
+    self->width = width;
+    self->vectorcall = (vectorcallfunc)outbox_vectorcall;
+    return 0;
+}
+
+static int
+outbox_traverse(OutboxRecorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->topics);
+    Py_VISIT(self->headers);
+    Py_VISIT(self->lsn_header);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int
+outbox_clear(OutboxRecorder *self)
+{
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->headers);
+    Py_CLEAR(self->lsn_header);
+    Py_CLEAR(self->seq_name);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->id_name);
+    return 0;
+}
+
+static void
+outbox_dealloc(OutboxRecorder *self)
+{
+    PyObject_GC_UnTrack(self);
+    outbox_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject OutboxRecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "router._native.OutboxRecorder",
+    .tp_basicsize = sizeof(OutboxRecorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "OutboxRecorder(topics, one, key, payload, id, headers, lsn_header, seq_name, "
+              "fallback)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)outbox_init,
+    .tp_dealloc = (destructor)outbox_dealloc,
+    .tp_traverse = (traverseproc)outbox_traverse,
+    .tp_clear = (inquiry)outbox_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(OutboxRecorder, vectorcall),
+};
+
+/* ------------------------------------------------------------------------------------------
  * record_run(changes, i, relation, ops, kinds, seq, records, limit) -> (next, seq)
  *
  * The router's direct path (router.routing._record_run_py): from changes[i] on, while the
@@ -273,7 +509,7 @@ static PyMethodDef records_methods[] = {
 int
 records_setup(PyObject *module)
 {
-    if (PyType_Ready(&RecorderType) < 0)
+    if (PyType_Ready(&RecorderType) < 0 || PyType_Ready(&OutboxRecorderType) < 0)
         return -1;
     str_relation = PyUnicode_InternFromString("relation");
     str_op = PyUnicode_InternFromString("op");
@@ -283,7 +519,8 @@ records_setup(PyObject *module)
     str_new = PyUnicode_InternFromString("new");
     if (!str_relation || !str_op || !str_lsn || !str_old || !str_old_is_key || !str_new)
         return -1;
-    if (PyModule_AddObjectRef(module, "Recorder", (PyObject *)&RecorderType) < 0)
+    if (PyModule_AddObjectRef(module, "Recorder", (PyObject *)&RecorderType) < 0 ||
+        PyModule_AddObjectRef(module, "OutboxRecorder", (PyObject *)&OutboxRecorderType) < 0)
         return -1;
     if (tx_setup(module) < 0)
         return -1;

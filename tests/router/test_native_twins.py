@@ -53,6 +53,7 @@ from test_native_records import (
     ERROR, ERROR2, KIND, POOLS, TALLY_STEPS, rand_relation, rand_row, rand_tx, tally_run,
 )
 from snapshot_twins import check_copy_records, gen_copy_records, golden_copy_records
+from outbox_twins import check_outbox_recorder, gen_outbox_recorder, golden_outbox_recorder
 from verify_twins import (
     check_verify_copy, check_verify_fold, gen_verify_copy, gen_verify_fold, golden_verify_copy,
     golden_verify_fold,
@@ -671,6 +672,8 @@ LANES: dict[str, Lane] = {
     "row_codec": Lane(check_row_codec, golden_row_codec, gen_row_codec, True),
     "tx_bits": Lane(check_tx_bits, golden_tx_bits, gen_tx_bits, True),
     "recorder": Lane(check_recorder, golden_recorder, gen_recorder, False),
+    "outbox_recorder": Lane(check_outbox_recorder, golden_outbox_recorder,
+                            gen_outbox_recorder, True),
     "record_run": Lane(check_record_run, golden_record_run, gen_record_run, False),
     "tally": Lane(check_tally, golden_tally, gen_tally, False),
     "drain": Lane(check_drain, golden_drain, drain_case, False),
