@@ -279,7 +279,7 @@ def clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}"
 
 
-def slowest(result: dict, trace: pathlib.Path | None, count: int = 3) -> None:
+def slowest(result: dict, trace: pathlib.Path | None, count: int = 5) -> None:
     """The router's slowest records: when, split at the produce call, and what the trace
     recorded from their commit to their arrival."""
     lat, at, split = result["lat"], result["at"], result["split"]
@@ -311,7 +311,9 @@ def one_round(args, settings: dict, paths: list[str]) -> dict:
     out: dict = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            trace = pathlib.Path(tmp) / "trace.log" if args.trace else None
+            trace = pathlib.Path(args.trace).resolve() if args.trace else None
+            if trace is not None:
+                trace.write_text("")  # this round's lines only
             if "router" in paths:
                 out["router"] = router_path(args, settings, names, pathlib.Path(tmp), trace)
                 r = out["router"]
@@ -368,9 +370,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="rounds of every path")
     ap.add_argument("--paths", default="router,kafka,postgres",
                     help="which of router, kafka (Kafka alone), postgres (pg_recvlogical)")
-    ap.add_argument("--trace", action="store_true",
-                    help="the router under bench/latency_trace.py; its long task steps, late "
-                         "I/O waits and GC pauses printed next to the slowest records")
+    ap.add_argument("--trace", nargs="?", metavar="FILE",
+                    const=str(pathlib.Path(tempfile.gettempdir()) / "latency-trace.log"),
+                    help="the router under bench/latency_trace.py, its lines in FILE (each "
+                         "round's replaces the one before): long task steps, late I/O waits, "
+                         "GC pauses, commits received late, printed next to the slowest records")
     ap.add_argument("--client", default="auto", choices=["auto", "librdkafka", "kafka-python"])
     ap.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                     help="a [kafka.settings] entry (TOML value), e.g. linger_ms=5")
