@@ -48,6 +48,10 @@ def test_restart_reads_only_what_is_new(node_db, kafka_bootstrap, tmp_path, clie
     # new transactions' 15 records, not the 9,000 before them
     assert second["fetched"] == 15, second
     assert second["skipped"] == 0
+    # nothing new since: the stored offsets are the topic's end, so it ends without a poll
+    idle = until_caught_up("apply", ab)
+    assert stopped_line(idle)["fetched"] == 0
+    assert re.search(r"waited poll_s=0\.0 ", idle), idle
     # stored offsets gone (as after a first start with the origin's progress kept): the
     # topics are read again and everything the origin covers is skipped, and counted
     sql(b.dsn, "delete from public.pgrouter_apply_progress")
