@@ -40,7 +40,7 @@ from .errors import ProtocolViolation
 from .native import NATIVE
 from .pgoutput import messages as m
 from .changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, ChangeBuffer, Changes
-from .changes import change_size, row_change
+from .changes import change_size, row_change, take_raw
 from .relations import RelationCache
 from .short_transactions import bind_short, feed_row
 
@@ -184,6 +184,17 @@ class TransactionAssembler:
                         self._spill()
                     i = j
                     continue
+            elif self._stream_xid is not None:  # streamed rows kept as they came
+                buf = self._streams[self._stream_xid]
+                j, size = take_raw(messages, i, buf.raw, limit - self._memory)
+                if j > i:
+                    buf.memory += size
+                    buf.count += j - i
+                    self._memory += size
+                    if self._memory > limit:
+                        self._spill()
+                    i = j
+                    continue
             lsn, payload = messages[i]
             i += 1
             released = self.feed(lsn, decode(payload))
@@ -205,6 +216,8 @@ class TransactionAssembler:
 
     def _add(self, what: str, change: Change, subxid: int | None) -> list:
         buf, default_subxid = self._target(what)
+        if buf.raw:  # the rows before it decoded first, to keep the order
+            self._memory += buf.materialize(self.relations.by_id)
         size = change_size(change)
         buf.add(change, default_subxid if subxid is None else subxid, size)
         self._memory += size
@@ -219,7 +232,7 @@ class TransactionAssembler:
             if self._memory <= self.memory_limit // 2:
                 break
             if buf.memory:
-                self._memory -= buf.spill(self.spill_dir)
+                self._memory -= buf.spill(self.spill_dir, self.relations.by_id)
                 self.spill_count += 1
 
     def _forget(self, buf: ChangeBuffer) -> None:
@@ -227,6 +240,9 @@ class TransactionAssembler:
         buf.memory = 0
 
     def _on_catalog(self, lsn: int, msg) -> list:
+        for buf in (*self._streams.values(), *self._prepared.values()):
+            if buf.raw:  # decoded with the relations in effect when they were sent
+                self._memory += buf.materialize(self.relations.by_id)
         self.relations.apply(msg)
         return []
 
@@ -273,7 +289,7 @@ class TransactionAssembler:
 
     def _transaction(self, buf: ChangeBuffer, commit_lsn: int, end_lsn: int, time: int,
                      prepared: bool = False) -> Transaction:
-        changes = buf.release()
+        changes = buf.release(self.relations.by_id)
         return Transaction(buf.xid, buf.final_lsn or commit_lsn, commit_lsn, end_lsn, time,
                            buf.origin_name, buf.origin_lsn, buf.gid, changes, len(changes),
                            buf.streamed, prepared)

@@ -189,16 +189,31 @@ done:
  * relation becomes Change(op, lsn, relation, old, old_is_key, new) appended to ``changes``,
  * counted as overhead + len(payload) + value_overhead per value bytes. Stops before the first message that is anything
  * else (the caller decodes it the long way) and after the change that takes the bytes past
- * ``budget`` (the caller spills). Only for use inside Begin ... Commit outside a stream block.
+ * ``budget`` (the caller spills). Only for use inside Begin ... Commit outside a stream block,
+ * unless the optional ninth argument ``skip`` is 4: the messages are then streamed ones (the
+ * Int32 subtransaction xid after the type byte), as a streamed transaction's spill keeps them
+ * (router.changes).
  */
 static PyObject *op_insert, *op_update, *op_delete;
 
 /* One plain row message (lsn, data) of a known relation as a Change appended to ``changes``:
  * 1 (with *used += its estimate), 0 when it is not the plain case (nothing appended, no
  * exception), -1 on error. Shared by feed_rows and take_short (short.c). */
+static int take_row_at(PyObject *item, PyObject *changes, PyObject *relations,
+                       PyObject *change_type, Py_ssize_t overhead, Py_ssize_t value_overhead,
+                       long long *used, Py_ssize_t skip);
+
 int
 take_row(PyObject *item, PyObject *changes, PyObject *relations, PyObject *change_type,
          Py_ssize_t overhead, Py_ssize_t value_overhead, long long *used)
+{
+    return take_row_at(item, changes, relations, change_type, overhead, value_overhead, used, 0);
+}
+
+/* take_row of a message whose relation id starts ``skip`` bytes later (4: a streamed one) */
+static int
+take_row_at(PyObject *item, PyObject *changes, PyObject *relations, PyObject *change_type,
+            Py_ssize_t overhead, Py_ssize_t value_overhead, long long *used, Py_ssize_t skip)
 {
     if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2)
         return 0;
@@ -207,9 +222,9 @@ take_row(PyObject *item, PyObject *changes, PyObject *relations, PyObject *chang
         return 0;
     const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t end = PyBytes_GET_SIZE(data);
-    if (end < 6)
+    if (end < 6 + skip)
         return 0;
-    unsigned char type = buf[0], action = buf[5];
+    unsigned char type = buf[0], action = buf[5 + skip];
     PyObject *op;
     if (type == 'I' && action == 'N')
         op = op_insert;
@@ -219,14 +234,14 @@ take_row(PyObject *item, PyObject *changes, PyObject *relations, PyObject *chang
         op = op_delete;
     else
         return 0;
-    PyObject *relid = PyLong_FromUnsignedLong(be32(buf + 1));
+    PyObject *relid = PyLong_FromUnsignedLong(be32(buf + 1 + skip));
     if (relid == NULL)
         return -1;
     PyObject *rel = PyDict_GetItemWithError(relations, relid);
     Py_DECREF(relid);
     if (rel == NULL)
         return PyErr_Occurred() ? -1 : 0; /* unknown relation: the long way reports it */
-    Py_ssize_t pos = 6;
+    Py_ssize_t pos = 6 + skip;
     PyObject *before = NULL, *new = NULL;
     if (action != 'N') {
         before = parse_tuple(buf, end, &pos);
@@ -269,11 +284,17 @@ stop:
 static PyObject *
 native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
-        !PyDict_CheckExact(args[3])) {
+    if ((nargs != 8 && nargs != 9) || !PyList_CheckExact(args[0]) ||
+        !PyList_CheckExact(args[2]) || !PyDict_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "feed_rows(messages: list, start, changes: list, "
                                          "relations: dict, Change, overhead, value_overhead, "
-                                         "budget)");
+                                         "budget[, skip: 0 or 4])");
+        return NULL;
+    }
+    Py_ssize_t skip = nargs == 9 ? PyLong_AsSsize_t(args[8]) : 0;
+    if (skip != 0 && skip != 4) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "feed_rows: skip is 0 or 4");
         return NULL;
     }
     PyObject *messages = args[0], *changes = args[2], *relations = args[3], *change_type = args[4];
@@ -288,8 +309,8 @@ native_feed_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (unchanged_toast == NULL)
         i = n;
     for (; i < n && used <= budget; i++) {
-        int r = take_row(PyList_GET_ITEM(messages, i), changes, relations, change_type,
-                         overhead, value_overhead, &used);
+        int r = take_row_at(PyList_GET_ITEM(messages, i), changes, relations, change_type,
+                            overhead, value_overhead, &used, skip);
         if (r < 0)
             return NULL;
         if (r == 0)
@@ -374,7 +395,7 @@ static PyMethodDef pgoutput_methods[] = {
      "decode_row(data) -> Insert | Update | Delete | None (None: use the Python decoder)"},
     {"feed_rows", (PyCFunction)(void (*)(void))native_feed_rows, METH_FASTCALL,
      "feed_rows(messages, start, changes, relations, Change, overhead, value_overhead, "
-     "budget) -> "
+     "budget[, skip]) -> "
      "(next, bytes, count)"},
     {"drain", (PyCFunction)(void (*)(void))native_drain, METH_FASTCALL,
      "drain(read_message, max_messages, max_bytes) -> (batch, exhausted)"},
