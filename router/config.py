@@ -25,6 +25,7 @@ from .kafka_settings import parse_bootstrap_servers, translate as translate_kafk
 from .origins import OriginSetting, parse_policy
 from .topics import illegal, template_problem
 from .outbox import OutboxConfig, validate_outbox
+from .tombstones import validate_compacted
 from .message_routes import MessageRouteConfig, claim_route_name, validate_message_routes
 from .transforms import TransformConfig, validate_transforms
 
@@ -320,6 +321,7 @@ def validate(cfg: Config, *, source: str = "<config>") -> None:
         _validate_route_filter(route, where, source)
         validate_transforms(route.transforms, where, source)
         validate_outbox(route, where, source, cfg.kafka.format)
+        validate_compacted(route, where, source, cfg.kafka.format)
         for j, t in enumerate(route.tables):
             _qualified(t, path=f"{where}.tables[{j}]", source=source)
         if not route.operations:

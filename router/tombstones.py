@@ -13,6 +13,12 @@ Rules:
   ``u`` record leaves the old key otherwise; Avro and Connect write that update as a delete
   and a create, the tombstone then comes after both).
 * TRUNCATE gets none: pgrouter does not know the truncated keys (Debezium writes none either).
+  A compacted topic keeps the truncated rows' last records and its latest truncate record.
+  In Avro and Connect a truncate record has a null Kafka key, which a compacted topic
+  refuses (the broker's INVALID_RECORD, every time the router reaches it): a route of such
+  a format whose ``topic_settings`` compact its topics and that publishes TRUNCATE is a
+  ``ConfigError`` (``validate_compacted``). The JSON format's truncate key is ``null``, the
+  JSON text: accepted.
 * Routes without tombstones pay nothing: their changes keep the recorders' direct path; only
   a route with tombstones sends its deletes and updates through ``ChangeRouter._route_change``.
 * The reshapers (``router.avro``, ``router.connect_format``) see a tombstone alone (a record
@@ -24,7 +30,22 @@ from __future__ import annotations
 
 import msgspec
 
+from .errors import ConfigError
+
 _decode = msgspec.json.decode
+
+
+def validate_compacted(route, where: str, source: str, fmt: str) -> None:
+    """A route whose records a compacted topic would refuse: TRUNCATE's null key in Avro or
+    Connect on topics ``topic_settings`` compact."""
+    policy = route.topic_settings.configs.get("cleanup.policy", "")
+    if (fmt in ("avro", "connect") and "truncate" in route.operations
+            and "compact" in policy.replace(" ", "").split(",")):
+        raise ConfigError(
+            f'a TRUNCATE record has a null key in format "{fmt}" and a compacted topic '
+            "refuses records without a key: leave truncate out of operations (as Debezium's "
+            'default skipped.operations=t does) or use format "json"', path=f"{where}.operations",
+            source=source)
 
 
 def after_record(record: tuple, out: list) -> None:

@@ -186,3 +186,39 @@ def test_the_applier_releases_a_transaction_with_tombstones():
             ra.add_record(topic, value, 0, offset)
     [released] = list(ra.ready())
     assert [rec.op for _, rec in released.records] == ["c", "u", "u", "d"]
+
+
+@pytest.mark.parametrize("fmt, ops, policy, refused", [
+    ("avro", None, "compact", True), ("connect", None, "delete,compact", True),
+    ("json", None, "compact", False), ("avro", '["insert", "update", "delete"]', "compact",
+                                       False),
+    ("avro", None, "delete", False)])
+def test_a_compacted_topic_refusing_truncate_records_is_a_config_error(fmt, ops, policy,
+                                                                       refused):
+    """Avro's and Connect's TRUNCATE record has a null Kafka key, which a compacted topic
+    refuses (INVALID_RECORD at every start): refused when the config is loaded."""
+    from router.config import parse_config
+    from router.errors import ConfigError
+
+    text = f"""
+[source]
+dsn = "postgresql://u@h/d"
+slot = "s"
+publications = ["p"]
+[kafka]
+bootstrap_servers = "k:9092"
+format = "{fmt}"
+[kafka.registry]
+url = "http://r"
+[[routes]]
+name = "r"
+all_tables = true
+{f"operations = {ops}" if ops else ""}
+topic_settings = {{ configs = {{ "cleanup.policy" = "{policy}" }} }}
+"""
+    if refused:
+        with pytest.raises(ConfigError, match=r"routes\[0\].operations: a TRUNCATE record has "
+                                              "a null key"):
+            parse_config(text)
+    else:
+        parse_config(text)
