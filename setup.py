@@ -10,12 +10,12 @@ from setuptools import Extension, setup
 
 SOURCES = ["module.c", "pgoutput.c", "short.c", "codec.c", "recorder.c", "tx.c", "delivery.c",
            "avro.c", "avro_values.c", "verify.c", "copytext.c", "copyrecords.c", "verify_fold.c",
-           "verify_copy.c", "verify_json.c"]
+           "verify_copy.c", "verify_json.c", "verify_digest.c"]
 
 setup(ext_modules=[Extension("router._native", [f"router/_native/{name}" for name in SOURCES],
                              depends=["router/_native/native.h", "router/_native/codec.h",
                                       "router/_native/json.h", "router/_native/avro_values.h",
-                                      "router/_native/copytext.h"],
+                                      "router/_native/copytext.h", "router/_native/verify.h"],
                              optional=True, extra_compile_args=["-O2", "-Wall"]),
                    Extension("actors.kafka._producer", ["actors/kafka/_producer.c"],
                              libraries=["dl", "pthread"], optional=True,

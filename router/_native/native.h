@@ -12,7 +12,9 @@
  *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
  *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
  *               avro_values.c its JSON tokens and values (avro_values.h)
- *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic)
+ *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic);
+ *               verify.h the verify files' shared declarations, verify_digest.c their base
+ *               (MD5, the buffer, a row's texts and digests)
  *   copytext.c  copy_rows (COPY text rows of a snapshot's read); copytext.h its escapes
  *   copyrecords.c  copy_records (a snapshot's COPY text to records, without the GIL)
  *   verify_fold.c  verify_fold (a batch of such a topic's messages folded)
@@ -54,72 +56,16 @@ int codec_setup(PyObject *module);
 int records_setup(PyObject *module);
 int delivery_setup(PyObject *module);
 int avro_setup(PyObject *module);
-int verify_setup(PyObject *module);
 int copytext_setup(PyObject *module);
 int copyrecords_setup(PyObject *module);
 int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it uses take_row) */
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 
-/* verify.c: router.verify_digest's digests of a row, its key's values and its values each in
- * their names' order (new bytes; Py_None, a new reference, when declined; NULL on error);
- * verify_fold.c: verify_fold, readied by verify_setup */
-PyObject *row_digests(PyObject *const *key, Py_ssize_t nk, const char *head,
-                      Py_ssize_t headlen, PyObject *const *values, Py_ssize_t n,
-                      long long buckets);
-int fold_setup(void);
-/* the digest of a column whose value is not a string (an int, a bool, a float) is the hash of
- * its text XOR this: "24" and 24 differ (router.verify_digest.RAW_SALT) */
-#define VERIFY_RAW_SALT 0x2545F4914F6CDD1DLL
-
-/* verify.c: MD5 (RFC 1321), also for verify_copy.c (md5_head64: the digest's first 8 bytes,
- * big-endian) */
-typedef struct {
-    uint32_t h[4];
-    uint64_t len;
-    unsigned char buf[64];
-    size_t n;
-} Md5;
-void md5_init(Md5 *m);
-void md5_update(Md5 *m, const void *data, size_t n);
-uint64_t md5_head64(Md5 *m);
-/* verify.c: a growing buffer (its first 2 KB on the stack) and msgspec's JSON of a string */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    char stack[2048];
-} Buf;
-int buf_need(Buf *b, size_t more);
-int buf_string(Buf *b, const char *s, Py_ssize_t n);
-PyObject *native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-
-/* verify_json.c: a record's envelope and a flat object taken apart (for verify_fold.c) */
-#define FOLD_MAX_COLUMNS 1664
-typedef struct {
-    const char *name;
-    size_t nlen;
-    size_t start, len; /* the text in Flat.texts */
-    int null;
-    char kind; /* 's' string, 'i' int, 'f' float, 'b' bool, 'n' null */
-} Member;
-
-typedef struct {
-    Member m[FOLD_MAX_COLUMNS];
-    Py_ssize_t n;
-    char *texts;
-    size_t tlen, tcap;
-} Flat;
-
-typedef struct {
-    char op;
-    const char *after, *after_end;
-    unsigned long long lsn, seq;
-    int has_source;
-} Envelope;
-int flat_scan(Flat *f, const char *p, const char *e);
-int envelope_scan(const char *p, const char *e, Envelope *env);
-void flat_sorted(Flat *f, Member **out); /* by name, as Python orders the names */
-const char *ws(const char *p, const char *e);
+/* pgrouter verify's functions (verify.h: their shared declarations), in module.c's table:
+ * verify_row (verify.c), verify_fold (verify_fold.c), verify_copy (verify_copy.c) */
+PyObject *native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case
  * (0, nothing appended), error (-1) */
@@ -166,49 +112,70 @@ be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-/* [p, p + n) is UTF-8 as Python's strict decoder takes it (no overlong forms, no
- * surrogates, nothing past U+10FFFF): what copy_rows' str() would accept; the
- * Avro string reader's check too. */
+/* The length of the UTF-8 sequence of a character >= 0x80 at p (2 to 4) as Python's strict
+ * decoder takes it (no overlong forms, no surrogates, nothing past U+10FFFF), 0 when it is
+ * not one; ``avail`` bytes are readable at p. */
+static inline int
+utf8_sequence(const unsigned char *p, Py_ssize_t avail)
+{
+    unsigned char c = p[0], lo = 0x80, hi = 0xBF;
+    int more;
+    if (c >= 0xC2 && c <= 0xDF)
+        more = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        more = 2;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    }
+    else if (c >= 0xF0 && c <= 0xF4) {
+        more = 3;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    }
+    else
+        return 0;
+    if (avail <= more || p[1] < lo || p[1] > hi)
+        return 0;
+    for (int k = 2; k <= more; k++)
+        if ((p[k] & 0xC0) != 0x80)
+            return 0;
+    return more + 1;
+}
+
+/* [p, p + n) is UTF-8 as Python's strict decoder takes it (utf8_sequence): what copy_rows'
+ * str() would accept; the Avro string reader's check too. */
 static inline int
 utf8_valid(const unsigned char *p, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
     while (i < n) {
-        unsigned char c = p[i];
-        if (c < 0x80) {
+        if (p[i] < 0x80) {
             i++;
             continue;
         }
-        int more;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF)
-            more = 1;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            more = 2;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F;
-        }
-        else if (c >= 0xF0 && c <= 0xF4) {
-            more = 3;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        }
-        else
+        int len = utf8_sequence(p + i, n - i);
+        if (!len)
             return 0;
-        if (n - i <= more)
-            return 0;
-        if (p[i + 1] < lo || p[i + 1] > hi)
-            return 0;
-        for (int k = 2; k <= more; k++)
-            if ((p[i + k] & 0xC0) != 0x80)
-                return 0;
-        i += more + 1;
+        i += len;
     }
     return 1;
+}
+
+/* a hex digit's value, -1 for any other character */
+static inline int
+hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
 }
 
 /* A record's headers: [lsn_header, (seq_name, b"<seq>")], untracked by the collector (it

@@ -15,31 +15,10 @@
  *
  * The work runs without the GIL (the topic's fold runs meanwhile in another thread).
  */
-#include "native.h"
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-} Raw;
-
-static int
-raw_need(Raw *b, size_t more)
-{
-    if (b->len + more <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap < b->len + more)
-        cap *= 2;
-    char *p = PyMem_RawRealloc(b->p, cap);
-    if (p == NULL)
-        return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
+#include "verify.h"
 
 static void
-put_utf8(Raw *b, unsigned v) /* room for 2 bytes was made */
+put_utf8(Buf *b, unsigned v) /* room for 2 bytes was made */
 {
     if (v < 0x80) {
         b->p[b->len++] = (char)v;
@@ -49,23 +28,11 @@ put_utf8(Raw *b, unsigned v) /* room for 2 bytes was made */
     }
 }
 
-static int
-hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* a field's text, unescaped as router.snapshot._unescape does, into out */
 static int
-unescape(Raw *out, const char *s, size_t n)
+unescape(Buf *out, const char *s, size_t n)
 {
-    if (raw_need(out, n * 2) < 0)
+    if (buf_need(out, n * 2) < 0)
         return -1;
     for (size_t i = 0; i < n;) {
         char c = s[i];
@@ -87,11 +54,11 @@ unescape(Raw *out, const char *s, size_t n)
                 v = v * 8 + (unsigned)(s[j++] - '0');
             put_utf8(out, v);
             i = j;
-        } else if (x == 'x' && i + 2 < n && hexval(s[i + 2]) >= 0) {
+        } else if (x == 'x' && i + 2 < n && hex_value(s[i + 2]) >= 0) {
             size_t j = i + 2;
             unsigned v = 0;
-            while (j < n && j < i + 4 && hexval(s[j]) >= 0)
-                v = v * 16 + (unsigned)hexval(s[j++]);
+            while (j < n && j < i + 4 && hex_value(s[j]) >= 0)
+                v = v * 16 + (unsigned)hex_value(s[j++]);
             put_utf8(out, v);
             i = j;
         } else {
@@ -100,24 +67,6 @@ unescape(Raw *out, const char *s, size_t n)
         }
     }
     return 0;
-}
-
-static int
-json_string(Raw *b, const char *s, size_t n) /* as msgspec writes a str */
-{
-    if (raw_need(b, n * 6 + 2) < 0)
-        return -1;
-    b->len = (size_t)(json_quote(b->p + b->len, s, (size_t)n) - b->p);
-    return 0;
-}
-
-static size_t
-chars(const char *s, size_t n) /* UTF-8 characters */
-{
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++)
-        c += ((unsigned char)s[i] & 0xC0) != 0x80;
-    return c;
 }
 
 #define COPY_MAX_FIELDS 1664
@@ -129,7 +78,10 @@ sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys
          uint64_t buckets,
          unsigned char *acc)
 {
-    Raw texts = {0}, key = {0}, json = {0};
+    Buf texts, key, json;
+    buf_init(&texts, 1);
+    buf_init(&key, 1);
+    buf_init(&json, 1);
     size_t start[COPY_MAX_FIELDS], len[COPY_MAX_FIELDS];
     signed char null[COPY_MAX_FIELDS];
     Py_ssize_t rows = 0, res = -1;
@@ -153,7 +105,7 @@ sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys
             start[f] = texts.len;
             if (!null[f]) {
                 if (memchr(q, '\\', n) == NULL) {
-                    if (raw_need(&texts, n) < 0)
+                    if (buf_need(&texts, n) < 0)
                         goto out;
                     memcpy(texts.p + texts.len, q, n);
                     texts.len += n;
@@ -173,52 +125,16 @@ sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys
         }
         for (Py_ssize_t i = 0; i < nkeys; i++) {
             Py_ssize_t k = keys[i];
-            if (raw_need(&key, 32 + len[k]) < 0)
+            if (key_part(&key, i == 0, texts.p + start[k], len[k], null[k], kinds[k] == 's') < 0)
                 goto out;
-            if (i)
-                key.p[key.len++] = ',';
-            if (null[k]) {
-                key.p[key.len++] = '!';
-                continue;
-            }
-            key.len += (size_t)sprintf(key.p + key.len, "%zu%c",
-                                       chars(texts.p + start[k], len[k]),
-                                       kinds[k] == 's' ? ':' : '=');
-            memcpy(key.p + key.len, texts.p + start[k], len[k]);
-            key.len += len[k];
         }
-        if (raw_need(&json, 2) < 0)
-            goto out;
-        json.p[json.len++] = '[';
-        for (Py_ssize_t i = 0; i < columns; i++) {
-            if (raw_need(&json, 5) < 0)
+        for (Py_ssize_t i = 0; i < columns; i++)
+            if (row_part(&json, i == 0, texts.p + start[i], len[i], null[i], kinds[i] == 's') < 0)
                 goto out;
-            if (i)
-                json.p[json.len++] = ',';
-            if (null[i]) {
-                memcpy(json.p + json.len, "null", 4);
-                json.len += 4;
-            } else if (kinds[i] == 's') {
-                if (json_string(&json, texts.p + start[i], len[i]) < 0)
-                    goto out;
-            } else { /* a JSON number or boolean: its text bare */
-                if (raw_need(&json, len[i]) < 0)
-                    goto out;
-                memcpy(json.p + json.len, texts.p + start[i], len[i]);
-                json.len += len[i];
-            }
-        }
-        if (raw_need(&json, 1) < 0)
+        if (row_close(&json, columns == 0) < 0)
             goto out;
-        json.p[json.len++] = ']';
-        Md5 km, row;
-        md5_init(&km);
-        md5_update(&km, key.p, key.len);
-        row = km;
-        uint64_t bucket = ((md5_head64(&km) >> 32) >> 4) % buckets;
-        md5_update(&row, head, headlen);
-        md5_update(&row, json.p, json.len);
-        uint64_t digest = md5_head64(&row) >> 4;
+        int64_t bucket, digest;
+        digest_tail(&key, head, headlen, &json, buckets, &bucket, &digest);
         unsigned char *a = acc + bucket * 24;
         int64_t count;
         uint64_t lo, hi;
@@ -226,8 +142,8 @@ sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys
         memcpy(&lo, a + 8, 8);
         memcpy(&hi, a + 16, 8);
         count++;
-        lo += digest;
-        hi += lo < digest;
+        lo += (uint64_t)digest;
+        hi += lo < (uint64_t)digest;
         memcpy(a, &count, 8);
         memcpy(a + 8, &lo, 8);
         memcpy(a + 16, &hi, 8);
@@ -236,9 +152,9 @@ sum_rows(const char *data, size_t size, const Py_ssize_t *keys, Py_ssize_t nkeys
     }
     res = rows;
 out:
-    PyMem_RawFree(texts.p);
-    PyMem_RawFree(key.p);
-    PyMem_RawFree(json.p);
+    buf_free(&texts);
+    buf_free(&key);
+    buf_free(&json);
     return res;
 }
 

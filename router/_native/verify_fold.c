@@ -17,26 +17,7 @@
  * error. Each column's digest is Python's hash of its text (a str's, computed from the bytes
  * when they are ASCII); keys, positions and rows are stored as the Python fold stores them.
  */
-#include "native.h"
-
-static PyObject *s_error, *s_partition, *s_offset, *s_key, *s_value, *sixty_four;
-
-
-
-int
-fold_setup(void)
-{
-    struct {
-        PyObject **at;
-        const char *name;
-    } names[] = {{&s_error, "error"}, {&s_partition, "partition"}, {&s_offset, "offset"},
-                 {&s_key, "key"},     {&s_value, "value"}};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if ((*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL)
-            return -1;
-    sixty_four = PyLong_FromLong(64);
-    return sixty_four == NULL ? -1 : 0;
-}
+#include "verify.h"
 
 /* the layout of the last row: its names sorted, as a tuple and as JSON (head) */
 typedef struct {
@@ -130,48 +111,34 @@ typedef struct {
 static PyObject *
 key_bytes(Fold *f, Py_ssize_t n)
 {
-    Flat *k = &f->key;
-    Buf b = {.len = 0, .cap = sizeof(b.stack)};
-    b.p = b.stack;
+    Buf b;
+    buf_init(&b, 0);
     PyObject *out = NULL;
-    if (buf_need(&b, 1) < 0)
-        goto done;
-    b.p[b.len++] = '{';
     for (Py_ssize_t i = 0; i < n; i++) {
         Member *m = f->ksorted[i];
         if (m->kind == 'f') {
             out = Py_NewRef(Py_None);
             goto done;
         }
-        if (buf_need(&b, m->nlen + 8) < 0)
+        if (buf_need(&b, m->nlen + 4) < 0)
             goto done;
-        if (i)
-            b.p[b.len++] = ',';
+        b.p[b.len++] = i ? ',' : '{';
         b.p[b.len++] = '"';
         memcpy(b.p + b.len, m->name, m->nlen);
         b.len += m->nlen;
         b.p[b.len++] = '"';
         b.p[b.len++] = ':';
-        if (m->null) {
-            memcpy(b.p + b.len, "null", 4);
-            b.len += 4;
-        } else if (m->kind == 's') {
-            if (buf_string(&b, k->texts + m->start, (Py_ssize_t)m->len) < 0)
-                goto done;
-        } else {
-            if (buf_need(&b, m->len) < 0)
-                goto done;
-            memcpy(b.p + b.len, k->texts + m->start, m->len);
-            b.len += m->len;
-        }
+        if (json_value(&b, f->key.texts.p + m->start, m->len, m->null, m->kind == 's') < 0)
+            goto done;
     }
-    if (buf_need(&b, 1) < 0)
+    if (buf_need(&b, 2) < 0)
         goto done;
+    if (n == 0)
+        b.p[b.len++] = '{';
     b.p[b.len++] = '}';
     out = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
 done:
-    if (b.p != b.stack)
-        PyMem_Free(b.p);
+    buf_free(&b);
     return out;
 }
 
@@ -198,98 +165,30 @@ text_hash(const char *p, size_t n)
     return h;
 }
 
-static size_t
-utf8_chars(const char *s, size_t n)
-{
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++)
-        c += ((unsigned char)s[i] & 0xC0) != 0x80;
-    return c;
-}
-
-/* the digests of the scanned row (row_digests' layout: a hash per column, the key's bucket,
+/* the digests of the scanned row (verify_row's layout: a hash per column, the key's bucket,
  * the row's digest) as new bytes */
 static PyObject *
 scanned_digests(Fold *f, Py_ssize_t n, Py_ssize_t nk)
 {
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (n + 2) * 8);
-    if (out == NULL)
+    Digests d;
+    if (digests_start(&d, n) < 0)
         return NULL;
-    int64_t *digests = (int64_t *)PyBytes_AS_STRING(out);
-    Buf b = {.len = 0, .cap = sizeof(b.stack)}, k = {.len = 0, .cap = sizeof(k.stack)};
-    b.p = b.stack;
-    k.p = k.stack;
-    for (Py_ssize_t i = 0; i < nk; i++) {
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < nk && !bad; i++) {
         Member *m = f->ksorted[i];
-        if (buf_need(&k, m->len + 32) < 0)
-            goto fail;
-        if (i)
-            k.p[k.len++] = ',';
-        if (m->null) {
-            k.p[k.len++] = '!';
-            continue;
-        }
-        k.len += (size_t)sprintf(k.p + k.len, "%zu%c",
-                                 utf8_chars(f->key.texts + m->start, m->len),
-                                 m->kind == 's' ? ':' : '=');
-        memcpy(k.p + k.len, f->key.texts + m->start, m->len);
-        k.len += m->len;
+        bad = key_part(&d.key, i == 0, f->key.texts.p + m->start, m->len, m->null,
+                       m->kind == 's');
     }
-    if (buf_need(&b, 1) < 0)
-        goto fail;
-    b.p[b.len++] = '[';
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
         Member *m = f->sorted[i];
-        if (buf_need(&b, 5) < 0)
-            goto fail;
-        if (i)
-            b.p[b.len++] = ',';
-        if (m->null) {
-            memcpy(b.p + b.len, "null", 4);
-            b.len += 4;
-            digests[i] = (int64_t)PyObject_Hash(Py_None);
-            continue;
-        }
-        const char *t = f->after.texts + m->start;
-        Py_hash_t h = text_hash(t, m->len);
-        if (h == -1)
-            goto fail;
-        if (m->kind == 's') {
-            if (buf_string(&b, t, (Py_ssize_t)m->len) < 0)
-                goto fail;
-        } else { /* an int, a bool, a float: its text bare, its JSON type in the digests */
-            if (buf_need(&b, m->len) < 0)
-                goto fail;
-            memcpy(b.p + b.len, t, m->len);
-            b.len += m->len;
-            h ^= VERIFY_RAW_SALT;
-        }
-        digests[i] = (int64_t)h;
+        const char *t = f->after.texts.p + m->start;
+        Py_hash_t h = m->null ? PyObject_Hash(Py_None) : text_hash(t, m->len);
+        /* an int, a bool, a float: its JSON type in the digests */
+        d.digests[i] = (int64_t)(m->null || m->kind == 's' ? h : h ^ VERIFY_RAW_SALT);
+        bad = h == -1 ? -1 : row_part(&d.row, i == 0, t, m->len, m->null, m->kind == 's');
     }
-    if (buf_need(&b, 1) < 0)
-        goto fail;
-    b.p[b.len++] = ']';
-    Md5 kmd5, row;
-    md5_init(&kmd5);
-    md5_update(&kmd5, k.p, k.len);
-    row = kmd5;
-    uint64_t first = md5_head64(&kmd5);
-    digests[n] = (int64_t)(((first >> 32) >> 4) % (uint64_t)f->buckets);
-    md5_update(&row, PyBytes_AS_STRING(f->row.head), (size_t)PyBytes_GET_SIZE(f->row.head));
-    md5_update(&row, b.p, b.len);
-    digests[n + 1] = (int64_t)(md5_head64(&row) >> 4);
-    if (b.p != b.stack)
-        PyMem_Free(b.p);
-    if (k.p != k.stack)
-        PyMem_Free(k.p);
-    return out;
-fail:
-    if (b.p != b.stack)
-        PyMem_Free(b.p);
-    if (k.p != k.stack)
-        PyMem_Free(k.p);
-    Py_DECREF(out);
-    return NULL;
+    return digests_finish(&d, bad, PyBytes_AS_STRING(f->row.head),
+                          (size_t)PyBytes_GET_SIZE(f->row.head), (uint64_t)f->buckets);
 }
 
 /* one message's key and value: folded (1), not the plain case or at or past the cut (0:
@@ -326,13 +225,12 @@ fold_one(Fold *f, PyObject *kb, PyObject *vb)
         goto done;
     /* from here on the message is folded (1) or an error (-1) */
     res = -1;
-    PyObject *hi = PyLong_FromUnsignedLongLong(lsn), *lo = NULL, *shifted = NULL;
-    if (hi != NULL && (shifted = PyNumber_Lshift(hi, sixty_four)) != NULL &&
-        (lo = PyLong_FromUnsignedLongLong(seq)) != NULL)
-        pos = PyNumber_Or(shifted, lo);
-    Py_XDECREF(hi);
-    Py_XDECREF(shifted);
-    Py_XDECREF(lo);
+    unsigned char bytes[16]; /* (lsn << 64) | seq, little-endian */
+    for (int i = 0; i < 8; i++) {
+        bytes[i] = (unsigned char)(seq >> (8 * i));
+        bytes[8 + i] = (unsigned char)(lsn >> (8 * i));
+    }
+    pos = _PyLong_FromByteArray(bytes, 16, 1, 0);
     if (pos == NULL)
         goto done;
     PyObject *held = PyDict_GetItemWithError(f->rows, k);
@@ -367,6 +265,43 @@ done:
     return res;
 }
 
+/* a message type's methods, looked up once a batch (not once a message) */
+typedef struct {
+    PyTypeObject *type;
+    PyObject *error, *partition, *offset, *key, *value;
+} Methods;
+
+static void
+methods_clear(Methods *c)
+{
+    Py_CLEAR(c->error);
+    Py_CLEAR(c->partition);
+    Py_CLEAR(c->offset);
+    Py_CLEAR(c->key);
+    Py_CLEAR(c->value);
+    c->type = NULL;
+}
+
+static int
+methods_of(Methods *c, PyTypeObject *type)
+{
+    methods_clear(c);
+    PyObject **at[] = {&c->error, &c->partition, &c->offset, &c->key, &c->value};
+    const char *names[] = {"error", "partition", "offset", "key", "value"};
+    for (int i = 0; i < 5; i++)
+        if ((*at[i] = PyObject_GetAttrString((PyObject *)type, names[i])) == NULL)
+            return methods_clear(c), -1;
+    c->type = type;
+    return 0;
+}
+
+/* m.<method>() through the type's descriptor */
+static inline PyObject *
+call(PyObject *method, PyObject *m)
+{
+    return PyObject_Vectorcall(method, &m, 1, NULL);
+}
+
 PyObject *
 native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -393,16 +328,19 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t read = 0, after_cut = 0, folded = 0;
     PyObject *msgs = args[0], *ends = args[1];
+    Methods calls = {NULL};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(msgs); i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i), *kb = NULL, *vb = NULL;
-        PyObject *err = PyObject_CallMethodNoArgs(m, s_error);
+        if (Py_TYPE(m) != calls.type && methods_of(&calls, Py_TYPE(m)) < 0)
+            goto fail;
+        PyObject *err = call(calls.error, m);
         if (err == NULL)
             goto fail;
         int skip = err != Py_None;
         Py_DECREF(err);
         if (skip)
             continue;
-        PyObject *part = PyObject_CallMethodNoArgs(m, s_partition);
+        PyObject *part = call(calls.partition, m);
         if (part == NULL)
             goto fail;
         PyObject *end = PyDict_GetItemWithError(ends, part);
@@ -413,7 +351,7 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             continue;
         }
         Py_INCREF(end);
-        PyObject *off = PyObject_CallMethodNoArgs(m, s_offset);
+        PyObject *off = call(calls.offset, m);
         int before_end = off == NULL ? -1 : PyObject_RichCompareBool(off, end, Py_LT);
         Py_XDECREF(off);
         Py_DECREF(end);
@@ -422,8 +360,7 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (!before_end)
             continue;
         read++;
-        if ((kb = PyObject_CallMethodNoArgs(m, s_key)) == NULL ||
-            (vb = PyObject_CallMethodNoArgs(m, s_value)) == NULL) {
+        if ((kb = call(calls.key, m)) == NULL || (vb = call(calls.value, m)) == NULL) {
             Py_XDECREF(kb);
             goto fail;
         }
@@ -441,9 +378,11 @@ native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         folded += r == 1;
         after_cut += r == 2;
     }
+    methods_clear(&calls);
     layout_clear(&f.row);
     return Py_BuildValue("(nnn)", read, after_cut, folded);
 fail:
+    methods_clear(&calls);
     layout_clear(&f.row);
     return NULL;
 }

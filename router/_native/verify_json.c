@@ -4,7 +4,7 @@
  * (flat_scan), checked as msgspec reads JSON; anything else is "not the plain case" (0),
  * which the caller leaves to msgspec and the Python fold.
  */
-#include "native.h"
+#include "verify.h"
 
 #include <math.h>
 
@@ -15,25 +15,7 @@
  * NULL; the member's kind tells a string's text from the others')
  */
 
-static int
-flat_need(Flat *f, size_t more)
-{
-    if (f->tlen + more <= f->tcap)
-        return 0;
-    size_t cap = f->tcap ? f->tcap * 2 : 1024;
-    while (cap < f->tlen + more)
-        cap *= 2;
-    char *p = PyMem_Realloc(f->texts, cap);
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    f->texts = p;
-    f->tcap = cap;
-    return 0;
-}
-
-const char *
+static inline const char *
 ws(const char *p, const char *e)
 {
     while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
@@ -46,10 +28,7 @@ hex4(const char *p, unsigned *out)
 {
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
-        int h = p[i] >= '0' && p[i] <= '9'   ? p[i] - '0'
-                : p[i] >= 'a' && p[i] <= 'f' ? p[i] - 'a' + 10
-                : p[i] >= 'A' && p[i] <= 'F' ? p[i] - 'A' + 10
-                                             : -1;
+        int h = hex_value(p[i]);
         if (h < 0)
             return -1;
         v = v * 16 + (unsigned)h;
@@ -78,40 +57,35 @@ put_cp(char *o, size_t *len, unsigned cp)
     }
 }
 
-/* a JSON string at p (after its opening quote) unescaped into f->texts; returns the end
- * (after the closing quote), NULL when not the plain case (a lone surrogate, a control
- * character, bytes that are not UTF-8 as msgspec would refuse...), or (const char *)1 on a
- * Python error */
+/* a JSON string at p (after its opening quote) unescaped into ``out`` (NULL: only read);
+ * returns the end (after the closing quote), NULL when not the plain case (a lone surrogate,
+ * a control character, bytes that are not UTF-8 as msgspec would refuse...), or
+ * (const char *)1 on a Python error */
 static const char *
-string_text(Flat *f, const char *p, const char *e)
+string_text(Buf *out, const char *p, const char *e)
 {
-    if (flat_need(f, (size_t)(e - p)) < 0)
+    if (out != NULL && buf_need(out, (size_t)(e - p)) < 0)
         return (const char *)1;
-    char *o = f->texts;
+    char tmp[8], *o = out != NULL ? out->p : tmp; /* tmp: one character's room */
+    size_t skipped = 0, *len = out != NULL ? &out->len : &skipped;
     while (p < e) {
         unsigned char c = (unsigned char)*p;
+        skipped = 0;
         if (c == '"')
             return p + 1;
         if (c < 0x20)
             return NULL;
         if (c >= 0x80) { /* UTF-8 as it is; only well-formed sequences */
-            int n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
-            if (!n || c > 0xF4 || p + n > e)
-                return NULL;
-            for (int i = 1; i < n; i++)
-                if (((unsigned char)p[i] & 0xC0) != 0x80)
-                    return NULL;
-            unsigned char c1 = (unsigned char)p[1];
-            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) ||
-                (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
+            int n = utf8_sequence((const unsigned char *)p, e - p);
+            if (!n)
                 return NULL; /* overlong, surrogates, past U+10FFFF */
-            memcpy(o + f->tlen, p, (size_t)n);
-            f->tlen += (size_t)n;
+            memcpy(o + *len, p, (size_t)n);
+            *len += (size_t)n;
             p += n;
             continue;
         }
         if (c != '\\') {
-            o[f->tlen++] = (char)c;
+            o[(*len)++] = (char)c;
             p++;
             continue;
         }
@@ -119,35 +93,25 @@ string_text(Flat *f, const char *p, const char *e)
             return NULL;
         char x = p[1];
         p += 2;
-        switch (x) {
-        case '"': o[f->tlen++] = '"'; break;
-        case '\\': o[f->tlen++] = '\\'; break;
-        case '/': o[f->tlen++] = '/'; break;
-        case 'b': o[f->tlen++] = '\b'; break;
-        case 'f': o[f->tlen++] = '\f'; break;
-        case 'n': o[f->tlen++] = '\n'; break;
-        case 'r': o[f->tlen++] = '\r'; break;
-        case 't': o[f->tlen++] = '\t'; break;
-        case 'u': {
-            unsigned cp, lo;
-            if (p + 4 > e || hex4(p, &cp) < 0)
-                return NULL;
-            p += 4;
-            if (cp >= 0xDC00 && cp <= 0xDFFF)
-                return NULL;
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                if (p + 6 > e || p[0] != '\\' || p[1] != 'u' || hex4(p + 2, &lo) < 0 ||
-                    lo < 0xDC00 || lo > 0xDFFF)
-                    return NULL;
-                p += 6;
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            }
-            put_cp(o, &f->tlen, cp);
-            break;
+        const char *plain = x ? strchr("\"\\/bfnrt", x) : NULL;
+        if (plain != NULL) {
+            o[(*len)++] = "\"\\/\b\f\n\r\t"[plain - "\"\\/bfnrt"];
+            continue;
         }
-        default:
+        unsigned cp, lo;
+        if (x != 'u' || p + 4 > e || hex4(p, &cp) < 0)
             return NULL;
+        p += 4;
+        if (cp >= 0xDC00 && cp <= 0xDFFF)
+            return NULL;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (p + 6 > e || p[0] != '\\' || p[1] != 'u' || hex4(p + 2, &lo) < 0 ||
+                lo < 0xDC00 || lo > 0xDFFF)
+                return NULL;
+            p += 6;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         }
+        put_cp(o, len, cp);
     }
     return NULL;
 }
@@ -156,8 +120,10 @@ string_text(Flat *f, const char *p, const char *e)
 int
 flat_scan(Flat *f, const char *p, const char *e)
 {
+    if (f->texts.p == NULL)
+        buf_init(&f->texts, 0); /* a static Flat's first use */
     f->n = 0;
-    f->tlen = 0;
+    f->texts.len = 0;
     p = ws(p, e);
     if (p >= e || *p++ != '{')
         return 0;
@@ -184,12 +150,12 @@ flat_scan(Flat *f, const char *p, const char *e)
         p = ws(p, e);
         if (p >= e)
             return 0;
-        m->start = f->tlen;
+        m->start = f->texts.len;
         m->null = 0;
         char c = *p;
         if (c == '"') {
             m->kind = 's';
-            const char *end = string_text(f, p + 1, e);
+            const char *end = string_text(&f->texts, p + 1, e);
             if (end == (const char *)1)
                 return -1;
             if (end == NULL)
@@ -225,7 +191,7 @@ flat_scan(Flat *f, const char *p, const char *e)
                     p++;
             }
             size_t n = (size_t)(p - q0);
-            if (flat_need(f, 32) < 0)
+            if (buf_need(&f->texts, 32) < 0)
                 return -1;
             if (!flt) {
                 /* an int: its decimal text as written, when canonical and of 18 digits
@@ -233,8 +199,8 @@ flat_scan(Flat *f, const char *p, const char *e)
                 if (n > 18 + (*q0 == '-') || (n == 2 && q0[0] == '-' && q0[1] == '0'))
                     return 0;
                 m->kind = 'i';
-                memcpy(f->texts + f->tlen, q0, n);
-                f->tlen += n;
+                memcpy(f->texts.p + f->texts.len, q0, n);
+                f->texts.len += n;
             } else {
                 char tmp[64];
                 if (n >= sizeof(tmp))
@@ -247,31 +213,19 @@ flat_scan(Flat *f, const char *p, const char *e)
                     return PyErr_Clear(), 0;
                 if (endp != tmp + n || !isfinite(d))
                     return 0;
-                static const char hex[] = "0123456789abcdef";
-                unsigned char raw[8];
-                memcpy(raw, &d, 8);
-                f->texts[f->tlen++] = '#'; /* never an int's text */
-                for (int j = 0; j < 8; j++) {
-                    unsigned char b = raw[PY_LITTLE_ENDIAN ? 7 - j : j];
-                    f->texts[f->tlen++] = hex[b >> 4];
-                    f->texts[f->tlen++] = hex[b & 15];
-                }
+                float_text(f->texts.p + f->texts.len, d);
+                f->texts.len += 17;
                 m->kind = 'f';
             }
-        } else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
+        } else if ((c == 't' && e - p >= 4 && memcmp(p, "true", 4) == 0) ||
+                   (c == 'f' && e - p >= 5 && memcmp(p, "false", 5) == 0)) {
+            size_t n = c == 't' ? 4 : 5; /* a bool: its text as it is */
             m->kind = 'b';
-            if (flat_need(f, 4) < 0)
+            if (buf_need(&f->texts, n) < 0)
                 return -1;
-            memcpy(f->texts + f->tlen, "true", 4);
-            f->tlen += 4;
-            p += 4;
-        } else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
-            m->kind = 'b';
-            if (flat_need(f, 5) < 0)
-                return -1;
-            memcpy(f->texts + f->tlen, "false", 5);
-            f->tlen += 5;
-            p += 5;
+            memcpy(f->texts.p + f->texts.len, p, n);
+            f->texts.len += n;
+            p += n;
         } else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
             m->kind = 'n';
             m->null = 1;
@@ -279,7 +233,7 @@ flat_scan(Flat *f, const char *p, const char *e)
         } else {
             return 0; /* an array, an object: the slow way renders it */
         }
-        m->len = f->tlen - m->start;
+        m->len = f->texts.len - m->start;
         f->n++;
         p = ws(p, e);
         if (p < e && *p == ',') {
@@ -298,49 +252,38 @@ flat_scan(Flat *f, const char *p, const char *e)
  */
 static const char *skip_value(const char *p, const char *e, int depth);
 
-/* a string's end (p after its opening quote), NULL when not valid (as msgspec reads it) */
+/* after a member's name: past its colon, at its value (NULL: not JSON, or nothing follows) */
+static const char *
+colon(const char *p, const char *e)
+{
+    p = ws(p, e);
+    if (p >= e || *p++ != ':')
+        return NULL;
+    p = ws(p, e);
+    return p < e ? p : NULL;
+}
+
+/* after a value in an object or an array closed by ``close``: 1 another follows (*pp past
+ * the comma), 0 it closes (*pp past ``close``), -1 anything else */
+static int
+next_or_close(const char **pp, const char *e, char close)
+{
+    const char *p = ws(*pp, e);
+    if (p < e && (*p == ',' || *p == close)) {
+        *pp = p + 1;
+        return *p == ',';
+    }
+    return -1;
+}
+
+
+/* a string's end (p after its opening quote), NULL when not valid or not the plain case
+ * (string_text's rules: the record then goes to msgspec, which reads it or says why) */
 static const char *
 skip_string(const char *p, const char *e)
 {
-    while (p < e) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"')
-            return p + 1;
-        if (c < 0x20)
-            return NULL;
-        if (c == '\\') {
-            if (p + 1 >= e)
-                return NULL;
-            char x = p[1];
-            if (x == 'u') {
-                unsigned cp;
-                if (p + 6 > e || hex4(p + 2, &cp) < 0)
-                    return NULL;
-                p += 6;
-            } else if (strchr("\"\\/bfnrt", x) && x) {
-                p += 2;
-            } else {
-                return NULL;
-            }
-            continue;
-        }
-        if (c >= 0x80) {
-            int n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
-            if (!n || c > 0xF4 || p + n > e)
-                return NULL;
-            for (int i = 1; i < n; i++)
-                if (((unsigned char)p[i] & 0xC0) != 0x80)
-                    return NULL;
-            unsigned char c1 = (unsigned char)p[1];
-            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) ||
-                (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
-                return NULL;
-            p += n;
-            continue;
-        }
-        p++;
-    }
-    return NULL;
+    const char *end = string_text(NULL, p, e);
+    return end == (const char *)1 ? NULL : end;
 }
 
 static const char *
@@ -398,22 +341,17 @@ skip_value(const char *p, const char *e, int depth)
         for (;;) {
             if (c == '{') {
                 p = ws(p, e);
-                if (p >= e || *p != '"' || (p = skip_string(p + 1, e)) == NULL)
-                    return NULL;
-                p = ws(p, e);
-                if (p >= e || *p++ != ':')
+                if (p >= e || *p != '"' || (p = skip_string(p + 1, e)) == NULL ||
+                    (p = colon(p, e)) == NULL)
                     return NULL;
             }
             if ((p = skip_value(p, e, depth + 1)) == NULL)
                 return NULL;
-            p = ws(p, e);
-            if (p < e && *p == ',') {
-                p++;
-                continue;
-            }
-            if (p < e && *p == close)
-                return p + 1;
-            return NULL;
+            int more = next_or_close(&p, e, close);
+            if (more < 0)
+                return NULL;
+            if (!more)
+                return p;
         }
     }
     return NULL;
@@ -484,13 +422,7 @@ envelope_scan(const char *p, const char *e, Envelope *env)
         size_t len;
         int bit = 0;
         p = ws(p, e);
-        if ((p = plain_name(p, e, &name, &len)) == NULL)
-            return 0;
-        p = ws(p, e);
-        if (p >= e || *p++ != ':')
-            return 0;
-        p = ws(p, e);
-        if (p >= e)
+        if ((p = plain_name(p, e, &name, &len)) == NULL || (p = colon(p, e)) == NULL)
             return 0;
         if (is_name(name, len, "op")) {
             bit = 1;
@@ -525,12 +457,8 @@ envelope_scan(const char *p, const char *e, Envelope *env)
                     const char *sn;
                     size_t sl;
                     p = ws(p, e);
-                    if ((p = plain_name(p, e, &sn, &sl)) == NULL)
+                    if ((p = plain_name(p, e, &sn, &sl)) == NULL || (p = colon(p, e)) == NULL)
                         return 0;
-                    p = ws(p, e);
-                    if (p >= e || *p++ != ':')
-                        return 0;
-                    p = ws(p, e);
                     int sb = is_name(sn, sl, "commit_lsn") ? 1 : is_name(sn, sl, "seq") ? 2 : 0;
                     if (sb) {
                         if (got & sb)
@@ -540,18 +468,11 @@ envelope_scan(const char *p, const char *e, Envelope *env)
                     } else {
                         p = skip_value(p, e, 1);
                     }
-                    if (p == NULL)
+                    int more = p == NULL ? -1 : next_or_close(&p, e, '}');
+                    if (more < 0)
                         return 0;
-                    p = ws(p, e);
-                    if (p < e && *p == ',') {
-                        p++;
-                        continue;
-                    }
-                    if (p < e && *p == '}') {
-                        p++;
+                    if (!more)
                         break;
-                    }
-                    return 0;
                 }
             }
         } else if (is_name(name, len, "unchanged_toast")) {
@@ -571,16 +492,13 @@ envelope_scan(const char *p, const char *e, Envelope *env)
         if (seen & bit)
             return 0;
         seen |= bit;
-        p = ws(p, e);
-        if (p < e && *p == ',') {
-            p++;
-            continue;
-        }
-        if (p < e && *p == '}')
+        int more = next_or_close(&p, e, '}');
+        if (more < 0)
+            return 0;
+        if (!more)
             break;
-        return 0;
     }
-    if (ws(p + 1, e) != e)
+    if (ws(p, e) != e)
         return 0;
     return (env->op == 'c' || env->op == 'r' || env->op == 'u') && env->after != NULL &&
            env->has_source;
