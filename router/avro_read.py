@@ -32,7 +32,7 @@ from decimal import Decimal
 import msgspec
 
 from .avro import COLUMN_PROP, MAGIC, split_header
-from .connect_format import EXACT
+from .connect_values import EXACT
 from .errors import DecodeError
 from .pg_time import date_text, timestamp_text
 

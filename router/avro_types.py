@@ -14,17 +14,15 @@ converted at all raises (``ValueError`` & co., turned into
 from __future__ import annotations
 
 import struct
-from decimal import Decimal, InvalidOperation
 
 import msgspec
 
-from .connect_format import EXACT, PLACEHOLDER, _micro_time, array_values
-from .pg_time import INT32, INT64, days, fits, micros
+from . import connect_values as values
+from .connect_values import PLACEHOLDER, array_values, micro_time, milli_time
 from .schema import ColumnSchema, element_modifiers
 
 _pack_float = struct.Struct("<f").pack
 _pack_double = struct.Struct("<d").pack
-_NONFINITE = frozenset({"NaN", "Infinity", "-Infinity"})
 
 
 # -- Avro binary encoding -------------------------------------------------------------------
@@ -86,9 +84,7 @@ def _int(v):
 
 
 def _float(v):
-    if isinstance(v, str):
-        return None if v in _NONFINITE else float(v)
-    return float(v)
+    return values.float_text(v) if isinstance(v, str) else float(v)
 
 
 def _bool(v):
@@ -99,58 +95,17 @@ def _text(v):
     return v if isinstance(v, str) else msgspec.json.encode(v).decode()
 
 
-def _bytea(v: str) -> bytes:
-    # text form of bytea is \x + hex (bytea_output = hex, the default)
-    return bytes.fromhex(v[2:]) if v.startswith("\\x") else v.encode()
-
-
-def _unscaled(v: str, scale: int) -> bytes | None:
-    try:
-        d = Decimal(v)
-    except InvalidOperation:
-        return None
-    if not d.is_finite():
-        return None
-    n = int(d.scaleb(scale, EXACT).to_integral_value(context=EXACT))
-    return n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)
-
-
 def _decimal(scale: int):
-    return lambda v: _unscaled(v if isinstance(v, str) else str(v), scale)
+    return lambda v: values.unscaled(v if isinstance(v, str) else str(v), scale)
 
 
 def _variable_decimal(v):
-    v = v if isinstance(v, str) else str(v)
-    try:
-        d = Decimal(v)
-    except InvalidOperation:
-        return None
-    if not d.is_finite():
-        return None
-    scale = max(0, -d.as_tuple().exponent)
-    return (scale, _unscaled(v, scale))
+    return values.variable_decimal(v if isinstance(v, str) else str(v))
 
 
-def _date(v: str):
-    return fits(days(v), INT32)  # every finite date PostgreSQL holds fits
-
-
-def _timestamp(utc: bool, millis: bool):
-    """µs (ms) since the epoch: a timestamp as its wall time reads, a timestamptz at UTC;
-    None for ±infinity and past Avro's long (µs from 294247 AD on)."""
-    def convert(v: str):
-        m = micros(v, utc)
-        return None if m is None else fits(m // 1000 if millis else m, INT64)
-    return convert
-
-
-_local_micros, _local_millis = _timestamp(False, False), _timestamp(False, True)
-_utc_micros, _utc_millis = _timestamp(True, False), _timestamp(True, True)
-
-
-def _time_millis(v: str):
-    m = _micro_time(v)
-    return None if m is None else m // 1000
+_bytea, _date = values.bytea, values.date
+_local_micros, _local_millis = values.timestamp(False, False), values.timestamp(False, True)
+_utc_micros, _utc_millis = values.timestamp(True, False), values.timestamp(True, True)
 
 
 _INT = {"int2": ("int", "int16"), "int4": ("int", None), "int8": ("long", None),
@@ -246,10 +201,10 @@ def _column_type(type_name: str, precision: int | None, scale: int | None,
     if type_name == "time":
         if precision is not None and precision <= 3:
             return _Type({"type": "int", "logicalType": "time-millis", "connect.version": 1,
-                          "connect.name": _CONNECT_LOGICAL["time-millis"]}, _time_millis,
+                          "connect.name": _CONNECT_LOGICAL["time-millis"]}, milli_time,
                          _long, native=_native("time_millis"))
         return _Type({"type": "long", "logicalType": "time-micros", "connect.version": 1,
-                      "connect.name": "io.debezium.time.MicroTime"}, _micro_time, _long,
+                      "connect.name": "io.debezium.time.MicroTime"}, micro_time, _long,
                      native=_native("time_micros"))
     if type_name == "uuid":
         return _Type({"type": "string", "logicalType": "uuid", "connect.version": 1,

@@ -33,23 +33,18 @@ Rules:
 from __future__ import annotations
 
 import base64
-import datetime as dt
-from decimal import Context, Decimal, InvalidOperation
 
 import msgspec
 
+from . import connect_values as values
+from .connect_values import PLACEHOLDER, array_values, micro_time, milli_time
 from .errors import InternalError, RecordUnencodable
-from .pg_arrays import array_items
-from .pg_time import INT32, INT64, days, fits, iso_utc, micros
+from .pg_time import iso_utc, micros
 from .schema import ColumnSchema, TableSchema, element_modifiers
 from .tombstones import Preceding
 
-PLACEHOLDER = "__debezium_unavailable_value"
 _decode = msgspec.json.decode
 _encode = msgspec.json.Encoder(decimal_format="number").encode
-#: exact for every numeric PostgreSQL holds (131072 digits before the point, 16383 after);
-#: Python's default context rounds to 28 digits
-EXACT = Context(prec=1_000_000, Emax=999_999_999, Emin=-999_999_999)
 
 
 def unencodable(table: str, col: ColumnSchema, value, what: str, whose: str) -> str:
@@ -64,49 +59,29 @@ def unencodable(table: str, col: ColumnSchema, value, what: str, whose: str) -> 
 
 # -- value conversions (PostgreSQL text form or JSON value → Connect payload) ---------------
 
-def _unscaled(value: str, scale: int) -> str | None:
-    try:
-        d = Decimal(value)
-    except InvalidOperation:
-        return None
-    if not d.is_finite():
-        return None  # Connect's Decimal has no NaN/Infinity
-    n = int(d.scaleb(scale, EXACT).to_integral_value(context=EXACT))
-    raw = n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)
+def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
 
 def _decimal(scale: int):
-    return lambda v: _unscaled(v, scale)
+    def convert(v: str) -> str | None:
+        raw = values.unscaled(v, scale)
+        return None if raw is None else _b64(raw)
+    return convert
 
 
 def _variable_decimal(v: str):
-    try:
-        d = Decimal(v)
-    except InvalidOperation:
-        return None
-    if not d.is_finite():
-        return None
-    scale = max(0, -d.as_tuple().exponent)
-    return {"scale": scale, "value": _unscaled(v, scale)}
+    vsd = values.variable_decimal(v)
+    return None if vsd is None else {"scale": vsd[0], "value": _b64(vsd[1])}
 
 
 def _bytes(v: str):
-    # text form of bytea is \x + hex (bytea_output = hex, the default)
-    return base64.b64encode(bytes.fromhex(v[2:]) if v.startswith("\\x") else v.encode()).decode()
+    return _b64(values.bytea(v))
 
 
-def _date(v: str):
-    return fits(days(v), INT32)
-
-
-def _micro_timestamp(v: str):
-    return fits(micros(v, False), INT64)
-
-
-def _milli_timestamp(v: str):
-    m = micros(v, False)
-    return None if m is None else fits(m // 1000, INT64)
+_date = values.date
+_micro_timestamp = values.timestamp(False, False)
+_milli_timestamp = values.timestamp(False, True)
 
 
 def _zoned_timestamp(v: str):
@@ -115,24 +90,9 @@ def _zoned_timestamp(v: str):
     return None if m is None else iso_utc(m)
 
 
-def _micro_time(v: str):
-    if v.startswith("24:"):
-        return 86_400_000_000
-    try:
-        t = dt.time.fromisoformat(v)
-    except ValueError:
-        return None
-    return ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond
-
-
-def _milli_time(v: str):
-    micros = _micro_time(v)
-    return None if micros is None else micros // 1000
-
-
 def _number(v):
     # "NaN"/"Infinity" are not JSON numbers; a domain's value arrives as its text
-    return v if not isinstance(v, str) else _float_text(v)
+    return v if not isinstance(v, str) else values.float_text(v)
 
 
 def _same(v):
@@ -147,33 +107,8 @@ def _boolean(v):
     return v == "t" if isinstance(v, str) else v
 
 
-def _float_text(v: str):
-    return None if v in ("NaN", "Infinity", "-Infinity") else float(v)
-
-
-_FROM_TEXT = {"int16": int, "int32": int, "int64": int, "float": _float_text,
-              "double": _float_text, "boolean": lambda v: v == "t"}
-
-
-def array_values(text: str, conv, nested_ok: bool) -> list:
-    """The elements of a one-dimensional array literal, each converted by ``conv`` (None
-    stays None); an inner array raises ``ValueError`` unless ``nested_ok`` (then it is
-    converted from its literal text)."""
-    out = []
-    for e in parse_array(text):
-        if e is None:
-            out.append(None)
-        elif e[:1] == "{" and not nested_ok:
-            raise ValueError("multi-dimensional array")
-        else:
-            out.append(conv(e))
-    return out
-
-
-def parse_array(text: str) -> list[str | None]:
-    """The elements of a one-dimensional PostgreSQL array literal (``{1,"a b",NULL}``);
-    nested arrays are returned as their literal text."""
-    return array_items(text, nested=True)
+_FROM_TEXT = {"int16": int, "int32": int, "int64": int, "float": values.float_text,
+              "double": values.float_text, "boolean": lambda v: v == "t"}
 
 
 _INT = {"int2": "int16", "int4": "int32", "int8": "int64", "oid": "int64"}
@@ -217,9 +152,9 @@ def _column_type(type_name: str, precision: int | None, scale: int | None):
                 _zoned_timestamp)
     if type_name == "time":
         if precision is not None and precision <= 3:
-            return {"type": "int32", "name": "io.debezium.time.Time", "version": 1}, _milli_time
+            return {"type": "int32", "name": "io.debezium.time.Time", "version": 1}, milli_time
         return ({"type": "int64", "name": "io.debezium.time.MicroTime", "version": 1},
-                _micro_time)
+                micro_time)
     if type_name in _NAMED:
         return {"type": "string", "name": _NAMED[type_name], "version": 1}, _same
     return {"type": "string"}, _same  # text-like, enums, domains, everything else

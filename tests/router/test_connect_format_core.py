@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from router.connect_format import ConnectFormat, parse_array
+from router.connect_format import ConnectFormat
+from router.connect_values import parse_array
 from router.errors import InternalError, RecordUnencodable
 from router.schema import ColumnSchema, TableSchema, column_schema
 
