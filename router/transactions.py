@@ -23,9 +23,9 @@ Rules:
   With ``emit_prepared_at="prepare"`` the transaction is released at Prepare instead and the
   outcome follows as a ``PreparedOutcome``. In commit mode a consumer must not confirm an LSN
   past a held prepare (``pending_prepared``): the server would not send its changes again.
-* Memory: buffered changes are estimated in bytes; beyond ``memory_limit`` the largest
-  buffers are written to a temporary file (msgpack, in ``spill_dir``) and read back when the
-  transaction's ``changes`` are iterated. This is the one place the core touches a file.
+* Memory: buffered changes (a streamed transaction's rows as they came: ``router.changes``)
+  are estimated in bytes; beyond ``memory_limit`` the largest buffers go to a temporary file
+  (in ``spill_dir``), read back when the transaction's ``changes`` are iterated.
 * Anything out of order (a change outside a transaction, Commit without Begin, nested Begin,
   a Stream Commit for an unknown xid, …) raises ``ProtocolViolation``.
 """
@@ -148,13 +148,13 @@ class TransactionAssembler:
         """``feed`` for a list of ``(lsn, payload)``: every payload decoded with ``decode``
         (``Decoder.decode``), the released events of the whole batch in order.
 
-        Row changes inside Begin … Commit (the bulk of any stream) take a short path with
-        the same outcome as ``feed``: the Change goes straight into the open buffer, its
-        memory estimated from the message size, the limit checked per change. Runs of them
-        go through ``router._native.feed_rows`` when the decoder allows it
-        (``Decoder.row_decoder``: not in a stream block), asked again after every other
-        message, as only those change the decoder's state. Between transactions, complete
-        short ones are taken whole (``router.short_transactions``)."""
+        Row changes inside Begin … Commit take a short path with the same outcome as
+        ``feed``: the Change goes straight into the open buffer, estimated from the message
+        size, the limit checked per change; runs of them through ``router._native.feed_rows``
+        when the decoder allows it (``Decoder.row_decoder``, asked again after every other
+        message). Between transactions short ones are taken whole
+        (``router.short_transactions``); in a stream block rows are kept undecoded
+        (``router.changes.take_raw``)."""
         events: list = []
         limit = self.memory_limit
         row_decoder = getattr(getattr(decode, "__self__", None), "row_decoder", None)
@@ -169,6 +169,7 @@ class TransactionAssembler:
                 if j > i:
                     i = j
                     continue
+            j = i
             if buf is not None:
                 if feed_rows is not None:
                     j, size, count = feed_rows(messages, i, buf.changes, by_id,
@@ -176,25 +177,18 @@ class TransactionAssembler:
                                                limit - self._memory)
                 else:
                     j, size, count = feed_row(buf, messages, i, decode, self)
-                if j > i:
-                    buf.memory += size
-                    buf.count += count
-                    self._memory += size
-                    if self._memory > limit:
-                        self._spill()
-                    i = j
-                    continue
             elif self._stream_xid is not None:  # streamed rows kept as they came
                 buf = self._streams[self._stream_xid]
                 j, size = take_raw(messages, i, buf.raw, limit - self._memory)
-                if j > i:
-                    buf.memory += size
-                    buf.count += j - i
-                    self._memory += size
-                    if self._memory > limit:
-                        self._spill()
-                    i = j
-                    continue
+                count = j - i
+            if j > i:
+                buf.memory += size
+                buf.count += count
+                self._memory += size
+                if self._memory > limit:
+                    self._spill()
+                i = j
+                continue
             lsn, payload = messages[i]
             i += 1
             released = self.feed(lsn, decode(payload))
@@ -216,8 +210,7 @@ class TransactionAssembler:
 
     def _add(self, what: str, change: Change, subxid: int | None) -> list:
         buf, default_subxid = self._target(what)
-        if buf.raw:  # the rows before it decoded first, to keep the order
-            self._memory += buf.materialize(self.relations.by_id)
+        self._memory += buf.materialize(self.relations.by_id)  # raw rows first: the order
         size = change_size(change)
         buf.add(change, default_subxid if subxid is None else subxid, size)
         self._memory += size
@@ -240,9 +233,8 @@ class TransactionAssembler:
         buf.memory = 0
 
     def _on_catalog(self, lsn: int, msg) -> list:
-        for buf in (*self._streams.values(), *self._prepared.values()):
-            if buf.raw:  # decoded with the relations in effect when they were sent
-                self._memory += buf.materialize(self.relations.by_id)
+        for buf in (*self._streams.values(), *self._prepared.values()):  # raw rows decoded
+            self._memory += buf.materialize(self.relations.by_id)  # with the relations sent
         self.relations.apply(msg)
         return []
 
@@ -295,7 +287,6 @@ class TransactionAssembler:
                            buf.streamed, prepared)
 
     # streaming (v2)
-
     def _on_stream_start(self, lsn: int, msg: m.StreamStart) -> list:
         self._check_idle("Stream Start")
         known = msg.xid in self._streams
@@ -341,7 +332,6 @@ class TransactionAssembler:
         return []
 
     # two-phase (v3)
-
     def _on_begin_prepare(self, lsn: int, msg: m.BeginPrepare) -> list:
         self._check_idle("Begin Prepare")
         self._current = ChangeBuffer(msg.xid, msg.prepare_lsn, gid=msg.gid)
