@@ -7,7 +7,8 @@
  *   short.c     take_short (a whole short transaction in one step)
  *   json.h      the output buffer and msgspec's JSON writing
  *   codec.c     the router side: RowCodec (row, key and change JSON)
- *   recorder.c  Recorder (one route's records of a transaction; rebind) and record_run
+ *   recorder.c  Recorder (one route's records of a transaction; rebind), OutboxRecorder (an
+ *               outbox route's events) and record_run
  *   tx.c        tx_bits (the source fields every record of a transaction shares)
  *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
  *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
