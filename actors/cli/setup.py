@@ -18,7 +18,7 @@ import trio_asyncio
 from router.errors import ConfigError, SourceError
 from router.signals import SETUP_SQL as SIGNALS_SQL
 
-from ..services import publication_trigger as trigger
+from ..services import publication_trigger as trigger, slots
 from ..services.retry import primary
 from ..services.sql import SqlSession
 from .config_file import load
@@ -54,11 +54,8 @@ async def _statements(cfg, uninstall: bool) -> list[str]:
         for stmt in SIGNALS_SQL:
             await sql.execute(stmt)
         done.append("signal table pgrouter.signals ready (an insert asks for a backfill)")
-        exists = await sql.fetchval("select count(*) from pg_replication_slots "
-                                    "where slot_name = $1", src.slot)
-        if not exists and src.create_slot:
-            await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', "
-                            "false, $2)", src.slot, src.two_phase)
+        if src.create_slot and not await slots.exists(sql, src.slot):
+            await slots.create(sql, src.slot, src.two_phase)
             done.append(f"replication slot {src.slot} created")
         lsn = await trigger.emit_baseline(sql)
         done.append(f"baseline definitions message at {lsn}")

@@ -37,6 +37,7 @@ from ..kafka.registry import decoder_for
 from ..kafka.survey import survey
 from ..services.preflight import probe_kafka
 from ..snapshot import signals
+from ..services import slots
 from ..services.sql import SqlSession
 from .config_file import load
 
@@ -50,8 +51,7 @@ async def slot_status(cfg: Config) -> dict:
     async with await SqlSession.connect(cfg.source.dsn) as sql:
         sample = await sample_slot(sql, slot)
         version = await sql.fetchval("select current_setting('server_version')")
-        pid = await sql.fetchval("select active_pid from pg_replication_slots "
-                                 "where slot_name = $1", slot)
+        pid = await slots.active_pid(sql, slot)
     out: dict = {"name": slot, "exists": sample is not None, "server_version": version}
     if sample is not None:
         out.update(active=sample.active, active_pid=pid,

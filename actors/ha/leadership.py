@@ -45,7 +45,7 @@ from router.errors import ConfigError, LeadershipLost, PgRouterError, SlotInUse
 from router.exactly_once import ProducerFenced
 from router.ha import Lease, control_topic, group_id, lease_seconds
 
-from ..services import log
+from ..services import log, slots
 from ..services.sql import SqlSession
 
 _log = log.get("ha")
@@ -56,9 +56,6 @@ LEAVE_TIMEOUT = 15.0  # seconds leaving the group may take at the end
 RETRY = 2.0  # seconds before the group consumer is made again after a failure
 FENCE_AGAIN = 1.0  # seconds between terminates of a walsender that still holds the slot
 FENCE_LOG = 10.0  # seconds between the lines of a fence that goes on
-ACTIVE_PID = "select active_pid from pg_replication_slots where slot_name = $1"
-TERMINATE = ("select pg_terminate_backend(active_pid) from pg_replication_slots "
-             "where slot_name = $1 and active_pid = $2")
 
 
 def _now() -> float:
@@ -304,14 +301,14 @@ class Leadership:
         start = trio.current_time()
         try:
             async with await SqlSession.connect(src.dsn) as sql:
-                holder = await sql.fetchval(ACTIVE_PID, src.slot)
+                holder = await slots.active_pid(sql, src.slot)
                 if holder is None:
                     return
                 log.event(_log, "the slot is still held by another process: fencing it",
                           slot=src.slot, active_pid=holder, fence_delay_s=delay)
                 while trio.current_time() - start < delay:
                     await trio.sleep(FENCE_POLL)
-                    if await sql.fetchval(ACTIVE_PID, src.slot) != holder:
+                    if await slots.active_pid(sql, src.slot) != holder:
                         return
                 await self._terminate(sql, holder)
         except PgRouterError as exc:  # the pipeline's own wait for the slot reports it
@@ -324,7 +321,7 @@ class Leadership:
         """``pg_terminate_backend`` of ``holder`` every ``FENCE_AGAIN`` seconds until it no
         longer holds the slot."""
         slot, times, said = self.cfg.source.slot, 0, trio.current_time()
-        while await sql.fetchval(TERMINATE, slot, holder):
+        while await slots.terminate(sql, slot, holder):
             times += 1
             if times == 1:
                 log.event(_log, "terminated the previous holder's walsender", slot=slot,

@@ -26,18 +26,12 @@ from router.errors import SlotInvalidated, SourceError
 from router.lsn import format_lsn, parse_lsn
 
 from ..services import log
+from ..services import slots
 from ..services.sql import SqlSession
 
 _log = log.get("slot_monitor")
 WARN_EVERY = 60.0
 
-SLOT_SAMPLE = """
-select (case when pg_is_in_recovery() then pg_last_wal_replay_lsn()
-             else pg_current_wal_lsn() end)::text as current,
-       confirmed_flush_lsn::text as confirmed, restart_lsn::text as restart,
-       wal_status, safe_wal_size, active
-from pg_replication_slots where slot_name = $1
-"""
 
 
 class SlotSample(msgspec.Struct, frozen=True):
@@ -58,10 +52,9 @@ class SlotSample(msgspec.Struct, frozen=True):
 
 
 async def sample_slot(sql: SqlSession, slot: str) -> SlotSample | None:
-    rows = await sql.fetch(SLOT_SAMPLE, slot)
-    if not rows:
+    r = await slots.sample(sql, slot)
+    if r is None:
         return None
-    r = rows[0]
     return SlotSample(current=parse_lsn(r["current"]),
                       confirmed=parse_lsn(r["confirmed"]) if r["confirmed"] else 0,
                       restart=parse_lsn(r["restart"]) if r["restart"] else None,

@@ -18,6 +18,7 @@ import trio
 from router.errors import Aborted
 
 from ..services import log
+from ..services import slots
 from ..services.retry import only_cancelled
 from ..services.sql import SqlSession
 
@@ -39,11 +40,8 @@ class SlotOwner:
             scope.shield = True
             try:
                 async with await SqlSession.connect(self.dsn) as sql:
-                    while await sql.fetchval("select active from pg_replication_slots "
-                                             "where slot_name = $1", self.slot):
-                        await trio.sleep(0.2)  # the failed walsender is still exiting
-                    await sql.execute("select pg_drop_replication_slot(slot_name) from "
-                                      "pg_replication_slots where slot_name = $1", self.slot)
+                    # the failed walsender may still be exiting
+                    await slots.drop_when_inactive(sql, self.slot, lambda: trio.sleep(0.2))
                 log.event(_log, "dropped the replication slot this run created", slot=self.slot)
                 self.created = False
             except Exception as exc:  # noqa: BLE001 — best effort: the failure that brought

@@ -1,5 +1,17 @@
-"""The source as ``pgrouter run`` starts on it: the server checked, the slot found or
-created, and what the pipeline needs to know of both (``ServerInfo``)."""
+"""The source as ``pgrouter run`` starts on it (``Source``): its DSN, its slot's name, the
+slot found or created, and the server's facts (``ServerInfo``, read anew at each start),
+handed to whatever needs the slot — the slot's owner and gate, the initial snapshot, the
+pipeline's wiring.
+
+Rules:
+
+* Every look at the slot and every way of making one goes through ``actors.services.slots``
+  (the one place that queries ``pg_replication_slots``); ``Source`` is what ``pgrouter run``
+  holds of it: the slot's name is read from the config once, by the supervisor.
+* ``prepare`` finds the slot (waiting up to ``SLOT_BUSY_WAIT`` for a consumer to let go) or
+  creates a plain one; an initial snapshot's slot is created before, exported
+  (``export``); verify's is temporary (``actors.verify.point``), never this one.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +20,7 @@ import time
 
 import trio
 
-from router.config import Config
+from router.config import Config, SourceConfig
 from router.errors import ConfigError, LeadershipLost, SlotInUse, SlotMissing, SourceError
 from router.exactly_once import Stream
 from router.lsn import parse_lsn
@@ -16,8 +28,7 @@ from router.publications import Catalog
 from router.routing import RouteSpec
 from router.server_features import ServerFeatures
 
-from ..services import failover, log
-from ..snapshot.exported import copy_name
+from ..services import failover, log, slots
 from ..services.catalog import build_route_specs, load_primary_keys
 from ..services.sql import SqlSession
 
@@ -29,6 +40,8 @@ HELD_LOG = 10.0
 
 
 class ServerInfo:
+    """The server and the slot as one start found them."""
+
     def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
                  primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
                  created_slot: bool = False):
@@ -50,13 +63,6 @@ def max_proto_version(server_version: int) -> int:
     return ServerFeatures(server_version).max_proto_version
 
 
-async def identity(sql: SqlSession, slot: str) -> Stream:
-    """The stream a slot of this server carries (what exactly-once progress belongs to)."""
-    system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
-    db = await sql.fetchval("select current_database()")
-    return Stream(system_id=system_id, db=db, slot=slot)
-
-
 def wal_end_reader(sql: SqlSession):
     """The server's WAL end, read when called from a worker thread of this trio run. The
     exactly-once client reads it *after* the committed progress: a router still committing
@@ -66,31 +72,6 @@ def wal_end_reader(sql: SqlSession):
         return parse_lsn(await sql.fetchval(failover.WAL_END))
 
     return lambda: trio.from_thread.run(read)
-
-
-async def wait_slot_free(sql: SqlSession, slot: str) -> None:
-    """Until no consumer streams ``slot`` and no router copies its initial snapshot (up to
-    ``SLOT_BUSY_WAIT``), else ``SlotInUse``. With exactly-once and no [ha] the transactional
-    id is registered only after this: a second router on a busy slot waits for it and never
-    fences the router streaming it. A slot being copied is not streamed yet (it shows as
-    free): the copying router's connection is found by its name (``copy_name``)."""
-    deadline = time.monotonic() + SLOT_BUSY_WAIT
-    waiting = False
-    while True:
-        pid = await sql.fetchval(
-            "select coalesce((select active_pid from pg_replication_slots where slot_name = $1"
-            " and active), (select pid from pg_stat_activity where application_name = $2"
-            " limit 1))", slot, copy_name(slot))
-        if pid is None:
-            return
-        if time.monotonic() > deadline:
-            raise SlotInUse(f"replication slot {slot!r} is in use by process {pid}; stop "
-                            "that consumer first")
-        if not waiting:
-            waiting = True
-            log.event(_log, "waiting for the slot: another consumer streams it", slot=slot,
-                      active_pid=pid, wait_s=SLOT_BUSY_WAIT)
-        await trio.sleep(0.2)
 
 
 class SlotGate:
@@ -147,51 +128,110 @@ class SlotGate:
                 await session.close()
 
 
-async def prepare_source(sql: SqlSession, cfg: Config, leading=None) -> ServerInfo:
-    """The server and the slot as the pipeline starts on them: the slot found (waiting up
-    to ``SLOT_BUSY_WAIT`` for a consumer to let go) or created, and checked. With ``[ha]``
-    (``leading``: ``Leadership.holds``) a leader waits as long as it leads: its fence ends the
-    previous holder's walsender (``actors.ha.leadership``), and giving up would leave nobody
-    streaming."""
-    src = cfg.source
-    # wal_level, the server's features, the publications and the protocol version were
-    # checked by ``preflight.startup_checks`` just before: each check is made once
-    version = int(await sql.fetchval("select current_setting('server_version_num')"))
-    deadline = time.monotonic() + SLOT_BUSY_WAIT
-    said = None  # when the wait was last logged
-    created = False
-    while True:
-        row = await sql.fetch("select plugin, active, active_pid, confirmed_flush_lsn::text as lsn,"
-                              " database from pg_replication_slots where slot_name = $1", src.slot)
-        if not row:
-            if not src.create_slot:
-                raise SlotMissing(f"replication slot {src.slot!r} does not exist (set "
-                                  "source.create_slot = true to create it)")
-            await failover.create_slot(sql, src)
-            log.event(_log, "replication slot created", slot=src.slot)
-            created = True
-            continue
-        slot = row[0]
-        if slot["plugin"] != "pgoutput":
-            raise ConfigError(f"slot {src.slot!r} uses plugin {slot['plugin']}, not pgoutput",
-                              path="source.slot")
+class Source:
+    """The source of one start: its DSN and slot (from ``[source]``, read once here), the
+    slot's queries and creation (``actors.services.slots``), and the server's facts once
+    ``prepare`` found the slot at a start (``server``). Made once by the supervisor, handed
+    down to the initial snapshot and the pipeline's wiring."""
+
+    def __init__(self, config: SourceConfig):
+        self.config = config
+        self.dsn = config.dsn
+        self.slot = config.slot
+        self._server: ServerInfo | None = None
+
+    @property
+    def server(self) -> ServerInfo:
+        """The server's facts as ``prepare`` found them at this start."""
+        if self._server is None:
+            raise RuntimeError("the source is not prepared yet (Source.prepare)")
+        return self._server
+
+    async def exists(self, sql: SqlSession) -> bool:
+        return await slots.exists(sql, self.slot)
+
+    async def identity(self, sql: SqlSession) -> Stream:
+        """The stream the slot of this server carries (what exactly-once progress belongs
+        to)."""
+        system_id = await sql.fetchval("select system_identifier::text from pg_control_system()")
         db = await sql.fetchval("select current_database()")
-        if slot["database"] != db:
-            raise ConfigError(f"slot {src.slot!r} belongs to database {slot['database']}, the "
-                              f"DSN connects to {db}", path="source.dsn")
-        if not slot["active"]:
-            await failover.check_slot(sql, src, version)
-            break
-        if leading is not None:
-            said = _still_held(src.slot, slot["active_pid"], leading, said)
-        elif time.monotonic() > deadline:
-            raise SlotInUse(f"replication slot {src.slot!r} is in use by process "
-                            f"{slot['active_pid']}; stop that consumer first")
-        await trio.sleep(0.2)  # a standby taking over waits here for its predecessor
-    proto = src.proto_version or max_proto_version(version)
-    pks = await load_primary_keys(sql)
-    return ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0, proto, pks,
-                      created)
+        return Stream(system_id=system_id, db=db, slot=self.slot)
+
+    async def wait_free(self, sql: SqlSession) -> None:
+        """Until no consumer streams the slot and no router copies its initial snapshot (up
+        to ``SLOT_BUSY_WAIT``), else ``SlotInUse``. With exactly-once and no [ha] the
+        transactional id is registered only after this: a second router on a busy slot waits
+        for it and never fences the router streaming it. A slot being copied is not streamed
+        yet (it shows as free): the copying router's connection is found by its name
+        (``slots.copy_name``)."""
+        deadline = time.monotonic() + SLOT_BUSY_WAIT
+        waiting = False
+        while (pid := await slots.busy_pid(sql, self.slot)) is not None:
+            if time.monotonic() > deadline:
+                raise SlotInUse(f"replication slot {self.slot!r} is in use by process {pid}; "
+                                "stop that consumer first")
+            if not waiting:
+                waiting = True
+                log.event(_log, "waiting for the slot: another consumer streams it",
+                          slot=self.slot, active_pid=pid, wait_s=SLOT_BUSY_WAIT)
+            await trio.sleep(0.2)
+
+    def export(self) -> slots.ExportedSlot:
+        """The slot created with an exported snapshot, for the initial snapshot (blocking: a
+        worker thread's)."""
+        src = self.config
+        return slots.ExportedSlot(self.dsn, self.slot, src.two_phase, src.failover)
+
+    async def prepare(self, sql: SqlSession, leading=None) -> ServerInfo:
+        """The server and the slot as the pipeline starts on them (``server``): the slot
+        found (waiting up to ``SLOT_BUSY_WAIT`` for a consumer to let go) or created, and
+        checked. With ``[ha]`` (``leading``: ``Leadership.holds``) a leader waits as long as
+        it leads: its fence ends the previous holder's walsender (``actors.ha.leadership``),
+        and giving up would leave nobody streaming."""
+        src = self.config
+        # wal_level, the server's features, the publications and the protocol version were
+        # checked by ``preflight.startup_checks`` just before: each check is made once
+        version = int(await sql.fetchval("select current_setting('server_version_num')"))
+        db = await sql.fetchval("select current_database()")
+        slot, created = await self._found(sql, version, db, leading)
+        proto = src.proto_version or max_proto_version(version)
+        pks = await load_primary_keys(sql)
+        self._server = ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0,
+                                  proto, pks, created)
+        return self._server
+
+    async def _found(self, sql: SqlSession, version: int, db: str, leading):
+        """The slot's row once it is free (created when missing and the config says so), and
+        whether this start created it."""
+        src, name = self.config, self.slot
+        deadline = time.monotonic() + SLOT_BUSY_WAIT
+        said = None  # when the wait was last logged
+        created = False
+        while True:
+            slot = await slots.row(sql, name)
+            if slot is None:
+                if not src.create_slot:
+                    raise SlotMissing(f"replication slot {name!r} does not exist (set "
+                                      "source.create_slot = true to create it)")
+                await slots.create(sql, name, src.two_phase, src.failover)
+                log.event(_log, "replication slot created", slot=name)
+                created = True
+                continue
+            if slot["plugin"] != "pgoutput":
+                raise ConfigError(f"slot {name!r} uses plugin {slot['plugin']}, not pgoutput",
+                                  path="source.slot")
+            if slot["database"] != db:
+                raise ConfigError(f"slot {name!r} belongs to database {slot['database']}, the "
+                                  f"DSN connects to {db}", path="source.dsn")
+            if not slot["active"]:
+                await failover.check_slot(sql, src, version)
+                return slot, created
+            if leading is not None:
+                said = _still_held(name, slot["active_pid"], leading, said)
+            elif time.monotonic() > deadline:
+                raise SlotInUse(f"replication slot {name!r} is in use by process "
+                                f"{slot['active_pid']}; stop that consumer first")
+            await trio.sleep(0.2)  # a standby taking over waits here for its predecessor
 
 
 def _still_held(slot: str, pid: int, leading, said: float | None) -> float:

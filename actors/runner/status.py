@@ -102,7 +102,7 @@ def run_status(sup) -> dict:
                        "bytes_per_s": round(rates.rate(r.name + "/bytes", size), 1),
                        "last_commit_time": _commit_time(m.route_commit.get(r.name)),
                        "dropped": int(dropped.get(r.name, 0))})
-    slot = {"name": cfg.source.slot, "active": None, "confirmed_lsn": None, "server_lsn": None,
+    slot = {"name": sup.source.slot, "active": None, "confirmed_lsn": None, "server_lsn": None,
             "lag_bytes": None,
             "retained_wal_bytes": None, "wal_status": None, "safe_wal_bytes": None,
             "sampled_at": None, **{k: v for k, v in m.slot.items() if k != "warning"},
@@ -110,7 +110,7 @@ def run_status(sup) -> dict:
             "history": m.lag_history.snapshot()}
     slot["lag_seconds"] = round(m.clock.lag_seconds(), 3)
     restarts = int(sum(_per_label(m.restarts, "kind").values()))
-    return {"schema": SCHEMA, "kind": "run", "version": __version__, "name": cfg.source.slot,
+    return {"schema": SCHEMA, "kind": "run", "version": __version__, "name": sup.source.slot,
             "now": time.time(),
             "state": board.state(sup.health, restarts),
             "slot": slot, "routes": routes, "jobs": board.jobs.snapshot(eta),

@@ -8,13 +8,15 @@ Start-up (``_run_once``, again after each restart):
    router before a slot or a topic is made (``actors.services.preflight``);
 2. exactly-once: without ``[ha]`` the slot's gate is held and the slot waited for, with
    ``[ha]`` only a leader goes on; the Kafka client is made;
-3. the slot is found or created (``runner.source``: pgoutput, not in use — a killed
-   predecessor's walsender is waited for briefly) and dropped again if the run fails before
-   streaming from it (``slot_owner.guarded``); one created for an initial snapshot exports
-   it (``actors.snapshot.initial``) and is kept: an interrupted snapshot ends by backfill;
+3. the ``Source`` (``runner.source``: the DSN, the slot, its queries and creation)
+   finds or creates the slot (pgoutput, not in use — a killed predecessor's walsender is
+   waited for briefly); it is dropped again if the run fails before streaming from it
+   (``slot_owner.guarded``); one created for an initial snapshot exports it
+   (``actors.snapshot.initial``) and is kept: an interrupted snapshot ends by backfill;
 4. publication mode, catalog, the "starting" line (``--until-caught-up`` may stop here);
-5. ``wiring.build`` makes the pipeline; the initial snapshot runs first, into its sink, and
-   the slot reader starts once Kafka holds it.
+5. ``wiring.build`` makes the pipeline on that ``Source``; ``coordinator.run`` runs it: the
+   initial snapshot first, into its sink (returning its ``SnapshotResult``), and the slot
+   reader once Kafka holds it.
 
 Rules:
 
@@ -51,13 +53,10 @@ from router.lsn import format_lsn, parse_lsn
 from router.origins import rules_from_config
 from router.publications import Catalog
 
-from ..services import log, preflight as checks
-from ..snapshot.backfill import finish_initial
+from ..services import failover, log, preflight as checks, publication_mode
 from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted
 from ..services.catalog import load_catalog, needs_catalog, route_problems
-from ..services import failover, publication_mode
 from ..pipeline import definitions_state
-from ..pipeline.delivery_watch import DeliveryWatch
 from ..pipeline.mailbox import Latest
 from ..console.board import Rates
 from ..console.web import Console
@@ -70,10 +69,8 @@ from ..services.retry import only_cancelled, primary, run_with_retries
 from ..pipeline.transactional_sink import client_for
 from ..pipeline.slot_monitor import refuse_invalidated, sample_slot
 from ..pipeline.slot_owner import SlotOwner, guarded
-from ..pipeline.slot_reader import SlotReader
-from . import wiring
-from .source import (ServerInfo, SlotGate, identity, prepare_source, route_specs,
-                     wait_slot_free, wal_end_reader)
+from . import coordinator, wiring
+from .source import SlotGate, Source, route_specs, wal_end_reader
 from .status import backfill_action, describe_routes, listening, run_status
 
 _log = log.get("supervisor")
@@ -85,7 +82,10 @@ class Supervisor:
         self.cfg = cfg
         self.until_caught_up = until_caught_up
         self.retry_timeout = retry_timeout
-        self.slot_owner = SlotOwner(cfg.source.dsn, cfg.source.slot)
+        #: the source and its slot, read from the config once; its server facts anew at
+        #: each start (``Source.prepare``)
+        self.source = Source(cfg.source)
+        self.slot_owner = SlotOwner(self.source.dsn, self.source.slot)
         self.aborted = False
         self._warned = False  # the preflight's warnings are logged once
         self.client_factory = client_factory or client_for
@@ -102,7 +102,7 @@ class Supervisor:
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
         #: exactly-once without [ha]: held from before the transactional id is registered
-        self.gate = (SlotGate(cfg.source.dsn, cfg.source.slot)
+        self.gate = (SlotGate(self.source.dsn, self.source.slot)
                      if cfg.kafka.exactly_once and self.leadership is None else None)
         #: "wal"/"poll"/None (``publication_mode.mode``); with "wal" the routers' definitions
         self.publication_mode: str | None = None
@@ -163,62 +163,19 @@ class Supervisor:
                 await self.gate.release()
 
     async def _run_once(self) -> None:
-        cfg = self.cfg
-        src = cfg.source
-        async with await SqlSession.connect(src.dsn) as sql:
-            await failover.check_resume(sql, src, self._flush and self._flush.value)
-            # before the slot is made: what `pgrouter check` finds wrong stops the router here
-            await checks.startup_checks(sql, cfg, log_warnings=not self._warned)
-            self._warned = True
-            # a slot the router creates starts with a copy of the tables ([snapshot] mode)
-            snapshot_wanted = await InitialSnapshot.wanted(sql, cfg)
-            # the stream its exactly-once progress belongs to
-            stream = await identity(sql, src.slot)
-            if self.gate is not None:
-                # registering the transactional id fences the router streaming the slot:
-                # without [ha] to say who leads, a second router waits for the slot instead
-                await self.gate.hold()
-                await wait_slot_free(sql, src.slot)
-            if self.leadership is not None and not self.leadership.holds():
-                # with [ha] the producer registers the group's transactional id, which
-                # fences whoever leads now: only a leader may make it
-                raise LeadershipLost("leadership lost: no Kafka producer is made")
-            client = await trio.to_thread.run_sync(
-                functools.partial(self.client_factory, cfg, stream, wal_end_reader(sql)))
+        source = self.source
+        snapshot_wanted, client = await self._client(source)
         snapshot = None
         try:
             if snapshot_wanted:
-                snapshot = InitialSnapshot(cfg, client)
+                snapshot = InitialSnapshot(self.cfg, client, source)
                 await snapshot.create_slot()
                 self.snapshot_pending = []
             else:
-                self.snapshot_pending = await snapshot_interrupted(cfg, client)
-            async with await SqlSession.connect(src.dsn) as sql:
-                info = await prepare_source(sql, cfg, self._holds())
-                self.slot_owner.created |= info.created_slot
-                refuse_invalidated(src.slot, await sample_slot(sql, src.slot))
-                self.publication_mode = await publication_mode.mode(sql, cfg)
-                if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
-                    self.catalog = await load_catalog(sql, cfg,
-                                                      strict=self.publication_mode != "wal")
-                if self.metrics is not None:
-                    self.route_views = await describe_routes(sql, cfg)
-                if self.until_caught_up and self.until_lsn is None:
-                    self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
-            log.event(_log, "starting", dsn=src.dsn, slot=src.slot, db=info.db,
-                      server_version=info.version, proto_version=info.proto_version,
-                      origin_filter=rules_from_config(cfg).filtering_at(info.version),
-                      confirmed_lsn=format_lsn(info.start_lsn),
-                      until_lsn=(format_lsn(self.until_lsn) if self.until_lsn is not None
-                                 else None),
-                      hot_path=native.describe(), kafka_client=self.cfg.kafka.client)
-            if (self.until_lsn is not None and info.start_lsn >= self.until_lsn
-                    and not self.snapshot_pending and snapshot is None):
-                log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
-                return
-            self.definitions = await definitions_state.for_pipeline(
-                self.publication_mode, cfg, client, info.start_lsn)
-            await self._pipeline(info, client, snapshot)
+                self.snapshot_pending = await snapshot_interrupted(self.cfg, client,
+                                                                   source.slot)
+            if await self._prepare(source, snapshot):
+                await self._pipeline(source, client, snapshot)
         finally:
             if snapshot is not None:  # its exported snapshot's connection, if still open
                 await trio.to_thread.run_sync(snapshot.close)
@@ -228,52 +185,94 @@ class Supervisor:
                 scope.shield = True
                 await trio.to_thread.run_sync(client.close, 10.0 if leading else 0.0)
 
-    async def _pipeline(self, info: ServerInfo, client,
-                        snapshot: InitialSnapshot | None = None) -> None:
+    async def _client(self, source: Source):
+        """The checks before anything is made, then the Kafka client (only a leader's, and
+        with exactly-once and no [ha] only once the slot is free): whether an initial
+        snapshot is wanted, and the client."""
         cfg = self.cfg
-        flush = self._flush = Latest(info.start_lsn)
-        p = wiring.build(cfg, info, client, flush=flush, stats=self.stats, metrics=self.metrics,
-                         holds=self._holds(), definitions=self.definitions,
-                         catalog=self.catalog, snapshot_pending=self.snapshot_pending,
-                         until_lsn=self.until_lsn)
+        async with await SqlSession.connect(source.dsn) as sql:
+            await failover.check_resume(sql, cfg.source, self._flush and self._flush.value)
+            # before the slot is made: what `pgrouter check` finds wrong stops the router here
+            await checks.startup_checks(sql, cfg, log_warnings=not self._warned)
+            self._warned = True
+            # a slot the router creates starts with a copy of the tables ([snapshot] mode)
+            snapshot_wanted = await InitialSnapshot.wanted(sql, cfg, source)
+            # the stream its exactly-once progress belongs to
+            stream = await source.identity(sql)
+            if self.gate is not None:
+                # registering the transactional id fences the router streaming the slot:
+                # without [ha] to say who leads, a second router waits for the slot instead
+                await self.gate.hold()
+                await source.wait_free(sql)
+            if self.leadership is not None and not self.leadership.holds():
+                # with [ha] the producer registers the group's transactional id, which
+                # fences whoever leads now: only a leader may make it
+                raise LeadershipLost("leadership lost: no Kafka producer is made")
+            client = await trio.to_thread.run_sync(
+                functools.partial(self.client_factory, cfg, stream, wal_end_reader(sql)))
+        return snapshot_wanted, client
+
+    async def _prepare(self, source: Source, snapshot: InitialSnapshot | None) -> bool:
+        """The slot found or created (``Source.prepare``), the publications and catalog
+        read, the "starting" line; False when ``--until-caught-up`` has nothing to do."""
+        cfg = self.cfg
+        async with await SqlSession.connect(source.dsn) as sql:
+            info = await source.prepare(sql, self._holds())
+            self.slot_owner.created |= info.created_slot
+            refuse_invalidated(source.slot, await sample_slot(sql, source.slot))
+            self.publication_mode = await publication_mode.mode(sql, cfg)
+            if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
+                self.catalog = await load_catalog(sql, cfg,
+                                                  strict=self.publication_mode != "wal")
+            if self.metrics is not None:
+                self.route_views = await describe_routes(sql, cfg)
+            if self.until_caught_up and self.until_lsn is None:
+                self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
+        log.event(_log, "starting", dsn=source.dsn, slot=source.slot, db=info.db,
+                  server_version=info.version, proto_version=info.proto_version,
+                  origin_filter=rules_from_config(cfg).filtering_at(info.version),
+                  confirmed_lsn=format_lsn(info.start_lsn),
+                  until_lsn=(format_lsn(self.until_lsn) if self.until_lsn is not None
+                             else None),
+                  hot_path=native.describe(), kafka_client=cfg.kafka.client)
+        if (self.until_lsn is not None and info.start_lsn >= self.until_lsn
+                and not self.snapshot_pending and snapshot is None):
+            log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
+            return False
+        return True
+
+    async def _pipeline(self, source: Source, client,
+                        snapshot: InitialSnapshot | None = None) -> None:
+        cfg, start_lsn = self.cfg, source.server.start_lsn
+        self.definitions = await definitions_state.for_pipeline(
+            self.publication_mode, cfg, client, start_lsn)
+        flush = self._flush = Latest(start_lsn)
+        p = wiring.build(cfg, source, client, flush=flush, stats=self.stats,
+                         metrics=self.metrics, holds=self._holds(),
+                         definitions=self.definitions, catalog=self.catalog,
+                         snapshot_pending=self.snapshot_pending, until_lsn=self.until_lsn)
         async with trio.open_nursery() as reloader:
             if needs_catalog(cfg):  # lives as long as the pipeline, not longer
                 reloader.start_soon(self._reload_on_hup, p.state, p.routers)
-            reloader.start_soon(p.monitor.run)
             if self.publication_mode == "poll":
                 reloader.start_soon(definitions_state.PublicationPoller(
                     cfg, lambda: self._reload(p.state, p.routers), self.catalog).run)
-            reloader.start_soon(DeliveryWatch(self.stats).run)
-            stopped = False
-            async with trio.open_nursery() as nursery:
-                await nursery.start(p.sink.run)
-                # the initial snapshot first, into the same sink; the stream starts once
-                # Kafka holds it (the snapshot reads the sink's tickets until then), or not
-                # at all when a drain stopped it (the sink then drains and returns)
-                if snapshot is not None and not await snapshot.run(p.chunk_tx.clone(),
-                                                                   p.prog_rx, self.drain):
-                    stopped = True
-                    p.chunk_tx.close()
-                else:
-                    if snapshot is not None and snapshot.left:  # rewritten while it ran
-                        finish_initial(p.backfill, snapshot.left)
-                    await nursery.start(p.progress.run)
-                    if p.origin_filter is not None:
-                        p.origin_filter.start()
-                    if p.backfill is not None:
-                        await nursery.start(p.backfill.run)
-                    await nursery.start(p.slot.run)
-                    self.slot_owner.streamed = True
-                    nursery.start_soon(self._drain_when, p.slot, p.done)
-                    self._streaming(True, "streaming")
+            result = await coordinator.run(p, snapshot, self.drain, self._streamed)
             reloader.cancel_scope.cancel()
-        if stopped:
-            return
+        if result is None or not result.stopped:
+            self._until_reached(flush, p.progress.held)
+
+    def _streamed(self) -> None:
+        """The slot reader started: the slot this run created is the consumers' now."""
+        self.slot_owner.streamed = True
+        self._streaming(True, "streaming")
+
+    def _until_reached(self, flush: Latest, held) -> None:
+        """``--until-caught-up``: the line saying where the run stopped."""
         if self.until_lsn is not None and flush.value >= self.until_lsn:
             log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
                       until_lsn=format_lsn(self.until_lsn))
-        elif self.until_lsn is not None and p.progress.held is not None:
-            held = p.progress.held
+        elif self.until_lsn is not None and held is not None:
             log.event(_log, "caught up except a prepared transaction: everything else is in "
                       "Kafka; it is delivered by a run after COMMIT PREPARED", level=WARNING,
                       gid=held.gid, prepare_lsn=format_lsn(held.prepare_lsn),
@@ -317,12 +316,3 @@ class Supervisor:
         for names, router in routers:
             router.replace_routes([r for r in specs if names is None or r.name in names])
         log.event(_log, "publications reloaded", routes=len(specs))
-
-    async def _drain_when(self, slot: SlotReader, caught_up: trio.Event) -> None:
-        async with trio.open_nursery() as nursery:
-            async def wait(ev):
-                await ev.wait()
-                nursery.cancel_scope.cancel()
-            nursery.start_soon(wait, self.drain)
-            nursery.start_soon(wait, caught_up)
-        slot.stop_reading()

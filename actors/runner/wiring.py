@@ -1,6 +1,6 @@
 """The pipeline of ``pgrouter run`` as a value: ``build`` makes its actors, channels, topic
-settings and metric bindings (a ``Pipeline``); the supervisor runs it, restarts it and
-reloads its routes.
+settings and metric bindings (a ``Pipeline``), on the start's ``Source``; the coordinator
+runs it (``runner.coordinator``), the supervisor restarts it and reloads its routes.
 
 Rules:
 
@@ -38,13 +38,14 @@ from router.transactions import TransactionAssembler
 from router.publications import Catalog
 from router.topics import TopicSpec
 
-from ..snapshot.backfill import backfill_stage
+from ..snapshot.backfill import BackfillActor, backfill_stage
 from ..snapshot.signals import message_topic_specs, router_extras, signal_handler
 from ..services import publication_mode
 from ..services.catalog import load_primary_keys
 from ..services.metrics import Metrics
 from ..services.sql import SqlSession
 from ..pipeline.decoder import DecoderActor
+from ..pipeline.delivery_watch import DeliveryWatch
 from ..pipeline import definitions_state
 from ..pipeline.router_actor import RouterActor, TypeNames
 from ..pipeline.origin_filter import OriginFilterActor
@@ -53,38 +54,41 @@ from ..pipeline.confirmer import ConfirmActor, Stats
 from ..pipeline.transactional_sink import sink_for
 from ..pipeline.slot_monitor import SlotMonitor
 from ..pipeline.slot_reader import SlotReader, pgoutput_options
-from .source import ServerInfo, route_specs
+from .source import Source, route_specs
 
 
 @dataclass
 class Pipeline:
-    """One run's actors and what the supervisor needs of them to run, drain and reload."""
+    """One run's actors and what the coordinator and the supervisor need of them to run,
+    drain and reload."""
     slot: SlotReader
-    backfill: object | None  # ``BackfillActor``
+    backfill: BackfillActor | None
     origin_filter: OriginFilterActor | None
     sink: object
     progress: ConfirmActor
     monitor: SlotMonitor
-    chunk_tx: trio.MemorySendChannel  # the sink's inbox (the initial snapshot sends here too)
-    prog_rx: trio.MemoryReceiveChannel  # the sink's tickets
+    watch: DeliveryWatch
+    inbox: trio.MemorySendChannel  # the sink's inbox (the initial snapshot sends here too)
+    tickets: trio.MemoryReceiveChannel  # the sink's tickets (``actors.runner.coordinator``)
     flush: Latest
     done: trio.Event  # caught up, every backfill done
     state: dict  # {"routes": the current route specs}
     routers: list  # (route names or None, ChangeRouter) of every router made
 
 
-def build(cfg: Config, info: ServerInfo, client, *, flush: Latest, stats: Stats,
+def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
           metrics: Metrics | None, holds, definitions, catalog: Catalog | None,
           snapshot_pending: list, until_lsn: int | None) -> Pipeline:
-    src = cfg.source
+    """The pipeline on ``source`` once ``Source.prepare`` found its slot."""
+    src, info = cfg.source, source.server
     origins = rules_from_config(cfg)
-    chunk_tx, chunk_rx = trio.open_memory_channel(CHUNKS)
-    prog_tx, prog_rx = trio.open_memory_channel(ACKS)
+    inbox, chunk_rx = trio.open_memory_channel(CHUNKS)  # the sink's
+    prog_tx, tickets = trio.open_memory_channel(ACKS)  # the sink's tickets
     caught_up = trio.Event()
     relations = RelationCache()
     keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
     slot = SlotReader(
-        dsn=src.dsn, slot=src.slot, out=None, flush=flush,
+        dsn=source.dsn, slot=source.slot, out=None, flush=flush,
         status_interval=src.status_interval, stats=stats, holds=holds,
         options=pgoutput_options(proto_version=info.proto_version,
                                  publications=src.publications, streaming=src.streaming,
@@ -99,7 +103,7 @@ def build(cfg: Config, info: ServerInfo, client, *, flush: Latest, stats: Stats,
         assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
                                        spill_dir=src.spill_dir),
         out=None, metrics=metrics, keys=keys,
-        lookup=functools.partial(_primary_keys, src.dsn))
+        lookup=functools.partial(_primary_keys, source.dsn))
     # backfills (watermark windows) see the decoder's output before anything is dropped
     backfill, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
                                     pending=snapshot_pending, caught_up=caught_up)
@@ -123,7 +127,7 @@ def build(cfg: Config, info: ServerInfo, client, *, flush: Latest, stats: Stats,
             router.follow(definitions, names)
         routers.append((names, router))
         return router
-    router_actor = RouterActor(router=router_for(), inbox=None, out=chunk_tx,
+    router_actor = RouterActor(router=router_for(), inbox=None, out=inbox,
                          router_for=router_for,
                          meta=(TransactionMeta(cfg.kafka.transactions_topic, db=info.db,
                                               ignore=frozenset({cfg.kafka.definitions_topic}))
@@ -139,18 +143,19 @@ def build(cfg: Config, info: ServerInfo, client, *, flush: Latest, stats: Stats,
                     schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
                     create_topics=cfg.kafka.create_topics, stats=stats,
                     metrics=metrics, holds=holds)
-    progress = ConfirmActor(inbox=prog_rx, flush=flush, start_lsn=info.start_lsn,
+    progress = ConfirmActor(inbox=tickets, flush=flush, start_lsn=info.start_lsn,
                              stats=stats, interval=cfg.log.progress_interval,
                              until_lsn=until_lsn, caught_up=caught_up)
     if metrics is not None:
         _bind(metrics, stats, flush)
-    monitor = SlotMonitor(dsn=src.dsn, slot=src.slot, interval=cfg.metrics.sample_interval,
+    monitor = SlotMonitor(dsn=source.dsn, slot=source.slot, interval=cfg.metrics.sample_interval,
                           metrics=metrics, warn_bytes=cfg.metrics.lag_warning_bytes,
                           warn_seconds=cfg.metrics.lag_warning_seconds,
                           lag_seconds=metrics.clock.lag_seconds if metrics else None)
     return Pipeline(slot=slot, backfill=backfill, origin_filter=origin_filter, sink=sink,
-                    progress=progress, monitor=monitor, chunk_tx=chunk_tx, prog_rx=prog_rx,
-                    flush=flush, done=done, state=state, routers=routers)
+                    progress=progress, monitor=monitor, watch=DeliveryWatch(stats),
+                    inbox=inbox, tickets=tickets, flush=flush, done=done, state=state,
+                    routers=routers)
 
 
 def topic_specs(cfg: Config) -> dict[str, TopicSpec]:

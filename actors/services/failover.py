@@ -26,6 +26,7 @@ from router.errors import ConfigError, SlotBehind, SlotMissing
 from router.lsn import format_lsn, parse_lsn
 from router.server_features import ServerFeatures
 
+from . import slots
 from .sql import SqlSession
 
 FAILOVER = "failover slots (synchronised to a standby)"
@@ -49,22 +50,11 @@ async def check_server(sql: SqlSession, src: SourceConfig, version: int) -> bool
     return in_recovery
 
 
-async def create_slot(sql: SqlSession, src: SourceConfig) -> None:
-    if src.failover:
-        await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', false, $2, "
-                        "true)", src.slot, src.two_phase)
-    else:
-        await sql.fetch("select pg_create_logical_replication_slot($1, 'pgoutput', false, $2)",
-                        src.slot, src.two_phase)
-
-
 async def check_slot(sql: SqlSession, src: SourceConfig, version: int) -> None:
     """An existing slot must have ``failover`` when the config asks for it."""
     if not src.failover:
         return
-    failover = await sql.fetchval("select failover from pg_replication_slots where "
-                                  "slot_name = $1", src.slot)
-    if failover is False:
+    if await slots.has_failover(sql, src.slot) is False:
         raise ConfigError(f"replication slot {src.slot!r} was created without failover; it "
                           "would not survive a promotion of the standby (drop and recreate it, "
                           "or set source.failover = false)", path="source.failover")
@@ -76,10 +66,9 @@ async def check_resume(sql: SqlSession, src: SourceConfig, confirmed: int | None
     confirmed before (None on the first connection)."""
     if confirmed is None:
         return
-    rows = await sql.fetch("select 1 from pg_replication_slots where slot_name = $1", src.slot)
     where = await sql.fetchval("select coalesce(inet_server_addr()::text, 'socket') || ':' || "
                                "current_setting('port')")
-    if not rows:
+    if not await slots.exists(sql, src.slot):
         raise SlotMissing(f"replication slot {src.slot!r} is missing on {where}, the server the "
                           f"DSN reaches now (was it a standby without the synchronised slot? "
                           f"source.failover = true and sync_replication_slots = on keep it); "

@@ -45,8 +45,8 @@ from router.record_format import record_format
 
 from . import log
 from .catalog import build_route_specs, load_catalog, route_findings, routed_tables
-from .transforms import transform_findings
-from . import failover
+from .route_checks import transform_findings
+from . import failover, slots
 from ..kafka.versions import remember_api_version
 from .sql import SqlSession, source_error
 from .topic_names import route_topic_problems
@@ -140,15 +140,13 @@ async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
                                          f"attribute (ALTER ROLE {quote_ident(role['rolname'])} "
                                          "REPLICATION) or superuser", PrivilegeMissing))
     db = await sql.fetchval("select current_database()")
-    slot = await sql.fetch("select plugin, active, active_pid, database from "
-                           "pg_replication_slots where slot_name = $1", src.slot)
-    if not slot:
+    s = await slots.row(sql, src.slot)
+    if s is None:
         if not src.create_slot:
             out.append(Finding("source.slot", f"replication slot {src.slot!r} does not exist "
                                               "(set source.create_slot = true to create it)",
                                SlotMissing))
     else:
-        s = slot[0]
         if s["plugin"] != "pgoutput":
             out.append(Finding("source.slot", f"slot {src.slot!r} uses plugin {s['plugin']}, "
                                               "not pgoutput"))

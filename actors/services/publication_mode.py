@@ -25,7 +25,7 @@ from router.config import Config
 from router.errors import ConfigError
 
 from . import log
-from . import publication_trigger as trigger
+from . import publication_trigger as trigger, slots
 from .catalog import route_publication_names
 from .sql import SqlSession
 
@@ -36,22 +36,10 @@ def follows_publications(cfg: Config) -> bool:
     return any(r.publication_names() for r in cfg.routes)
 
 
-#: route publications whose catalog rows were written by a transaction the slot may still
-#: have to decode (newer than its ``catalog_xmin``): changed within the backlog, perhaps
-_CHANGED_IN_BACKLOG = """
-select p.pubname from pg_publication p, pg_replication_slots s
-where s.slot_name = $1 and p.pubname = any($2::text[]) and s.catalog_xmin is not null
-  and (age(p.xmin) <= age(s.catalog_xmin)
-       or exists (select from pg_publication_rel r where r.prpubid = p.oid
-                  and age(r.xmin) <= age(s.catalog_xmin)))
-order by 1
-"""
-
-
 async def warn_unplaced(sql: SqlSession, cfg: Config, why: str) -> None:
     """Say so when a route publication may have changed inside the slot's backlog while no
     trigger recorded where: the current definition then applies to all of the backlog."""
-    names = await sql.fetch(_CHANGED_IN_BACKLOG, cfg.source.slot, route_publication_names(cfg))
+    names = await slots.changed_in_backlog(sql, cfg.source.slot, route_publication_names(cfg))
     if names:
         log.event(_log, f"publication(s) changed inside the slot's backlog with {why}: the "
                   "current definitions apply to all of it, positions of those changes are "

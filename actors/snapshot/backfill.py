@@ -17,7 +17,9 @@ Rules:
   slot's position passes the high watermark only once they are acknowledged. The driver
   waits for that, then records the chunk's last key in the progress topic and goes on;
   after a ``kill -9`` a job resumes after the last key recorded (the chunk in flight is
-  read again: at most one chunk per job is written twice). Watermarks of a chunk this
+  read again: at most one chunk per job is written twice); the initial snapshot, which runs
+  before the stream, reads the sink's tickets instead (``actors.runner.coordinator`` says
+  why). Watermarks of a chunk this
   process does not know (replayed after a restart) are ignored.
 * A chunk's read locks the table before its snapshot is taken (``TableReader.begin_read``):
   a TRUNCATE or rewrite holding the table commits first, and the read sees its rows (a

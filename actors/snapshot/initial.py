@@ -2,25 +2,28 @@
 ``[snapshot] mode = "initial"``), every table the slot streams and some route takes is
 copied into the routes' topics as ``op: "r"`` records before the stream starts. It is a
 source of the pipeline, as a backfill is: its chunks go to the pipeline's one sink (plain or
-transactional, the configured record format), under the supervisor.
+transactional, the configured record format), before the stream, under the start-up's
+coordinator (``actors.runner.coordinator``), to which it returns a ``SnapshotResult``.
 
 Rules:
 
 * ``InitialSnapshot.wanted``: the mode asks for it and the slot does not exist yet.
   ``create_slot`` records ``started`` in the state topic (``actors.snapshot.store``), then
-  creates the slot with an exported snapshot (``actors.snapshot.exported``): its consistent
+  has the start's ``Source`` create the slot with an exported snapshot
+  (``actors.services.slots.ExportedSlot``): its consistent
   point and the exported snapshot describe the same instant — every transaction committed
   before it is in the snapshot, every later one is streamed. That connection stays open (and
   idle) until every reader imported the snapshot and finished (``close``).
-* ``run`` (the supervisor calls it in the pipeline, after the sink started and before the
-  slot reader does) copies the tables (``actors.snapshot.initial_copy``): readers
+* ``run`` (the coordinator calls it after the sink started and before the slot reader
+  does) copies the tables (``actors.snapshot.initial_copy``): readers
   (``[snapshot] parallel`` sessions) import the snapshot (REPEATABLE READ) and take tables
   from a shared queue; rows go through the same route semantics as changes
   (``router.snapshot_rows``) into the sink's inbox, with positions before the consistent
   point (``router.snapshot``). It reads the sink's tickets itself until Kafka acknowledged
   every snapshot record (in exactly-once mode: until the Kafka transactions holding them
   committed); only then does the stream start, from the consistent point: nothing missed,
-  nothing read twice. It confirms nothing.
+  nothing read twice. It confirms nothing (why it reads the tickets where the stream and
+  the backfills rely on the confirmed position: ``actors.runner.coordinator``).
 * A table whose records Kafka acknowledged is recorded done, per route; ``done`` is recorded
   for the snapshot once every table is.
 * A start that finds its slot with an initial snapshot ``started`` but not ``done`` (the
@@ -44,6 +47,7 @@ Rules:
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 import trio
 
@@ -59,7 +63,7 @@ from ..services import log
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services.sql import SqlSession
 from .column_types import type_names
-from .exported import ExportedSlot
+from ..services.slots import ExportedSlot
 from .initial_copy import copy_tables
 from .jobs import table_shapes
 from .reader import session
@@ -69,12 +73,23 @@ from .tables import SnapshotTable, slot_tables, snapshot_specs
 _log = log.get("snapshot")
 
 
+@dataclass(frozen=True)
+class SnapshotResult:
+    """What an initial snapshot hands the start-up (``actors.runner.coordinator``)."""
+    consistent_point: int  # the slot's: the stream starts there
+    done: tuple[str, ...]  # tables whose records Kafka holds, recorded done
+    left: tuple[str, ...] = ()  # rewritten while it ran: copied by backfill once streaming
+    stopped: bool = False  # a drain stopped it: the stream does not start
+
+
 class InitialSnapshot:
     """One initial snapshot: its slot created with an exported snapshot, then its tables
     copied into the pipeline's sink."""
 
-    def __init__(self, cfg: Config, client):
+    def __init__(self, cfg: Config, client, source):
         self.cfg = cfg
+        #: the start's ``Source`` (``actors.runner.source``): the slot, its creation
+        self.source = source
         self.store = StateStore(cfg, client)
         #: the sink's client produces packed records in C (plain sink, a format that keeps
         #: the router's records: pgrouter's JSON)
@@ -84,24 +99,20 @@ class InitialSnapshot:
         self.rows: SnapshotRows | None = None
         self.tables: list[SnapshotTable] = []
         self.shapes: dict = {}
-        #: tables rewritten during the copy, not copied: to finish by backfill
-        self.left: list[str] = []
 
     @staticmethod
-    async def wanted(sql: SqlSession, cfg: Config) -> bool:
+    async def wanted(sql: SqlSession, cfg: Config, source) -> bool:
         """The config asks for an initial snapshot and the slot is still to be created."""
-        src = cfg.source
-        if cfg.snapshot.mode != "initial" or not src.create_slot:
+        if cfg.snapshot.mode != "initial" or not cfg.source.create_slot:
             return False
-        return not await sql.fetchval("select exists (select 1 from pg_replication_slots "
-                                      "where slot_name = $1)", src.slot)
+        return not await source.exists(sql)
 
     async def create_slot(self) -> None:
         """The tables to copy read (a config the catalog refuses stops here, before any
         slot exists), ``started`` recorded, then the slot created with an exported
         snapshot."""
-        cfg, src = self.cfg, self.cfg.source
-        async with session(src.dsn) as sql:
+        cfg, source = self.cfg, self.source
+        async with session(source.dsn) as sql:
             # the columns before the catalog: a table whose columns change after this is
             # not read with the catalog's (``ShapeCheck``)
             self.shapes = await table_shapes(sql)
@@ -117,13 +128,12 @@ class InitialSnapshot:
                                  packed=self.packed)
         self.tables = [t for t in tables if self.rows.routed(t.relation)]
         await self.store.aload()
-        await self.store.forget_initial(src.slot)
+        await self.store.forget_initial(source.slot)
         # a name of this snapshot for its range records (``router.snapshot_ranges``)
-        await self.store.aput(SnapshotState("initial", src.slot, "started",
+        await self.store.aput(SnapshotState("initial", source.slot, "started",
                                             request=uuid.uuid4().hex))
-        self.slot = await trio.to_thread.run_sync(ExportedSlot, src.dsn, src.slot,
-                                                  src.two_phase, src.failover)
-        log.event(_log, "replication slot created with an exported snapshot", slot=src.slot,
+        self.slot = await trio.to_thread.run_sync(source.export)
+        log.event(_log, "replication slot created with an exported snapshot", slot=source.slot,
                   consistent_point=format_lsn(self.slot.consistent_point),
                   snapshot=self.slot.snapshot,
                   records="packed, produced in C" if self.packed else "produced by the client")
@@ -133,47 +143,46 @@ class InitialSnapshot:
             self.slot.close()
 
     async def run(self, out: trio.MemorySendChannel, acks: trio.MemoryReceiveChannel,
-                  stop: trio.Event) -> bool:
+                  stop: trio.Event) -> SnapshotResult:
         """Every routed table into ``out`` (the sink's inbox; closed on return), returning
-        once Kafka acknowledged every record (``acks``: the sink's tickets). Returns whether
-        the stream may start: the snapshot is done, or every table was copied but those of
-        ``left`` (rewritten during the copy: the caller has them copied by backfill,
-        ``actors.snapshot.backfill.finish_initial``). ``stop`` set (a drain) stops the
-        copy: what was read is still delivered, tables whose records are all acknowledged
-        are recorded done, and the snapshot stays "started", so the next start finishes it
-        by backfill, as after a crash, but without copying twice."""
-        cfg, src, slot = self.cfg, self.cfg.source, self.slot
+        once Kafka acknowledged every record (``acks``: the sink's tickets). The stream may
+        start unless the result is ``stopped``: the snapshot is done, or every table was
+        copied but those ``left`` (rewritten during the copy: the caller has them copied by
+        backfill, ``actors.snapshot.backfill.finish_initial``). ``stop`` set (a drain) stops
+        the copy: what was read is still delivered, tables whose records are all
+        acknowledged are recorded done, and the snapshot stays "started", so the next start
+        finishes it by backfill, as after a crash, but without copying twice."""
+        cfg, slot_name, slot = self.cfg, self.source.slot, self.slot
         with out:
             try:
-                left = await copy_tables(cfg, out, acks, self.tables, self.rows, slot,
-                                         self.store, stop, self.shapes)
+                left, done = await copy_tables(cfg, out, acks, self.tables, self.rows, slot,
+                                               self.store, stop, self.shapes)
             finally:
                 await trio.to_thread.run_sync(self.close)
-        if left is None:
+        result = SnapshotResult(slot.consistent_point, tuple(done), tuple(left or ()),
+                                stopped=left is None)
+        if result.stopped:
             log.event(_log, "initial snapshot stopped by the drain; the next start finishes "
-                      "it by backfill", slot=src.slot)
-            return False
-        if left:  # stays "started": the backfill records it done
-            self.left = left
+                      "it by backfill", slot=slot_name)
+        elif left:  # stays "started": the backfill records it done
             log.event(_log, "initial snapshot copied; the tables rewritten during it are "
-                      "copied by backfill once streaming", slot=src.slot, tables=",".join(left))
-            return True
-        await self.store.aput(SnapshotState("initial", src.slot, "done"))
-        log.event(_log, "initial snapshot done; streaming from the consistent point",
-                  slot=src.slot, consistent_point=format_lsn(slot.consistent_point))
-        return True
+                      "copied by backfill once streaming", slot=slot_name, tables=",".join(left))
+        else:
+            await self.store.aput(SnapshotState("initial", slot_name, "done"))
+            log.event(_log, "initial snapshot done; streaming from the consistent point",
+                      slot=slot_name, consistent_point=format_lsn(slot.consistent_point))
+        return result
 
 
-async def interrupted(cfg: Config, client) -> list[str]:
-    """``["*"]`` when the slot's initial snapshot was started and not done (to be finished
-    by backfill), else none. The slot exists (``InitialSnapshot.wanted`` said no)."""
+async def interrupted(cfg: Config, client, slot: str) -> list[str]:
+    """``["*"]`` when the initial snapshot of ``slot`` was started and not done (to be
+    finished by backfill), else none. The slot exists (``InitialSnapshot.wanted`` said no)."""
     if cfg.snapshot.mode != "initial" or not cfg.source.create_slot:
         return []
     store = StateStore(cfg, client)
     await store.aload()
-    state = store.get(SnapshotState("initial", cfg.source.slot, ""))
+    state = store.get(SnapshotState("initial", slot, ""))
     if state is None or state.state == "done":
         return []
-    log.event(_log, "initial snapshot was interrupted; finishing it by backfill",
-              slot=cfg.source.slot)
+    log.event(_log, "initial snapshot was interrupted; finishing it by backfill", slot=slot)
     return ["*"]

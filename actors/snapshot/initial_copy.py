@@ -1,5 +1,5 @@
 """The initial copy: every routed table read on the slot's exported snapshot
-(``actors.snapshot.exported``) into the pipeline's sink, until Kafka holds every record.
+(``actors.services.slots.ExportedSlot``) into the pipeline's sink, until Kafka holds every record.
 
 Rules:
 
@@ -37,7 +37,7 @@ from router.snapshot_rows import SnapshotRows
 
 from ..pipeline.mailbox import Acked, Keepalive, Registered
 from ..services import log
-from .exported import ExportedSlot
+from ..services.slots import ExportedSlot
 from .reader import ShapeCheck, TableReader, encode_chunk, session
 from .report import Reporter
 from .store import StateStore
@@ -52,7 +52,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
                       acks: trio.MemoryReceiveChannel, tables: list[SnapshotTable],
                       rows: SnapshotRows, slot: ExportedSlot, store: StateStore,
                       stop: trio.Event | None = None, shapes: dict | None = None
-                      ) -> list[str] | None:
+                      ) -> tuple[list[str] | None, list[str]]:
     """Every table of ``tables`` into ``out``, read in ``parallel`` sessions on the exported
     snapshot; returns once Kafka acknowledged every record (``acks``). A table whose records
     are all acknowledged is recorded done (per route) in the state topic: if the snapshot is
@@ -60,7 +60,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
     reading where it is (what was read is still delivered and acknowledged). Returns the
     tables not copied because they were rewritten after the snapshot (``rewritten``) or
     their columns changed since ``shapes`` were read (``ShapeCheck``), or None when
-    ``stop`` left some unread."""
+    ``stop`` left some unread; and the tables whose records Kafka holds, recorded done."""
     copy = _Copy(cfg, tables, rows, slot, store)
     await copy.plan(shapes)
 
@@ -75,9 +75,10 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
         if copy.check is not None:
             await copy.check.close()
     copy.report.summary()
+    done = sorted(name for name, n in copy.undone.items() if not n)
     if cancelled or any(n for name, n in copy.unread.items() if name not in copy.rewritten):
-        return None
-    return sorted(copy.rewritten)
+        return None, done
+    return sorted(copy.rewritten), done
 
 
 class _Copy:
@@ -97,7 +98,7 @@ class _Copy:
         cfg, tables, store = self.cfg, self.tables, self.store
         split, self.estimates, self.filenodes = await _block_ranges(cfg, tables)
         self.split = split
-        started = store.get(SnapshotState("initial", cfg.source.slot, ""))
+        started = store.get(SnapshotState("initial", self.slot.name, ""))
         self.snapshot = started.request if started is not None else ""
         # (table ordinal, table, range ordinal, blocks): the ranges of one table follow each
         # other, so every session reads the big table when it comes
@@ -111,7 +112,7 @@ class _Copy:
         self.unread = {t.name: len(split[t.name]) for t in tables}  # ranges not read whole
         self.undone = dict(self.unread)  # ranges whose records are not all durable
         self.rewritten: set[str] = set()  # not readable on the snapshot: left to a backfill
-        self.check = ShapeCheck(cfg.source.dsn, shapes) if shapes is not None else None
+        self.check = ShapeCheck(self.slot.dsn, shapes) if shapes is not None else None
         self.routes_of = {t.name: sorted({p.route for p in self.rows.router.plans_for(t.relation)})
                           for t in tables}
 
@@ -122,7 +123,7 @@ class _Copy:
         if len(split[name]) > 1:
             first, end = split[name][part]
             await store.aput(SnapshotState(
-                "range", cfg.source.slot, "done", request=self.snapshot, table=name,
+                "range", self.slot.name, "done", request=self.snapshot, table=name,
                 blocks=(first, -1 if end is None else end),
                 filenode=self.filenodes.get(name, 0)))
             log.event(_log, "initial snapshot: range done", table=name,
@@ -131,12 +132,12 @@ class _Copy:
         if undone[name]:
             return
         for route in self.routes_of[name]:
-            await store.aput(SnapshotState("backfill", cfg.source.slot, "done", request="initial",
+            await store.aput(SnapshotState("backfill", self.slot.name, "done", request="initial",
                                       route=route, table=name))
 
     async def reader(self, out: trio.MemorySendChannel) -> None:
         """One session: ranges from the queue until it is empty."""
-        r = await TableReader.open(self.cfg.source.dsn)
+        r = await TableReader.open(self.slot.dsn)
         try:
             await r.import_snapshot(self.slot.snapshot)
             with out:
@@ -289,5 +290,5 @@ async def _block_ranges(cfg: Config, tables: list[SnapshotTable]) -> tuple[dict,
     blocks = {r["name"]: int(r["blocks"]) for r in sizes}
     estimate = {r["name"]: int(r["estimate"]) for r in sizes}
     return ({t.name: block_ranges(blocks.get(t.name, 0), cfg.snapshot.parallel,
-                                  estimate.get(t.name, 0)) for t in tables}, {r["name"]: int(r["estimate"]) for r in sizes},
+                                  estimate.get(t.name, 0)) for t in tables}, estimate,
             {r["name"]: int(r["filenode"] or 0) for r in sizes})

@@ -14,6 +14,7 @@ import trio_asyncio
 
 from router.snapshot import PREFIX, Watermark, encode_watermark
 
+from ..services import slots
 from ..services.catalog import load_catalog
 from ..services.sql import SqlSession
 from .column_types import type_names
@@ -23,8 +24,7 @@ from .jobs import plan_jobs
 async def request(cfg, routes: list[str], tables: list[str]) -> tuple[str, list, list[str]]:
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
-            if not await sql.fetchval("select count(*) from pg_replication_slots "
-                                      "where slot_name = $1", cfg.source.slot):
+            if not await slots.exists(sql, cfg.source.slot):
                 # the request is a message in the WAL: before the slot exists, no router
                 # would ever read it
                 return "", [], [f"replication slot {cfg.source.slot!r} does not exist yet: "

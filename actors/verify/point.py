@@ -25,8 +25,8 @@ import trio
 from router.errors import SlotMissing, SourceError, SourceUnavailable
 from router.lsn import format_lsn, parse_lsn
 
+from ..services import slots
 from ..services.sql import SqlSession
-from ..snapshot.exported import export_slot
 
 #: seconds an inactive router slot may stay behind the point before verify gives up
 IDLE_GRACE = 5.0
@@ -38,7 +38,7 @@ class VerifyPoint:
 
     def __init__(self, dsn: str, name: str):
         try:
-            self.conn, self.lsn, self.snapshot = export_slot(dsn, name, temporary=True)
+            self.conn, self.lsn, self.snapshot = slots.export_slot(dsn, name, temporary=True)
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
             raise SourceUnavailable(f"source.dsn: cannot open a replication connection for "
                                     f"the verify snapshot: {exc}".strip()) from exc
@@ -78,15 +78,14 @@ async def wait_delivered(sql: SqlSession, slot: str, lsn: int, timeout: float,
     idle_since = None
     with trio.move_on_after(timeout):
         while True:
-            row = await sql.fetch("select active, confirmed_flush_lsn::text as confirmed "
-                                  "from pg_replication_slots where slot_name = $1", slot)
-            if not row:
+            row = await slots.row(sql, slot)
+            if row is None:
                 raise SlotMissing(f"source.slot: replication slot {slot!r} does not exist: "
                                   "verify compares what the router delivered (start it)")
-            confirmed = parse_lsn(row[0]["confirmed"]) if row[0]["confirmed"] else 0
+            confirmed = parse_lsn(row["lsn"]) if row["lsn"] else 0
             if confirmed >= lsn:
                 return confirmed
-            if not row[0]["active"]:
+            if not row["active"]:
                 idle_since = idle_since or trio.current_time()
                 if trio.current_time() - idle_since > IDLE_GRACE:
                     raise SourceError(

@@ -46,6 +46,7 @@ from router.snapshot_rows import SnapshotRows
 from router.verify import Comparison
 
 from ..services.catalog import load_catalog, load_primary_keys
+from ..services import slots
 from ..services.preflight import kafka_admin
 from ..services.sql import SqlSession
 from ..snapshot.column_types import type_names
@@ -94,8 +95,7 @@ async def plan(sql: SqlSession, cfg: Config, routes: list[str], tables: list[str
         if name not in known:
             raise ConfigError(f"--route {name}: no such route (the config has "
                               f"{', '.join(sorted(known)) or 'none'})")
-    if not await sql.fetchval("select count(*) from pg_replication_slots where slot_name = $1",
-                              cfg.source.slot):
+    if not await slots.exists(sql, cfg.source.slot):
         raise SlotMissing(f"source.slot: replication slot {cfg.source.slot!r} does not exist: "
                           "verify compares what the router delivered (start it first)")
     catalog = await load_catalog(sql, cfg)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import trio_asyncio
 
-from actors.services import failover
+from actors.services import failover, slots
 from actors.services.sql import SqlSession
 from router.config import SourceConfig
 from router.errors import ConfigError, SlotBehind, SlotMissing, is_retryable
@@ -41,12 +41,12 @@ async def test_failover_slots_need_17_and_are_created_with_failover(pg_dsn, pg_v
                         await failover.check_server(sql, src, version)
                     return
                 assert await failover.check_server(sql, src, version) is False  # a primary
-                await failover.create_slot(sql, src)
+                await slots.create(sql, slot, src.two_phase, src.failover)
                 assert pg.one("select failover from pg_replication_slots where slot_name = %s",
                               slot) is True
                 await failover.check_slot(sql, src, version)
                 plain = unique("nf")
-                await failover.create_slot(sql, _src(pg_dsn, plain))
+                await slots.create(sql, plain, False)
                 try:
                     with pytest.raises(ConfigError, match="created without failover"):
                         await failover.check_slot(sql, _src(pg_dsn, plain, failover=True),
