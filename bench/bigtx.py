@@ -3,6 +3,7 @@
     .venv/bin/python bench/bigtx.py [--rows 2000000] [--repeat N]
                                     [--runs pg_recvlogical,librdkafka,librdkafka+eo]
                                     [--memory-limit BYTES] [--py-spy DIR]
+                                    [--old-tree DIR]   # also old:<run>, from that checkout
 
 One slot per measured run (pgoutput) is created *before* the workload, then a single
 ``INSERT … SELECT`` of ``--rows`` rows of ``bench/e2e.py``'s 6-column table (~200 bytes a row;
@@ -20,7 +21,9 @@ so the server streams it to the router (protocol ≥ 2) and the router goes past
 
 It prints each run's seconds, records acknowledged and peak resident set size (``ru_maxrss``
 from ``wait4``), then each run's time over pg_recvlogical's of the same round and the median
-(goal: <= 1.0, memory bounded by ``memory_limit``). ``--py-spy DIR`` samples each router run
+(goal: <= 1.0, memory bounded by ``memory_limit``). ``--old-tree DIR`` (a worktree of an
+earlier commit, with the venv and built extensions) adds ``old:<run>`` for every router run,
+run from that checkout on the same backlog: an A/B in one run. ``--py-spy DIR`` samples each router run
 with py-spy (``DIR/<run>-<round>.txt``, collapsed stacks; needs py-spy in the venv). Slots,
 publication, table and topics are removed afterwards, also after a failure.
 """
@@ -45,11 +48,22 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psycopg2  # noqa: E402
 
 import e2e  # noqa: E402
-from memory import peak_rss  # noqa: E402
 
 RECV = "pg_recvlogical"
 RUNS = (RECV, "librdkafka", "librdkafka+eo", "kafka-python", "kafka-python+eo")
 _ACKED = re.compile(r"records_acked=(\d+)")
+
+
+def peak_rss(cmd: list[str], cwd: pathlib.Path) -> tuple[int, float, int, str]:
+    """Runs ``cmd`` in ``cwd``; returns (peak RSS bytes, seconds, exit status, stderr)."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return usage.ru_maxrss * 1024, elapsed, proc.returncode, err.read().decode(errors="replace")
 
 
 def router_cmd(cfg: str, spy: str | None) -> list[str]:
@@ -65,18 +79,23 @@ def measure(args, run: str, rnd: int, slot: str, pub: str, table: str, endpos: s
     """One drain; returns (seconds, peak RSS bytes or None, records acknowledged)."""
     if run == RECV:
         return e2e.run_recvlogical(args.dsn, slot, pub, endpos), None, ""
-    client, _, eo = run.partition("+")
+    tree, _, name = run.rpartition(":")
+    client, _, eo = name.partition("+")
     text = e2e.config(args.dsn, args.bootstrap, slot, pub, table, client, route,
                       schema_topic, 1, exactly_once=bool(eo))
     if args.memory_limit:
         text = text.replace("[kafka]", f"memory_limit = {args.memory_limit}\n\n[kafka]", 1)
-    cfg = os.path.join(tmp, f"{run}-{rnd}.toml")
+    cfg = os.path.join(tmp, f"{run.replace(':', '-')}-{rnd}.toml")
     with open(cfg, "w") as fh:
         fh.write(text)
-    spy = os.path.join(args.py_spy, f"{run}-{rnd}.txt") if args.py_spy else None
-    rss, elapsed, code, log = peak_rss(router_cmd(cfg, spy), timeout=3600)
-    if code != 0:
-        raise SystemExit(f"pgrouter failed ({code}):\n{log[-3000:]}")
+    spy = (os.path.join(args.py_spy, f"{run.replace(':', '-')}-{rnd}.txt") if args.py_spy
+           else None)
+    root = pathlib.Path(args.old_tree) if tree else ROOT
+    rss, elapsed, code, log = peak_rss(router_cmd(cfg, spy), root)
+    if code != 0:  # said, and the other runs go on
+        last = [line for line in log.splitlines() if "progress" not in line][-3:]
+        print(f"  {run}: pgrouter failed ({code}) after {elapsed:.1f} s: {' | '.join(last)}")
+        return float("nan"), rss, "failed"
     acked = _ACKED.findall(log)
     return elapsed, (None if spy else rss), acked[-1] if acked else "?"
 
@@ -89,6 +108,7 @@ def main() -> None:
     ap.add_argument("--memory-limit", type=int, default=None,
                     help="[source] memory_limit in bytes (default: the router's default)")
     ap.add_argument("--py-spy", metavar="DIR", help="sample the router runs with py-spy")
+    ap.add_argument("--old-tree", metavar="DIR", help="also each router run from DIR")
     ap.add_argument("--dsn", default=os.environ.get(
         "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--bootstrap", default=os.environ.get("PGROUTER_TEST_KAFKA",
@@ -97,6 +117,8 @@ def main() -> None:
     runs = args.runs.split(",")
     if set(runs) - set(RUNS):
         raise SystemExit(f"unknown run(s): {sorted(set(runs) - set(RUNS))}")
+    if args.old_tree:
+        runs += [f"old:{run}" for run in runs if run != RECV]
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
@@ -104,7 +126,7 @@ def main() -> None:
     rounds = range(max(1, args.repeat))
     order = [(r, run) for r in rounds for run in runs]
     slots = {key: f"bench_bigtx_{tag}_{i}" for i, key in enumerate(order)}
-    routes = {key: f"bench-bigtx-{key[1].replace('+', '-')}-{tag}-{key[0]}"
+    routes = {key: f"bench-bigtx-{key[1].replace('+', '-').replace(':', '-')}-{tag}-{key[0]}"
               for key in order if key[1] != RECV}
     schema_topic = f"bench.bigtx.{tag}.schemas"
     topics = [schema_topic, f"bench.bigtx.{tag}.definitions"]
@@ -154,7 +176,8 @@ def report(runs: list[str], rounds, results: dict) -> None:
         return
     print("ratio to pg_recvlogical (time / its time in the same round; goal <= 1.0):")
     for run in runs:
-        ratios = sorted(results[(r, run)][0] / results[(r, RECV)][0] for r in rounds)
+        ratios = sorted(results[(r, run)][0] / results[(r, RECV)][0] for r in rounds
+                        if results[(r, run)][0] == results[(r, run)][0])  # not failed
         if run == RECV or not ratios:
             continue
         print(f"  {run:<15} {statistics.median(ratios):5.2f}  (rounds: "
