@@ -72,6 +72,8 @@ SETTINGS: dict[str, Setting] = {
     "buffer_memory": _both(int, "queue.buffering.max.kbytes", to_rdkafka=_kbytes),
     "request_timeout_ms": _both(int, "request.timeout.ms"),
     "delivery_timeout_ms": _both(int, "delivery.timeout.ms"),
+    # exactly-once: how long one Kafka transaction may stay open (a huge source transaction)
+    "transaction_timeout_ms": _both(int, "transaction.timeout.ms"),
     "retry_backoff_ms": _both(int, "retry.backoff.ms"),
     "max_in_flight_requests_per_connection": _both(
         int, "max.in.flight.requests.per.connection"),
