@@ -70,7 +70,7 @@ async def on_signals(actor, signals: list[tuple[int, int, bytes]]) -> None:
     queued: list = []
     seen: list = []
     planned: set = set()
-    fresh_where: set = set()  # (route, table, where) of the jobs planned in this batch
+    fresh_where: set = set()  # (route, table, where) of this batch's jobs, not started
     async with actor.planner.lock:
         reloaded = False
         for rid, signal, unreadable in mine:
@@ -87,6 +87,7 @@ async def on_signals(actor, signals: list[tuple[int, int, bytes]]) -> None:
                 states += jobs_states
                 fresh_where.update((j.route, j.name, j.where) for j in fresh)
                 waits = [j for j in busy if not _merged(actor, j, fresh_where)]
+                fresh_where.update((j.route, j.name, j.where) for j in waits)
                 queued.append((rid, fresh, waits))
                 why = "; ".join(problems)
             seen.append((rid, signal, why, "refused" if why else

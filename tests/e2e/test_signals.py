@@ -191,15 +191,17 @@ def test_a_signal_for_a_table_being_backfilled_runs_after_it(pg_dsn, kafka_boots
     try:
         run_router(cfg)  # the slot, no snapshot
         pg.run(SIGNAL, name, f"public.{name}", name, None)  # the whole table: runs first
-        pg.run(SIGNAL, name, f"public.{name}", name, "id <= 5")  # waits for it
+        # in one transaction: the first waits for it, the second is merged into the first
+        pg.run(SIGNAL.replace("(%s, %s, %s, %s)", "(%s, %s, %s, %s), (%s, %s, %s, %s)"),
+               name, f"public.{name}", name, "id <= 5", name, f"public.{name}", name, "id <= 5")
         pg.run(SIGNAL, name, f"public.{name}", name, "id <= 5")  # merged into the waiting one
         done = run_router(cfg)  # waits for the backfills (--until-caught-up)
         assert snapshot_ids(kafka_bootstrap, name) == sorted(
             [*range(1, ROWS + 1), *range(1, 6)]), done.stderr[-3000:]
         assert done.stderr.count("signal queued") == 1, done.stderr[-3000:]
         assert done.stderr.count("backfill requested") == 2, done.stderr[-3000:]
-        assert [s for s, _ in signal_states(kafka_bootstrap, name).values()] == ["accepted"] * 3
-        assert signal_summary(cfg)["states"] == {"accepted": 3}
+        assert [s for s, _ in signal_states(kafka_bootstrap, name).values()] == ["accepted"] * 4
+        assert signal_summary(cfg)["states"] == {"accepted": 4}
     finally:
         teardown(pg, name)
 
