@@ -210,7 +210,8 @@ class TransactionAssembler:
 
     def _add(self, what: str, change: Change, subxid: int | None) -> list:
         buf, default_subxid = self._target(what)
-        self._memory += buf.materialize(self.relations.by_id)  # raw rows first: the order
+        if buf.raw:  # the raw rows before it decoded first: the order
+            self._memory += buf.materialize(self.relations.by_id)
         size = change_size(change)
         buf.add(change, default_subxid if subxid is None else subxid, size)
         self._memory += size
