@@ -69,6 +69,16 @@ string_text(Buf *out, const char *p, const char *e)
     char tmp[8], *o = out != NULL ? out->p : tmp; /* tmp: one character's room */
     size_t skipped = 0, *len = out != NULL ? &out->len : &skipped;
     while (p < e) {
+        const char *q = p; /* a run of plain ASCII at once */
+        while (q < e && (unsigned char)*q >= 0x20 && (unsigned char)*q < 0x80 && *q != '"' &&
+               *q != '\\')
+            q++;
+        if (out != NULL) {
+            memcpy(o + *len, p, (size_t)(q - p));
+            *len += (size_t)(q - p);
+        }
+        if ((p = q) >= e)
+            break;
         unsigned char c = (unsigned char)*p;
         skipped = 0;
         if (c == '"')
