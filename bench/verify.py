@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import resource
 import statistics
@@ -57,7 +58,11 @@ def main() -> None:
     ap.add_argument("--registry", default="http://127.0.0.1:8081/apis/ccompat/v7")
     ap.add_argument("--repeat", type=int, default=3,
                     help="verify runs (each followed by the reference's): medians printed")
+    ap.add_argument("--status-interval", type=float, default=None,
+                    help="the router's [source] status_interval (default: the config's "
+                         "default, what users run with)")
     args = ap.parse_args()
+    load = os.getloadavg()
     u = uuid.uuid4().hex[:8]
     table, slot, route = f"bench_verify_{u}", f"bench_verify_{u}", f"bv_{u}"
     topic = f"{route}.public.{table}"
@@ -70,6 +75,8 @@ def main() -> None:
     kafka = f'format = "{args.format}"\n'
     if args.format == "avro":
         kafka += f'\n[kafka.registry]\nurl = "{args.registry}"\n'
+    status = ("" if args.status_interval is None
+              else f"status_interval = {args.status_interval}")
     router = None
     with tempfile.TemporaryDirectory() as tmp:
         cfg = pathlib.Path(tmp) / "router.toml"
@@ -79,7 +86,7 @@ dsn = {json.dumps(args.dsn)}
 slot = {json.dumps(slot)}
 publications = [{json.dumps(slot)}]
 create_slot = true
-status_interval = 0.5
+{status}
 
 [kafka]
 bootstrap_servers = {json.dumps(args.kafka)}
@@ -124,7 +131,7 @@ tables = ["{table}"]
                 copy = copy_seconds(args.dsn, table)
                 read = read_seconds(args.kafka, topic)
                 runs.append({"wall": wall, "compare": res["seconds"], "copy": copy,
-                             "read": read,
+                             "read": read, "ratio": wall / (copy + read),
                              "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime
                                                                          + before.ru_stime)})
             usage = max(usage, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
@@ -160,6 +167,8 @@ tables = ["{table}"]
         "copy_seconds": round(med["copy"], 3), "read_topic_seconds": round(med["read"], 3),
         "reference_seconds": round(reference, 3),
         "verify_over_reference": round(med["wall"] / reference, 2),
+        "median_of_run_ratios": round(med["ratio"], 2),
+        "load_average": [round(x, 1) for x in load + os.getloadavg()],
         "compare_over_reference": round(med["compare"] / reference, 2),
         "verify_over_copy": round(med["wall"] / med["copy"], 1),
         "first_run_with_snapshot_seconds": round(waited, 1),

@@ -41,13 +41,14 @@ import trio_asyncio
 from router.config import Config, qualified
 from router.errors import ConfigError, SlotMissing
 from router.identifiers import unparse_qualified
+from router.kafka_settings import LIBRDKAFKA
 from router.routing import ChangeRouter
 from router.snapshot_rows import SnapshotRows
 from router.verify import Comparison
 
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services import slots
-from ..services.preflight import kafka_admin
+from ..services.preflight import KAFKA_TIMEOUT, kafka_admin
 from ..services.sql import SqlSession
 from ..snapshot.column_types import type_names
 from ..snapshot.reader import TableReader
@@ -55,6 +56,7 @@ from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
 from .compare import SPLIT_ROWS, compare_target
 from .digests import route_filter
 from .point import VerifyPoint, wait_delivered
+from .topic import kafka_answers
 
 
 #: keys of one topic folded at a time by default (``--max-keys``): about 450 bytes each
@@ -164,7 +166,7 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
             targets = await plan(sql, cfg, routes, tables, warn)
-            await trio.to_thread.run_sync(_kafka_answers, cfg)
+            await trio.to_thread.run_sync(_kafka_answers, cfg, targets)
             name = f"pgrouter_verify_{os.getpid()}_{uuid.uuid4().hex[:8]}"
             point = await trio.to_thread.run_sync(VerifyPoint, cfg.source.dsn, name)
             reader = None
@@ -187,6 +189,10 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
                 await reader.close()
 
 
-def _kafka_answers(cfg: Config) -> None:
+def _kafka_answers(cfg: Config, targets: list[Target]) -> None:
     """Kafka answers (``SinkUnavailable`` in one line otherwise), before the snapshot."""
-    kafka_admin(cfg).close()
+    if cfg.kafka.client == LIBRDKAFKA:  # the client that reads the topics
+        kafka_answers(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings),
+                      [topic for t in targets for topic in t.topics], KAFKA_TIMEOUT)
+    else:
+        kafka_admin(cfg).close()
