@@ -23,11 +23,14 @@ import trio
 from router.config import Config, SourceConfig
 from router.errors import ConfigError, LeadershipLost, SlotInUse, SlotMissing, SourceError
 from router.exactly_once import Stream
-from router.lsn import parse_lsn
+from router import native
+from router.lsn import format_lsn, parse_lsn
+from router.origins import rules_from_config
 from router.publications import Catalog
 from router.routing import RouteSpec
 from router.server_features import ServerFeatures
 
+from ..pipeline.slot_monitor import refuse_invalidated, sample_slot
 from ..services import failover, log, slots
 from ..services.catalog import build_route_specs, load_primary_keys
 from ..services.sql import SqlSession
@@ -199,6 +202,20 @@ class Source:
         self._server = ServerInfo(version, db, parse_lsn(slot["lsn"]) if slot["lsn"] else 0,
                                   proto, pks, created)
         return self._server
+
+    async def refuse_invalidated(self, sql: SqlSession) -> None:
+        """``SlotInvalidated`` when the server invalidated the slot (``wal_status`` lost)."""
+        refuse_invalidated(self.slot, await sample_slot(sql, self.slot))
+
+    def log_starting(self, cfg: Config, until_lsn: int | None) -> None:
+        """The "starting" line: the source, its slot and server, what this run does."""
+        info = self.server
+        log.event(_log, "starting", dsn=self.dsn, slot=self.slot, db=info.db,
+                  server_version=info.version, proto_version=info.proto_version,
+                  origin_filter=rules_from_config(cfg).filtering_at(info.version),
+                  confirmed_lsn=format_lsn(info.start_lsn),
+                  until_lsn=format_lsn(until_lsn) if until_lsn is not None else None,
+                  hot_path=native.describe(), kafka_client=cfg.kafka.client)
 
     async def _found(self, sql: SqlSession, version: int, db: str, leading):
         """The slot's row once it is free (created when missing and the config says so), and

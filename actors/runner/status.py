@@ -1,4 +1,4 @@
-"""The HTTP endpoint of ``pgrouter run``: its start line (``listening``), and
+"""The HTTP endpoint of ``pgrouter run`` (``open_endpoint``): its start line, and
 ``/api/status``: one JSON document built on the HTTP thread from what
 the supervisor and its actors published (``Metrics``, ``Stats``, ``Health``, the console's
 board), never by waiting for the trio loop. Its schema (``SCHEMA``, tested) is documented in
@@ -14,11 +14,13 @@ from logging import WARNING
 import trio
 
 from router import __version__
+from router.config import parse_listen
 from router.console_config import redacted
 from router.errors import PgRouterError
 from router.snapshot import eta
 
 from ..console import board
+from ..console.web import Console
 from ..services import log
 from ..services.http import Endpoint
 from ..services.metrics import PG_EPOCH
@@ -123,6 +125,18 @@ def run_status(sup) -> dict:
             "problems": board.problems.snapshot(),
             "ha": sup.leadership.describe() if getattr(sup, "leadership", None) else None,
             "config": redacted(cfg)}
+
+
+def open_endpoint(sup) -> Endpoint:
+    """The supervisor's endpoint (``[metrics] listen``): the metrics, /readyz and the
+    console, answering from now on; its start line logged."""
+    cfg = sup.cfg
+    host, port = parse_listen(cfg.metrics.listen)
+    console = Console(cfg.console, lambda: run_status(sup), backfill_action(cfg))
+    endpoint = Endpoint(host, port, sup.metrics.registry, sup.health, console=console,
+                        cfg=cfg.console)
+    listening(endpoint, cfg.console)
+    return endpoint
 
 
 def backfill_action(cfg):

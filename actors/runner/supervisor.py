@@ -46,11 +46,9 @@ from logging import WARNING
 import trio
 import trio_asyncio
 
-from router.config import Config, parse_listen
+from router.config import Config
 from router.errors import LeadershipLost, PgRouterError
-from router import native
 from router.lsn import format_lsn, parse_lsn
-from router.origins import rules_from_config
 from router.publications import Catalog
 
 from ..services import failover, log, preflight as checks, publication_mode
@@ -59,7 +57,6 @@ from ..services.catalog import load_catalog, needs_catalog, route_problems
 from ..pipeline import definitions_state
 from ..pipeline.mailbox import Latest
 from ..console.board import Rates
-from ..console.web import Console
 from ..services.http import Endpoint, Health
 from ..ha.leadership import Leadership
 from ..services.metrics import Metrics, activate
@@ -67,11 +64,10 @@ from ..services.sql import SqlSession
 from ..pipeline.confirmer import Stats
 from ..services.retry import only_cancelled, primary, run_with_retries
 from ..pipeline.transactional_sink import client_for
-from ..pipeline.slot_monitor import refuse_invalidated, sample_slot
 from ..pipeline.slot_owner import SlotOwner, guarded
 from . import coordinator, wiring
 from .source import SlotGate, Source, route_specs, wal_end_reader
-from .status import backfill_action, describe_routes, listening, run_status
+from .status import describe_routes, open_endpoint
 
 _log = log.get("supervisor")
 
@@ -114,12 +110,7 @@ class Supervisor:
 
     async def run(self) -> int:
         if self.metrics is not None:
-            host, port = parse_listen(self.cfg.metrics.listen)
-            console = Console(self.cfg.console, lambda: run_status(self),
-                              backfill_action(self.cfg))
-            self.endpoint = Endpoint(host, port, self.metrics.registry, self.health,
-                                     console=console, cfg=self.cfg.console)
-            listening(self.endpoint, self.cfg.console)
+            self.endpoint = open_endpoint(self)
         try:
             return await self._run()
         finally:
@@ -219,7 +210,7 @@ class Supervisor:
         async with await SqlSession.connect(source.dsn) as sql:
             info = await source.prepare(sql, self._holds())
             self.slot_owner.created |= info.created_slot
-            refuse_invalidated(source.slot, await sample_slot(sql, source.slot))
+            await source.refuse_invalidated(sql)
             self.publication_mode = await publication_mode.mode(sql, cfg)
             if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
                 self.catalog = await load_catalog(sql, cfg,
@@ -228,13 +219,7 @@ class Supervisor:
                 self.route_views = await describe_routes(sql, cfg)
             if self.until_caught_up and self.until_lsn is None:
                 self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
-        log.event(_log, "starting", dsn=source.dsn, slot=source.slot, db=info.db,
-                  server_version=info.version, proto_version=info.proto_version,
-                  origin_filter=rules_from_config(cfg).filtering_at(info.version),
-                  confirmed_lsn=format_lsn(info.start_lsn),
-                  until_lsn=(format_lsn(self.until_lsn) if self.until_lsn is not None
-                             else None),
-                  hot_path=native.describe(), kafka_client=cfg.kafka.client)
+        source.log_starting(cfg, self.until_lsn)
         if (self.until_lsn is not None and info.start_lsn >= self.until_lsn
                 and not self.snapshot_pending and snapshot is None):
             log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
