@@ -319,21 +319,22 @@ def route_findings(cfg: Config, catalog: Catalog, *,
 def routed_tables(cfg: Config, catalog: Catalog) -> list[set[tuple[str, str]]]:
     """Per route, the tables (by the name they are published as) it routes today: what its
     topics are made from."""
-    out: list[set[tuple[str, str]]] = []
-    for route in cfg.routes:
-        found: set[tuple[str, str]] = set()
-        if all(p in catalog.publications for p in route.publication_names()):
-            resolver = _route_resolver(route, catalog)
-            for table in catalog.tables.values():
-                if table.relkind != "r":
-                    continue
-                try:
-                    res = resolver(table.qualified, None)
-                except ConfigError:
-                    continue  # reported by route_problems
-                if res is not None:
-                    found.add(res.publish_as)
-        out.append(found)
+    return [set(published_as(route, catalog))
+            if all(p in catalog.publications for p in route.publication_names()) else set()
+            for route in cfg.routes]
+
+
+def published_as(route, catalog: Catalog) -> list[tuple[str, str]]:
+    """The names the tables ``route`` takes (its publications exist) are published as, once
+    per table; one it cannot resolve is left out (route_problems reports it)."""
+    resolver, out = _route_resolver(route, catalog), []
+    for table in (t for t in catalog.tables.values() if t.relkind == "r"):
+        try:
+            res = resolver(table.qualified, None)
+        except ConfigError:
+            continue
+        if res is not None:
+            out.append(res.publish_as)
     return out
 
 

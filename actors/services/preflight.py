@@ -45,7 +45,7 @@ from router.record_format import record_format
 
 from . import log
 from .catalog import build_route_specs, load_catalog, route_findings, routed_tables
-from .transforms import transform_findings
+from .route_checks import transform_findings
 from . import failover, slots
 from ..kafka.versions import remember_api_version
 from .sql import SqlSession, source_error

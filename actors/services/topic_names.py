@@ -5,11 +5,10 @@ refuses to stream with the first one."""
 from __future__ import annotations
 
 from router.config import Config
-from router.errors import ConfigError
 from router.publications import Catalog
 from router.topics import topic_problems
 
-from .catalog import _route_resolver
+from .catalog import published_as
 
 
 def route_topic_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]:
@@ -17,22 +16,13 @@ def route_topic_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]
     share although the template names both schema and table, and each pair of topics Kafka
     cannot hold together."""
     routes = []
-    leaves = [t for t in catalog.tables.values() if t.relkind == "r"]
     for i, route in enumerate(cfg.routes):
         if any(p not in catalog.publications for p in route.publication_names()):
             continue  # reported by route_problems
         if route.outbox is not None:
             continue  # topics from the rows, checked as they are met (router.outbox)
-        resolver = _route_resolver(route, catalog)
-        tables = []
-        for table in leaves:
-            try:
-                res = resolver(table.qualified, None)
-            except ConfigError:
-                continue  # reported by route_problems
-            if res is not None:
-                tables.append(res.publish_as)
-        routes.append((f"routes[{i}].topic", route.name, route.topic, tables))
+        routes.append((f"routes[{i}].topic", route.name, route.topic,
+                       published_as(route, catalog)))
     k = cfg.kafka
     fixed = [("kafka.schema_topic", k.schema_topic), ("kafka.messages_topic", k.messages_topic),
              ("kafka.transactions_topic", k.transactions_topic)]
