@@ -19,14 +19,23 @@ GC_YOUNG_THRESHOLD = 10_000
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", required=True, help="TOML config file")
-    p.add_argument("--until-caught-up", action="store_true",
-                   help="exit 0 once every change committed before start is in Kafka and "
-                        "confirmed to the slot")
+    add_service_options(p, config="TOML config file",
+                        caught_up="every change committed before start is in Kafka and "
+                                  "confirmed to the slot",
+                        failures="transient failures (PostgreSQL or Kafka unreachable)")
+
+
+def add_service_options(p: argparse.ArgumentParser, *, config: str, caught_up: str,
+                        failures: str) -> None:
+    """``-c``, ``--until-caught-up`` and ``--retry-timeout``, of ``pgrouter run`` and
+    ``pgrouter apply``: ``caught_up`` says when the command exits 0, ``failures`` what is
+    retried."""
+    p.add_argument("-c", "--config", required=True, help=config)
+    p.add_argument("--until-caught-up", action="store_true", help=f"exit 0 once {caught_up}")
     p.add_argument("--retry-timeout", type=float, metavar="SECONDS", default=None,
-                   help="give up (exit 1) when transient failures (PostgreSQL or Kafka "
-                        f"unreachable) last this long; default {UNTIL_CAUGHT_UP_RETRY_TIMEOUT:g} "
-                        "with --until-caught-up, otherwise retry until stopped")
+                   help=f"give up (exit 1) when {failures} last this long; default "
+                        f"{UNTIL_CAUGHT_UP_RETRY_TIMEOUT:g} with --until-caught-up, otherwise "
+                        "retry until stopped")
 
 
 def retry_timeout(args: argparse.Namespace) -> float | None:
