@@ -7,7 +7,7 @@ fields in the same order.
 
 from __future__ import annotations
 
-from .avro_types import _long, _optional, _w_string
+from .avro_types import _long, _optional, _w_string, w_array
 
 _SOURCE_FIELDS = [("db", "string", False), ("schema", "string", True),
                   ("table", "string", True), ("lsn", "long", True),
@@ -47,11 +47,7 @@ _TRUNCATE_SCHEMA = {"type": "record", "name": "Truncate", "namespace": "io.pgrou
 
 
 def _w_names(out: bytearray, names: list) -> None:
-    if names:
-        _long(out, len(names))
-        for n in names:
-            _w_string(out, n)
-    out.append(0)
+    w_array(out, names, _w_string)
 
 
 _write_toast = _optional(_w_names)

@@ -64,6 +64,15 @@ def _w_double(out: bytearray, v: float) -> None:
     out += _pack_double(v)
 
 
+def w_array(out: bytearray, items: list, write_item) -> None:
+    """An Avro array: one block of ``len(items)`` items (none when empty), then the end."""
+    if items:
+        _long(out, len(items))
+        for e in items:
+            write_item(out, e)
+    out.append(0)
+
+
 def _optional(write):
     """Writer of ``["null", T]``: union index 0 for None, 1 and the value otherwise."""
     def w(out: bytearray, v) -> None:
@@ -231,11 +240,7 @@ def _array_type(col: ColumnSchema, defined: set) -> _Type:
         return array_values(v, conv, nested_ok)
 
     def write(out: bytearray, items: list) -> None:
-        if items:
-            _long(out, len(items))
-            for e in items:
-                write_item(out, e)
-        out.append(0)
+        w_array(out, items, write_item)
     return _Type({"type": "array", "items": ["null", item.schema]}, convert, write)
 
 

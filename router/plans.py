@@ -97,26 +97,17 @@ def apply_plan(plan: TablePlan, change: Change):
     (pgoutput_change + pgoutput_row_filter)."""
     op = change.op
     row_map = plan.row_map
-    if op == "insert":
-        if not plan.publish_insert:
+    if op == "insert" or op == "delete":  # one row: the new one, or the old one
+        insert = op == "insert"
+        if not (plan.publish_insert if insert else plan.publish_delete):
             return None
-        new = change.new
+        row = change.new if insert else change.old
         if row_map is not None:
-            new = tuple([new[i] for i in row_map])
-        f = plan.insert_filter
-        if f is not None and not f(new):
+            row = tuple([row[i] for i in row_map])
+        f = plan.insert_filter if insert else plan.delete_filter
+        if f is not None and not f(row):
             return None
-        return "c", None, False, new
-    if op == "delete":
-        if not plan.publish_delete:
-            return None
-        old = change.old
-        if row_map is not None:
-            old = tuple([old[i] for i in row_map])
-        f = plan.delete_filter
-        if f is not None and not f(old):
-            return None
-        return "d", old, change.old_is_key, None
+        return ("c", None, False, row) if insert else ("d", row, change.old_is_key, None)
     # update
     if not plan.publish_update:
         return None

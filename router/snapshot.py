@@ -57,6 +57,7 @@ TABLE_SHIFT = 40
 RANGE_SHIFT = 32
 
 _UNESCAPE = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+_OCTAL, _HEX = "01234567", "0123456789abcdefABCDEF"
 
 
 def initial_position(consistent_point: int, table_ordinal: int, row: int,
@@ -79,18 +80,13 @@ def _unescape(field: str) -> str:
                 out.append(_UNESCAPE[nxt])
                 i += 2
                 continue
-            if nxt in "01234567":  # \ooo (COPY never writes it, but it may be read)
-                j = i + 1
-                while j < n and j < i + 4 and field[j] in "01234567":
+            octal = nxt in _OCTAL  # \ooo or \xhh (COPY never writes them; they may be read)
+            if octal or (nxt == "x" and i + 2 < n and field[i + 2] in _HEX):
+                start, digits = (i + 1, _OCTAL) if octal else (i + 2, _HEX)
+                j = start
+                while j < n and j < i + 4 and field[j] in digits:
                     j += 1
-                out.append(chr(int(field[i + 1:j], 8)))
-                i = j
-                continue
-            if nxt == "x" and i + 2 < n and field[i + 2] in "0123456789abcdefABCDEF":
-                j = i + 2
-                while j < n and j < i + 4 and field[j] in "0123456789abcdefABCDEF":
-                    j += 1
-                out.append(chr(int(field[i + 2:j], 16)))
+                out.append(chr(int(field[start:j], 8 if octal else 16)))
                 i = j
                 continue
             out.append(nxt)
