@@ -3,7 +3,8 @@ the router's initial snapshot) against ``COPY (SELECT …) TO STDOUT`` of the sa
 /dev/null (psql), side by side in one run.
 
     python bench/verify.py [--rows 1000000] [--format json|connect|avro] [--dsn ...]
-                           [--kafka ...] [--registry URL] [--repeat 3]
+                           [--kafka ...] [--registry URL] [--repeat 3] [--old-tree DIR]
+                           [--status-interval S]
 
 A router streams the table's slot in the background (verify waits until it delivered past
 its snapshot); the time measured is verify's whole run (a fresh process: catalog, snapshot,
@@ -58,6 +59,9 @@ def main() -> None:
     ap.add_argument("--registry", default="http://127.0.0.1:8081/apis/ccompat/v7")
     ap.add_argument("--repeat", type=int, default=3,
                     help="verify runs (each followed by the reference's): medians printed")
+    ap.add_argument("--old-tree", metavar="DIR",
+                    help="also run the verify of this checkout (built) in each round, on the "
+                         "same table and router: old_* figures, interleaved")
     ap.add_argument("--status-interval", type=float, default=None,
                     help="the router's [source] status_interval (default: the config's "
                          "default, what users run with)")
@@ -117,23 +121,17 @@ tables = ["{table}"]
             waited = time.monotonic() - started
             usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             runs = []
-            for _ in range(args.repeat):  # verify and the reference, interleaved
-                before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                started = time.monotonic()
-                proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c",
-                                       str(cfg), "--json"], cwd=ROOT, capture_output=True,
-                                      text=True, timeout=7200)
-                wall = time.monotonic() - started
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                if proc.returncode != 0:
-                    raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-                [res] = json.loads(proc.stdout)["results"]
+            for _ in range(args.repeat):  # verify (each tree) and the reference, interleaved
+                run, res = _verify(cfg, ROOT)
+                if args.old_tree:
+                    old, _res = _verify(cfg, args.old_tree)
+                    run.update({f"old_{k}": v for k, v in old.items()})
                 copy = copy_seconds(args.dsn, table)
                 read = read_seconds(args.kafka, topic)
-                runs.append({"wall": wall, "compare": res["seconds"], "copy": copy,
-                             "read": read, "ratio": wall / (copy + read),
-                             "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime
-                                                                         + before.ru_stime)})
+                run.update({"copy": copy, "read": read, "ratio": run["wall"] / (copy + read)})
+                if args.old_tree:
+                    run["old_ratio"] = run["old_wall"] / (copy + read)
+                runs.append(run)
             usage = max(usage, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
         finally:
             if router is not None:
@@ -168,6 +166,10 @@ tables = ["{table}"]
         "reference_seconds": round(reference, 3),
         "verify_over_reference": round(med["wall"] / reference, 2),
         "median_of_run_ratios": round(med["ratio"], 2),
+        **({"old_verify_seconds": round(med["old_wall"], 2),
+            "old_verify_cpu_seconds": round(med["old_cpu"], 2),
+            "old_verify_over_reference": round(med["old_wall"] / reference, 2),
+            "old_median_of_run_ratios": round(med["old_ratio"], 2)} if args.old_tree else {}),
         "load_average": [round(x, 1) for x in load + os.getloadavg()],
         "compare_over_reference": round(med["compare"] / reference, 2),
         "verify_over_copy": round(med["wall"] / med["copy"], 1),
@@ -176,6 +178,22 @@ tables = ["{table}"]
         "each": [{k: round(v, 2) for k, v in r.items()} for r in runs],
         "columns": COLUMNS,
     }))
+
+
+def _verify(cfg: pathlib.Path, tree) -> tuple[dict, dict]:
+    """One ``pgrouter verify --json`` of the tree ``tree`` (a fresh process): its wall time,
+    its topic's comparison and its CPU seconds, and its result."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c", str(cfg),
+                           "--json"], cwd=tree, capture_output=True, text=True, timeout=7200)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"verify ({tree}) exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    [res] = json.loads(proc.stdout)["results"]
+    return {"wall": wall, "compare": res["seconds"],
+            "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)}, res
 
 
 def read_seconds(kafka: str, topic: str) -> float:
