@@ -145,18 +145,15 @@ class _Compiler:
         return False, lambda v: None if (r := a(v)) is None else not r
 
     def c_NullTest(self, node: T.NullTest):
-        c, a = self.comp(node.arg)
-        neg = node.negated
-        if c:
-            return True, (a is None) != neg
-        if neg:
-            return False, lambda v: a(v) is not None
-        return False, lambda v: a(v) is None
+        return self._is(node.arg, None, node.negated)
 
     def c_BoolTest(self, node: T.BoolTest):
-        c, a = self.comp(node.arg)
         target = {"true": True, "false": False, "unknown": None}[node.what]
-        neg = node.negated
+        return self._is(node.arg, target, node.negated)
+
+    def _is(self, arg, target, neg: bool):
+        """``arg IS [NOT] target`` (NULL, TRUE, FALSE, UNKNOWN: never NULL itself)."""
+        c, a = self.comp(arg)
         if c:
             return True, (a is target) != neg
         if neg:
