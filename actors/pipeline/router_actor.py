@@ -9,9 +9,11 @@ records, ``actors.snapshot.backfill``) pass on in order. With ``meta`` (``router
 transaction that produces records gets BEGIN/END records in its own chunks.
 
 Items go out as lists: everything one incoming batch of events produced, cut whenever
-``CHUNK_RECORDS`` records have gathered, so a stream of small transactions costs one channel
-send per batch rather than one per transaction. The actor runs in its own task (``run``) or
-in its sender's (``handle`` and ``end`` behind ``mailbox.Inline``)."""
+``CHUNK_RECORDS`` records have gathered or routing the batch has taken ``CUT_SECONDS``, so a
+stream of small transactions costs one channel send per batch rather than one per
+transaction, and the first transactions of a large batch (a backlog after a pause) reach
+the sink while the rest is routed instead of waiting for all of it. The actor runs in its
+own task (``run``) or in its sender's (``handle`` and ``end`` behind ``mailbox.Inline``)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from .mailbox import Hold, Keepalive
 
 #: changes a transaction has at most to be routed by ``ChangeRouter.route_short``
 SHORT = 64
+#: seconds of routing after which what one batch produced so far is sent on (latency: a
+#: backlog of one-row transactions is a batch of up to 2,000 messages)
+CUT_SECONDS = 0.004
 
 
 class RouterActor:
@@ -69,6 +74,7 @@ class RouterActor:
         group: list = []
         size = 0
         started, waited = perf_counter(), 0.0
+        cut = started + CUT_SECONDS
         for ev in events:
             kind = type(ev)
             if kind is Transaction and ev.change_count <= SHORT and short is not None:
@@ -79,11 +85,12 @@ class RouterActor:
                     ev.changes.close()
                     if metrics is not None:
                         metrics.routed(ev.end_lsn, ev.commit_time, ev.change_count)
-                    if size >= CHUNK_RECORDS:
+                    if size >= CHUNK_RECORDS or perf_counter() > cut:
                         sent = perf_counter()
                         await self.out.send(group)
                         waited += perf_counter() - sent
                         group, size = [], 0
+                        cut = perf_counter() + CUT_SECONDS
                     continue
             if kind is Transaction or kind is RestrictedTransaction:
                 txn = ev if kind is Transaction else ev.transaction
