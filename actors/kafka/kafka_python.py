@@ -58,11 +58,8 @@ BUFFER_MEMORY = 32 * 1024 * 1024
 #: bytes a record adds to key+value+headers on the wire, at most (DefaultRecordBatch)
 _RECORD_OVERHEAD = 61 + 21
 
-_TOO_LARGE = tuple(getattr(kerr, n) for n in ("MessageSizeTooLargeError", "RecordTooLargeError",
-                                             "RecordListTooLargeError") if hasattr(kerr, n))
-_UNAVAILABLE = tuple(getattr(kerr, n) for n in ("NoBrokersAvailable", "KafkaConnectionError",
-                                               "KafkaTimeoutError", "NodeNotReadyError")
-                     if hasattr(kerr, n))
+_TOO_LARGE = (kerr.MessageSizeTooLargeError, kerr.RecordListTooLargeError)
+_UNAVAILABLE = (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, kerr.NodeNotReadyError)
 
 
 def map_error(exc: BaseException) -> SinkError:
@@ -73,7 +70,7 @@ def map_error(exc: BaseException) -> SinkError:
         return RecordTooLarge(f"a record is larger than Kafka accepts ({exc}): raise "
                               "[kafka.settings] max_request_size and the topic's "
                               "max.message.bytes")
-    if isinstance(exc, _UNAVAILABLE) or getattr(exc, "retriable", False):
+    if isinstance(exc, _UNAVAILABLE) or (isinstance(exc, kerr.KafkaError) and exc.retriable):
         return SinkUnavailable(f"Kafka unavailable: {exc}")
     if isinstance(exc, kerr.KafkaError):
         return SinkRejected(f"Kafka refused the records: {exc}")
