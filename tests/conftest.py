@@ -137,3 +137,15 @@ def registry_url(request) -> str:
     if os.environ.get("PGROUTER_TEST_REGISTRY"):
         return os.environ["PGROUTER_TEST_REGISTRY"]
     return request.getfixturevalue("devstack").registry_url
+
+
+@pytest.fixture(autouse=True)
+def _reap_routers():
+    """A router the test started in the background and left running (it failed before its
+    own kill) is killed when the test ends; a module's fixture started its router earlier
+    and keeps it."""
+    from tests.helpers import STARTED, reap_started
+
+    since = len(STARTED)
+    yield
+    reap_started(since)

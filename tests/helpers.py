@@ -138,8 +138,23 @@ def start_router(config: pathlib.Path, log: pathlib.Path, *,
     """``pgrouter run`` in the background (``module``: another entry point with the same
     command line, such as a test's deliberately broken router)."""
     fh = open(log, "ab")
-    return subprocess.Popen(router_cmd(config, module=module), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)
+    proc = subprocess.Popen(router_cmd(config, module=module), stdout=fh, stderr=subprocess.STDOUT,
+                            cwd=ROOT, start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+#: every router ``start_router`` started, so one a failed test left running is killed at
+#: that test's end (tests/conftest.py) instead of streaming on for the rest of the run
+STARTED: list[subprocess.Popen] = []
+
+
+def reap_started(since: int) -> None:
+    """Kill the routers started after the first ``since`` that still run."""
+    for proc in STARTED[since:]:
+        if proc.poll() is None:
+            kill9(proc)
+    del STARTED[since:]
 
 
 #: runs argv[1:] and prints its peak resident set (KiB) as the last line of stderr. A child
