@@ -6,7 +6,6 @@ when installed. Nothing here connects anywhere."""
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import platform
 import sys
 
@@ -19,6 +18,9 @@ LIBRARIES = [("kafka-python", "kafka-python"), ("confluent-kafka", "confluent-ka
 
 
 def _dist(name: str) -> str | None:
+    # imported here: it costs more than every other import of a command's start
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
