@@ -80,13 +80,19 @@ def validate_outbox(route, where: str, source: str, fmt: str) -> None:
             raise ConfigError(f"{key} is not for an outbox route", path=f"{where}.{key}",
                               source=source)
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(out.topic) if f is not None]
+        parts = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(out.topic)
+                 if f is not None]
     except ValueError as exc:
         raise ConfigError(f"bad topic template: {exc}", path=f"{at}.topic",
                           source=source) from exc
-    if not fields or any(not f for f in fields):
+    if not parts or any(not f for f, _, _ in parts):
         raise ConfigError("the topic template names a column, e.g. \"{aggregatetype}.events\"",
                           path=f"{at}.topic", source=source)
+    # "{aggregatetype!r}" or "{aggregatetype:>9}" would quote or pad each (escaped) value:
+    # every row's topic refused by Kafka, found only when the rows come
+    if any(spec or conv for _, spec, conv in parts):
+        raise ConfigError("a placeholder of the topic template is a column's name only (no "
+                          "'!conversion' or ':format')", path=f"{at}.topic", source=source)
     problem = illegal(out.dead_letter) if out.dead_letter else None
     if problem:
         raise ConfigError(f"topic {problem}", path=f"{at}.dead_letter", source=source)

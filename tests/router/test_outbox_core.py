@@ -103,6 +103,11 @@ name = "ev"
     ('tables = ["public.outbox"]\n[routes.outbox]\ntopic = "events"\n', "json", "names a column"),
     ('tables = ["public.outbox"]\n[routes.outbox]\ndead_letter = "a b"\n', "json",
      "dead_letter: topic .* Kafka does not allow"),
+    # a conversion or a format spec: quoted or padded values, every row's topic refused
+    ('tables = ["public.outbox"]\n[routes.outbox]\ntopic = "e.{aggregatetype!r}"\n', "json",
+     "column's name only"),
+    ('tables = ["public.outbox"]\n[routes.outbox]\ntopic = "e.{aggregatetype:>9}"\n', "json",
+     "column's name only"),
 ])
 def test_outbox_config_is_checked(route, fmt, problem):
     with pytest.raises(ConfigError, match=problem):

@@ -1,0 +1,100 @@
+"""A breaker's outbox rows against real PostgreSQL and Kafka, read by a plain confluent-kafka
+consumer: odd rows (unicode, empty and nested-escape payloads, NULL id, key and payload,
+topic values with odd characters, topics of exactly 249 and 250 characters) published the
+same by the C event maker and its Python twin (``PGROUTER_PURE_PYTHON=1``), byte for byte."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.e2e.guarantee import delete_topics
+from tests.helpers import ROOT, Pg, read_topic, router_cmd, unique, write_config
+
+pytestmark = pytest.mark.services
+
+
+def _run(cfg, pure: bool) -> None:
+    env = dict(os.environ)
+    env.pop("PGROUTER_PURE_PYTHON", None)
+    if pure:
+        env["PGROUTER_PURE_PYTHON"] = "1"
+    proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _shown(records: list[dict], side: str, name: str) -> list:
+    mine = f"{side}{name}".encode()  # the two routers' topics differ in their first letter
+    return [(r["raw"], sorted((k, v if v is None else v.replace(mine, b"*"))
+                              for k, v in r["headers"].items()
+                              if not k.startswith("pgrouter.lsn") and k != "pgrouter.seq"))
+            for r in records]
+
+
+@pytest.mark.parametrize("payload_type", ["jsonb", "json"])
+def test_odd_rows_make_the_same_bytes_in_c_and_in_python(pg_dsn, kafka_bootstrap, tmp_path,
+                                                         payload_type):
+    pg = Pg(pg_dsn)
+    name = unique("obxb")
+    pg.run(f"create table {name} (seq bigserial primary key, id text, aggregatetype text, "
+           f"aggregateid text, payload {payload_type}, kind text)")
+    pg.run(f"create publication {name} for table {name}")
+    prefix_len = len(f"c{name}.")
+    fill = 249 - prefix_len
+    odd = ["Order", "a b", "ünï\u00e9😀", "", "-", "Order", fill * "x", (fill + 1) * "y",
+           None, "Order", "a\u0301", "Order"]
+    payloads = ['{"a": "\\u00e9\\ud83d\\ude00", "b": {"c": "\\"\\\\\\/\\n"}}', '{}', '""',
+                None, '{"big": "%s"}' % ("é" * 20000), '[1, 2.50, 1e400]', 'null',
+                '{"k": "ü"}', '{"x": 1}', '"\\u2028"', '0', '{"a": [{}]}']
+    ids = ["1", None, "ü-3", "", "5", "6", "7", "8", "9", "10", "11", "12"]
+    keys = ["k1", "k2", None, "ключ", "", "k6", "k7", "k8", "k9", "k😀", "k11", "k12"]
+    values = ", ".join("(%s, %s, %s, %s::%s)" % tuple(
+        ["null" if v is None else "'" + v.replace("'", "''") + "'"
+         for v in (i, t, k, p)] + [payload_type])
+        for i, t, k, p in zip(ids, odd, keys, payloads))
+    cfgs, topics = {}, set()
+    for side in ("c", "p"):
+        cfgs[side] = write_config(
+            tmp_path / f"{side}.toml", dsn=pg_dsn, slot=f"{name}{side}", publications=[name],
+            bootstrap=kafka_bootstrap,
+            routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                   f'[routes.outbox]\ntopic = "{side}{name}.{{aggregatetype}}"\n'
+                   f'headers = ["kind"]\ndead_letter = "{side}{name}.dead"\n')
+    try:
+        for side in ("c", "p"):
+            _run(cfgs[side], side == "p")  # the slots made
+        pg.run(f"insert into {name} (id, aggregatetype, aggregateid, payload) values {values}")
+        pg.run(f"insert into {name} (id, aggregatetype, aggregateid, payload, kind) values "
+               f"{values.replace('::' + payload_type + ')', '::' + payload_type + ', $$h$$)')}")
+        for side in ("c", "p"):
+            _run(cfgs[side], side == "p")
+        from kafka import KafkaAdminClient
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="t")
+        try:
+            made = sorted(t for t in admin.list_topics() if name in t)
+        finally:
+            admin.close()
+        topics.update(made)
+        c_topics = sorted(t[1:] for t in made if t.startswith("c"))
+        p_topics = sorted(t[1:] for t in made if t.startswith("p"))
+        assert c_topics == p_topics
+        assert f"{name}.Order" in c_topics and f"{name}.dead" in c_topics
+        assert f"{name}." + fill * "x" in c_topics
+        for t in c_topics:
+            c = _shown(read_topic(kafka_bootstrap, "c" + t, decode=False), "c", name)
+            p = _shown(read_topic(kafka_bootstrap, "p" + t, decode=False), "p", name)
+            assert c == p, t
+        dead = read_topic(kafka_bootstrap, f"c{name}.dead", decode=False)
+        assert len(dead) == 4  # the NULL and 250-char topics, twice
+        events = read_topic(kafka_bootstrap, f"c{name}.Order", decode=False)
+        assert [r["headers"]["id"] for r in events] == [b"1", b"6", b"10", b"12"] * 2
+    finally:
+        for side in ("c", "p"):
+            pg.drop_slot(f"{name}{side}")
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
+        delete_topics(kafka_bootstrap, sorted(topics))
