@@ -130,3 +130,88 @@ def test_a_topic_colliding_in_dot_and_underscore_goes_to_the_dead_letter_topic(
         pg.run(f"drop table {name}")
         pg.close()
         delete_topics(kafka_bootstrap, topics)
+
+
+def test_dead_letters_under_exactly_once_survive_kill9_once(pg_dsn, kafka_bootstrap, tmp_path):
+    """A writer whose every other event has a NULL topic column (a dead letter); the
+    exactly-once router killed with SIGKILL as soon as a read_uncommitted reader sees a new
+    dead letter (its Kafka transaction likely open), three times: read_committed, every
+    committed event and dead letter once, each in commit order."""
+    import random
+    import threading
+    import time
+
+    import psycopg2
+
+    from tests.e2e.test_outbox_kill9 import debezium_outbox_consumer
+    from tests.helpers import kill9, run_router, start_router
+
+    pg = Pg(pg_dsn)
+    name = unique("obxx")
+    good, dead = f"order-{name[-8:]}", f"dead-{name[-8:]}"
+    pg.run(f"create table {name} (id uuid primary key default gen_random_uuid(), "
+           "aggregatetype text, aggregateid text, payload jsonb)")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
+                                   f'committed_lsn_topic = "{name}.progress"\n',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'[routes.outbox]\ndead_letter = "outbox.event.{dead}"\n')
+    cfg.write_text(cfg.read_text().replace("status_interval = 0.5", "status_interval = 3"))
+    committed: list[tuple[str | None, int, str]] = []
+    stop, errors = threading.Event(), []
+
+    def write():
+        try:
+            conn = psycopg2.connect(pg_dsn)
+            with conn.cursor() as cur:
+                n = 0
+                while not stop.is_set() and n < 20_000:
+                    n += 1
+                    kind = good if n % 2 else None
+                    cur.execute(f"insert into {name} (aggregatetype, aggregateid, payload) "
+                                "values (%s, 'a', %s) returning id", (kind, f'{{"n": {n}}}'))
+                    event = str(cur.fetchone()[0])
+                    cur.execute(f"delete from {name} where id = %s", (event,))
+                    conn.commit()
+                    committed.append((kind, n, event))
+                    time.sleep(0.004)
+            conn.close()
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    writer, proc = threading.Thread(target=write, daemon=True), None
+    topics = [f"outbox.event.{good}", f"outbox.event.{dead}", f"{name}.progress"]
+    try:
+        run_router(cfg)
+        writer.start()
+        for i in range(3):
+            log = tmp_path / f"router-{i}.log"
+            proc = start_router(cfg, log)
+            seen = len(read_topic(kafka_bootstrap, topics[1], missing_ok=True, settle=0,
+                                  decode=False))
+            deadline = time.monotonic() + 120
+            while len(read_topic(kafka_bootstrap, topics[1], missing_ok=True, settle=0,
+                                 decode=False)) < seen + 20 + i:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+            kill9(proc)
+        stop.set()
+        writer.join(timeout=60)
+        assert not errors, errors
+        run_router(cfg, timeout=300)
+        for kind, topic in ((good, good), (None, dead)):
+            got = debezium_outbox_consumer(kafka_bootstrap, topic)
+            assert [e["payload"]["n"] for e in got] == [n for k, n, _ in committed if k == kind]
+            assert [e["id"] for e in got] == [e for k, _, e in committed if k == kind]
+    finally:
+        if proc is not None:
+            kill9(proc)
+        stop.set()
+        writer.join(timeout=60)
+        pg.drop_slot(name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}")
+        pg.close()
+        delete_topics(kafka_bootstrap, topics)
