@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # the install is redone when the package definition or the C accelerator changes
-NATIVE := $(wildcard router/_native/*.c router/_native/*.h actors/kafka/*.c)
+NATIVE := $(wildcard router/_native/*.[ch] router/_native/*/*.[ch] actors/kafka/*.c)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(NATIVE) | cksum | cut -d' ' -f1)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # PostgreSQL major version of a new dev stack (15–18; empty: the newest, 18); an existing

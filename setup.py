@@ -8,14 +8,18 @@ Both are optional: without a C compiler pgrouter installs and runs on its Python
 
 from setuptools import Extension, setup
 
-SOURCES = ["module.c", "pgoutput.c", "short.c", "codec.c", "recorder.c", "tx.c", "delivery.c",
-           "avro.c", "avro_values.c", "verify.c", "copytext.c", "copyrecords.c", "verify_fold.c",
-           "verify_copy.c", "verify_json.c", "verify_digest.c"]
+SOURCES = ["module.c", "stream/pgoutput.c", "stream/short.c", "formats/codec.c",
+           "formats/recorder.c", "formats/tx.c", "delivery/delivery.c", "formats/avro.c",
+           "formats/avro_values.c", "verify/verify.c", "snapshot/copytext.c",
+           "snapshot/copyrecords.c", "verify/verify_fold.c", "verify/verify_copy.c",
+           "verify/verify_json.c", "verify/verify_digest.c"]
 
 setup(ext_modules=[Extension("router._native", [f"router/_native/{name}" for name in SOURCES],
-                             depends=["router/_native/native.h", "router/_native/codec.h",
-                                      "router/_native/json.h", "router/_native/avro_values.h",
-                                      "router/_native/copytext.h", "router/_native/verify.h"],
+                             depends=["router/_native/formats/avro_values.h",
+                                      "router/_native/formats/codec.h",
+                                      "router/_native/formats/json.h", "router/_native/native.h",
+                                      "router/_native/snapshot/copytext.h",
+                                      "router/_native/verify/verify.h"],
                              optional=True, extra_compile_args=["-O2", "-Wall"]),
                    Extension("actors.kafka._producer", ["actors/kafka/_producer.c"],
                              libraries=["dl", "pthread"], optional=True,

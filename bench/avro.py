@@ -22,9 +22,9 @@ import msgspec
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.avro import AvroFormat, SchemasNeeded  # noqa: E402
+from router.formats.avro import AvroFormat, SchemasNeeded  # noqa: E402
 from router.native import NATIVE  # noqa: E402
-from router.schema import ColumnSchema, TableSchema  # noqa: E402
+from router.formats.schema import ColumnSchema, TableSchema  # noqa: E402
 
 TOPIC = "bench.public.payments"
 SCHEMA = TableSchema("0123456789abcdef", "public", "payments", (

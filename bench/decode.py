@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from router.pgoutput import Begin, Commit, Decoder, Delete, Insert, Relation, Update  # noqa: E402
 from router.pgoutput.render import parse_line  # noqa: E402
-from router.relations import RelationCache  # noqa: E402
-from router.transactions import TransactionAssembler  # noqa: E402
-from router.values import row_converter  # noqa: E402
+from router.stream.relations import RelationCache  # noqa: E402
+from router.stream.transactions import TransactionAssembler  # noqa: E402
+from router.formats.values import row_converter  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "router" / "pgoutput" / "golden"
 

@@ -207,7 +207,7 @@ def run_null_router(cfg_path: str) -> None:
 
     from actors.services import log
     from actors.runner.supervisor import Supervisor
-    from router.config import load_config
+    from router.config.router import load_config
 
     cfg = load_config(cfg_path)
     import gc

@@ -97,7 +97,7 @@ def kafka_alone_process(bootstrap: str, topic: str, settings: dict, rate: float,
         import confluent_kafka as ck
 
         from actors.kafka.librdkafka import DEFAULTS
-        from router.kafka_settings import LIBRDKAFKA, translate
+        from router.config.kafka_settings import LIBRDKAFKA, translate
 
         conf = dict(DEFAULTS)
         conf.update(translate(dict(settings), LIBRDKAFKA))

@@ -35,9 +35,9 @@ run writes it when its JVM exits, later runs start from it (a scheduler's ``--av
 runs after the first).
 
 ``--format avro`` writes the backlogs as the router writes ``[kafka] format = "avro"`` (the same
-records converted by ``router.avro``, their schemas registered in the registry, whose subjects
-are deleted at the end); ``--format json,avro`` measures both side by side in one session: the
-fresh drain in the first format, then ``--runs`` steady drains of each format's backlog,
+records converted by ``router.formats.avro``, their schemas registered in the registry, whose
+subjects are deleted at the end); ``--format json,avro`` measures both side by side in one session:
+the fresh drain in the first format, then ``--runs`` steady drains of each format's backlog,
 interleaved, each into a new table and checkpoint, reported as their median. ``--bootstrap``
 and ``--registry`` use running services instead of the dev stack's.
 
@@ -74,15 +74,15 @@ from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 from devstack import ensure_up, spark_jars  # noqa: E402
 from actors.materialize import class_archive, job  # noqa: E402
 from actors.materialize.settings import RegistrySettings  # noqa: E402
-from router.envelope import TableEncoder, TxContext  # noqa: E402
+from router.formats.envelope import TableEncoder, TxContext  # noqa: E402
 from router.pgoutput import Relation, RelationColumn  # noqa: E402
-from router.schema import encode_schema  # noqa: E402
+from router.formats.schema import encode_schema  # noqa: E402
 
 
 def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int,
             registry: str | None = None) -> None:
     """``n`` records to ``topic``: JSON, or with ``registry`` Avro as the router's sink writes
-    them (``router.avro``, the schemas registered there)."""
+    them (``router.formats.avro``, the schemas registered there)."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(topic, 2, 1), NewTopic(schema_topic, 1, 1)])
     admin.close()
@@ -122,19 +122,19 @@ def produce(bootstrap: str, topic: str, schema_topic: str, n: int, keys: int,
 
 
 class Avro:
-    """The router's Avro conversion (``router.avro``), its schemas registered."""
+    """The router's Avro conversion (``router.formats.avro``), its schemas registered."""
 
     def __init__(self, url: str, schema):
         from actors.kafka.registry import RegistryClient
-        from router.avro import AvroFormat
-        from router.config import RegistryConfig
+        from router.formats.avro import AvroFormat
+        from router.config.router import RegistryConfig
 
         self.client = RegistryClient(RegistryConfig(url=url))
         self.format = AvroFormat()
         self.format.learn(schema)
 
     def convert(self, records: list) -> list:
-        from router.avro import SchemasNeeded
+        from router.formats.avro import SchemasNeeded
 
         try:
             return self.format.convert_all(records)

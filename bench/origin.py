@@ -93,10 +93,10 @@ progress_interval = 600
 def filter_cost(n: int = 200_000) -> float:
     """ns per transaction spent in OriginFilterActor.filter (lists policy, half tagged)."""
     from actors.pipeline.origin_filter import OriginFilterActor
-    from router.origins import OriginPolicy, OriginRules
+    from router.stream.origins import OriginPolicy, OriginRules
     from router.pgoutput import Begin, Commit, Insert, Origin, Relation, RelationColumn
-    from router.relations import RelationCache
-    from router.transactions import TransactionAssembler
+    from router.stream.relations import RelationCache
+    from router.stream.transactions import TransactionAssembler
 
     a = TransactionAssembler(RelationCache())
     a.feed(1, Relation(1, "public", "t", "d", (RelationColumn(1, "id", 23, -1),)))

@@ -21,12 +21,12 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from router.changes import Change, Changes  # noqa: E402
+from router.stream.changes import Change, Changes  # noqa: E402
 from router.native import describe  # noqa: E402
-from router.outbox import OutboxConfig  # noqa: E402
+from router.routing.outbox import OutboxConfig  # noqa: E402
 from router.pgoutput import Relation, RelationColumn  # noqa: E402
-from router.routing import ChangeRouter, RouteSpec  # noqa: E402
-from router.transactions import Transaction  # noqa: E402
+from router.routing.change_router import ChangeRouter, RouteSpec  # noqa: E402
+from router.stream.transactions import Transaction  # noqa: E402
 
 UUID, VARCHAR, JSONB = 2950, 1043, 3802
 OUTBOX = Relation(1, "public", "outbox", "d", (

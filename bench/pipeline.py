@@ -15,7 +15,7 @@ slot reader's. Stages are timed cumulatively, best of ``--repeat`` (machines her
   batch (row changes decoded and assembled by ``router._native.feed_rows`` when built)
 * +route/encode    – plus ``ChangeRouter.route`` (one route, records encoded for Kafka)
 * +route, following – the same with the router following publication definitions at their
-  WAL position (``router.definitions``; no DDL in the stream): what that mechanism costs on
+  WAL position (``router.routing.definitions``; no DDL in the stream): what that mechanism costs on
   the hot path, printed as a ratio
 
 It prints µs per change for each and the implied changes per CPU-second of the main thread.
@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from router import native  # noqa: E402
 from router.pgoutput import Decoder  # noqa: E402
-from router.relations import RelationCache  # noqa: E402
-from router.routing import ChangeRouter, RouteSpec  # noqa: E402
-from router.transactions import TransactionAssembler  # noqa: E402
+from router.stream.relations import RelationCache  # noqa: E402
+from router.routing.change_router import ChangeRouter, RouteSpec  # noqa: E402
+from router.stream.transactions import TransactionAssembler  # noqa: E402
 
 RELID = 16390
 BATCH = 2000
@@ -124,8 +124,8 @@ def assemble(batches) -> int:
 def route(batches, follow: bool = False) -> int:
     router = ChangeRouter([RouteSpec("bench", all_tables=True)], db="postgres")
     if follow:
-        from router.definitions import Definitions
-        from router.publications import Catalog
+        from router.routing.definitions import Definitions
+        from router.routing.publications import Catalog
 
         router.follow(Definitions(Catalog({}, {}), lambda c: [RouteSpec("bench", all_tables=True)],
                                   slot="bench", topic="defs"))

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 import msgspec  # noqa: E402
 
-from router.topics import TopicSpec  # noqa: E402
-from router.routing import CHUNK_RECORDS  # noqa: E402
-from router.snapshot_rows import PackedRecords  # noqa: E402
+from router.routing.topics import TopicSpec  # noqa: E402
+from router.routing.change_router import CHUNK_RECORDS  # noqa: E402
+from router.snapshot.rows import PackedRecords  # noqa: E402
 
 CLIENTS = ("kafka-python", "librdkafka")
 #: kafka-python through its public ``send`` (the client's fallback), for comparison

@@ -73,10 +73,10 @@ def copy_seconds(dsn: str, table: str) -> float:
 
 def copy_ranges_seconds(dsn: str, table: str, sessions: int) -> float:
     """The table's rows by ``COPY … TO STDOUT`` of its block ranges (as the snapshot splits
-    it for ``sessions`` sessions, ``router.snapshot_ranges``) in ``sessions`` psql
+    it for ``sessions`` sessions, ``router.snapshot.ranges``) in ``sessions`` psql
     processes at once, to /dev/null: what PostgreSQL alone gives when a table is read by
     several sessions."""
-    from router.snapshot_ranges import block_ranges
+    from router.snapshot.ranges import block_ranges
 
     conn = psycopg2.connect(dsn)
     try:
@@ -160,17 +160,17 @@ def table_records(dsn: str, table: str, route: str):
     """``make(topic, n)`` and ``make_packed(topic, n)`` for ``bench/sink.py``: the table's
     rows as the snapshot encodes them (its COPY text, ``SnapshotRows`` with the table's
     columns and key), to ``topic``; ``make`` gives them one by one (parsed by
-    ``router.snapshot.copy_rows``: the client's per-record ``produce``), ``make_packed`` as
+    ``router.snapshot.core.copy_rows``: the client's per-record ``produce``), ``make_packed`` as
     the snapshot's C path hands them to the client (COPY text in the reader's batches of
     ``BATCH_ROWS`` lines, packed, produced by ``actors.kafka.native_producer``). Read from
     PostgreSQL once, before any clock runs."""
     from actors.snapshot.reader import BATCH_ROWS
-    from router.envelope import TxContext
+    from router.formats.envelope import TxContext
     from router.pgoutput import Relation
     from router.pgoutput.messages import RelationColumn
-    from router.routing import CHUNK_RECORDS, ChangeRouter, RouteSpec
-    from router.snapshot import copy_rows
-    from router.snapshot_rows import CopyText, PackedRecords, SnapshotRows
+    from router.routing.change_router import CHUNK_RECORDS, ChangeRouter, RouteSpec
+    from router.snapshot.core import copy_rows
+    from router.snapshot.rows import CopyText, PackedRecords, SnapshotRows
 
     conn = psycopg2.connect(dsn)
     try:
@@ -225,17 +225,17 @@ def encode_scaling(dsn: str, table: str, threads: int, rounds: int = 3) -> dict:
     """The router's own per-row work alone (no PostgreSQL, no Kafka): the table's COPY text
     (read once) turned into one route's records, cut in ``threads`` pieces at line ends,
     encoded one piece after the other in one thread and all pieces at once by ``threads``
-    threads — by the C path (``router.snapshot_rows.encode_text``: no GIL while it parses
+    threads — by the C path (``router.snapshot.rows.encode_text``: no GIL while it parses
     and encodes) and by the Python path (rows parsed, then recorded one by one under the
     GIL). Medians of ``rounds``: {path: (1 thread s, N threads s, CPU s)}."""
     import threading
 
-    from router.envelope import TxContext
+    from router.formats.envelope import TxContext
     from router.pgoutput import Relation
     from router.pgoutput.messages import RelationColumn
-    from router.routing import ChangeRouter, RouteSpec
-    from router.snapshot import copy_rows
-    from router.snapshot_rows import SnapshotRows, encode_text
+    from router.routing.change_router import ChangeRouter, RouteSpec
+    from router.snapshot.core import copy_rows
+    from router.snapshot.rows import SnapshotRows, encode_text
 
     conn = psycopg2.connect(dsn)
     try:

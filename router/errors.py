@@ -180,7 +180,7 @@ class Aborted(PgRouterError):
 
 class LeadershipLost(PgRouterError):
     """With ``[ha]``: this router no longer leads its group (its lease expired or Kafka took
-    partition 0 away); it stops streaming without confirming or producing (router.ha)."""
+    partition 0 away); it stops streaming without confirming or producing (router.delivery.ha)."""
 
 
 # --- bugs ----------------------------------------------------------------------------------

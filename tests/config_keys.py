@@ -9,8 +9,8 @@ import typing
 import msgspec
 
 from actors.materialize.config import MaterializeConfig
-from router.apply_config import ApplyConfig
-from router.config import Config
+from router.config.applier import ApplyConfig
+from router.config.router import Config
 
 #: file → its root Struct
 FILES = {"router": Config, "apply": ApplyConfig, "materialize": MaterializeConfig}

@@ -8,7 +8,7 @@ Rules:
   thread: measured, hopping to the thread for every poll cost a third of the throughput)
   reads the transaction topic and the data topics its
   END records name, and releases complete transactions in source commit order
-  (``router.reassembly``); the writer (``actors.apply.writer``) applies each one in one
+  (``router.apply.reassembly``); the writer (``actors.apply.writer``) applies each one in one
   target transaction while the consumer already reads the next records.
 * Exactly-once: at start the origin's durable progress is read
   (``pg_replication_origin_progress(origin, true)``); transactions at or below it are
@@ -30,11 +30,11 @@ import time
 import trio
 import trio_asyncio
 
-from router.apply_config import ApplyConfig
-from router.config import parse_listen
+from router.config.applier import ApplyConfig
+from router.config.router import parse_listen
 from router.errors import PgRouterError
-from router.lsn import format_lsn
-from router.reassembly import Reassembler
+from router.postgres.lsn import format_lsn
+from router.apply.reassembly import Reassembler
 
 from ..services import log
 from ..console.web import Console

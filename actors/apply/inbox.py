@@ -18,7 +18,7 @@ from collections import deque
 
 import trio
 
-from router.reassembly import SourceTransaction
+from router.apply.reassembly import SourceTransaction
 
 BATCH_ROWS = 5000  # rows of small transactions sent in one script
 BATCH_TRANSACTIONS = 1000

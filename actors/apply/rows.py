@@ -28,12 +28,12 @@ import logging
 import asyncpg
 import trio
 
-from router.apply_config import ApplyConfig
-from router.batches import literal
+from router.config.applier import ApplyConfig
+from router.apply.batches import literal
 from router.errors import ApplyConflict, ApplyError, SourceUnavailable
-from router.lsn import format_lsn
-from router.reassembly import SourceTransaction
-from router.statements import TargetTable, affected, key_of
+from router.postgres.lsn import format_lsn
+from router.apply.reassembly import SourceTransaction
+from router.apply.statements import TargetTable, affected, key_of
 
 from ..services import log
 from ..services.sql import SqlSession

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from router import __version__
-from router.console_config import redacted
-from router.lsn import format_lsn
+from router.config.console import redacted
+from router.postgres.lsn import format_lsn
 
 from ..console import board
 

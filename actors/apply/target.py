@@ -36,12 +36,12 @@ import time
 import asyncpg
 import trio
 
-from router.apply_config import ApplyTarget
-from router.batches import literal
+from router.config.applier import ApplyTarget
+from router.apply.batches import literal
 from router.errors import ApplyError
-from router.identifiers import split_qualified
-from router.lsn import format_lsn, parse_lsn
-from router.statements import TargetTable, quote_ident
+from router.postgres.identifiers import split_qualified
+from router.postgres.lsn import format_lsn, parse_lsn
+from router.apply.statements import TargetTable, quote_ident
 
 from ..services import log
 from ..services.sql import SqlSession

@@ -2,7 +2,7 @@
 
 Rules:
 
-* Fast path (``router.batches``): the transactions waiting in the inbox
+* Fast path (``router.apply.batches``): the transactions waiting in the inbox
   (``actors.apply.inbox``), up to ``BATCH_ROWS`` rows, go to the target as one simple-query
   script: many small transactions cost one round trip. Consecutive ones of at most
   ``target.group_rows`` rows together share one target transaction, ``begin; set-based
@@ -22,7 +22,7 @@ Rules:
   offsets in the progress table, which roll back with it); a COMMIT that fails after it
   puts the origin back. When the transaction's last statement executes a prepared one-row
   statement (and the target has no deferrable checks to force first), the setup is folded
-  into it (``router.batches.with_origin``: evaluated after that change and its check), so a
+  into it (``router.apply.batches.with_origin``: evaluated after that change and its check), so a
   one-row transaction is three statements, not four.
 * The last transaction of a batch that carries restart offsets also writes them to the
   progress table, so they commit with it.
@@ -33,7 +33,7 @@ Rules:
   stops the applier under ``error``; any other error stops it with one line), then the
   fast path goes on with the rest.
 * Snapshot and backfill rows (``op: "r"``, released as snapshot batches by
-  ``router.reassembly``) are upserts by key under every policy, in a transaction of their
+  ``router.apply.reassembly``) are upserts by key under every policy, in a transaction of their
   own that leaves the origin where it is.
 """
 
@@ -46,12 +46,12 @@ from itertools import chain
 import asyncpg
 import trio
 
-from router.apply_config import ApplyConfig, table_map
-from router.batches import Prepared, statements, with_origin
+from router.config.applier import ApplyConfig, table_map
+from router.apply.batches import Prepared, statements, with_origin
 from router.errors import ApplyError, SourceUnavailable
-from router.lsn import format_lsn
-from router.reassembly import SourceTransaction
-from router.statements import TargetTable
+from router.postgres.lsn import format_lsn
+from router.apply.reassembly import SourceTransaction
+from router.apply.statements import TargetTable
 
 from ..services import log
 from ..services.sql import SqlSession

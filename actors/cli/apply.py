@@ -7,7 +7,7 @@ import argparse
 
 import trio
 
-from router.apply_config import load_apply_config
+from router.config.applier import load_apply_config
 
 from ..services import log
 from ..apply.applier import Applier

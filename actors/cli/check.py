@@ -18,7 +18,7 @@ import argparse
 import trio
 import trio_asyncio
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import ConfigError, PgRouterError
 
 from ..services.publication_mode import mode as publication_mode

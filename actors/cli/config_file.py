@@ -1,4 +1,4 @@
-"""Loading the router's config file for a subcommand: ``router.config`` parses it, and the
+"""Loading the router's config file for a subcommand: ``router.config.router`` parses it, and the
 warnings it earns (a key under its old name) go to stderr, one line each, before the
 command does anything."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from router.config import Config, load_config
+from router.config.router import Config, load_config
 
 
 def load(path: str, command: str) -> Config:

@@ -12,7 +12,7 @@ import pathlib
 import signal
 import urllib.parse
 
-from router.config import parse_listen
+from router.config.router import parse_listen
 from router.errors import ConfigError
 
 from ..console.overview import Overview

@@ -12,7 +12,7 @@ error naming the line and byte offset (exit status 1).
 With ``--topic`` each record of the topic (from its first offset, or from the last ``--tail N``
 offsets of each partition, up to the end offsets at start; read_committed) is one line ``{"partition", "offset",
 "key", "value"}``: JSON keys and values as they are, Avro ones as pgrouter's JSON envelope
-(``router.avro_read``), anything else as a string.
+(``router.formats.avro_read``), anything else as a string.
 """
 
 from __future__ import annotations

@@ -23,11 +23,11 @@ import re
 import socket
 import sys
 
-from router.config import SLOT_NAME, parse_config
+from router.config.router import SLOT_NAME, parse_config
 from router.errors import ConfigError
-from router.identifiers import quote_ident
-from router.dsn import mask
-from router.kafka_settings import parse_bootstrap_servers
+from router.postgres.identifiers import quote_ident
+from router.postgres.dsn import mask
+from router.config.kafka_settings import parse_bootstrap_servers
 
 _ROUTE_NAME = re.compile(r"[^A-Za-z0-9._\-]")
 DEFAULT_KAFKA = "127.0.0.1:9092"

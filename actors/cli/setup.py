@@ -16,7 +16,7 @@ import trio
 import trio_asyncio
 
 from router.errors import ConfigError, SourceError
-from router.signals import SETUP_SQL as SIGNALS_SQL
+from router.snapshot.signals import SETUP_SQL as SIGNALS_SQL
 
 from ..services import publication_trigger as trigger, slots
 from ..services.retry import primary

@@ -1,7 +1,7 @@
 """``pgrouter snapshot -c FILE --route R [--table T …]``: ask the router running on the
 config's slot to backfill tables into some routes' topics, while it keeps streaming.
 
-The request is a transactional logical decoding message (``router.snapshot``) written into
+The request is a transactional logical decoding message (``router.snapshot.core``) written into
 the source's WAL: the router reads it from its slot in commit order, records it in the
 progress topic and runs it (``actors.snapshot.backfill``); a router that is not running
 picks it up when it starts. Routes and tables are checked first: a slot that does not exist

@@ -27,9 +27,9 @@ import string
 import trio
 import trio_asyncio
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import PgRouterError
-from router.lsn import format_lsn
+from router.postgres.lsn import format_lsn
 
 from ..ha import group
 from ..pipeline.slot_monitor import sample_slot

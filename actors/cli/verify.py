@@ -2,7 +2,7 @@
 hold exactly what the route would replicate of its tables, at one position?
 
 The source is read on a snapshot whose LSN is known; each topic is read once the router
-delivered past that LSN and folded by key at it (``actors.verify``, ``router.verify``). Per
+delivered past that LSN and folded by key at it (``actors.verify``, ``router.verify.fold``). Per
 route and topic: rows compared, missing in the topic, extra in the topic, different (example
 keys with the differing columns), duration. Exit status 0 when every topic is equal, 1 when
 one is not, 2 on an error (one line on stderr: what is wrong and where). ``--json`` prints one

@@ -26,7 +26,7 @@ import json
 import secrets
 from typing import Callable
 
-from router.console_config import ConsoleConfig
+from router.config.console import ConsoleConfig
 
 JSON = "application/json"
 #: largest POST body read

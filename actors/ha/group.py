@@ -6,7 +6,7 @@ Blocking; called from a worker thread."""
 
 from __future__ import annotations
 
-from router.ha import control_topic, group_id
+from router.delivery.ha import control_topic, group_id
 
 TIMEOUT = 10.0
 

@@ -1,6 +1,6 @@
 """The ``Leadership`` actor: which of several ``pgrouter run`` processes streams the slot.
 
-Rules (the group and the lease are ``router.ha``'s; docs/ha.md tells the operator):
+Rules (the group and the lease are ``router.delivery.ha``'s; docs/ha.md tells the operator):
 
 * A librdkafka consumer in its own thread joins the group ``group_id`` on the one-partition
   control topic (created when missing) with the ``cooperative-sticky`` assignor, so a standby
@@ -42,8 +42,8 @@ from typing import Awaitable, Callable
 import trio
 
 from router.errors import ConfigError, LeadershipLost, PgRouterError, SlotInUse
-from router.exactly_once import ProducerFenced
-from router.ha import Lease, control_topic, group_id, lease_seconds
+from router.delivery.exactly_once import ProducerFenced
+from router.delivery.ha import Lease, control_topic, group_id, lease_seconds
 
 from ..services import log, slots
 from ..services.sql import SqlSession

@@ -1,5 +1,5 @@
 /* actors.kafka._producer: librdkafka's producer driven from C, for records that come packed
- * (router.snapshot_rows.RecordBlock: every record's key and value back to back in one bytes
+ * (router.snapshot.rows.RecordBlock: every record's key and value back to back in one bytes
  * object, three 64-bit offsets a record). The per-record work — headers, produce, delivery
  * report — runs without the interpreter lock and makes no Python object; Python sees one
  * call per batch and one report per batch (actors.kafka.native_producer).

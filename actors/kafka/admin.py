@@ -10,7 +10,7 @@ topics. A request that fails raises; the caller turns that into one line.
 
 from __future__ import annotations
 
-from router.kafka_settings import LIBRDKAFKA, translate
+from router.config.kafka_settings import LIBRDKAFKA, translate
 
 
 def connection_conf(bootstrap_servers, settings: dict) -> dict:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 
-from router.kafka_settings import SECRETS
+from router.config.kafka_settings import SECRETS
 
 _LOGGER = "kafka.net.manager"
 #: the start of the manager's message for a failed bootstrap attempt (kafka-python 3.0)

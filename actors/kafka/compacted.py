@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 from router.errors import SinkUnavailable
-from router.kafka_settings import KAFKA_PYTHON, LIBRDKAFKA, translate
+from router.config.kafka_settings import KAFKA_PYTHON, LIBRDKAFKA, translate
 
 from .versions import known_api_version
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import time
 
-from router.apply_config import ApplyKafka
+from router.config.applier import ApplyKafka
 from router.errors import ConfigError, SinkUnavailable
 
 POLL_RECORDS = 5000

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from router.errors import SinkError
-from router.exactly_once import Progress
-from router.topics import TopicSpec
+from router.delivery.exactly_once import Progress
+from router.routing.topics import TopicSpec
 
 #: ``(topic, key, value, headers)``; headers None or a list of ``(name, bytes)``
 Record = tuple
@@ -83,7 +83,7 @@ class InlineProducer(Producer, Protocol):
 
 @runtime_checkable
 class PackedProducer(Producer, Protocol):
-    """A producer that may take packed records (``router.snapshot_rows.PackedRecords``)."""
+    """A producer that may take packed records (``router.snapshot.rows.PackedRecords``)."""
 
     @property
     def takes_packed(self) -> bool:
@@ -93,7 +93,7 @@ class PackedProducer(Producer, Protocol):
 @runtime_checkable
 class TransactionalProducer(Producer, Protocol):
     """A producer whose records become visible only with ``commit``, with the router's
-    exactly-once progress (``router.exactly_once``)."""
+    exactly-once progress (``router.delivery.exactly_once``)."""
 
     transactional_id: str
     #: the end LSN of the last source transaction Kafka holds committed

@@ -2,15 +2,15 @@
 
 A leader frozen (SIGSTOP, a paused VM, a long stall) while its Kafka client still held
 records sends them when it runs again: the client's threads resume before any check of the
-router's own (the lease, ``router.ha``) can run, and nothing in the process can call them
+router's own (the lease, ``router.delivery.ha``) can run, and nothing in the process can call them
 back. Those records would land after the new leader's newer ones, and a compacted topic or
 any consumer applying in offset order would keep the old values. Only Kafka can refuse them.
 
 Rules:
 
 * The producer has a transactional id shared by every router of the group: the one
-  exactly-once uses (``router.exactly_once.transactional_id``: ``[kafka] transactional_id``,
-  or one naming the slot, the database and the server).
+  exactly-once uses (``router.delivery.exactly_once.transactional_id``: ``[kafka]
+  transactional_id``, or one naming the slot, the database and the server).
 * ``start`` registers it (``init_transactions``): Kafka aborts the previous leader's open
   transaction and bumps the producer epoch, so every later write of the old producer — what
   its client still queued included — is refused (``ProducerFenced`` there). What the old one
@@ -25,7 +25,7 @@ Rules:
 
 from __future__ import annotations
 
-from router.exactly_once import Stream, transactional_id
+from router.delivery.exactly_once import Stream, transactional_id
 
 from .transactional import TXN_TIMEOUT, TransactionalClient
 

@@ -3,7 +3,7 @@
 Contract (shared with the librdkafka client): ``produce(records, ticket, on_done)`` hands
 records over and calls ``on_done(ticket, error, count)`` once from the client's thread: when
 every record is acknowledged (``error`` None, ``count`` = len(records)) or at the first
-failure (``router.delivery.Tally``); ``produce_sync`` sends one record and returns when it is
+failure (``router.delivery.tally.Tally``); ``produce_sync`` sends one record and returns when it is
 durable; ``ensure_topics``; ``flush``; ``close(timeout)``; ``map_error(exc) -> SinkError``.
 The producer is idempotent with acks=all, which keeps per-partition order across retries.
 
@@ -22,9 +22,9 @@ Rules of the hot path (kafka-python spends all its time in Python, ~40 µs a rec
   than ``buffer_memory`` bytes of batches are unacknowledged (backpressure, as in librdkafka).
 * A record above the producer's ``max_request_size`` or the topic's ``max.message.bytes``
   (read once per topic) is refused before sending, with a line naming it
-  (``router.delivery.record_too_large``): kafka-python's delivery errors do not say which
+  (``router.delivery.tally.record_too_large``): kafka-python's delivery errors do not say which
   record the broker refused.
-* ``[kafka] settings`` use the common vocabulary of ``router.kafka_settings``.
+* ``[kafka] settings`` use the common vocabulary of ``router.config.kafka_settings``.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.structs import TopicPartition
 
-from router.delivery import Tally, record_too_large
+from router.delivery.tally import Tally, record_too_large
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
-from router.kafka_settings import KAFKA_PYTHON, translate
+from router.config.kafka_settings import KAFKA_PYTHON, translate
 
 from .contracts import Producer
 

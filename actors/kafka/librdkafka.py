@@ -3,7 +3,7 @@
 The contract is exactly ``actors.kafka.kafka_python``'s: ``produce(records, ticket, on_done)``
 hands ``(topic, key, value, headers)`` records over and ``on_done(ticket, error, count)`` is
 called once from the client's thread, when all of them are acknowledged (``error`` None) or
-at the first failure (``router.delivery``); ``produce_sync`` sends one record and returns
+at the first failure (``router.delivery.tally``); ``produce_sync`` sends one record and returns
 when it is durable; ``ensure_topics``; ``flush``; ``close(timeout)``;
 ``map_error(exc) -> SinkError``.
 
@@ -16,8 +16,8 @@ Rules:
   them, so reports arrive within milliseconds even when nothing else calls into the client.
 * A full local queue (``BufferError``) is backpressure, not a failure: ``produce`` waits for
   deliveries and retries, so the sink's thread blocks like kafka-python's ``send`` does.
-* ``[kafka] settings`` use the common vocabulary of ``router.kafka_settings``.
-* Packed records (``router.snapshot_rows.PackedRecords``: an initial snapshot's, when
+* ``[kafka] settings`` use the common vocabulary of ``router.config.kafka_settings``.
+* Packed records (``router.snapshot.rows.PackedRecords``: an initial snapshot's, when
   ``takes_packed``) go through a second producer, driven from C with the same settings
   (``actors.kafka.native_producer``); ``flush`` and ``close`` cover both. Only an initial
   snapshot sends them, and the stream starts once they are all acknowledged, so the two
@@ -34,11 +34,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from router.delivery import Tally, record_too_large
+from router.delivery.tally import Tally, record_too_large
 from router.native import NATIVE
-from router.snapshot_rows import PackedRecords
+from router.snapshot.rows import PackedRecords
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
-from router.kafka_settings import LIBRDKAFKA, translate
+from router.config.kafka_settings import LIBRDKAFKA, translate
 
 from . import native_producer
 from .contracts import InlineProducer, PackedProducer
@@ -143,7 +143,7 @@ def hand_over(produce, records, on_delivery, start: int = 0) -> None:
 class _Failure:
     """``on_done`` with librdkafka's ``KafkaError`` wrapped in the ``KafkaException`` that
     ``map_error`` reads; a record the broker refused as too large is named
-    (``router.delivery.record_too_large``) from the report's message (the Tally passes the
+    (``router.delivery.tally.record_too_large``) from the report's message (the Tally passes the
     largest failed record of the batch)."""
 
     __slots__ = ("on_done",)
@@ -206,7 +206,7 @@ class RdKafkaClient(InlineProducer, PackedProducer):
 
     @property
     def takes_packed(self) -> bool:
-        """Packed records (``router.snapshot_rows.PackedRecords``) are produced in C: not by
+        """Packed records (``router.snapshot.rows.PackedRecords``) are produced in C: not by
         a transactional producer (its records belong to its transactions)."""
         return self._native_conf is not None and native_producer.available()
 

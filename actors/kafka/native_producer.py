@@ -1,5 +1,5 @@
 """librdkafka's producer driven from C, for a snapshot's packed records
-(``router.snapshot_rows.PackedRecords``; ``actors/kafka/_producer.c``).
+(``router.snapshot.rows.PackedRecords``; ``actors/kafka/_producer.c``).
 
 Rules:
 

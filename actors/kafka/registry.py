@@ -69,7 +69,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 class RegistryClient:
     def __init__(self, cfg):
-        """``cfg``: the ``[kafka.registry]`` table (``router.config.RegistryConfig``)."""
+        """``cfg``: the ``[kafka.registry]`` table (``router.config.router.RegistryConfig``)."""
         self.base = cfg.url.rstrip("/")
         self.where = _where(self.base)
         self.timeout = cfg.timeout
@@ -235,17 +235,17 @@ def _message(answer) -> str:
 
 
 class AvroDecoder:
-    """pgrouter's Avro records as its JSON envelope (``router.avro_read``), each schema fetched
-    from the registry by id once. Values that are not Avro pass through as they are."""
+    """pgrouter's Avro records as its JSON envelope (``router.formats.avro_read``), each schema
+    fetched from the registry by id once. Values that are not Avro pass through as they are."""
 
     def __init__(self, client: RegistryClient):
-        from router.avro_read import AvroReader
+        from router.formats.avro_read import AvroReader
 
         self.client = client
         self.reader = AvroReader()
 
     def _learn(self, value: bytes) -> None:
-        from router.avro_read import schema_id
+        from router.formats.avro_read import schema_id
 
         sid = schema_id(value)
         if not self.reader.knows(sid):
@@ -261,7 +261,7 @@ class AvroDecoder:
 
     def unknown(self, values) -> set[int]:
         """Schema ids of the Avro ``values`` not fetched yet."""
-        from router.avro_read import is_avro, schema_id
+        from router.formats.avro_read import is_avro, schema_id
 
         return {sid for sid in (schema_id(v) for v in values if is_avro(v))
                 if not self.reader.knows(sid)}
@@ -273,7 +273,7 @@ class AvroDecoder:
     def to_json(self, value: bytes | None, *, updates: bool = False) -> bytes | None:
         """``value`` as pgrouter's JSON envelope (as it is when it is not Avro; None for
         the delete half of a key change with ``updates``)."""
-        from router.avro_read import is_avro
+        from router.formats.avro_read import is_avro
 
         if not is_avro(value):
             return value

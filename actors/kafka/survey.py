@@ -129,7 +129,7 @@ def _topic(consumer, TopicPartition, topic: str, transactional: bool, decoder=No
     consumer.assign(tps)
     last = None
     for tp in tps:
-        # the last two: a tombstone (no commit time) follows its delete (router.tombstones)
+        # the last two: a tombstone (no commit time) follows its delete (router.formats.tombstones)
         consumer.seek(tp, max(begins[tp], ends[tp] - (TAIL if transactional else 2)))
     for _ in range(10):
         for msgs in consumer.poll(timeout_ms=500).values():

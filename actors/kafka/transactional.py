@@ -1,4 +1,5 @@
-"""Either Kafka client, made transactional (``[kafka] exactly_once``; ``router.exactly_once``).
+"""Either Kafka client, made transactional (``[kafka] exactly_once``;
+``router.delivery.exactly_once``).
 
 Wraps a client with a ``transactional_id`` behind the same contract (``produce``,
 ``produce_sync``, ``ensure_topics``, ``flush``, ``close``, ``map_error``) and adds
@@ -9,7 +10,7 @@ Rules:
 * ``start`` makes the compacted progress topic, refuses an id whose progress belongs to
   another stream (before registering it), registers the transactional id (Kafka aborts a
   predecessor's open transaction and fences that producer), then reads the committed
-  progress with ``read_committed``: ``committed_lsn`` (``router.exactly_once``: only this
+  progress with ``read_committed``: ``committed_lsn`` (``router.delivery.exactly_once``: only this
   stream's, never past the server's WAL end, read after it).
 * A Kafka transaction begins with the first record handed over after a commit. Acknowledged
   records are *not* reported to the sink: their reports are held until ``commit`` wrote the
@@ -26,10 +27,10 @@ import time
 import warnings
 
 from router.errors import ConfigError, SinkError, SinkUnavailable
-from router.exactly_once import (PROGRESS_TOPIC_CONFIGS, Progress, ProducerFenced, Stream,
+from router.delivery.exactly_once import (PROGRESS_TOPIC_CONFIGS, Progress, ProducerFenced, Stream,
                                  committed_position, decode_progress, fenced_line,
                                  foreign_stream, progress_record, shared_id_line)
-from router.topics import TopicSpec
+from router.routing.topics import TopicSpec
 
 from .compacted import read_topic
 from .contracts import TransactionalProducer

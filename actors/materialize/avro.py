@@ -13,7 +13,7 @@ Rules:
   value to it: VariableScaleDecimal and decimals of more than 38 digits to their exact text,
   time to PostgreSQL's text, bytea[] to PostgreSQL's array text, the rest by a cast.
 * A column whose name is not a valid Avro name has a field of another name that names it in
-  its ``pgrouter.column`` property (``router.avro``): the images' fields are named as the
+  its ``pgrouter.column`` property (``router.formats.avro``): the images' fields are named as the
   columns again.
 * A key change (the delete ``delete_old`` of the old key and the create ``create_new`` of the
   new one, which keeps the old row in ``before``) is one update again, as the JSON format
@@ -43,7 +43,7 @@ _ENVELOPE = frozenset({"before", "after", "source", "op"})
 #: seconds between the attempts to fetch a schema from a registry that does not answer
 _RETRY_S = (1, 2, 4)
 #: the field property naming the column of a field whose name is not the column's
-#: (``router.avro.COLUMN_PROP``; the job does not import the router's Avro writer)
+#: (``router.formats.avro.COLUMN_PROP``; the job does not import the router's Avro writer)
 COLUMN_PROP = "pgrouter.column"
 
 

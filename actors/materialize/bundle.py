@@ -1,7 +1,8 @@
 """The materializer as one zip for ``spark-submit --py-files``: the job's modules under their
 package path, so ``actors/materialize/job.py`` imports them on the driver and the executors.
 
-Rules: only what the job imports goes in (of ``router/`` only ``pg_arrays`` and ``errors``,
+Rules: only what the job imports goes in (of ``router/`` only
+``postgres/arrays`` and ``errors``,
 which import nothing; of ``actors/kafka`` only the registry client, for Avro topics, standard
 library only; no msgspec-based ``config``), so a cluster needs nothing but pyspark and
 delta-spark.
@@ -17,7 +18,8 @@ import zipfile
 
 PACKAGE = pathlib.Path(__file__).resolve().parent
 ROUTER = PACKAGE.parent.parent / "router"
-ROUTER_MODULES = ("__init__.py", "pg_arrays.py", "errors.py")
+ROUTER_MODULES = ("__init__.py", "postgres/__init__.py", "postgres/arrays.py",
+                  "errors.py")
 KAFKA_MODULES = ("__init__.py", "registry.py")
 MODULES = ("__init__.py", "settings.py", "columns.py", "maintenance.py", "toast.py", "tables.py",
            "class_archive.py", "schema_topic.py", "avro.py", "batch_meta.py", "merge.py",

@@ -8,7 +8,7 @@ lazily, so the type mapping and the array parser load without a JVM.
 
 from __future__ import annotations
 
-from router.pg_arrays import array_items
+from router.postgres.arrays import array_items
 
 _TEXT_TYPES = {"text", "varchar", "bpchar", "name", "char", "uuid", "json", "jsonb", "interval",
                "time", "timetz", "xml", "inet", "cidr", "macaddr", "money", "bit", "varbit"}

@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from router.config import RegistryConfig
+from router.config.router import RegistryConfig
 from router.errors import ConfigError
 
 from .settings import JobConfig, MaterializeError, validate

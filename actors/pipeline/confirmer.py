@@ -1,5 +1,6 @@
-"""The confirm actor: durable acknowledgements in, the flush LSN out (``router.confirmation``),
-plus the periodic progress log line and the ``--until-caught-up`` finish line.
+"""The confirm actor: durable acknowledgements in, the flush LSN out
+(``router.delivery.confirmation``), plus the periodic progress log line and the
+``--until-caught-up`` finish line.
 
 ``--until-caught-up`` is reached when the confirmed LSN reaches ``until_lsn``, or when a
 prepared transaction (two-phase) caps confirmation below it and everything else up to
@@ -17,8 +18,8 @@ import time
 
 import trio
 
-from router.lsn import format_lsn
-from router.confirmation import ConfirmationTracker
+from router.postgres.lsn import format_lsn
+from router.delivery.confirmation import ConfirmationTracker
 
 from ..services import log
 from .mailbox import Registered, Acked, Hold, Keepalive, Latest

@@ -1,5 +1,5 @@
 """The decoder actor: WAL batches in, committed transactions out (``router.pgoutput`` +
-``router.transactions``). The earliest prepared transaction held until COMMIT PREPARED
+``router.stream.transactions``). The earliest prepared transaction held until COMMIT PREPARED
 travels as a ``Hold`` (its gid and prepare LSN with it), which caps every confirmation. A
 keepalive position passes on only while no transaction or stream is open, so it can never
 be confirmed past a change the pipeline has not yet delivered (past a held prepare the
@@ -8,15 +8,15 @@ everything but the held transaction is delivered.
 
 Relations whose record key depends on a primary key the pipeline does not know (a table
 created, or given REPLICA IDENTITY FULL, before the router first saw it) get their primary
-key looked up (``lookup``) before the events that use them go on (``router.keys``)."""
+key looked up (``lookup``) before the events that use them go on (``router.routing.keys``)."""
 
 from __future__ import annotations
 
 from time import perf_counter
 
-from router.keys import PrimaryKeys
+from router.routing.keys import PrimaryKeys
 from router.pgoutput import Decoder
-from router.transactions import TransactionAssembler
+from router.stream.transactions import TransactionAssembler
 
 from .mailbox import Hold, Keepalive
 

@@ -5,7 +5,7 @@ Rules:
 * Routes that name publications follow them (``services.publication_mode``). Mode ``wal``: the
   event trigger of ``pgrouter setup`` is installed (``source.publication_changes`` "auto" or
   "wal"; with "auto" a superuser router installs it itself); definitions change at their
-  position in the stream (``router.definitions``).
+  position in the stream (``router.routing.definitions``).
   Mode ``poll``: it is not (or "poll" is configured); ``pg_publication*`` is polled and a
   change applies from the router's position when it is noticed, with a warning that
   positions are approximate.
@@ -31,12 +31,12 @@ import time
 import msgspec
 import trio
 
-from router.config import Config
-from router.definitions import Definitions, StateRecord, catalog_from_snapshot, \
+from router.config.router import Config
+from router.routing.definitions import Definitions, StateRecord, catalog_from_snapshot, \
     parse_message, state_at
-from router.lsn import format_lsn
+from router.postgres.lsn import format_lsn
 
-from router.topics import TopicSpec
+from router.routing.topics import TopicSpec
 
 from ..kafka.compacted import READ_TIMEOUT, read_topic
 from ..services import log

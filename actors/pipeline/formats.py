@@ -4,11 +4,11 @@ encoded, whatever their source (stream, initial snapshot, backfill, exactly-once
 
 Rules:
 
-* What the format is comes from ``router.record_format`` (the one place that reads
+* What the format is comes from ``router.formats.record_format`` (the one place that reads
   ``[kafka] format``); ``record_format`` builds its encoder, which the sink is handed.
 * ``"json"``: pgrouter's JSON, the records as the router made them (packed ones too);
-  ``"connect"``: Kafka Connect's JSON (``router.connect_format``); ``"avro"``: Avro in the
-  Confluent wire format (``router.avro``), each schema registered once before the first
+  ``"connect"``: Kafka Connect's JSON (``router.formats.connect``); ``"avro"``: Avro in the
+  Confluent wire format (``router.formats.avro``), each schema registered once before the first
   record naming it (``AvroRecords.register``, called by the sink in a worker thread).
 * Key and value are reshaped alike, so a row's snapshot record and its changes share key
   bytes and partition.
@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 from typing import Protocol
 
-from router.avro import COLUMN_PROP, AvroFormat, Subject
-from router.connect_format import ConnectFormat
-from router.record_format import FORMATS
-from router.record_format import record_format as format_of
-from router.routing import RoutedChunk
+from router.formats.avro import COLUMN_PROP, AvroFormat, Subject
+from router.formats.connect import ConnectFormat
+from router.formats.record_format import FORMATS
+from router.formats.record_format import record_format as format_of
+from router.routing.change_router import RoutedChunk
 
 from ..kafka.registry import RegistryClient, SchemaIncompatible
 from ..services import log
@@ -34,12 +34,12 @@ _log = log.get("sink")
 
 
 class RecordFormat(Protocol):
-    """``chunk -> records`` in the configured format (``router.record_format``'s traits)."""
+    """``chunk -> records`` in the configured format (``router.formats.record_format``'s traits)."""
 
     #: the ``[kafka] format`` value
     name: str
     #: records name their schemas by a registry id: ``convert`` raises
-    #: ``router.avro.SchemasNeeded`` until ``register`` gave them one
+    #: ``router.formats.avro.SchemasNeeded`` until ``register`` gave them one
     registers: bool
     #: records may stay as the router packed them (an initial snapshot's, produced in C)
     packs: bool
@@ -76,7 +76,7 @@ class JsonRecords:
 
 
 class ConnectRecords:
-    """Kafka Connect's JSON (``router.connect_format``)."""
+    """Kafka Connect's JSON (``router.formats.connect``)."""
 
     name, registers, packs = FORMATS["connect"]
 
@@ -99,7 +99,7 @@ class ConnectRecords:
 
 
 class AvroRecords:
-    """``chunk -> records`` in Avro (``router.avro``), raising ``SchemasNeeded`` for schemas
+    """``chunk -> records`` in Avro (``router.formats.avro``), raising ``SchemasNeeded`` for schemas
     without an id; ``register`` (blocking: a worker thread's) asks the registry for them."""
 
     name, registers, packs = FORMATS["avro"]

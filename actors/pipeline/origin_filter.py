@@ -1,5 +1,5 @@
 """The origin filter actor: between the decoder and the router, drops transactions by the
-replication origin they came from (``router.origins``).
+replication origin they came from (``router.stream.origins``).
 
 Receives the decoder's event lists (``Transaction``, ``NonTransactionalMessage``,
 ``Keepalive``, ``Hold``) and passes each list on, in order, with every transaction replaced
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import trio
 
-from router.origins import ALL_ROUTES, NO_ROUTE, FilteredTransaction, OriginRules, RestrictedTransaction
-from router.transactions import Transaction
+from router.stream.origins import (
+    ALL_ROUTES, NO_ROUTE, FilteredTransaction, OriginRules, RestrictedTransaction)
+from router.stream.transactions import Transaction
 
 from ..services import log
 

@@ -1,11 +1,11 @@
 """The router actor: committed transactions in, Kafka-ready record chunks out, route by
-route (``router.routing``). Keepalives and holds pass through in order.
+route (``router.routing.change_router``). Keepalives and holds pass through in order.
 
 Origin filtering (``actors.pipeline.origin_filter``) arrives as ``FilteredTransaction`` (an empty
 final chunk: nothing is published, the end LSN is still registered and confirmed in order)
 and ``RestrictedTransaction`` (routed by a router holding only the routes that publish it;
 ``router_for`` builds one per route set). ``RoutedChunk``s in the inbox (a backfill's chunk
-records, ``actors.snapshot.backfill``) pass on in order. With ``meta`` (``router.transaction_meta``) every
+records, ``actors.snapshot.backfill``) pass on in order. With ``meta`` (``router.routing.transaction_meta``) every
 transaction that produces records gets BEGIN/END records in its own chunks.
 
 Items go out as lists: everything one incoming batch of events produced, cut whenever
@@ -21,9 +21,9 @@ from time import perf_counter
 
 import trio
 
-from router.origins import FilteredTransaction, RestrictedTransaction
-from router.routing import CHUNK_RECORDS, ChangeRouter, RoutedChunk
-from router.transactions import NonTransactionalMessage, Transaction
+from router.stream.origins import FilteredTransaction, RestrictedTransaction
+from router.routing.change_router import CHUNK_RECORDS, ChangeRouter, RoutedChunk
+from router.stream.transactions import NonTransactionalMessage, Transaction
 
 from .mailbox import Hold, Keepalive
 
@@ -45,7 +45,7 @@ class RouterActor:
         self.inbox = inbox
         self.out = out
         self.router_for = router_for  # frozenset of route names -> ChangeRouter
-        self.meta = meta  # router.transaction_meta.TransactionMeta or None
+        self.meta = meta  # router.routing.transaction_meta.TransactionMeta or None
         self._subsets: dict[frozenset, ChangeRouter] = {}
         self.metrics = metrics  # actors.services.metrics.Metrics or None
         self._route_all = router.route if meta is None else (

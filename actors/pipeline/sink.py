@@ -27,7 +27,7 @@ Rules (the delivery contract, whichever Kafka client is behind it):
   groups over on trio's thread. The client's blocking calls run in a worker thread; delivery callbacks arrive on the
   client's own thread and are handed to trio with ``run_sync_soon``.
 * With ``[ha]`` (``holds``) a router whose leadership lease expired hands no record over
-  (checked in the producing thread per hand-over and per schema record; router.ha).
+  (checked in the producing thread per hand-over and per schema record; router.delivery.ha).
 * Chunks already waiting in the inbox are taken together (a stream of small transactions
   is one chunk per transaction) and their records handed to the client in one worker-thread
   call. Consecutive whole transactions of such a group share one ticket: its ``Registered``
@@ -47,10 +47,10 @@ from time import perf_counter
 
 import trio
 
-from router.avro import SchemasNeeded
+from router.formats.avro import SchemasNeeded
 from router.errors import LeadershipLost, SinkError
-from router.routing import RoutedChunk
-from router.topics import TopicSpec
+from router.routing.change_router import RoutedChunk
+from router.routing.topics import TopicSpec
 
 from ..kafka.contracts import InlineProducer, Producer, Rest
 from ..services import log
@@ -126,7 +126,7 @@ class SinkActor:
 
     def _on_delivery(self, ticket: int, error, count: int) -> None:
         """The client's report for one ``produce`` call: ``count`` records acknowledged, or
-        ``error`` (``router.delivery``)."""
+        ``error`` (``router.delivery.tally``)."""
         if error is not None:
             self._token.run_sync_soon(self._fail, error)
             return
@@ -268,7 +268,7 @@ class SinkActor:
 
     def _check_lease(self) -> None:
         """With ``[ha]``, in the producing thread right before records go: a router whose
-        leadership lease expired hands nothing more over (router.ha)."""
+        leadership lease expired hands nothing more over (router.delivery.ha)."""
         if self.holds is not None and not self.holds():
             raise LeadershipLost("leadership lost: records not produced")
 

@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import trio
 
-from router.avro import SchemasNeeded
-from router.routing import RoutedChunk
-from router.schema import encode_schema
-from router.topics import TopicSpec
+from router.formats.avro import SchemasNeeded
+from router.routing.change_router import RoutedChunk
+from router.formats.schema import encode_schema
+from router.routing.topics import TopicSpec
 
 from ..kafka.contracts import Producer
 from ..kafka.registry import RegistryUnavailable

@@ -23,7 +23,7 @@ import msgspec
 import trio
 
 from router.errors import SlotInvalidated, SourceError
-from router.lsn import format_lsn, parse_lsn
+from router.postgres.lsn import format_lsn, parse_lsn
 
 from ..services import log
 from ..services import slots

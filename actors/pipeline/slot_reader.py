@@ -16,7 +16,7 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
   every ``status_interval`` seconds; when idle they ask the server for a keepalive, so quiet
   slots confirm recent positions.
 * With ``[ha]`` (``holds``) no status update is sent once the leadership lease is not held:
-  the reader fails with ``LeadershipLost`` instead (router.ha).
+  the reader fails with ``LeadershipLost`` instead (router.delivery.ha).
 * Draining: ``stop_reading()`` ends the read loop and closes its output; the
   connection stays open until the confirm actor closes the flush mailbox, so the final
   flush position is sent before the connection closes.
@@ -33,8 +33,8 @@ import psycopg2.extras
 import trio
 
 from router.errors import LeadershipLost, PublicationMissing, SlotInUse, SlotMissing, SourceError, SourceUnavailable
-from router.identifiers import publication_names
-from router.lsn import format_lsn
+from router.postgres.identifiers import publication_names
+from router.postgres.lsn import format_lsn
 from router.native import NATIVE
 
 from ..services import log
@@ -122,7 +122,8 @@ class SlotReader:
         self.flush = flush
         self.status_interval = status_interval
         self.stats = stats
-        #: with ``[ha]``: ``Leadership.holds``, asked before every status update (router.ha)
+        #: with ``[ha]``: ``Leadership.holds``, asked before every status update
+        #: (router.delivery.ha)
         self.holds = holds
         self._stop = trio.Event()
         self._waiting: trio.CancelScope | None = None  # the read loop's wait for the socket

@@ -1,5 +1,5 @@
 """The sink in exactly-once mode: whole source transactions per Kafka transaction, with
-the router's progress (``router.exactly_once``, ``actors.kafka.transactional``).
+the router's progress (``router.delivery.exactly_once``, ``actors.kafka.transactional``).
 
 Rules (on top of ``SinkActor``'s):
 
@@ -22,9 +22,9 @@ import msgspec
 import trio
 
 from router.errors import SinkUnavailable
-from router.exactly_once import Stream, already_in_kafka, transactional_id
-from router.lsn import format_lsn
-from router.routing import RoutedChunk
+from router.delivery.exactly_once import Stream, already_in_kafka, transactional_id
+from router.postgres.lsn import format_lsn
+from router.routing.change_router import RoutedChunk
 
 from ..kafka.contracts import Producer, TransactionalProducer
 from ..services import log

@@ -13,7 +13,7 @@ Rules:
   one reader at a time: to the initial snapshot until it returns (its ``SnapshotResult``),
   then to the confirm actor for the stream.
 * One durability rule, "Kafka acknowledged every ticket up to the one holding it"
-  (``router.confirmation``, ``actors.snapshot.tickets``), read in two places, and why:
+  (``router.delivery.confirmation``, ``actors.snapshot.tickets``), read in two places, and why:
   the stream's records and its backfills' chunks (watermark windows, inside the stream)
   carry stream positions, so the confirm actor turns that prefix into the slot's confirmed
   position and a backfill chunk is done once that position passes its window. The initial

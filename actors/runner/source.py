@@ -20,15 +20,15 @@ import time
 
 import trio
 
-from router.config import Config, SourceConfig
+from router.config.router import Config, SourceConfig
 from router.errors import ConfigError, LeadershipLost, SlotInUse, SlotMissing, SourceError
-from router.exactly_once import Stream
+from router.delivery.exactly_once import Stream
 from router import native
-from router.lsn import format_lsn, parse_lsn
-from router.origins import rules_from_config
-from router.publications import Catalog
-from router.routing import RouteSpec
-from router.server_features import ServerFeatures
+from router.postgres.lsn import format_lsn, parse_lsn
+from router.stream.origins import rules_from_config
+from router.routing.publications import Catalog
+from router.routing.change_router import RouteSpec
+from router.postgres.server_features import ServerFeatures
 
 from ..pipeline.slot_monitor import refuse_invalidated, sample_slot
 from ..services import failover, log, slots

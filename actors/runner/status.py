@@ -14,10 +14,10 @@ from logging import WARNING
 import trio
 
 from router import __version__
-from router.config import parse_listen
-from router.console_config import redacted
+from router.config.router import parse_listen
+from router.config.console import redacted
 from router.errors import PgRouterError
-from router.snapshot import eta
+from router.snapshot.core import eta
 
 from ..console import board
 from ..console.web import Console

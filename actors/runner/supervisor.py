@@ -46,10 +46,10 @@ from logging import WARNING
 import trio
 import trio_asyncio
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import LeadershipLost, PgRouterError
-from router.lsn import format_lsn, parse_lsn
-from router.publications import Catalog
+from router.postgres.lsn import format_lsn, parse_lsn
+from router.routing.publications import Catalog
 
 from ..services import failover, log, preflight as checks, publication_mode
 from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted

@@ -26,17 +26,17 @@ from dataclasses import dataclass
 
 import trio
 
-from router.config import Config
-from router.following import DEFINITIONS_ROUTE
+from router.config.router import Config
+from router.routing.following import DEFINITIONS_ROUTE
 from router.pgoutput import Decoder
-from router.keys import PrimaryKeys
-from router.relations import RelationCache
-from router.origins import rules_from_config
-from router.routing import ChangeRouter
-from router.transaction_meta import TransactionMeta
-from router.transactions import TransactionAssembler
-from router.publications import Catalog
-from router.topics import TopicSpec
+from router.routing.keys import PrimaryKeys
+from router.stream.relations import RelationCache
+from router.stream.origins import rules_from_config
+from router.routing.change_router import ChangeRouter
+from router.routing.transaction_meta import TransactionMeta
+from router.stream.transactions import TransactionAssembler
+from router.routing.publications import Catalog
+from router.routing.topics import TopicSpec
 
 from ..snapshot.backfill import BackfillActor, backfill_stage
 from ..snapshot.signals import message_topic_specs, router_extras, signal_handler

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import fnmatch
 
-from router.config import Config, qualified
+from router.config.router import Config, qualified
 from router.errors import ConfigError, PublicationMissing
-from router.publications import (Catalog, CatalogColumn, FilterCache, Planner, PubTable,
+from router.routing.publications import (Catalog, CatalogColumn, FilterCache, Planner, PubTable,
                                  Publication, Resolved, TableInfo, config_resolver,
                                  publication_resolver, resolve)
 from router.rowfilter import ColumnType, compile_filter
-from router.routing import RouteSpec
+from router.routing.change_router import RouteSpec
 
 from .sql import SqlSession
 from .transforms import route_spec
@@ -101,7 +101,7 @@ group by n.nspname, c.relname
 async def load_primary_keys(sql: SqlSession, tables: list[tuple[str, str]] | None = None
                             ) -> dict[tuple[str, str], tuple[str, ...]]:
     """Primary key columns (in index order) of every table, or of ``tables``; a table asked
-    for that has none maps to ``()``. They key the records (``router.keys``)."""
+    for that has none maps to ``()``. They key the records (``router.routing.keys``)."""
     names = None if tables is None else [f"{s}.{t}" for s, t in tables]
     found = {(r["nspname"], r["relname"]): tuple(r["cols"])
              for r in await sql.fetch(_PRIMARY_KEYS, names)}

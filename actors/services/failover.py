@@ -21,10 +21,10 @@ Rules:
 
 from __future__ import annotations
 
-from router.config import SourceConfig
+from router.config.router import SourceConfig
 from router.errors import ConfigError, SlotBehind, SlotMissing
-from router.lsn import format_lsn, parse_lsn
-from router.server_features import ServerFeatures
+from router.postgres.lsn import format_lsn, parse_lsn
+from router.postgres.server_features import ServerFeatures
 
 from . import slots
 from .sql import SqlSession

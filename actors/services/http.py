@@ -21,7 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 
-from router.console_config import ConsoleConfig
+from router.config.console import ConsoleConfig
 from router.errors import ConfigError
 
 from ..console.web import Console, authorized, refuse

@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from router.config import mask_dsn
+from router.config.router import mask_dsn
 
 from ..console import board
 

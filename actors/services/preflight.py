@@ -35,13 +35,13 @@ from typing import NamedTuple
 
 import asyncpg
 import trio
-from router.config import Config
+from router.config.router import Config
 from router.errors import (ConfigError, PgRouterError, PrivilegeMissing, PublicationMissing,
                            SinkError, SinkUnavailable, SlotMissing)
-from router.identifiers import quote_ident
-from router.kafka_settings import KAFKA_PYTHON, parse_bootstrap_servers, translate
-from router.publications import Catalog
-from router.record_format import record_format
+from router.postgres.identifiers import quote_ident
+from router.config.kafka_settings import KAFKA_PYTHON, parse_bootstrap_servers, translate
+from router.routing.publications import Catalog
+from router.formats.record_format import record_format
 
 from . import log
 from .catalog import build_route_specs, load_catalog, route_findings, routed_tables
@@ -194,7 +194,7 @@ def _listen_findings(cfg: Config) -> list[Finding]:
     it)."""
     if not cfg.metrics.listen:
         return []
-    from router.config import parse_listen
+    from router.config.router import parse_listen
 
     from .http import probe
 

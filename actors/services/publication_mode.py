@@ -1,5 +1,5 @@
 """Which way routes that follow a publication learn of its changes: ``wal`` (the event
-trigger of ``pgrouter setup`` puts them into the WAL, ``router.definitions``) or ``poll``
+trigger of ``pgrouter setup`` puts them into the WAL, ``router.routing.definitions``) or ``poll``
 (``pg_publication*`` is polled), and the warnings that go with each.
 
 Rules:
@@ -11,7 +11,7 @@ Rules:
 * A route publication whose catalog rows are newer than the slot's ``catalog_xmin`` may have
   changed inside the backlog where no trigger recorded the position: said once at start.
 * Without the TRUNCATE markers a partitioned table's own TRUNCATE cannot be told from its
-  partitions' (``router.truncates``): said once at start for publications that publish
+  partitions' (``router.routing.truncates``): said once at start for publications that publish
   TRUNCATE via the root.
 """
 
@@ -21,7 +21,7 @@ import logging
 
 import asyncpg
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import ConfigError
 
 from . import log
@@ -49,7 +49,7 @@ async def warn_unplaced(sql: SqlSession, cfg: Config, why: str) -> None:
 
 async def warn_unmarked(sql: SqlSession, cfg: Config) -> None:
     """Without the TRUNCATE markers of ``pgrouter setup`` a partitioned table's own TRUNCATE
-    cannot be told from its partitions' (``router.truncates``): say so when a route
+    cannot be told from its partitions' (``router.routing.truncates``): say so when a route
     publication publishes TRUNCATE via the root."""
     names = await sql.fetch("select pubname from pg_publication where pubname = any($1::text[])"
                             " and pubviaroot and pubtruncate order by 1",

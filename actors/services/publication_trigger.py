@@ -5,7 +5,7 @@ routes that follow a publication to do the same, the definitions must travel wit
 changes: an event trigger on ``ddl_command_start``/``ddl_command_end`` compares a snapshot of
 the definitions before and after each CREATE/ALTER/DROP PUBLICATION, CREATE/ALTER/DROP TABLE,
 DROP INDEX, ALTER/DROP SCHEMA and, when it changed, emits one *transactional* logical decoding
-message (prefix ``router.definitions.PREFIX``) with both snapshots, right after the command,
+message (prefix ``router.routing.definitions.PREFIX``) with both snapshots, right after the command,
 inside its transaction: it is decoded in order with the changes, exactly where pgoutput's own
 cache is invalidated. A DDL statement that changes nothing routes care about (a temporary
 table, a column on an unpublished table) emits nothing.
@@ -25,7 +25,7 @@ TRUNCATE of partition trees: pgoutput sends a partitioned table's TRUNCATE for a
 that publishes it via its root only when that table itself was truncated (not one of its
 partitions), and a slot whose publications send partitions names only the leaves. So every
 partitioned table carries the statement trigger ``pgrouter_truncate`` (BEFORE TRUNCATE, FOR
-EACH STATEMENT), which emits a transactional message (prefix ``router.definitions.
+EACH STATEMENT), which emits a transactional message (prefix ``router.routing.definitions.
 TRUNCATE_PREFIX``, content ``["schema", "name"]``) just before the truncate is logged; the
 event trigger puts it on partitioned tables created later. PostgreSQL fires it for each
 partitioned table the statement truncates (the named one and partitioned partitions below
@@ -38,8 +38,8 @@ needs no right to ``pg_logical_emit_message`` to run its DDL.
 
 from __future__ import annotations
 
-from router.definitions import PREFIX, TRUNCATE_PREFIX
-from router.identifiers import publication_names
+from router.routing.definitions import PREFIX, TRUNCATE_PREFIX
+from router.postgres.identifiers import publication_names
 
 from .sql import SqlSession
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import string
 
-from router.config import qualified
+from router.config.router import qualified
 from router.errors import ConfigError
 
 from .catalog import load_primary_keys, routed_tables
@@ -67,7 +67,7 @@ def _unmatched(route, i: int, transforms, tables, catalog) -> list[tuple[str, st
 
 
 def _outbox_findings(cfg, catalog, found) -> list[tuple[str, str]]:
-    """The columns an outbox route names (``router.outbox``) that its tables lack."""
+    """The columns an outbox route names (``router.routing.outbox``) that its tables lack."""
     out = []
     for i, route in enumerate(cfg.routes):
         o = route.outbox

@@ -35,7 +35,7 @@ import psycopg2.errors
 import psycopg2.extras
 
 from router.errors import SlotInUse, SourceError, SourceUnavailable
-from router.lsn import parse_lsn
+from router.postgres.lsn import parse_lsn
 
 from .sql import SqlSession
 

@@ -2,7 +2,7 @@
 
 The one module that speaks asyncio: callers stay in trio and must run inside
 ``trio_asyncio.open_loop()`` (the supervisor opens it). Both DSN forms work (a libpq
-``key=value`` string is turned into the URI asyncpg reads, ``router.dsn``). Failures are
+``key=value`` string is turned into the URI asyncpg reads, ``router.postgres.dsn``). Failures are
 classified by SQLSTATE, never by text: a refused or dropped connection is
 ``SourceUnavailable`` (retried); a refused login (class 28), a missing database (3D000) or a
 missing privilege (42501) are permanent, and their message names the config key and the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncpg
 import trio_asyncio
 
-from router import dsn as dsns
+from router.postgres import dsn as dsns
 from router.errors import (AuthenticationFailed, DatabaseMissing, PgRouterError,
                            PrivilegeMissing, SourceError, SourceUnavailable)
 

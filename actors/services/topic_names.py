@@ -1,12 +1,12 @@
 """Every topic the configured routes can produce, checked against the catalog
-(``router.topics``): by ``pgrouter check``, which lists every problem, and by ``run``, which
+(``router.routing.topics``): by ``pgrouter check``, which lists every problem, and by ``run``, which
 refuses to stream with the first one."""
 
 from __future__ import annotations
 
-from router.config import Config
-from router.publications import Catalog
-from router.topics import topic_problems
+from router.config.router import Config
+from router.routing.publications import Catalog
+from router.routing.topics import topic_problems
 
 from .catalog import published_as
 
@@ -20,7 +20,7 @@ def route_topic_problems(cfg: Config, catalog: Catalog) -> list[tuple[str, str]]
         if any(p not in catalog.publications for p in route.publication_names()):
             continue  # reported by route_problems
         if route.outbox is not None:
-            continue  # topics from the rows, checked as they are met (router.outbox)
+            continue  # topics from the rows, checked as they are met (router.routing.outbox)
         routes.append((f"routes[{i}].topic", route.name, route.topic,
                        published_as(route, catalog)))
     k = cfg.kafka

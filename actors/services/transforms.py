@@ -1,4 +1,4 @@
-"""Column transforms of the config's routes resolved for the core (``router.transforms``):
+"""Column transforms of the config's routes resolved for the core (``router.routing.transforms``):
 the salts read from their environment variables or files (``pgrouter check``'s findings on
 them: ``route_checks``). A salt is never logged or echoed:
 errors name the variable or the file, not its content. A file's one trailing newline is not
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
-from router.config import qualified
+from router.config.router import qualified
 from router.errors import ConfigError
-from router.routes import RouteSpec
-from router.transforms import ColumnTransform, Salt
+from router.routing.routes import RouteSpec
+from router.routing.transforms import ColumnTransform, Salt
 
 
 def _salt(t, at: str) -> Salt:
@@ -57,7 +57,7 @@ def route_transforms(route, index: int) -> tuple[ColumnTransform, ...]:
 def route_spec(route, index: int, *, tables, ops, planner) -> RouteSpec:
     """The ``RouteSpec`` of ``[[routes]]`` entry ``index`` with its record options:
     tombstones, transforms with their salts read, an outbox route's events."""
-    if route.outbox is not None:  # only inserts are events (router.outbox)
+    if route.outbox is not None:  # only inserts are events (router.routing.outbox)
         ops = frozenset({"insert"}) & ops
     return RouteSpec(name=route.name, tables=tables, schemas=frozenset(route.schemas),
                      all_tables=route.all_tables, operations=ops, topic=route.topic,

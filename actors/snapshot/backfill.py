@@ -39,9 +39,9 @@ from logging import WARNING
 import msgspec
 import trio
 
-from router.config import Config
-from router.snapshot import PREFIX, SnapshotState, RecentChanges, Watermark, encode_watermark
-from router.transactions import Transaction
+from router.config.router import Config
+from router.snapshot.core import PREFIX, SnapshotState, RecentChanges, Watermark, encode_watermark
+from router.stream.transactions import Transaction
 
 from ..pipeline.mailbox import Latest
 from ..services import log

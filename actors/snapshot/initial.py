@@ -18,8 +18,8 @@ Rules:
   does) copies the tables (``actors.snapshot.initial_copy``): readers
   (``[snapshot] parallel`` sessions) import the snapshot (REPEATABLE READ) and take tables
   from a shared queue; rows go through the same route semantics as changes
-  (``router.snapshot_rows``) into the sink's inbox, with positions before the consistent
-  point (``router.snapshot``). It reads the sink's tickets itself until Kafka acknowledged
+  (``router.snapshot.rows``) into the sink's inbox, with positions before the consistent
+  point (``router.snapshot.core``). It reads the sink's tickets itself until Kafka acknowledged
   every snapshot record (in exactly-once mode: until the Kafka transactions holding them
   committed); only then does the stream start, from the consistent point: nothing missed,
   nothing read twice. It confirms nothing (why it reads the tickets where the stream and
@@ -51,12 +51,12 @@ from dataclasses import dataclass
 
 import trio
 
-from router.config import Config
-from router.lsn import format_lsn
-from router.record_format import record_format
-from router.routing import ChangeRouter
-from router.snapshot import SnapshotState
-from router.snapshot_rows import SnapshotRows
+from router.config.router import Config
+from router.postgres.lsn import format_lsn
+from router.formats.record_format import record_format
+from router.routing.change_router import ChangeRouter
+from router.snapshot.core import SnapshotState
+from router.snapshot.rows import SnapshotRows
 
 from ..kafka.contracts import PackedProducer
 from ..services import log
@@ -129,7 +129,7 @@ class InitialSnapshot:
         self.tables = [t for t in tables if self.rows.routed(t.relation)]
         await self.store.aload()
         await self.store.forget_initial(source.slot)
-        # a name of this snapshot for its range records (``router.snapshot_ranges``)
+        # a name of this snapshot for its range records (``router.snapshot.ranges``)
         await self.store.aput(SnapshotState("initial", source.slot, "started",
                                             request=uuid.uuid4().hex))
         self.slot = await trio.to_thread.run_sync(source.export)

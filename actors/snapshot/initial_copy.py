@@ -7,8 +7,8 @@ Rules:
   (table, block range) entries from a shared queue: the ranges of one table follow each
   other, so every session reads a big table when it comes. A table is split in block
   ranges only from PostgreSQL 14 (TID range scans) and with more than one session.
-* Rows go through the same route semantics as changes (``router.snapshot_rows``), with
-  positions before the consistent point (``router.snapshot.initial_position``); a range
+* Rows go through the same route semantics as changes (``router.snapshot.rows``), with
+  positions before the consistent point (``router.snapshot.core.initial_position``); a range
   with more rows than its positions can number fails with one line.
 * The copy reads the sink's tickets itself (``tickets.AckedPrefix``): a range whose records
   Kafka holds is recorded done (when its table is split), and its table done per route
@@ -28,12 +28,12 @@ from logging import WARNING
 
 import trio
 
-from router.config import Config
-from router.envelope import TxContext
+from router.config.router import Config
+from router.formats.envelope import TxContext
 from router.errors import SourceError
-from router.snapshot import RANGE_SHIFT, TABLE_SHIFT, SnapshotState, initial_position
-from router.snapshot_ranges import block_ranges
-from router.snapshot_rows import SnapshotRows
+from router.snapshot.core import RANGE_SHIFT, TABLE_SHIFT, SnapshotState, initial_position
+from router.snapshot.ranges import block_ranges
+from router.snapshot.rows import SnapshotRows
 
 from ..pipeline.mailbox import Acked, Keepalive, Registered
 from ..services import log
@@ -269,11 +269,11 @@ TID_RANGE_SCANS = 140000
 
 
 async def _block_ranges(cfg: Config, tables: list[SnapshotTable]) -> tuple[dict, dict, dict]:
-    """The block ranges each table is read in (``router.snapshot.block_ranges``): a big
+    """The block ranges each table is read in (``router.snapshot.core.block_ranges``): a big
     table is read by every session at once. Not split before PostgreSQL 14 (a ``ctid``
     range would scan the whole table) or with one session. And, of the tables split, the
     planner's row estimate (progress lines: the ranges start at once) and
-    ``pg_relation_filenode`` (``router.snapshot.done_blocks``)."""
+    ``pg_relation_filenode`` (``router.snapshot.core.done_blocks``)."""
     whole = {t.name: [(0, None)] for t in tables}
     if cfg.snapshot.parallel <= 1 or not tables:
         return whole, {}, {}

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import msgspec
 
-from router.config import Config, qualified
+from router.config.router import Config, qualified
 from router.errors import ConfigError
-from router.routing import ChangeRouter
-from router.signals import where_problem
-from router.snapshot_ranges import done_blocks
-from router.snapshot_rows import SnapshotRows
+from router.routing.change_router import ChangeRouter
+from router.snapshot.signals import where_problem
+from router.snapshot.ranges import done_blocks
+from router.snapshot.rows import SnapshotRows
 
 from ..services import log
 from ..services.catalog import build_route_specs
@@ -84,7 +84,7 @@ class Job(msgspec.Struct):
     row_key: tuple[int, ...]
     last_key: tuple | None = None
     rows: int = 0
-    #: a repair's keys (``router.snapshot.Watermark.keys``): only these rows, one chunk
+    #: a repair's keys (``router.snapshot.core.Watermark.keys``): only these rows, one chunk
     keys: tuple = ()
     #: the route's ``SnapshotRows`` (with the type names of the request's tables)
     encoder: object = None
@@ -122,7 +122,7 @@ async def table_key(sql: SqlSession, table: SnapshotTable) -> tuple[tuple, tuple
 def route_rows(cfg: Config, catalog, db: str, route: str, type_names: dict,
                primary_keys: dict | None = None) -> SnapshotRows:
     """The route's snapshot records; ``primary_keys`` key them as the stream's records are
-    keyed (``router.keys``)."""
+    keyed (``router.routing.keys``)."""
     return SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog, {route}), db=db,
                                      type_names=type_names, primary_keys=primary_keys),
                         position_headers=cfg.kafka.position_headers)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import trio
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import SourceError
 
 from ..services import log

@@ -3,7 +3,7 @@
 Rules:
 
 * Rows arrive as COPY text — the types' output functions, what pgoutput sends in text
-  mode — in pieces; whole lines are parsed by ``router.snapshot`` and handed to ``deliver``
+  mode — in pieces; whole lines are parsed by ``router.snapshot.core`` and handed to ``deliver``
   (a trio async function) in batches. ``deliver`` sends into a bounded channel, so a table of
   any size holds a few batches in memory and a slow Kafka slows the COPY down (the server
   waits on the socket).
@@ -30,12 +30,12 @@ from __future__ import annotations
 import asyncpg
 import trio
 
-from router.envelope import TxContext
+from router.formats.envelope import TxContext
 from router.errors import SourceError
 from router.pgoutput import Relation
-from router.routing import RoutedChunk
-from router.snapshot import copy_rows, snapshot_xip
-from router.snapshot_rows import CopyText, SnapshotRows, encode_text
+from router.routing.change_router import RoutedChunk
+from router.snapshot.core import copy_rows, snapshot_xip
+from router.snapshot.rows import CopyText, SnapshotRows, encode_text
 
 from ..services.sql import SqlSession
 from .jobs import SHAPE
@@ -69,7 +69,7 @@ class TableReader:
         """Opens a REPEATABLE READ transaction for a backfill chunk of ``table``, locked
         before the transaction's snapshot is taken (a rewrite waiting for the lock commits
         first, and the snapshot sees its rows); returns the transactions its snapshot sees
-        in progress (``router.snapshot.snapshot_xip``), the table's
+        in progress (``router.snapshot.core.snapshot_xip``), the table's
         ``pg_relation_filenode`` and the ``shape`` (SQL, ``{rel}`` a table's oid) of each
         table of ``of``, as the snapshot sees them."""
         names = [_qualified(t) for t in of]
@@ -188,7 +188,7 @@ class TableReader:
 async def encode_chunk(rows: SnapshotRows, relation: Relation, batch: list | CopyText,
                        tx: TxContext, first_seq: int) -> RoutedChunk:
     """``rows.chunk(relation, batch, tx, first_seq)``; COPY text (a table on the C path) is
-    encoded in a worker thread, in C without the GIL (``router.snapshot_rows.encode_text``):
+    encoded in a worker thread, in C without the GIL (``router.snapshot.rows.encode_text``):
     the sessions' batches are encoded at once, beside the event loop's thread that reads
     the sockets and hands records to the producer."""
     if type(batch) is CopyText:

@@ -8,7 +8,7 @@ import time
 
 import trio
 
-from router.snapshot import eta
+from router.snapshot.core import eta
 
 from ..console import board
 from ..services import log, metrics

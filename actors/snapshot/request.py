@@ -1,6 +1,6 @@
 """A backfill request (``pgrouter snapshot`` and the console's backfill button): checked
 against the catalog, then written into the source's WAL as a transactional logical decoding
-message (``router.snapshot``) that the router reads from its slot in commit order.
+message (``router.snapshot.core``) that the router reads from its slot in commit order.
 
 Runs its own trio loop and SQL session (``trio.run(request, …)``), so it may be called from
 any thread that is not a trio loop's: the CLI's, or one of the console's request threads.
@@ -12,7 +12,7 @@ import uuid
 
 import trio_asyncio
 
-from router.snapshot import PREFIX, Watermark, encode_watermark
+from router.snapshot.core import PREFIX, Watermark, encode_watermark
 
 from ..services import slots
 from ..services.catalog import load_catalog

@@ -1,4 +1,4 @@
-"""Signals (``router.signals``) acted upon: a row of ``pgrouter.signals`` is a backfill
+"""Signals (``router.snapshot.signals``) acted upon: a row of ``pgrouter.signals`` is a backfill
 request of the ``BackfillActor``, recorded in the state topic before its transaction is
 confirmed, so it is acted upon exactly once across restarts.
 
@@ -7,7 +7,7 @@ Rules:
 * The router actor hands over the signals of a transaction (``ChangeRouter.take_signals``)
   before that transaction's last chunk goes to the sink: the slot never confirms a signal
   whose request is not recorded.
-* Accepted: the jobs (``BackfillActor._plan``, request id ``router.signals.request_id``)
+* Accepted: the jobs (``BackfillActor._plan``, request id ``router.snapshot.signals.request_id``)
   then a ``signal`` record, state ``accepted``. The signals of one transaction are planned
   from one read of the catalog and their records written in one batch (1,000 signals in
   one transaction were 1,000 catalog reads and 2,000 acknowledged writes one after
@@ -33,9 +33,9 @@ from logging import WARNING
 
 import msgspec
 
-from router.snapshot import SnapshotState, decode_state
-from router.signals import PREFIX as SIGNAL_PREFIX, decode_signal, problem, request_id
-from router.topics import TopicSpec
+from router.snapshot.core import SnapshotState, decode_state
+from router.snapshot.signals import PREFIX as SIGNAL_PREFIX, decode_signal, problem, request_id
+from router.routing.topics import TopicSpec
 
 from ..kafka.compacted import read_topic
 from ..services import log

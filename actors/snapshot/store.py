@@ -9,7 +9,7 @@ Rules:
 * A progress record is written with ``produce_sync`` (acknowledged, acks=all) only after
   every record it declares done is acknowledged; so after a ``kill -9`` what the topic says
   is done is in Kafka, and at most the chunk in flight is written again.
-* Records are keyed (``router.snapshot.state_key``): the topic is compacted and read from
+* Records are keyed (``router.snapshot.core.state_key``): the topic is compacted and read from
   the beginning at start, the last record of a key wins.
 * The blocking methods run in a worker thread.
 """
@@ -20,10 +20,10 @@ import threading
 
 import trio
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import SinkError, SinkUnavailable
-from router.snapshot import SnapshotState, decode_state, encode_state, state_key
-from router.topics import TopicSpec
+from router.snapshot.core import SnapshotState, decode_state, encode_state, state_key
+from router.routing.topics import TopicSpec
 
 from ..kafka.compacted import READ_TIMEOUT, read_topic
 

@@ -6,7 +6,7 @@ Rules (PostgreSQL's initial table sync, ``tablesync.c`` ``fetch_remote_table_inf
   and without a filter when any of them has none (FOR ALL TABLES, TABLES IN SCHEMA, or a
   plain listing) — whatever actions they publish: the copy is not an INSERT, every
   publication contributes. The column list and ``publish_via_partition_root`` are the
-  stream's (``router.publications.resolve``). Config routes keep their own ``where`` and
+  stream's (``router.routing.publications.resolve``). Config routes keep their own ``where`` and
   ``columns``; selector routes take every row.
 * Only leaf tables are read (``FROM ONLY``): a partition's rows go to its root's topic when
   the route publishes via the root, exactly as its streamed changes do (``TablePlan.row_map``).
@@ -25,12 +25,12 @@ import itertools
 
 import msgspec
 
-from router.config import Config, qualified
+from router.config.router import Config, qualified
 from router.pgoutput import Relation
 from router.pgoutput.messages import RelationColumn
-from router.publications import (Catalog, FilterCache, Planner, Publication, TableInfo,
+from router.routing.publications import (Catalog, FilterCache, Planner, Publication, TableInfo,
                                  config_resolver, publication_resolver, resolve)
-from router.routing import RouteSpec
+from router.routing.change_router import RouteSpec
 
 from ..services.transforms import route_spec
 
@@ -51,7 +51,7 @@ def snapshot_specs(cfg: Config, catalog: Catalog, routes: set[str] | None = None
     specs = []
     for r in cfg.routes:
         if (routes is not None and r.name not in routes) or r.outbox is not None:
-            continue  # (an outbox route is never snapshotted: router.outbox)
+            continue  # (an outbox route is never snapshotted: router.routing.outbox)
         tables = frozenset(qualified(t) for t in r.tables)
         planner = None
         if r.publication_names():
@@ -79,7 +79,7 @@ class SnapshotTable(msgspec.Struct, frozen=True):
 
     def select(self, blocks: tuple[int, int | None] = (0, None)) -> str:
         """The read of the table, or of its rows in the blocks ``[first, end)`` (``end``
-        None: to the end; ``router.snapshot.block_ranges``)."""
+        None: to the end; ``router.snapshot.core.block_ranges``)."""
         cols = ", ".join(ident(c.name) for c in self.relation.columns)
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
         conds = [] if self.where is None else [f"({self.where})"]
@@ -110,7 +110,7 @@ class SnapshotTable(msgspec.Struct, frozen=True):
         """The next chunk by key order: rows whose key is after ``after`` (text values),
         ``limit`` of them, only those of ``keys`` when given (``keys_json``), none in the
         blocks of ``skip`` (``outside``), only those ``where`` matches (a signal's condition,
-        checked by ``router.signals.where_problem``): SQL with ``$n`` parameters, and the
+        checked by ``router.snapshot.signals.where_problem``): SQL with ``$n`` parameters, and the
         parameters."""
         cols = ", ".join(ident(c.name) for c in self.relation.columns)
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"

@@ -9,7 +9,7 @@ Rules:
   records of that prefix of tickets reach past the chunk's last record. A ticket
   acknowledged after a gap waits for the gap.
 * A chunk whose send raised delivered nothing: it is taken back (``unsent``).
-* The same prefix rule makes the stream's confirmed position (``router.confirmation``);
+* The same prefix rule makes the stream's confirmed position (``router.delivery.confirmation``);
   why the initial snapshot reads it here rather than through that position is said once,
   in ``actors.runner.coordinator``.
 """

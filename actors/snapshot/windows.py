@@ -9,9 +9,9 @@ Rules:
   recorded (``observe``: every key the stream changes; a TRUNCATE too); at the high
   watermark the chunk rows whose key was not changed go out as ``op: "r"`` records of the
   job's route only, right after the high watermark's transaction and at its position
-  (``router.snapshot``). Changes flow as usual all along.
+  (``router.snapshot.core``). Changes flow as usual all along.
 * Transactions the chunk's read saw in progress that committed before the low watermark
-  count as inside the window (``router.snapshot.RecentChanges``).
+  count as inside the window (``router.snapshot.core.RecentChanges``).
 * A repair's keys the table does not hold, unchanged in the window, go out as deletes
   after the chunk's rows.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import trio
 
-from router.envelope import TxContext
-from router.snapshot import PREFIX, ChunkWindow, RecentChanges, Watermark, decode_watermark
-from router.transactions import Transaction
+from router.formats.envelope import TxContext
+from router.snapshot.core import PREFIX, ChunkWindow, RecentChanges, Watermark, decode_watermark
+from router.stream.transactions import Transaction
 
 from .jobs import Job
 

@@ -23,11 +23,11 @@ import zlib
 
 import trio
 
-from router.avro import SchemasNeeded
-from router.config import Config
-from router.envelope import TxContext
-from router.verify import Comparer, Comparison, TopicFold, key_of, salted
-from router.verify_digest import (bucket_in, bucket_of, bucket_sums, buckets_for, differing,
+from router.formats.avro import SchemasNeeded
+from router.config.router import Config
+from router.formats.envelope import TxContext
+from router.verify.fold import Comparer, Comparison, TopicFold, key_of, salted
+from router.verify.digests import (bucket_in, bucket_of, bucket_sums, buckets_for, differing,
                                   digester, key_text, sub_sums, subs_for, to_split)
 
 from ..pipeline.formats import record_format

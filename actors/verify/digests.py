@@ -1,4 +1,4 @@
-"""The source side of the bucket digests (``router.verify_digest``'s rules): PostgreSQL renders
+"""The source side of the bucket digests (``router.verify.digests``'s rules): PostgreSQL renders
 the columns' texts, the C accelerator digests them (``copy_sums``; the sub-buckets of a
 bisect in SQL, ``sql_sums``), for the topics of JSON-format routes and of Connect and Avro
 routes whose columns' types all render alike (``digestible``): only the rows of buckets whose
@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import SourceError
 from router.native import NATIVE
-from router.publications import resolve
-from router.schema import TableSchema
-from router.values import (BOOL, BPCHAR, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON,
+from router.routing.publications import resolve
+from router.formats.schema import TableSchema
+from router.formats.values import (BOOL, BPCHAR, FLOAT4, FLOAT8, INT2, INT4, INT8, INTERVAL, JSON,
                            JSONB, NAME, OID, TEXT, UUID, VARCHAR)
-from router.verify_digest import acc_sums, copy_sums_py
+from router.verify.digests import acc_sums, copy_sums_py
 
 from ..snapshot.tables import SnapshotTable, as_copied, ident
 
@@ -49,7 +49,7 @@ def digestible(fmt: str, schema: TableSchema) -> bool:
 
 
 #: types every format carries as a JSON number or boolean (not a string): their texts are
-#: bare in the digests (``router.verify_digest``'s rules)
+#: bare in the digests (``router.verify.digests``'s rules)
 _BARE = frozenset({BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8})
 
 
@@ -113,9 +113,9 @@ def _sub(key: str, subs: int) -> str:
 def sums_select(table: SnapshotTable, schema: TableSchema, where: str | None,
                 buckets: int, subs: int = 0, fmt: str = "json") -> str:
     """bucket, rows, digest sum (text) of the table's rows the route takes: one md5 a row
-    (``router.verify_digest.row_digest``), over the columns' texts computed once. With
+    (``router.verify.digests.row_digest``), over the columns' texts computed once. With
     ``subs``: of the rows of the buckets ``$1`` (int[]) by sub-bucket, ``b`` being
-    ``bucket * subs + sub`` (``router.verify_digest.sub_sums``)."""
+    ``bucket * subs + sub`` (``router.verify.digests.sub_sums``)."""
     by_name = {c.name: c for c in schema.columns}
     key = _key(schema, by_name, fmt)
     names = sorted(by_name)
@@ -177,7 +177,7 @@ async def copy_sums(sql, table: SnapshotTable, schema: TableSchema, where: str |
                     buckets: int, into: dict[int, list], fmt: str = "json") -> None:
     """Adds the table's bucket sums to ``into`` (bucket -> [rows, sum]): PostgreSQL renders
     the columns' texts (``COPY``), the C accelerator digests them without the GIL
-    (``router._native.verify_copy``; ``router.verify_digest.copy_sums_py`` without it), so
+    (``router._native.verify_copy``; ``router.verify.digests.copy_sums_py`` without it), so
     the topic's fold runs meanwhile."""
     select, keys, head, kinds = texts_select(table, schema, where, fmt)
     acc = bytearray(buckets * 24)

@@ -23,7 +23,7 @@ import threading
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from router.config import parse_listen
+from router.config.router import parse_listen
 from router.errors import ConfigError
 
 from ..services.http import Endpoint, Health

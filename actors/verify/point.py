@@ -14,7 +14,7 @@ Rules:
   hold every record of the snapshot. An inactive slot behind the point (the router stopped)
   is said in one line after ``IDLE_GRACE`` seconds; a timeout is one line too.
 * ``wal_end``: the source's WAL end, read once a topic's end offsets are taken: a record
-  whose commit LSN is past it was not written by the router (``router.verify.TopicFold``).
+  whose commit LSN is past it was not written by the router (``router.verify.fold.TopicFold``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import psycopg2
 import trio
 
 from router.errors import SlotMissing, SourceError, SourceUnavailable
-from router.lsn import format_lsn, parse_lsn
+from router.postgres.lsn import format_lsn, parse_lsn
 
 from ..services import slots
 from ..services.sql import SqlSession

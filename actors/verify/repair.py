@@ -4,7 +4,7 @@ backfill (watermark chunks), and verify runs again.
 Rules:
 
 * For each route and topic that differs, one backfill request per table feeding the topic,
-  restricted to the keys that differ (``router.snapshot.Watermark.keys``): rows missing from
+  restricted to the keys that differ (``router.snapshot.core.Watermark.keys``): rows missing from
   the topic or different in it, and keys the topic holds that the table does not (the router
   writes a delete record for each of those at the chunk's high watermark, unless the stream
   changed the key inside the window, as for any chunk row). The request goes into the WAL
@@ -31,10 +31,10 @@ import msgspec
 import trio
 import trio_asyncio
 
-from router.config import Config
+from router.config.router import Config
 from router.errors import ConfigError, SourceError
-from router.snapshot import PREFIX, SnapshotState, Watermark, decode_state, encode_watermark
-from router.values import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, OID
+from router.snapshot.core import PREFIX, SnapshotState, Watermark, decode_state, encode_watermark
+from router.formats.values import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, OID
 
 from ..kafka.compacted import read_topic
 from ..services.sql import SqlSession
@@ -46,7 +46,7 @@ POLL = 0.5
 class Repair(msgspec.Struct):
     """What one route's topic needs: keys to send again (missing or different) and keys to
     delete (extra), as the records' key dicts; ``tables`` feed the topic; ``beyond``: example
-    keys of records past the source's WAL end, and how many (``router.verify.Comparison``)."""
+    keys of records past the source's WAL end, and how many (``router.verify.fold.Comparison``)."""
 
     route: str
     topic: str

@@ -4,7 +4,7 @@ route would hold at that position.
 Rules:
 
 * The source side is the router's own initial copy (``actors.snapshot.tables``,
-  ``router.snapshot_rows``): the rows of every table the slot streams and the route takes,
+  ``router.snapshot.rows``): the rows of every table the slot streams and the route takes,
   read by ``COPY`` on the verify snapshot (``actors.verify.point``) with the slot's
   publications' filter in its ``WHERE``, then through the route's plan — its row filter (the
   OR of its publications' filters, none when one has none), its column list,
@@ -12,14 +12,14 @@ Rules:
   encoded by the sink's record format. Both sides are then decoded by one ``Decoder``, so
   values compare in one representation, whatever the format (JSON, Connect, Avro).
 * The topic side: every record up to the end offsets once the router delivered past the
-  point, folded by ``router.verify.TopicFold`` at the point.
+  point, folded by ``router.verify.fold.TopicFold`` at the point.
 * Topics of keyed tables (JSON format; Connect and Avro when every column's type renders
   alike, ``actors.verify.digests.digestible``) are compared by bucket digests first
-  (``actors.verify.digests``, ``router.verify_digest``), the source's computed while the
+  (``actors.verify.digests``, ``router.verify.digests``), the source's computed while the
   topic is read: only the rows of buckets that differ are read and compared one by one.
   Other topics have every row read.
 * Metrics (``actors.verify.metrics``): each topic's result as it is known, the records read.
-* The route's actions decide what counts as a difference (``router.verify.Comparer``).
+* The route's actions decide what counts as a difference (``router.verify.fold.Comparer``).
 * Tables without a primary key or replica identity index: with REPLICA IDENTITY FULL their
   rows are compared as multisets (the topic keys them by the whole row, which repeats);
   without it (no key at all) they cannot be told apart: one line, and they are left out
@@ -38,13 +38,13 @@ import uuid
 import trio
 import trio_asyncio
 
-from router.config import Config, qualified
+from router.config.router import Config, qualified
 from router.errors import ConfigError, SlotMissing
-from router.identifiers import unparse_qualified
-from router.kafka_settings import LIBRDKAFKA
-from router.routing import ChangeRouter
-from router.snapshot_rows import SnapshotRows
-from router.verify import Comparison
+from router.postgres.identifiers import unparse_qualified
+from router.config.kafka_settings import LIBRDKAFKA
+from router.routing.change_router import ChangeRouter
+from router.snapshot.rows import SnapshotRows
+from router.verify.fold import Comparison
 
 from ..services.catalog import load_catalog, load_primary_keys
 from ..services import slots

@@ -1,5 +1,5 @@
 """Reading a route's topic for ``pgrouter verify``: every record from the first offset to the
-end offsets when the read starts, decoded whatever the format, folded (``router.verify``).
+end offsets when the read starts, decoded whatever the format, folded (``router.verify.fold``).
 
 Rules:
 
@@ -38,11 +38,11 @@ import time
 import msgspec
 
 from router.errors import PgRouterError, SinkError, SinkUnavailable
-from router.verify import TopicFold, envelope_of, key_of, key_payload
+from router.verify.fold import TopicFold, envelope_of, key_of, key_payload
 from router.native import NATIVE
-from router.verify_digest import fold_batch_py, layout_of, row_digests_py
+from router.verify.digests import fold_batch_py, layout_of, row_digests_py
 
-from router.kafka_settings import KAFKA_PYTHON, LIBRDKAFKA
+from router.config.kafka_settings import KAFKA_PYTHON, LIBRDKAFKA
 
 from ..kafka.admin import connection_conf
 from ..kafka.compacted import kafka_python_conf
@@ -138,7 +138,7 @@ class Decoder:
         """``(messages, ends) -> messages read`` into ``fold``: confluent-kafka's messages
         before their partition's end offset in ``ends``; with bucket digests, the plain
         records folded in one call of the C accelerator (``router._native.verify_fold``,
-        its twin ``router.verify_digest.fold_batch_py``), the others through ``feeder``."""
+        its twin ``router.verify.digests.fold_batch_py``), the others through ``feeder``."""
         feed = self.feeder(fold, keyless)
         buckets = getattr(fold.digester, "buckets", None)
         if buckets is not None and not keyless and fold.part is None:

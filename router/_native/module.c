@@ -30,14 +30,14 @@ static PyMethodDef module_methods[] = {
     {"configure", native_configure, METH_VARARGS,
      "configure(unchanged_toast, max_columns, Insert, Update, Delete): router.pgoutput's"},
     {"verify_row", (PyCFunction)(void (*)(void))native_verify_row, METH_FASTCALL,
-     "verify_row(key, head, values, buckets) -> bytes | None: router.verify_digest's "
+     "verify_row(key, head, values, buckets) -> bytes | None: router.verify.digests's "
      "digests of one row"},
     {"verify_fold", (PyCFunction)(void (*)(void))native_verify_fold, METH_FASTCALL,
      "verify_fold(msgs, ends, rows, cut, buckets, tools) -> (read, after_cut, folded): "
-     "router.verify_digest.fold_batch_py, a batch of a JSON-format topic's messages folded"},
+     "router.verify.digests.fold_batch_py, a batch of a JSON-format topic's messages folded"},
     {"verify_copy", (PyCFunction)(void (*)(void))native_verify_copy, METH_FASTCALL,
      "verify_copy(data, keys, columns, head, buckets, acc) -> rows: "
-     "router.verify_digest.copy_sums_py, COPY text rows' digests summed by bucket"},
+     "router.verify.digests.copy_sums_py, COPY text rows' digests summed by bucket"},
     {NULL}};
 
 static struct PyModuleDef native_module = {

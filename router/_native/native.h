@@ -11,7 +11,7 @@
  *               outbox route's events) and record_run
  *   tx.c        tx_bits (the source fields every record of a transaction shares)
  *   delivery.c  the Kafka side: hand_over (confluent-kafka's produce loop), Tally
- *   avro.c      the Avro sink: AvroConverter (router.avro's conversion of plain records);
+ *   avro.c      the Avro sink: AvroConverter (router.formats.avro's conversion of plain records);
  *               avro_values.c its JSON tokens and values (avro_values.h)
  *   verify.c    verify_row (pgrouter verify's digests of a row of a JSON-format topic);
  *               verify.h the verify files' shared declarations, verify_digest.c their base

@@ -4,8 +4,8 @@
 Rules this module keeps:
 
 * Field names are the documentation's, in snake_case. LSNs are ``int`` (format them with
-  ``router.lsn.format_lsn``); timestamps are ``int`` microseconds since 2000-01-01 00:00 UTC,
-  exactly as on the wire (``router.pgoutput.timestamps`` converts them).
+  ``router.postgres.lsn.format_lsn``); timestamps are ``int`` microseconds since 2000-01-01 00:00
+  UTC, exactly as on the wire (``router.pgoutput.timestamps`` converts them).
 * A tuple is a ``tuple`` with one entry per column: ``str`` for text (``'t'``), ``bytes`` for
   binary (``'b'``), ``None`` for NULL (``'n'``) and the ``UNCHANGED_TOAST`` singleton for an
   unchanged TOASTed value (``'u'``). ``UNCHANGED_TOAST`` is not ``None`` on purpose: "the

@@ -16,7 +16,7 @@ Rules:
 from __future__ import annotations
 
 from ..errors import DecodeError
-from ..lsn import format_lsn, parse_lsn
+from ..postgres.lsn import format_lsn, parse_lsn
 from . import messages as m
 from .decode import Decoder
 from .timestamps import pg_time_to_iso

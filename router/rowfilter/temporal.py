@@ -12,8 +12,8 @@ separator and ``Z`` / ``UTC`` as a zone. A timestamptz without a zone is taken a
 connects with ``TimeZone=UTC``, which is also how PostgreSQL would have read such a constant.
 Special words that depend on the clock (``now``, ``today``…) raise ``ValueError``.
 
-The calendar arithmetic is ``router.pg_time``'s; the parsing is not: a filter constant is read
-as PostgreSQL's input function reads it (lenient, ``epoch``, ``24:00``, rounding past six
+The calendar arithmetic is ``router.postgres.datetimes``'s; the parsing is not: a filter constant is
+read as PostgreSQL's input function reads it (lenient, ``epoch``, ``24:00``, rounding past six
 digits), a replicated value only as PostgreSQL's output function prints it.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 
-from ..pg_time import DAY_MICROS as USECS_PER_DAY
-from ..pg_time import civil_from_days, days_from_civil, month_days
+from ..postgres.datetimes import DAY_MICROS as USECS_PER_DAY
+from ..postgres.datetimes import civil_from_days, days_from_civil, month_days
 
 INF = float("inf")
 

@@ -27,7 +27,7 @@ import uuid as _uuid
 from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
 
-from ..pg_arrays import NestedArray, array_items
+from ..postgres.arrays import NestedArray, array_items
 from . import temporal
 
 

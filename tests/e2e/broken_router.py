@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from actors.pipeline import confirmer
-from router.confirmation import ConfirmationTracker
+from router.delivery.confirmation import ConfirmationTracker
 
 
 class ConfirmOnAccept(ConfirmationTracker):

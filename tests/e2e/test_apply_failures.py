@@ -115,16 +115,16 @@ def test_postgres_advances_an_origin_past_a_rolled_back_transaction(node_db):
 
 
 def test_an_origin_setup_folded_into_a_one_row_statement_moves_only_when_it_applied(node_db):
-    """``router.batches.with_origin`` on the server, the statements as the writer makes
+    """``router.apply.batches.with_origin`` on the server, the statements as the writer makes
     them: the setup inside a one-row insert, update or delete moves the origin when the
     change applied (and was committed), never when it failed: a duplicate key, a missing
     row, a foreign key (checked at the statement's end, after the projection: the table's
     triggers fail the statement before the setup)."""
     import json
 
-    from router.batches import Prepared, statements, with_origin
-    from router.reassembly import _decode_data
-    from router.statements import TargetTable
+    from router.apply.batches import Prepared, statements, with_origin
+    from router.apply.reassembly import _decode_data
+    from router.apply.statements import TargetTable
 
     dsn = node_db("pg3", "f")
     origin = f"fold_{uuid.uuid4().hex[:8]}"

@@ -14,7 +14,7 @@ import time
 import psycopg2
 import pytest
 
-from router.topics import escape
+from router.routing.topics import escape
 from tests.e2e.guarantee import delete_topics
 from tests.helpers import ROOT, Pg, fold_rows, kill9, read_topic, start_router, unique
 

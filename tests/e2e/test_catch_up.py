@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from router.lsn import parse_lsn
+from router.postgres.lsn import parse_lsn
 from tests.helpers import ROOT, Pg, read_topic, router_cmd, run_router, unique, write_config
 
 pytestmark = pytest.mark.services

@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from router.signals import SETUP_SQL
+from router.snapshot.signals import SETUP_SQL
 from tests.e2e.console_browser import TOKEN, free_port, http, stop, wait_for
 from tests.e2e.guarantee import delete_topics
 from tests.helpers import ROOT, Pg, start_router, unique, write_config

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from router.config import parse_config
+from router.config.router import parse_config
 from tests.e2e.guarantee import delete_topics
 from tests.helpers import ROOT, Pg, database_dsn, read_topic, run_router, unique, write_config
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from devstack.postgres import PASSWORD_ROLE
-from router.dsn import parse
+from router.postgres.dsn import parse
 from tests.helpers import ROOT, Pg, read_topic, router_cmd, unique, write_config
 
 pytestmark = pytest.mark.services

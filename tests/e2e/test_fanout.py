@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from router.pgoutput import UNCHANGED_TOAST, Decoder
-from router.relations import RelationCache
-from router.transactions import Transaction, TransactionAssembler
+from router.stream.relations import RelationCache
+from router.stream.transactions import Transaction, TransactionAssembler
 from tests.helpers import (Pg, fold_rows, pg_text, read_topic, run_router, unique,
                            write_config)
 

@@ -269,9 +269,9 @@ def test_a_new_leaders_transactional_id_fences_the_old_producer(slot_table, kafk
     client (same transactional id, derived from the slot) fences the old producer; the old
     one's commit fails and nothing of its open transaction is visible to read_committed."""
     from actors.pipeline.transactional_sink import transactional_client
-    from router.config import load_config
+    from router.config.router import load_config
     from router.errors import PgRouterError
-    from router.exactly_once import Stream
+    from router.delivery.exactly_once import Stream
 
     pg, name, config = slot_table
     eo = f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n'

@@ -25,9 +25,9 @@ import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from router.envelope import TableEncoder, TxContext
+from router.formats.envelope import TableEncoder, TxContext
 from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
-from router.schema import encode_schema
+from router.formats.schema import encode_schema
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 

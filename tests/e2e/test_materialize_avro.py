@@ -58,12 +58,12 @@ def _registry(url: str):
 
 class AvroFeed(Feed):
     """``Feed`` writing what the router's sink writes with ``format = "avro"``: each JSON record
-    converted by ``router.avro.AvroFormat`` (a key change becomes a delete and a create), its
-    schemas registered in the registry; the schema topic stays JSON."""
+    converted by ``router.formats.avro.AvroFormat`` (a key change becomes a delete and a create),
+    its schemas registered in the registry; the schema topic stays JSON."""
 
     def __init__(self, bootstrap: str, tag: str, registry_url: str, subjects: set):
         from actors.kafka.registry import RegistryClient
-        from router.avro import AvroFormat
+        from router.formats.avro import AvroFormat
 
         super().__init__(bootstrap, tag)
         self.format = AvroFormat()
@@ -75,7 +75,7 @@ class AvroFeed(Feed):
         self.format.learn(enc.schema)
 
     def avro(self, kv: tuple[bytes, bytes]) -> list[tuple[bytes | None, bytes]]:
-        from router.avro import SchemasNeeded
+        from router.formats.avro import SchemasNeeded
 
         record = (self.topic, kv[0], kv[1], None)
         try:
@@ -200,7 +200,7 @@ def test_a_record_that_does_not_decode_stops_the_batch(spark, kafka_bootstrap, r
     naming its Kafka position before anything of the batch is written; without
     ``[kafka.registry]`` the first Avro record stops it, saying what to configure."""
     from actors.materialize import job
-    from router.envelope import TableEncoder
+    from router.formats.envelope import TableEncoder
     from router.pgoutput import Relation, RelationColumn
 
     feed = AvroFeed(kafka_bootstrap, uuid.uuid4().hex[:8], registry_url, subjects)

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from router.envelope import TableEncoder, TxContext
+from router.formats.envelope import TableEncoder, TxContext
 from router.pgoutput import Relation, RelationColumn
 from tests.e2e.test_materialize import Feed, _config
 

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from router.changes import Change, Changes
+from router.stream.changes import Change, Changes
 from router.pgoutput import Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec
-from router.schema import encode_schema
-from router.transactions import Transaction
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.formats.schema import encode_schema
+from router.stream.transactions import Transaction
 from tests.e2e.guarantee import delete_topics
 from tests.e2e.test_materialize import Feed, _config
 

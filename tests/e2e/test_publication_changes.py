@@ -26,10 +26,10 @@ import time
 
 import pytest
 
-from router.definitions import PREFIX
+from router.routing.definitions import PREFIX
 from router.pgoutput import Decoder
-from router.relations import RelationCache
-from router.transactions import Transaction, TransactionAssembler
+from router.stream.relations import RelationCache
+from router.stream.transactions import Transaction, TransactionAssembler
 from tests.helpers import (ROOT, Pg, database_dsn, kill9, pg_text, read_topic, run_router, start_router,
                            unique, write_config)
 

@@ -74,7 +74,7 @@ def test_record_too_large_in_the_backfill_finishing_an_initial_snapshot(client, 
     import psycopg2
     from kafka import KafkaProducer
 
-    from router.snapshot import SnapshotState, encode_state
+    from router.snapshot.core import SnapshotState, encode_state
 
     pg = Pg(pg_dsn)
     name = unique("bigb")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from router.signals import SETUP_SQL
+from router.snapshot.signals import SETUP_SQL
 from tests.helpers import (Pg, read_topic, router_cmd, run_router, start_router, unique,
                            write_config)
 

@@ -202,7 +202,7 @@ def test_interrupted_initial_snapshot_is_finished_by_backfill(pg_dsn, kafka_boot
     streams from the slot's consistent point and copies the other tables by backfill."""
     from kafka import KafkaProducer
 
-    from router.snapshot import SnapshotState, encode_state
+    from router.snapshot.core import SnapshotState, encode_state
     from tests.e2e.test_backfill import progress, wait_for
     from tests.helpers import start_router
 

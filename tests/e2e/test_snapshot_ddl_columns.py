@@ -331,7 +331,7 @@ def test_vacuum_full_between_a_kill_and_the_ranges_left_out(pg_dsn, kafka_bootst
     the rows of the first half are deleted and VACUUM FULL packs the others into the
     blocks of the ranges done — before the restart, or while the backfill that finishes
     the snapshot (leaving out those ranges) runs. No row moved into those blocks is lost."""
-    from router.snapshot_ranges import MIN_RANGE_BLOCKS
+    from router.snapshot.ranges import MIN_RANGE_BLOCKS
     from tests.e2e import test_snapshot_ranges as ranges
 
     pg = Pg(pg_dsn)

@@ -1,5 +1,5 @@
 """One table read by several sessions at once in the initial snapshot (``ctid`` block
-ranges, ``router.snapshot.block_ranges``), on the real stack.
+ranges, ``router.snapshot.core.block_ranges``), on the real stack.
 
 The table is big enough in blocks to be split (wide rows and ``fillfactor = 10`` make few
 rows fill many blocks): every session imports the slot's exported snapshot, so the ranges together are
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from router.snapshot import RANGE_SHIFT, TABLE_SHIFT
-from router.snapshot_ranges import MIN_RANGE_BLOCKS
+from router.snapshot.core import RANGE_SHIFT, TABLE_SHIFT
+from router.snapshot.ranges import MIN_RANGE_BLOCKS
 from tests.e2e.guarantee import delete_topics
 from tests.e2e.test_snapshot import _initial_done
 from tests.helpers import (Pg, database_dsn, fold_rows, kill9, read_topic, start_router, table_rows, unique,

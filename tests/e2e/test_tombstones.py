@@ -31,7 +31,8 @@ COMPACT = ('topic_settings = { partitions = 1, configs = { "cleanup.policy" = "c
            '"delete.retention.ms" = "100", "min.compaction.lag.ms" = "0" } }\n')
 
 
-#: a compacted topic refuses Avro's and Connect's TRUNCATE records (no key: router.tombstones)
+#: a compacted topic refuses Avro's and Connect's TRUNCATE records (no key:
+#: router.formats.tombstones)
 NO_TRUNCATE = 'operations = ["insert", "update", "delete"]\n'
 
 

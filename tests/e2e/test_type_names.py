@@ -1,4 +1,4 @@
-"""The built-in type names every record source uses (``router/pg_types.py``) are the
+"""The built-in type names every record source uses (``router/postgres/type_names.py``) are the
 server's own: every type with an OID below 10000, which pgoutput never describes with a Type
 message, on every PostgreSQL version of the matrix."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.pg_types import BUILTIN_TYPES
+from router.postgres.type_names import BUILTIN_TYPES
 from tests.helpers import Pg
 
 pytestmark = pytest.mark.services

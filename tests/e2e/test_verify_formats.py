@@ -136,7 +136,7 @@ _READERS: dict = {}
 
 def _avro_key(key: bytes, url: str):
     from actors.kafka.registry import AvroDecoder, RegistryClient
-    from router.config import RegistryConfig
+    from router.config.router import RegistryConfig
 
     if url not in _READERS:
         _READERS[url] = AvroDecoder(RegistryClient(RegistryConfig(url=url)))

@@ -11,8 +11,8 @@ import pytest
 
 from router.pgoutput import Decoder, Relation
 from router.pgoutput.render import parse_line
-from router.relations import RelationCache
-from router.transactions import Transaction, TransactionAssembler
+from router.stream.relations import RelationCache
+from router.stream.transactions import Transaction, TransactionAssembler
 
 pytestmark = pytest.mark.services
 

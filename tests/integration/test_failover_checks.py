@@ -14,9 +14,9 @@ import trio_asyncio
 
 from actors.services import failover, slots
 from actors.services.sql import SqlSession
-from router.config import SourceConfig
+from router.config.router import SourceConfig
 from router.errors import ConfigError, SlotBehind, SlotMissing, is_retryable
-from router.lsn import parse_lsn
+from router.postgres.lsn import parse_lsn
 from tests.helpers import Pg, unique
 
 pytestmark = pytest.mark.services

@@ -9,7 +9,7 @@
 * the same key lands on the same partition with either client (and where Kafka's own
   murmur2 partitioner puts it), and ``pgrouter run`` writes the same records either way.
 * "librdkafka-packed" is librdkafka's client handed its records packed, as an initial
-  snapshot hands them (``router.snapshot_rows.PackedRecords``): its second producer, driven
+  snapshot hands them (``router.snapshot.rows.PackedRecords``): its second producer, driven
   from C (``actors.kafka.native_producer``), keeps the same contract.
 """
 
@@ -28,8 +28,8 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from actors.kafka.kafka_python import KafkaPythonClient, murmur2
 from actors.kafka.librdkafka import RdKafkaClient
-from router.snapshot_rows import PackedRecords, RecordBlock
-from router.topics import TopicSpec
+from router.snapshot.rows import PackedRecords, RecordBlock
+from router.routing.topics import TopicSpec
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkUnavailable
 from tests.helpers import Pg, run_router, unique, write_config
 from tests.helpers import read_topic as read_records

@@ -1,5 +1,5 @@
 """The lane of ``router._native.OutboxRecorder`` (an outbox route's events in C) against
-``router.outbox:PyOutboxRecorder`` for ``tests/router/test_native_twins.py``: the same
+``router.routing.outbox:PyOutboxRecorder`` for ``tests/router/test_native_twins.py``: the same
 record (topic, key, value, headers) for plain rows — text values, NULLs, multibyte text,
 headers, position headers or none — and the fallback's record, called with the same
 arguments, for the rest (a topic not remembered, a NULL topic column, a non-str value, a

@@ -1,5 +1,5 @@
 """The lane of ``router._native.copy_records`` (a snapshot's COPY text to one route's
-records, in C without the GIL) against ``router.snapshot_rows:copy_records_py`` for
+records, in C without the GIL) against ``router.snapshot.rows:copy_records_py`` for
 ``tests/router/test_native_twins.py``: the same records (topic, key bytes, value bytes,
 headers) for every column kind the C path claims — text (any type printed as text: numeric,
 timestamps, json…), integers, booleans — NULLs, escapes, multibyte text, a key of several
@@ -7,9 +7,9 @@ columns, no key, position headers; declined (None) only where the C side may dec
 
 from __future__ import annotations
 
-from router.envelope import TableEncoder, TxContext
+from router.formats.envelope import TableEncoder, TxContext
 from router.pgoutput import Relation, RelationColumn
-from router.snapshot_rows import RecordBlock
+from router.snapshot.rows import RecordBlock
 
 SAME, DECLINED = "same", "declined"
 TEXT, INT8, INT4, BOOL, NUMERIC, TSTZ, JSONB = 25, 20, 23, 16, 1700, 1184, 3802

@@ -1,5 +1,5 @@
-"""The applier's pure parts: reassembling transactions across topics (router.reassembly),
-the SQL it runs (router.statements) and its config (router.apply_config)."""
+"""The applier's pure parts: reassembling transactions across topics (router.apply.reassembly),
+the SQL it runs (router.apply.statements) and its config (router.config.applier)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from router.apply_config import parse_apply_config
+from router.config.applier import parse_apply_config
 from router.errors import ApplyError, ConfigError, DecodeError
-from router.reassembly import Reassembler
-from router.statements import TargetTable, affected, to_text
+from router.apply.reassembly import Reassembler
+from router.apply.statements import TargetTable, affected, to_text
 
 
 def end(lsn: int, counts: dict[str, int]) -> bytes:
@@ -184,8 +184,8 @@ def test_spills_past_the_memory_limit_and_reads_back_in_order(tmp_path):
 
 
 def test_set_based_statements():
-    from router.batches import Prepared, statements
-    from router.reassembly import _decode_data
+    from router.apply.batches import Prepared, statements
+    from router.apply.reassembly import _decode_data
 
     def r(op, before, after):
         return ("x", _decode_data(json.dumps({"op": op, "before": before, "after": after,
@@ -224,7 +224,7 @@ def test_prepared_statements_of_a_new_set_are_never_named_as_a_dropped_set_named
     """The writer drops its prepared statements after a failure and starts a new set: a
     script made with the old set (the next batch, made ahead) must fail on a name that no
     longer exists rather than execute another statement of the same name."""
-    from router.batches import Prepared
+    from router.apply.batches import Prepared
 
     old = Prepared()
     first = old.execute(("origin",), ["0/1", None], lambda: "select $1, $2")
@@ -236,8 +236,8 @@ def test_prepared_statements_of_a_new_set_are_never_named_as_a_dropped_set_named
 
 
 def test_snapshot_rows_are_upserts():
-    from router.batches import Prepared, statements
-    from router.records import _decode_data
+    from router.apply.batches import Prepared, statements
+    from router.apply.records import _decode_data
 
     prepared = Prepared()
     table = TargetTable("public", "t", {"id": "integer", "v": "text"}, ("id",))
@@ -290,9 +290,9 @@ def test_snapshot_rows_are_released_at_their_place_in_commit_order():
 def test_insert_runs_end_where_table_layout_op_or_size_change():
     """Consecutive inserts of one layout (``schema_id``) are one statement; a run ends at
     another layout, table or operation and at ``MAX_RUN`` rows, never reordering rows."""
-    from router import batches
-    from router.batches import Prepared, statements
-    from router.records import _decode_data
+    from router.apply import batches
+    from router.apply.batches import Prepared, statements
+    from router.apply.records import _decode_data
 
     seq = iter(range(10_000))
 

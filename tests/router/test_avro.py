@@ -1,5 +1,5 @@
-"""router.avro: pgrouter's JSON records as Avro records in the Confluent wire format. Read back
-with fastavro (an independent Avro implementation) against the schema text the registry
+"""router.formats.avro: pgrouter's JSON records as Avro records in the Confluent wire format. Read
+back with fastavro (an independent Avro implementation) against the schema text the registry
 would hold; no registry here (ids are set by hand), the real one is in tests/integration."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import fastavro
 import msgspec
 import pytest
 
-from router.avro import (AvroFormat, SchemasNeeded, Subject, avro_namespace, split_header,
+from router.formats.avro import (AvroFormat, SchemasNeeded, Subject, avro_namespace, split_header,
                          subject_name)
-from router.avro_read import AvroReader, is_avro
+from router.formats.avro_read import AvroReader, is_avro
 from router.errors import InternalError, RecordUnencodable
-from router.schema import ColumnSchema, TableSchema
+from router.formats.schema import ColumnSchema, TableSchema
 
 TOPIC = "app.public.t"
 SOURCE = {"db": "shop", "schema": "public", "table": "t", "lsn": 5, "commit_lsn": 6, "seq": 0,
@@ -309,7 +309,8 @@ def test_unknown_subject_naming_is_refused():
         AvroFormat("bogus")
 
 
-# -- reading back as the JSON envelope (router.avro_read) ------------------------------------
+# -- reading back as the JSON envelope (router.formats.avro_read)
+# ------------------------------------
 
 
 def test_records_read_back_as_the_json_envelope(fmt, reg):

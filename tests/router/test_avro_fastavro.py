@@ -1,11 +1,11 @@
-"""pgrouter's Avro records (``router.avro``, its C fast lane and its Python twin) byte for byte
-against fastavro's encoder (``fastavro.schemaless_writer``) on generated tables and values:
+"""pgrouter's Avro records (``router.formats.avro``, its C fast lane and its Python twin) byte for
+byte against fastavro's encoder (``fastavro.schemaless_writer``) on generated tables and values:
 every column type at the edges of its range (dates from 4713 BC to 5874897 AD, timestamps to
 294276 AD and where Avro's long ends, time 24:00:00, ±infinity, int and float limits, NaN,
 numerics of many digits and negative scales, arrays with NULLs and typmod'd elements,
 domain values that arrive as text).
 
-The expected datums are computed here, independently of ``router.pg_time``: a date's days
+The expected datums are computed here, independently of ``router.postgres.datetimes``: a date's days
 from Python's ``date`` after moving its year into 2000–2399 by whole 400-year cycles
 (146097 days each), decimals by fastavro itself (``Decimal`` → bytes)."""
 
@@ -24,9 +24,9 @@ from fastavro._logical_writers_py import prepare_bytes_decimal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.avro import AvroFormat, SchemasNeeded, split_header
+from router.formats.avro import AvroFormat, SchemasNeeded, split_header
 from router.native import NATIVE
-from router.schema import ColumnSchema, TableSchema
+from router.formats.schema import ColumnSchema, TableSchema
 
 TOPIC = "app.public.t"
 SOURCE = {"db": "shop", "schema": "public", "table": "t", "lsn": 5, "commit_lsn": 6, "seq": 0,

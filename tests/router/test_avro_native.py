@@ -3,7 +3,7 @@ the same records (bytes, lists, exceptions) for every column kind, edge value, e
 and byte-level corruption; every plain value PostgreSQL prints is converted by the C itself
 (no fallback), and what it declines still converts as Python converts it.
 
-The records are pgrouter's JSON envelopes as ``router.envelope`` writes them (msgspec's
+The records are pgrouter's JSON envelopes as ``router.formats.envelope`` writes them (msgspec's
 encoding of the envelope dict), some with every non-ASCII character escaped (``\\uXXXX``,
 surrogate pairs), as another JSON writer would. The generators are shared with the
 differential test of every fast lane (``test_native_twins.py``).
@@ -19,9 +19,9 @@ import threading
 import msgspec
 import pytest
 
-from router.avro import AvroFormat, SchemasNeeded
+from router.formats.avro import AvroFormat, SchemasNeeded
 from router.native import NATIVE
-from router.schema import ColumnSchema, TableSchema
+from router.formats.schema import ColumnSchema, TableSchema
 
 TOPIC = "app.public.t"
 SOURCE = {"db": "shop", "schema": "public", "table": "t", "lsn": 5, "commit_lsn": 6, "seq": 0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.config import parse_config
+from router.config.router import parse_config
 from router.errors import ConfigError
 
 CONFIG = """

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from router.apply_config import parse_apply_config
-from router.config import parse_config
+from router.config.applier import parse_apply_config
+from router.config.router import parse_config
 from router.errors import ConfigError
-from router.kafka_settings import parse_bootstrap_servers
+from router.config.kafka_settings import parse_bootstrap_servers
 
 
 def _cfg(source: str = "", kafka: str = "", route: str = "", dsn: str = "postgresql://h/db",

@@ -1,6 +1,6 @@
 """The flush-LSN rule: only end LSNs of durable transactions, in commit order."""
 
-from router.confirmation import ConfirmationTracker
+from router.delivery.confirmation import ConfirmationTracker
 
 
 def test_confirms_a_transaction_once_done():

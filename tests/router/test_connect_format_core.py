@@ -1,4 +1,4 @@
-"""router.connect_format: pgrouter's JSON records → Kafka Connect JSON (pure)."""
+"""router.formats.connect: pgrouter's JSON records → Kafka Connect JSON (pure)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from router.connect_format import ConnectFormat
-from router.connect_values import parse_array
+from router.formats.connect import ConnectFormat
+from router.formats.connect_values import parse_array
 from router.errors import InternalError, RecordUnencodable
-from router.schema import ColumnSchema, TableSchema, column_schema
+from router.formats.schema import ColumnSchema, TableSchema, column_schema
 
 SCHEMA = TableSchema(schema_id="s1", schema="public", table="t", columns=(
     ColumnSchema(name="id", type="int4", type_oid=23, key=True),

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from router.apply_config import parse_apply_config
-from router.config import parse_config
-from router.console_config import redacted
+from router.config.applier import parse_apply_config
+from router.config.router import parse_config
+from router.config.console import redacted
 from router.errors import ConfigError
 
 SECRETS = ["dsn-pw-1", "sasl-pw-2", "ssl-pw-3", "reg-pw-4", "console-tok-5", "console-pw-6",

@@ -1,4 +1,4 @@
-"""Publication definitions at their position in the stream (router.definitions, following):
+"""Publication definitions at their position in the stream (router.routing.definitions, following):
 snapshots parsed, the state in force at a confirmed position, plans rebuilt in the middle of
 a transaction, definitions messages never published as op 'm'."""
 
@@ -8,13 +8,13 @@ import json
 
 import msgspec
 
-from router.changes import Change
-from router.definitions import (PREFIX, Definitions, StateRecord, catalog_from_snapshot,
+from router.stream.changes import Change
+from router.routing.definitions import (PREFIX, Definitions, StateRecord, catalog_from_snapshot,
                                 state_at)
 from router.pgoutput import Relation, RelationColumn
 from router.pgoutput.messages import Message
-from router.publications import FilterCache, Planner, publication_resolver
-from router.routing import ChangeRouter, RouteSpec
+from router.routing.publications import FilterCache, Planner, publication_resolver
+from router.routing.change_router import ChangeRouter, RouteSpec
 
 INT4 = 23
 T = Relation(1, "public", "t", "d", (RelationColumn(1, "id", INT4, -1),
@@ -141,7 +141,7 @@ def test_state_in_force_at_the_confirmed_position():
 
 
 def test_transaction_metadata_does_not_count_state_records():
-    from router.transaction_meta import TransactionMeta
+    from router.routing.transaction_meta import TransactionMeta
 
     defs = definitions("v > 10")
     router = ChangeRouter([], db="d")

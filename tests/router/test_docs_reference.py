@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import tomllib
 
-from router.config import parse_config
+from router.config.router import parse_config
 from tests.conftest import ROOT
 from tests.config_keys import all_keys
 

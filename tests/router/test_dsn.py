@@ -6,7 +6,7 @@ import urllib.parse
 
 import pytest
 
-from router import dsn
+from router.postgres import dsn
 from router.errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 """The record bytes: the templated/Struct encoder (``TableEncoder``) and the router's direct
 path give exactly the bytes of the envelope built as dicts, as documented in
-``router/envelope.py`` — over many random rows, types, names and operations."""
+``router/formats/envelope.py`` — over many random rows, types, names and operations."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import random
 import msgspec
 import pytest
 
-from router.changes import Change
-from router.envelope import TableEncoder, TxContext
+from router.stream.changes import Change
+from router.formats.envelope import TableEncoder, TxContext
 from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
 from router.pgoutput.timestamps import pg_time_to_iso, pg_time_to_unix_ms
-from router.plans import apply_plan
-from router.routing import ChangeRouter, RouteSpec
+from router.routing.plans import apply_plan
+from router.routing.change_router import ChangeRouter, RouteSpec
 
 BOOL, INT2, INT4, INT8, OID, FLOAT4, FLOAT8, TEXT, NUMERIC, BYTEA = (
     16, 21, 23, 20, 26, 700, 701, 25, 1700, 17)
@@ -229,7 +229,7 @@ def test_router_direct_path_equals_plan_by_plan_evaluation(position_headers):
 
 
 def test_message_content_is_base64():
-    from router.envelope import encode_message
+    from router.formats.envelope import encode_message
 
     _, value = encode_message(db="d", route="", tx=None, lsn=1, seq=0, transactional=False,
                               prefix="p", content=b"\x00\xff")
@@ -237,7 +237,7 @@ def test_message_content_is_base64():
 
 
 def test_unchanged_toasted_key_is_taken_from_the_old_key_tuple():
-    from router.envelope import TableEncoder, TxContext
+    from router.formats.envelope import TableEncoder, TxContext
     from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
 
     rel = Relation(relation_id=1, namespace="public", name="t", replica_identity="d",

@@ -1,13 +1,13 @@
-"""router.exactly_once: the progress record and the mode's configuration (pure)."""
+"""router.delivery.exactly_once: the progress record and the mode's configuration (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.config import parse_config
+from router.config.router import parse_config
 from router.errors import ConfigError, SinkRejected, is_retryable
-from router.exactly_once import (ProducerFenced, Stream, already_in_kafka, committed_position,
-                                 decode_progress, foreign_stream, progress_record,
+from router.delivery.exactly_once import (ProducerFenced, Stream, already_in_kafka,
+                                 committed_position, decode_progress, foreign_stream, progress_record,
                                  transactional_id)
 
 CONFIG = """

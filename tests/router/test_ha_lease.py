@@ -1,12 +1,13 @@
-"""The ``[ha]`` config and the leadership ``Lease`` (router/ha.py): times are given, no clock."""
+"""The ``[ha]`` config and the leadership ``Lease`` (router/delivery/ha.py): times are given, no
+clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.config import parse_config
+from router.config.router import parse_config
 from router.errors import ConfigError
-from router.ha import HaConfig, Lease, control_topic, group_id, lease_seconds
+from router.delivery.ha import HaConfig, Lease, control_topic, group_id, lease_seconds
 
 BASE = """
 [source]

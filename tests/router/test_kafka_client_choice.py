@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from router import config as config_module
-from router.config import parse_config, resolve_client
+from router.config import router as config_module
+from router.config.router import parse_config, resolve_client
 from router.errors import ConfigError
 
 TEXT = """

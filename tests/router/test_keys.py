@@ -1,4 +1,4 @@
-"""The record key is a table's primary key across every Relation message (``router.keys``):
+"""The record key is a table's primary key across every Relation message (``router.routing.keys``):
 whatever the replica identity says, one row keeps one key."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from router.changes import Change
-from router.keys import PrimaryKeys
+from router.stream.changes import Change
+from router.routing.keys import PrimaryKeys
 from router.pgoutput import Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec
+from router.routing.change_router import ChangeRouter, RouteSpec
 
 INT4, TEXT = 23, 25
 

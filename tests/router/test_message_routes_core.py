@@ -1,4 +1,4 @@
-"""router.message_routes: logical decoding messages published by prefix (exact or glob), the
+"""router.routing.message_routes: logical decoding messages published by prefix (exact or glob), the
 payload as written, keyed by a JSON field; in their transaction's place; pgrouter's own
 prefixes never match; messages_topic goes on as before."""
 
@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from router.changes import Change, Changes
-from router.config import parse_config
+from router.stream.changes import Change, Changes
+from router.config.router import parse_config
 from router.errors import ConfigError
-from router.message_routes import MessageRouteConfig, message_key
+from router.routing.message_routes import MessageRouteConfig, message_key
 from router.pgoutput import Relation, RelationColumn
 from router.pgoutput.messages import Message
-from router.routing import ChangeRouter, RouteSpec
-from router.transactions import NonTransactionalMessage, Transaction
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.stream.transactions import NonTransactionalMessage, Transaction
 
 T = Relation(1, "public", "t", "d", (RelationColumn(1, "id", 23, -1),))
 

@@ -20,8 +20,8 @@ from router.pgoutput import UNCHANGED_TOAST as U
 from router.pgoutput import Decoder, Delete, Insert, Update
 from router.pgoutput.reader import MAX_COLUMNS, read_tuple, read_tuple_py
 from router.pgoutput.render import parse_line
-from router.relations import RelationCache
-from router.transactions import Transaction, TransactionAssembler
+from router.stream.relations import RelationCache
+from router.stream.transactions import Transaction, TransactionAssembler
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "pgoutput" / "golden"
 CAPTURES = {"v1_text.tsv": 1, "v1_binary.tsv": 1, "v2_stream.tsv": 2, "v3_twophase.tsv": 3}
@@ -289,7 +289,7 @@ def gen_stream(rng, transactions: int, poison: bytes | None = None) -> list[tupl
 
 
 class CountingNative:
-    """router.transactions' NATIVE, counting the rows feed_rows takes and the short
+    """router.stream.transactions' NATIVE, counting the rows feed_rows takes and the short
     transactions take_short takes."""
 
     def __init__(self):
@@ -337,8 +337,8 @@ def check_feed_batch(monkeypatch, tmp_path, rows, version, memory_limit, cuts):
     runs = []
     for python_path in (True, False):
         counting = CountingNative()
-        monkeypatch.setattr("router.transactions.NATIVE", counting)
-        monkeypatch.setattr("router.short_transactions.NATIVE", counting)
+        monkeypatch.setattr("router.stream.transactions.NATIVE", counting)
+        monkeypatch.setattr("router.stream.short_transactions.NATIVE", counting)
         runs.append(assemble(rows, version, python_path, memory_limit, cuts, str(tmp_path)))
         assert (counting.rows == 0) is python_path, "the path under test was not taken"
         shorts = counting.short

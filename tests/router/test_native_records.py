@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from router import envelope
-from router.delivery import PyTally
-from router.envelope import TableEncoder, TxContext
+from router.formats import envelope
+from router.delivery.tally import PyTally
+from router.formats.envelope import TableEncoder, TxContext
 from router.native import NATIVE
 from router.pgoutput import UNCHANGED_TOAST as U
 from router.pgoutput import Relation, RelationColumn

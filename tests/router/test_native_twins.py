@@ -31,19 +31,19 @@ from typing import Callable, NamedTuple
 import msgspec
 import pytest
 
-from router import envelope
-from router.changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, Changes
-from router.envelope import TableEncoder, TxContext
+from router.formats import envelope
+from router.stream.changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, Changes
+from router.formats.envelope import TableEncoder, TxContext
 from router.errors import DecodeError
 from router.native import NATIVE, TWINS
 from router.pgoutput import UNCHANGED_TOAST as U
 from router.pgoutput import Decoder, Delete, Insert, Relation, RelationColumn, Update
 from router.pgoutput.reader import MAX_COLUMNS
-from router.plans import KINDS
-from router.relations import RelationCache
-from router.routing import ChangeRouter, RouteSpec
-from router.short_transactions import MAX_ROWS
-from router.transactions import Transaction, TransactionAssembler
+from router.routing.plans import KINDS
+from router.stream.relations import RelationCache
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.stream.short_transactions import MAX_ROWS
+from router.stream.transactions import Transaction, TransactionAssembler
 from test_avro_native import check_avro, gen_avro, golden_avro
 from test_native import (
     BAD_UTF8, POISON, ROW_FORMS, gen_stream, golden_messages, golden_tuples, mutate, outcome,
@@ -351,7 +351,7 @@ def gen_row_codec(rng):
 
 
 class NoTxBits:
-    """``router.envelope``'s NATIVE with ``tx_bits`` declining: ``_use_tx`` in Python."""
+    """``router.formats.envelope``'s NATIVE with ``tx_bits`` declining: ``_use_tx`` in Python."""
 
     def __getattr__(self, name):
         return getattr(NATIVE, name)

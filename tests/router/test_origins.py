@@ -1,5 +1,5 @@
-"""Origin policies (router.origins), their config keys, and transaction metadata records
-(router.transaction_meta)."""
+"""Origin policies (router.stream.origins), their config keys, and transaction metadata records
+(router.routing.transaction_meta)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from router.config import parse_config
+from router.config.router import parse_config
 from router.errors import ConfigError
-from router.origins import (
+from router.stream.origins import (
     ALL_ROUTES, ANY_POLICY, NO_ROUTE, NONE_POLICY, OriginConfig, OriginPolicy, OriginRules,
     parse_policy, rules_from_config,
 )
 from router.pgoutput import Begin, Commit, Insert, Origin, Relation, RelationColumn
-from router.relations import RelationCache
-from router.routing import ChangeRouter, RouteSpec
-from router.transaction_meta import TransactionMeta
-from router.transactions import TransactionAssembler
+from router.stream.relations import RelationCache
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.routing.transaction_meta import TransactionMeta
+from router.stream.transactions import TransactionAssembler
 
 LISTS = OriginPolicy
 # (policy, origin name or None for local, published?)

@@ -1,4 +1,4 @@
-"""router.outbox: an outbox table's inserts as events in the Outbox Event Router's shape;
+"""router.routing.outbox: an outbox table's inserts as events in the Outbox Event Router's shape;
 updates and deletes publish nothing; a route beside it sees the table as usual."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from router.changes import Change, Changes
-from router.config import parse_config
+from router.stream.changes import Change, Changes
+from router.config.router import parse_config
 from router.errors import ConfigError
-from router.outbox import OutboxConfig
+from router.routing.outbox import OutboxConfig
 from router.pgoutput import Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec
-from router.transactions import Transaction
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.stream.transactions import Transaction
 
 UUID, TEXT, JSONB = 2950, 25, 3802
 OUTBOX = Relation(1, "public", "outbox", "d", (RelationColumn(1, "id", UUID, -1),
@@ -122,10 +122,10 @@ def test_outbox_defaults_are_debeziums():
 
 
 def test_remembered_topics_stay_each_values_own(monkeypatch):
-    """The topic of each distinct value is remembered (router.outbox ``TOPICS_KEPT``, then
+    """The topic of each distinct value is remembered (router.routing.outbox ``TOPICS_KEPT``, then
     forgotten at once): a value seen again, after others and after the forgetting, gets its
     own topic; one that makes a topic Kafka refuses is refused every time."""
-    import router.outbox as outbox
+    import router.routing.outbox as outbox
 
     monkeypatch.setattr(outbox, "TOPICS_KEPT", 2)
     plan = outbox.OutboxPlan(OutboxConfig(), OUTBOX, "ev")
@@ -143,7 +143,7 @@ def test_remembered_topics_stay_each_values_own(monkeypatch):
 def test_a_null_topic_column_names_no_topic():
     """A NULL in a column of the topic template names no topic: one line naming the column
     and the event id (it went to ``outbox.event.``, a topic no consumer reads), every time."""
-    import router.outbox as outbox
+    import router.routing.outbox as outbox
 
     plan = outbox.OutboxPlan(OutboxConfig(), OUTBOX, "ev")
     for _ in range(2):
@@ -205,7 +205,7 @@ def test_a_bytea_payload_is_its_bytes():
     """A ``bytea`` payload is published as its bytes (what the application wrote, as
     Debezium's BinaryDataConverter writes it), not PostgreSQL's ``\\x`` hex text of them;
     in hex and escape output alike."""
-    import router.outbox as outbox
+    import router.routing.outbox as outbox
 
     cols = OUTBOX.columns[:4] + (RelationColumn(0, "payload", 17, -1),)
     plan = outbox.OutboxPlan(OutboxConfig(), Relation(1, "public", "outbox", "d", cols), "ev")

@@ -1,11 +1,11 @@
-"""The one parser of PostgreSQL array literals (``router.pg_arrays``), against what
+"""The one parser of PostgreSQL array literals (``router.postgres.arrays``), against what
 PostgreSQL's ``array_out`` writes and ``array_in`` accepts."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.pg_arrays import NestedArray, array_items
+from router.postgres.arrays import NestedArray, array_items
 
 
 @pytest.mark.parametrize("text, items", [

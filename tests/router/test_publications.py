@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.pgoutput import Relation, RelationColumn
-from router.publications import (Catalog, CatalogColumn, ColumnListConflict, FilterCache,
+from router.routing.publications import (Catalog, CatalogColumn, ColumnListConflict, FilterCache,
                                  Planner, PubTable, Publication, TableInfo,
                                  publication_resolver, resolve)
 

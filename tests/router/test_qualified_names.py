@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from actors.apply.target import progress_table_sql
-from router.apply_config import parse_apply_config, table_map
-from router.config import parse_config, qualified
+from router.config.applier import parse_apply_config, table_map
+from router.config.router import parse_config, qualified
 from router.errors import ConfigError
-from router.identifiers import split_qualified, unparse_qualified
+from router.postgres.identifiers import split_qualified, unparse_qualified
 
 NAMES = [
     ("t", ("public", "t")),

@@ -1,4 +1,4 @@
-"""Every encoder's records follow the declared envelope (``router.record_schema``): the
+"""Every encoder's records follow the declared envelope (``router.formats.record_schema``): the
 table encoder (its Python and C paths, plans with column lists), snapshot rows, truncates,
 logical messages and the Kafka Connect form, over generated rows of every value kind."""
 
@@ -10,11 +10,11 @@ import random
 import msgspec
 import pytest
 
-from router.connect_format import ConnectFormat
-from router.envelope import TableEncoder, TxContext, encode_message
-from router.record_schema import RecordSchemaError, validate, validate_connect
-from router.routing import ChangeRouter, RouteSpec
-from router.snapshot_rows import SnapshotRows
+from router.formats.connect import ConnectFormat
+from router.formats.envelope import TableEncoder, TxContext, encode_message
+from router.formats.record_schema import RecordSchemaError, validate, validate_connect
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.snapshot.rows import SnapshotRows
 from tests.router.test_envelope import rand_change, rand_relation, rand_value
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from router.errors import ProtocolViolation
 from router.pgoutput import Insert, Relation, RelationColumn, Type
-from router.relations import RelationCache
+from router.stream.relations import RelationCache
 
 REL = Relation(7, "s", "t", "f", (RelationColumn(1, "id", 23, -1),
                                   RelationColumn(1, "mood", 16390, -1)))

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from router.changes import Change
-from router.envelope import TableEncoder, TxContext
+from router.stream.changes import Change
+from router.formats.envelope import TableEncoder, TxContext
 from router.errors import ProtocolViolation
 from router.pgoutput import UNCHANGED_TOAST, Message, Relation, RelationColumn
-from router.plans import TablePlan, apply_plan
-from router.routing import ChangeRouter, RouteSpec
+from router.routing.plans import TablePlan, apply_plan
+from router.routing.change_router import ChangeRouter, RouteSpec
 
 INT4, TEXT = 23, 25
 REL = Relation(1, "public", "t", "d", (RelationColumn(1, "id", INT4, -1),
@@ -206,7 +206,7 @@ def test_remembered_decisions_equal_direct_evaluation():
 
 def test_full_identity_table_is_keyed_by_its_primary_key():
     from router.pgoutput import Relation, RelationColumn
-    from router.routing import ChangeRouter
+    from router.routing.change_router import ChangeRouter
 
     rel = Relation(relation_id=9, namespace="public", name="f", replica_identity="f",
                    columns=(RelationColumn(1, "id", 23, -1), RelationColumn(1, "v", 25, -1)))

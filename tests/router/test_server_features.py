@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.server_features import ServerFeatures
+from router.postgres.server_features import ServerFeatures
 
 CASES = [  # version, proto, origin option, standby decoding, failover slots, generated columns
     (150014, 3, False, False, False, False),
@@ -28,8 +28,8 @@ def test_a_missing_feature_is_named_with_the_version_that_has_it():
 
 
 def test_origin_filtering_is_pushed_to_the_server_only_for_none_on_16_and_later():
-    from router.config import parse_config
-    from router.origins import rules_from_config
+    from router.config.router import parse_config
+    from router.stream.origins import rules_from_config
 
     def origin_filtering(cfg, version):
         return rules_from_config(cfg).filtering_at(version)

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from router.changes import Change, Changes
+from router.stream.changes import Change, Changes
 from router.pgoutput import Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec
-from router.transactions import Transaction
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.stream.transactions import Transaction
 
 INT4, TEXT = 23, 25
 T = Relation(1, "public", "t", "d", (RelationColumn(1, "id", INT4, -1),

@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from router.envelope import TxContext
+from router.formats.envelope import TxContext
 from router.pgoutput import Relation
 from router.pgoutput.messages import RelationColumn
-from router.publications import FilterCache, Planner, config_resolver
-from router.routing import ChangeRouter, RouteSpec
-from router.snapshot import (PREFIX, TABLE_SHIFT, ChunkWindow, SnapshotState, Watermark,
+from router.routing.publications import FilterCache, Planner, config_resolver
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.snapshot.core import (PREFIX, TABLE_SHIFT, ChunkWindow, SnapshotState, Watermark,
                              decode_state, decode_watermark, encode_state,
                              encode_watermark, eta, initial_position, parse_copy_data,
                              parse_copy_line, state_key)
-from router.snapshot_rows import SnapshotRows
+from router.snapshot.rows import SnapshotRows
 
 REL = Relation(relation_id=1, namespace="public", name="t", replica_identity="d",
                columns=(RelationColumn(1, "id", 23, -1), RelationColumn(0, "v", 25, -1),
@@ -183,8 +183,8 @@ def test_repair_deletes_are_keyed_records_of_routes_publishing_delete():
 
 
 def test_changes_committed_before_the_window_but_invisible_to_the_read_count():
-    from router.changes import Change
-    from router.snapshot import RecentChanges, snapshot_xip
+    from router.stream.changes import Change
+    from router.snapshot.core import RecentChanges, snapshot_xip
 
     assert snapshot_xip("100:105:101,4294967399") == frozenset({101, 103})
     assert snapshot_xip("100:100:") == frozenset()
@@ -202,11 +202,11 @@ def test_changes_committed_before_the_window_but_invisible_to_the_read_count():
     assert len(recent.changes) == 3
 
 
-# -- block ranges (router.snapshot_ranges) ---------------------------------------------------
+# -- block ranges (router.snapshot.ranges) ---------------------------------------------------
 
 
 def test_block_ranges_cover_the_table_and_split_only_big_ones():
-    from router.snapshot_ranges import MAX_RANGES, MIN_RANGE_BLOCKS, block_ranges
+    from router.snapshot.ranges import MAX_RANGES, MIN_RANGE_BLOCKS, block_ranges
 
     assert block_ranges(10 * MIN_RANGE_BLOCKS, 1) == [(0, None)]  # one session
     assert block_ranges(2 * MIN_RANGE_BLOCKS - 1, 4) == [(0, None)]  # too small
@@ -221,7 +221,7 @@ def test_block_ranges_cover_the_table_and_split_only_big_ones():
 
 
 def test_done_blocks_are_this_snapshots_merged_and_dropped_after_a_rewrite():
-    from router.snapshot_ranges import done_blocks
+    from router.snapshot.ranges import done_blocks
 
     def rng(first, end, request="s1", filenode=7, table="public.t", slot="slot"):
         return SnapshotState("range", slot, "done", request=request, table=table,

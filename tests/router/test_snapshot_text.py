@@ -1,4 +1,4 @@
-"""A snapshot's COPY text on the C path (``router.snapshot_rows``: ``text_path``,
+"""A snapshot's COPY text on the C path (``router.snapshot.rows``: ``text_path``,
 ``CopyText``, ``encode_text``): decided per table up front, the same chunk as the rows
 parsed and recorded one by one, and encoded without holding the GIL (another thread runs
 meanwhile: what lets two sessions encode at once)."""
@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from router.envelope import TxContext
+from router.formats.envelope import TxContext
 from router.native import NATIVE
 from router.pgoutput import Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec
-from router.snapshot import copy_rows
-from router.snapshot_rows import CopyText, SnapshotRows, encode_text
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.snapshot.core import copy_rows
+from router.snapshot.rows import CopyText, SnapshotRows, encode_text
 
 TX = TxContext(xid=0, commit_lsn=1 << 30, end_lsn=(1 << 30) + 1, commit_time=0)
 native = pytest.mark.skipif(NATIVE is None, reason="router._native off (PGROUTER_PURE_PYTHON=1)")

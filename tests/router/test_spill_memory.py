@@ -9,10 +9,10 @@ import gc
 import struct
 import tracemalloc
 
-from router.changes import RUN_SIZE
+from router.stream.changes import RUN_SIZE
 from router.pgoutput import Decoder
-from router.relations import RelationCache
-from router.transactions import Transaction, TransactionAssembler
+from router.stream.relations import RelationCache
+from router.stream.transactions import Transaction, TransactionAssembler
 
 MIB = 1024 * 1024
 RELID = 16384

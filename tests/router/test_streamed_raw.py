@@ -1,5 +1,5 @@
 """A streamed transaction's row messages are kept as they came and decoded when it is read
-(``router.changes``): the same changes as decoding them one by one, each with the relation
+(``router.stream.changes``): the same changes as decoding them one by one, each with the relation
 in effect when it was sent, subtransaction aborts honoured in memory and after a spill, and
 the memory they hold counted at what it costs."""
 
@@ -13,8 +13,8 @@ import pytest
 
 import router.native
 from router.pgoutput import Decoder
-from router.relations import RelationCache
-from router.transactions import Transaction, TransactionAssembler
+from router.stream.relations import RelationCache
+from router.stream.transactions import Transaction, TransactionAssembler
 
 RELID = 16384
 XID = 700

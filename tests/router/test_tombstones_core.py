@@ -1,4 +1,4 @@
-"""router.tombstones: a null-value record after each delete of a route with
+"""router.formats.tombstones: a null-value record after each delete of a route with
 ``tombstones = true`` (and of the old key after a key change), in every format; routes
 without tombstones unchanged."""
 
@@ -10,12 +10,12 @@ import json
 import fastavro
 import pytest
 
-from router.avro import AvroFormat, SchemasNeeded, split_header
-from router.changes import Change, Changes
-from router.connect_format import ConnectFormat
+from router.formats.avro import AvroFormat, SchemasNeeded, split_header
+from router.stream.changes import Change, Changes
+from router.formats.connect import ConnectFormat
 from router.pgoutput import Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec
-from router.transactions import Transaction
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.stream.transactions import Transaction
 
 INT4, TEXT = 23, 25
 REL = Relation(1, "public", "t", "d", (RelationColumn(1, "id", INT4, -1),
@@ -148,8 +148,8 @@ def test_connect_tombstones_have_the_connect_key_and_a_null_value():
 
 
 def test_repair_deletes_and_filtered_out_repair_rows_are_followed_by_tombstones():
-    from router.envelope import TxContext
-    from router.snapshot_rows import SnapshotRows
+    from router.formats.envelope import TxContext
+    from router.snapshot.rows import SnapshotRows
 
     def planner(rel):
         return {"insert_filter": lambda row: row[1] == "keep"}
@@ -170,8 +170,8 @@ def test_repair_deletes_and_filtered_out_repair_rows_are_followed_by_tombstones(
 def test_the_applier_releases_a_transaction_with_tombstones():
     """END counts change events, not tombstones: the applier's reassembler (which skips
     tombstones) releases the transaction instead of waiting for them for ever."""
-    from router.reassembly import Reassembler
-    from router.transaction_meta import TransactionMeta
+    from router.apply.reassembly import Reassembler
+    from router.routing.transaction_meta import TransactionMeta
 
     router = ChangeRouter([RouteSpec(name="r", all_tables=True, tombstones=True)], db="d")
     t = txn(CHANGES[:4])
@@ -197,7 +197,7 @@ def test_a_compacted_topic_refusing_truncate_records_is_a_config_error(fmt, ops,
                                                                        refused):
     """Avro's and Connect's TRUNCATE record has a null Kafka key, which a compacted topic
     refuses (INVALID_RECORD at every start): refused when the config is loaded."""
-    from router.config import parse_config
+    from router.config.router import parse_config
     from router.errors import ConfigError
 
     text = f"""

@@ -1,4 +1,4 @@
-"""Topic names (``router.topics``): an injective, documented mapping from identifiers to
+"""Topic names (``router.routing.topics``): an injective, documented mapping from identifiers to
 names Kafka accepts, and the problems every topic of a route is checked for."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from router.routing import RouteSpec
-from router.topics import MAX_TOPIC_LENGTH, escape, illegal, topic_name, topic_problems, unescape
+from router.routing.change_router import RouteSpec
+from router.routing.topics import (
+    MAX_TOPIC_LENGTH, escape, illegal, topic_name, topic_problems, unescape)
 
 LEGAL = re.compile(r"[A-Za-z0-9._-]{1,249}")
 DEFAULT = "{route}.{schema}.{table}"
@@ -87,7 +88,7 @@ def test_problems_of_every_topic_a_route_produces():
 
 
 def test_config_topics_kafka_cannot_hold_are_refused_at_load():
-    from router.config import parse_config
+    from router.config.router import parse_config
     from router.errors import ConfigError
 
     base = ('[source]\ndsn = "postgresql://x"\nslot = "s"\npublications = ["p"]\n'

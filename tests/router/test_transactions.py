@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from router import changes as changes_module
+from router.stream import changes as changes_module
 from router.errors import ProtocolViolation
 from router.pgoutput import (
     UNCHANGED_TOAST, Begin, BeginPrepare, Commit, CommitPrepared, Decoder, Delete, Insert,
@@ -16,8 +16,8 @@ from router.pgoutput import (
     StreamCommit, StreamPrepare, StreamStart, StreamStop, Truncate, Update,
 )
 from router.pgoutput.render import parse_line
-from router.relations import RelationCache
-from router.transactions import (
+from router.stream.relations import RelationCache
+from router.stream.transactions import (
     Change, NonTransactionalMessage, PreparedOutcome, Transaction, TransactionAssembler,
 )
 

@@ -1,4 +1,4 @@
-"""router.transforms: hash, mask, truncate and null of a route's columns, applied to what
+"""router.routing.transforms: hash, mask, truncate and null of a route's columns, applied to what
 leaves only (filters see PostgreSQL's values), alike in the stream and the snapshot; a
 hashed int is published as text; a key column only with transform_keys."""
 
@@ -9,15 +9,15 @@ import json
 
 import pytest
 
-from router.changes import Change, Changes
-from router.config import parse_config
-from router.envelope import TxContext
+from router.stream.changes import Change, Changes
+from router.config.router import parse_config
+from router.formats.envelope import TxContext
 from router.errors import ConfigError
 from router.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn
-from router.routing import ChangeRouter, RouteSpec
-from router.snapshot_rows import SnapshotRows
-from router.transactions import Transaction
-from router.transforms import ColumnTransform, Salt
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.snapshot.rows import SnapshotRows
+from router.stream.transactions import Transaction
+from router.routing.transforms import ColumnTransform, Salt
 
 INT4, TEXT = 23, 25
 REL = Relation(1, "public", "people", "d", (RelationColumn(1, "id", INT4, -1),
@@ -127,8 +127,8 @@ all_tables = true
 
 
 def test_connect_and_avro_schemas_type_a_hashed_int_as_a_string():
-    from router.avro import AvroFormat, SchemasNeeded
-    from router.connect_format import ConnectFormat
+    from router.formats.avro import AvroFormat, SchemasNeeded
+    from router.formats.connect import ConnectFormat
 
     router = ChangeRouter([RouteSpec(name="r", all_tables=True, transforms=TRANSFORMS)], db="d")
     chunk = next(iter(router.route(txn([Change("insert", 1, REL,

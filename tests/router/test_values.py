@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from router import values as v
+from router.formats import values as v
 from router.errors import DecodeError
 from router.pgoutput import UNCHANGED_TOAST
 

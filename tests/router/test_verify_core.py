@@ -1,11 +1,11 @@
-"""``router.verify``: folding a topic at a position and comparing it with source rows."""
+"""``router.verify.fold``: folding a topic at a position and comparing it with source rows."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from router.verify import (MISSING, Comparer, Comparison, TopicFold, digest, envelope_of,
+from router.verify.fold import (MISSING, Comparer, Comparison, TopicFold, digest, envelope_of,
                            unpacked)
 
 ALL = frozenset({"insert", "update", "delete", "truncate"})
@@ -136,7 +136,7 @@ def test_digests_tell_json_types_apart():
 
 
 def test_bucket_digest_texts_are_what_postgresql_renders():
-    from router.verify_digest import (bucket_in, bucket_of, bucket_sums, digester, key_text,
+    from router.verify.digests import (bucket_in, bucket_of, bucket_sums, digester, key_text,
                                       pg_text, row_digest)
 
     assert pg_text(True) == "true" and pg_text(7) == "7" and pg_text("1.10") == "1.10"
@@ -189,7 +189,7 @@ def test_bucket_digest_texts_are_what_postgresql_renders():
 def test_a_big_differing_bucket_is_bisected_down_to_the_damaged_rows():
     """Source sums computed by the rules (as SQL does) against a topic with one row altered
     and one lost, all in one bucket: splitting it leaves only the two rows' sub-buckets."""
-    from router.verify_digest import (bucket_sums, differing, digester, key_text, row_digest,
+    from router.verify.digests import (bucket_sums, differing, digester, key_text, row_digest,
                                       sub_of, sub_sums, subs_for, to_split)
 
     rows = {i: {"id": i, "v": f"v{i}"} for i in range(3000)}
@@ -229,7 +229,7 @@ def test_the_typed_json_decoder_folds_as_the_general_one():
     """``actors.verify.topic.Decoder.feeder`` (pgrouter's JSON taken apart by a Struct) folds
     every kind of record as ``Decoder.key``/``value`` + ``TopicFold.add`` do."""
     from actors.verify.topic import Decoder
-    from router.verify_digest import digester
+    from router.verify.digests import digester
 
     enc = msgspec.json.encode
     connect = {"schema": {}, "payload": rec("r", 10, 9, after={"id": 8, "v": "connect"})}

@@ -1,5 +1,5 @@
 """The lanes of ``verify_fold`` and ``verify_copy`` for ``test_native_twins.py``: golden and
-generated cases, and the check that runs both sides (``router.verify_digest``'s
+generated cases, and the check that runs both sides (``router.verify.digests``'s
 ``fold_batch_py`` and ``copy_sums_py`` are the references).
 
 Rules:
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import msgspec
 
-from router.verify import key_of
-from router.verify_digest import layout_of, row_digests_py
+from router.verify.fold import key_of
+from router.verify.digests import layout_of, row_digests_py
 
 SAME = "same"
 _enc = msgspec.json.encode
@@ -57,8 +57,8 @@ def _outcome(fn, *args):
 
 def check_verify_fold(python, fast, case):
     from actors.verify.topic import Decoder
-    from router.verify import TopicFold
-    from router.verify_digest import digester
+    from router.verify.fold import TopicFold
+    from router.verify.digests import digester
 
     msgs, ends, rows, cut, buckets = case
     out = []

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from actors.console import board
 from actors.console.web import Console
 from actors.services.http import Endpoint, Health
-from router.console_config import ConsoleConfig
+from router.config.console import ConsoleConfig
 
 
 def get(url: str, headers=None, data=None, context=None) -> tuple[int, bytes]:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from actors.kafka.registry import RegistryClient, RegistryRejected
-from router.config import RegistryConfig
+from router.config.router import RegistryConfig
 from tests.actors.console.test_overview_redirect import _server
 
 PASSWORD = "reg-s3cret"

@@ -5,7 +5,7 @@ written between source transactions."""
 from __future__ import annotations
 
 from actors.kafka.transactional import TransactionalClient
-from router.exactly_once import Stream
+from router.delivery.exactly_once import Stream
 
 
 class Producer:

@@ -14,7 +14,7 @@ FILES = ["actors/kafka/__init__.py", "actors/kafka/contracts.py", "actors/kafka/
          "actors/kafka/librdkafka.py", "actors/kafka/transactional.py",
          "actors/kafka/fencing.py", "actors/pipeline/sink.py", "actors/pipeline/sink_schemas.py",
          "actors/pipeline/transactional_sink.py", "actors/pipeline/formats.py",
-         "router/record_format.py"]
+         "router/formats/record_format.py"]
 
 
 def test_the_sink_and_the_clients_type_check_against_their_contracts(tmp_path):

@@ -22,7 +22,8 @@ def test_bundle_holds_the_job_and_nothing_of_the_core(tmp_path):
     names = set(zipfile.ZipFile(zip_path).namelist())
     assert "actors/materialize/job.py" in names and "actors/materialize/merge.py" in names
     assert {n for n in names if n.startswith("router/")} == {"router/__init__.py",
-                                                             "router/pg_arrays.py",
+                                                             "router/postgres/__init__.py",
+                                                             "router/postgres/arrays.py",
                                                              "router/errors.py"}
     assert {n for n in names if n.startswith("actors/kafka/")} == {"actors/kafka/__init__.py",
                                                                    "actors/kafka/registry.py"}
@@ -30,7 +31,7 @@ def test_bundle_holds_the_job_and_nothing_of_the_core(tmp_path):
     # imported from the zip first on sys.path (as --py-files puts it), the job loads without
     # the rest of router/ or msgspec: a module the bundle lacks would fail here
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); sys.modules['msgspec'] = None; "
-             "import actors.materialize.job as j, router.pg_arrays as a; "
+             "import actors.materialize.job as j, router.postgres.arrays as a; "
              "import actors.kafka.registry as r; assert r.__file__.startswith(sys.argv[1]); "
              "assert j.__file__.startswith(sys.argv[1]), j.__file__; "
              "assert a.__file__.startswith(sys.argv[1]), a.__file__; "

@@ -1,6 +1,6 @@
 """The materializer's Avro reader schemas (``actors.materialize.avro``), from the schemas the
-router's Avro writer makes (``router.avro``): what ``from_avro`` reads is the writer's schema
-less the logical types Spark cannot hold as the column needs them; renamed fields map back to
+router's Avro writer makes (``router.formats.avro``): what ``from_avro`` reads is the writer's
+schema less the logical types Spark cannot hold as the column needs them; renamed fields map back to
 their columns; message schemas are skipped; the registry is asked once per id, retried while it
 does not answer, and its refusals are one line."""
 
@@ -14,8 +14,8 @@ import pytest
 from actors.kafka.registry import RegistryRejected, RegistryUnavailable
 from actors.materialize.avro import RegistrySchemas, reader
 from actors.materialize.settings import MaterializeError, RegistrySettings
-from router.avro import MESSAGE_SCHEMA, AvroFormat, SchemasNeeded
-from router.schema import ColumnSchema, TableSchema
+from router.formats.avro import MESSAGE_SCHEMA, AvroFormat, SchemasNeeded
+from router.formats.schema import ColumnSchema, TableSchema
 
 AT = SimpleNamespace(topic="t", partition=1, offset=7)
 

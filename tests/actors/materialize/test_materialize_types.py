@@ -10,9 +10,9 @@ import pytest
 
 from actors.materialize.columns import (image_fields, parse_pg_array, quote, spark_type_name,
                                         table_path, widens)
-from router.envelope import TableEncoder, TxContext
+from router.formats.envelope import TableEncoder, TxContext
 from router.pgoutput import Relation, RelationColumn
-from router.schema import encode_schema, table_schema
+from router.formats.schema import encode_schema, table_schema
 
 NUM = lambda p, s: ((p << 16) | (s & 0x7FF)) + 4  # noqa: E731 - numeric(p,s) typmod
 

@@ -11,15 +11,15 @@ import trio
 from actors.pipeline.router_actor import RouterActor
 from actors.pipeline.mailbox import Hold, Keepalive
 from actors.pipeline.origin_filter import OriginFilterActor
-from router.origins import (
+from router.stream.origins import (
     ANY_POLICY, NONE_POLICY, FilteredTransaction, OriginPolicy, OriginRules,
     RestrictedTransaction,
 )
 from router.pgoutput import Begin, Commit, Insert, Origin, Relation, RelationColumn
-from router.relations import RelationCache
-from router.routing import ChangeRouter, RoutedChunk, RouteSpec
-from router.transaction_meta import TransactionMeta
-from router.transactions import Transaction, TransactionAssembler
+from router.stream.relations import RelationCache
+from router.routing.change_router import ChangeRouter, RoutedChunk, RouteSpec
+from router.routing.transaction_meta import TransactionMeta
+from router.stream.transactions import Transaction, TransactionAssembler
 
 COLS = (RelationColumn(1, "id", 23, -1), RelationColumn(0, "v", 25, -1))
 REL = Relation(100, "public", "t", "d", COLS)

@@ -10,9 +10,9 @@ import trio
 from actors.pipeline import router_actor
 from actors.pipeline.router_actor import RouterActor
 from router.pgoutput import Begin, Commit, Insert, Relation, RelationColumn
-from router.relations import RelationCache
-from router.routing import ChangeRouter, RouteSpec
-from router.transactions import TransactionAssembler
+from router.stream.relations import RelationCache
+from router.routing.change_router import ChangeRouter, RouteSpec
+from router.stream.transactions import TransactionAssembler
 
 REL = Relation(100, "public", "t", "d",
                (RelationColumn(1, "id", 23, -1), RelationColumn(0, "v", 25, -1)))

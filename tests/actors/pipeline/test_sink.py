@@ -9,15 +9,15 @@ import trio
 from actors.pipeline.mailbox import Registered, Acked, Keepalive
 from actors.pipeline.confirmer import Stats
 from actors.pipeline.sink import SinkActor
-from router.topics import TopicSpec
-from router.delivery import Tally
+from router.routing.topics import TopicSpec
+from router.delivery.tally import Tally
 from router.errors import RecordTooLarge, SinkError
-from router.routing import RoutedChunk
+from router.routing.change_router import RoutedChunk
 
 
 class HeldClient:
     """Keeps every record's delivery callback until the test acknowledges it; per-record
-    callbacks reach the sink through ``router.delivery.Tally``, as with the real clients."""
+    callbacks reach the sink through ``router.delivery.tally.Tally``, as with the real clients."""
 
     def __init__(self):
         self.pending = []  # (tally, record)
@@ -231,7 +231,7 @@ class SplittingFormat:
     def convert(self, records):
         import threading
 
-        from router.avro import SchemasNeeded, Subject
+        from router.formats.avro import SchemasNeeded, Subject
 
         self.threads.add(threading.current_thread().name)
         if any(r[0] == "new" for r in records) and not self.registered:

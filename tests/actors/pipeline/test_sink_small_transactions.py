@@ -8,9 +8,9 @@ import trio
 
 from actors.pipeline.mailbox import Registered, Acked, Keepalive
 from actors.pipeline.sink import SinkActor
-from router.topics import TopicSpec
-from router.confirmation import ConfirmationTracker
-from router.routing import RoutedChunk
+from router.routing.topics import TopicSpec
+from router.delivery.confirmation import ConfirmationTracker
+from router.routing.change_router import RoutedChunk
 
 from test_sink import HeldClient, expect
 

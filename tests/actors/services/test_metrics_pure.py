@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actors.services.metrics import PG_EPOCH, CommitClock, Metrics
-from router.config import parse_config
+from router.config.router import parse_config
 from router.errors import ConfigError
 
 BASE = """

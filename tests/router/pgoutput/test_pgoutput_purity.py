@@ -7,8 +7,9 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[3] / "router"
 FORBIDDEN = {"trio", "asyncpg", "psycopg2", "kafka", "confluent_kafka", "socket", "asyncio"}
-MINE = [*(ROOT / "pgoutput").glob("*.py"), ROOT / "relations.py", ROOT / "values.py",
-        ROOT / "transactions.py", ROOT / "changes.py"]
+MINE = [*(ROOT / "pgoutput").glob("*.py"), ROOT / "stream" / "relations.py",
+        ROOT / "formats" / "values.py", ROOT / "stream" / "transactions.py",
+        ROOT / "stream" / "changes.py"]
 
 
 def test_no_io_imports():

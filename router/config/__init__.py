@@ -1,0 +1,3 @@
+"""The configuration files (`pgrouter run`'s, `pgrouter apply`'s, the console's), decoded and
+checked once.
+"""
