@@ -282,3 +282,31 @@ def test_each_streamed_row_has_the_columns_in_effect_when_it_was_written(
     assert len(got) == len(want) == 8000 + 8
     bad = [(w, g) for w, g in zip(want, got) if w != g]
     assert not bad, f"{len(bad)} records differ, e.g. {bad[:2]}"
+
+
+def test_truncate_and_messages_between_streamed_rows(stream_env, kafka_bootstrap):
+    pg, name, table, config = stream_env
+    t = table("id int primary key, a int, note text")
+    u = table("id int primary key, a int, note text")
+    cfg = config(memory_limit=150_000)
+    cfg.write_text(cfg.read_text().replace("[kafka]\n", f'[kafka]\nmessages_topic = "{name}.m"\n'))
+    run_router(cfg)
+    pg.run("begin")
+    for i in range(3):
+        pg.run(f"insert into {t} select g, g, md5(g::text) from generate_series(%s, %s) g",
+               i * 2000, i * 2000 + 1999)
+        pg.run(f"insert into {u} select g, g, 'u' from generate_series(%s, %s) g",
+               i * 2000, i * 2000 + 1999)
+        pg.run("select pg_logical_emit_message(true, %s, %s)", name, str(i))
+        if i == 1:
+            pg.run(f"truncate {t}")
+    pg.run(f"update {u} set note = 'w' where id % 7 = 0")
+    pg.run("commit")
+    run_router(cfg)
+    assert _check(pg, kafka_bootstrap, name, t) == 2000
+    assert _check(pg, kafka_bootstrap, name, u) == 6000
+    recs = read_topic(kafka_bootstrap, f"{name}.{t}", settle=0)
+    ops = [r["value"]["op"] for r in recs]
+    assert ops == ["c"] * 4000 + ["t"] + ["c"] * 2000
+    msgs = read_topic(kafka_bootstrap, f"{name}.m", settle=0)
+    assert len(msgs) == 3
