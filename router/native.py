@@ -47,7 +47,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "tx_bits": ("router.formats.envelope:TableEncoder._use_tx", "tx_bits"),
     "recorder": ("router.formats.recorders:PyRecorder", "Recorder"),
     "outbox_recorder": ("router.routing.outbox:PyOutboxRecorder", "OutboxRecorder"),
-    "record_run": ("router.routing.change_router:_record_run_py", "record_run"),
+    "record_run": ("router.routing.dispatch:_record_run_py", "record_run"),
     "tally": ("router.delivery.tally:PyTally", "Tally"),
     "drain": ("actors.pipeline.slot_reader:_drain_py", "drain"),
     "hand_over": ("actors.kafka.librdkafka:_hand_over_py", "hand_over"),

@@ -20,11 +20,10 @@ Rules:
   gives the one chunk of a transaction that needs none of that — every change in memory and
   an insert, update or delete — with the same records, schemas and counts, and returns None
   before it has changed anything for any other transaction (the caller then uses ``route``).
-  Where every plan of a relation publishes an action as it is, both call the plans'
-  recorders directly (``_dispatch_for``'s direct targets; ``record_run`` in C); where some
-  plan has a row filter, a column list or a row map, ``_route_change`` evaluates it.
-* The router is composed of two parts with narrow faces: ``TruncateRoutes``
-  (``router.routing.truncates``: Truncate changes and the statement trigger's markers) and, after
+  How a relation's changes go through (recorded directly, or evaluated by each plan) is
+  ``router.routing.dispatch``.
+* Parts with narrow faces: ``TruncateRoutes`` (``router.routing.truncates``: Truncate changes,
+  the statement trigger's markers), ``LogicalMessages`` (``router.routing.messages``) and, after
   ``follow``, a ``DefinitionsFollower`` (``router.routing.following``: routes taken from
   publication definitions at their WAL positions).
 """
@@ -36,56 +35,22 @@ from typing import Iterator
 from ..stream.changes import Change
 from .definitions import TRUNCATE_PREFIX
 from .following import DEFINITIONS_ROUTE, DefinitionsFollower, is_definitions_message
-from ..native import NATIVE
-from ..formats.envelope import TableEncoder, TxContext, encode_message
+from ..formats.envelope import TxContext
+from .dispatch import build_plans, decide, dispatch_entry, record_run
 from .keys import PrimaryKeys
-from .plans import KINDS, TablePlan, apply_plan, materialize
+from .plans import KINDS, TablePlan
 from ..pgoutput import Relation
 from .routes import Record, RoutedChunk, RouteSpec  # noqa: F401 — their home was here
 from ..formats.schema import TableSchema
 from ..formats import tombstones
-from .outbox import OutboxEncoder, OutboxPlan, Poison
-from .message_routes import MessageRoutes
-from .transforms import for_relation
+from .outbox import Poison
+from .messages import LogicalMessages
 from .truncates import TruncateRoutes
 from ..stream.transactions import NonTransactionalMessage, Transaction
 
 CHUNK_RECORDS = 2000
-#: routing decisions remembered per relation layout, keyed by the filtered columns' values
-DECISIONS_MAX = 4096
-#: beyond this many filtered columns per relation decisions are not remembered
-DECISION_COLUMNS_MAX = 6
 
 _H_LSN, _H_SEQ = "pgrouter.commit_lsn", "pgrouter.seq"
-
-
-def _record_run_py(changes: list, i: int, rel: Relation, ops: dict, kinds: dict, seq: int,
-                   records: list, limit: int) -> tuple[int, int]:
-    """``router._native.record_run`` in Python: from ``changes[i]`` on, while the change is
-    of ``rel`` and ``ops`` has recorders for its op, every recorder's record of it goes to
-    ``records``; stops after the change that fills ``records`` to ``limit``. Returns the
-    index of the first change not taken and the next seq."""
-    n = len(changes)
-    while i < n:
-        change = changes[i]
-        if change.relation is not rel:
-            break
-        op = change.op
-        recorders = ops.get(op)
-        if recorders is None:
-            break
-        kind = kinds[op]
-        old, new, lsn, old_is_key = change.old, change.new, change.lsn, change.old_is_key
-        for record in recorders:
-            records.append(record(kind, lsn, seq, old, old_is_key, new))
-        seq += 1
-        i += 1
-        if len(records) >= limit:
-            break
-    return i, seq
-
-
-record_run = NATIVE.record_run if NATIVE is not None else _record_run_py
 
 
 def _no_headers(commit_lsn: int, seq: int) -> None:
@@ -112,12 +77,12 @@ class ChangeRouter:
         self.primary_keys = (primary_keys if isinstance(primary_keys, PrimaryKeys)
                              else PrimaryKeys(primary_keys))
         self.messages_topic = messages_topic
-        #: ``router.routing.message_routes``: messages published by prefix (None: no such routes)
-        self._messages = MessageRoutes(message_routes) if message_routes else None
-        #: messages of this prefix are signals (``router.snapshot.signals``): kept in ``signals`` as
-        #: (commit_lsn, seq, content) until the caller takes them (``take_signals``)
-        self._signal_prefix = signal_prefix
-        self.signals: list = []
+        #: logical messages: the messages topic, message routes, signals of ``signal_prefix``
+        #: until the caller takes them (``take_signals``; ``router.routing.messages``)
+        self._logical = LogicalMessages(db=db, topic=messages_topic,
+                                        message_routes=message_routes,
+                                        signal_prefix=signal_prefix, headers=self._headers,
+                                        new_topic=self._new_topic)
         self.type_names = type_names if type_names is not None else {}
         self.chunk_records = chunk_records
         self._plans: dict[int, tuple[Relation, tuple[TablePlan, ...]]] = {}
@@ -145,50 +110,13 @@ class ChangeRouter:
         return self.primary_keys.keyed(relation)
 
     def plans_for(self, relation: Relation) -> tuple[TablePlan, ...]:
+        """The plans of the routes taking ``relation`` (``router.routing.dispatch``), cached
+        per relation layout."""
         cached = self._plans.get(relation.relation_id)
         if cached is not None and cached[0] is relation:
             return cached[1]
-        plans = []
-        for spec in self.routes:
-            if spec.planner is not None:
-                extra = spec.planner(relation)
-                if extra is None:
-                    continue
-            elif spec.takes(relation.namespace, relation.name):
-                extra = {}
-            else:
-                continue
-            ops = spec.operations
-            kwargs = dict(publish_insert="insert" in ops, publish_update="update" in ops,
-                          publish_delete="delete" in ops, publish_truncate="truncate" in ops,
-                          tombstones=spec.tombstones)
-            kwargs.update(extra)
-            columns = kwargs.pop("columns", None)
-            source = kwargs.pop("publish_as", None) or relation
-            publish_as = self.keyed(source)
-            delete_key = None  # an identity index without the primary key keys DELETEs
-            if publish_as is not source and self.primary_keys.mismatched(source):
-                delete_key = tuple(i for i, c in enumerate(source.columns) if c.flags & 1)
-            published, transform = publish_as, None
-            if spec.transforms:  # what leaves is transformed, retyped (router.routing.transforms)
-                published, transform = for_relation(spec.transforms, publish_as,
-                                                    route=spec.name,
-                                                    transform_keys=spec.transform_keys)
-            encoder = TableEncoder(published, route=spec.name, db=self.db,
-                                   column_indexes=columns, type_names=self.type_names,
-                                   delete_key=delete_key, transform=transform)
-            if spec.outbox is not None:  # events: topics from the rows (router.routing.outbox)
-                plans.append(TablePlan(route=spec.name, topic="", encoder=encoder,
-                                       outbox=OutboxPlan(spec.outbox, publish_as, spec.name),
-                                       **kwargs))
-                continue
-            topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace,
-                                                                publish_as.name)
-            if topic not in self._seen_topics:
-                self._seen_topics.add(topic)
-                self._new_topics.append((topic, spec.name))
-            plans.append(TablePlan(route=spec.name, topic=topic, encoder=encoder, **kwargs))
-        result = tuple(plans)
+        result = build_plans(self.routes, relation, primary_keys=self.primary_keys, db=self.db,
+                             type_names=self.type_names, new_topic=self._new_topic)
         self._plans[relation.relation_id] = (relation, result)
         return result
 
@@ -277,38 +205,9 @@ class ChangeRouter:
         return self._chunk(txn, records, schemas, True)
 
     def _dispatch_for(self, relation: Relation) -> tuple:
-        """(relation, plans, columns, decisions, direct): ``columns`` are the source-row
-        indexes any plan's filter reads (None when unknown or too many to key on);
-        ``direct`` maps an operation to the plans that publish it as it is — no filter, no
-        row mapping — as ``(topic, encoder)``, or to None when some plan
-        has to evaluate the change (then every plan goes through ``apply_plan``)."""
-        plans = self.plans_for(relation)
-        cols: set | None = set()
-        for plan in plans:
-            if plan.insert_filter or plan.update_filter or plan.delete_filter:
-                if plan.filter_columns is None:
-                    cols = None
-                    break
-                cols.update(plan.filter_columns)
-        if cols is not None and len(cols) > DECISION_COLUMNS_MAX:
-            cols = None
-        direct: dict[str, tuple | None] = {}
-        skipping: dict[str, tuple[str, ...]] = {}
-        for op, publish, filt in (("insert", "publish_insert", "insert_filter"),
-                                  ("update", "publish_update", "update_filter"),
-                                  ("delete", "publish_delete", "delete_filter")):
-            taking = [p for p in plans if getattr(p, publish)]
-            skipping[op] = tuple(p.route for p in plans if not getattr(p, publish))
-            if any(getattr(p, filt) is not None or p.row_map is not None
-                   or (p.tombstones and op != "insert") for p in taking):
-                direct[op] = None  # (a tombstone follows a delete or a key change)
-            else:  # an outbox route's inserts are its events, the rest nothing (router.routing.outbox)
-                direct[op] = tuple(
-                    (p.topic, p.encoder) if p.outbox is None else
-                    (p.topic, OutboxEncoder(p.outbox, self._new_topic, self._seen_topics))
-                    for p in taking if p.outbox is None or op == "insert")
-        entry = (relation, plans, None if cols is None else tuple(sorted(cols)), {}, direct,
-                 skipping)
+        """The dispatch entry of ``relation`` (``router.routing.dispatch.dispatch_entry``)."""
+        entry = dispatch_entry(relation, self.plans_for(relation), self._new_topic,
+                               self._seen_topics)
         self._dispatch[relation.relation_id] = entry
         return entry
 
@@ -422,16 +321,8 @@ class ChangeRouter:
     def route_message(self, msg: NonTransactionalMessage) -> RoutedChunk:
         """A non-transactional logical message: a chunk of its own that confirms nothing
         (``end_lsn`` 0)."""
-        records = []
-        if self.messages_topic:
-            m = msg.message
-            key, value = encode_message(db=self.db, route="", tx=None, lsn=msg.lsn, seq=0,
-                                        transactional=False, prefix=m.prefix, content=m.content)
-            records.append((self.messages_topic, key, value, self._headers(msg.lsn, 0)))
-        if self._messages is not None:
-            m = msg.message
-            self._messages.records(m.prefix, m.content, self._headers(msg.lsn, 0), records,
-                                   self._new_topic)
+        records: list = []
+        self._logical.non_transactional(msg.message, msg.lsn, records)
         return RoutedChunk(0, msg.lsn, 0, records, [], True, self._take_new_topics())
 
     def _new_topic(self, topic: str, route: str) -> None:
@@ -446,8 +337,7 @@ class ChangeRouter:
         return new_topics
 
     def take_signals(self) -> list:
-        signals, self.signals = self.signals, []
-        return signals
+        return self._logical.take_signals()
 
     def _schema(self, plan: TablePlan, schemas: list) -> None:
         sid = plan.encoder.schema.schema_id
@@ -476,24 +366,10 @@ class ChangeRouter:
 
     def _route_change(self, change: Change, tx: TxContext, seq: int, out: list,
                       schemas: list, lsn_header: tuple | None) -> None:
+        """One change some plan evaluates, or a message or a truncate, routed into ``out``."""
         op = change.op
         if op == "message":
-            if change.message.prefix == TRUNCATE_PREFIX:
-                self._truncates.mark(change, seq)
-                return
-            if self._definitions_message(change, tx, out):
-                return
-            if self.messages_topic:
-                m = change.message
-                key, value = encode_message(db=self.db, route="", tx=tx, lsn=change.lsn, seq=seq,
-                                            transactional=True, prefix=m.prefix,
-                                            content=m.content)
-                out.append((self.messages_topic, key, value, self._headers(tx.commit_lsn, seq)))
-            if self._messages is not None:
-                self._messages.records(change.message.prefix, change.message.content,
-                                       self._headers(tx.commit_lsn, seq), out, self._new_topic)
-            if self._signal_prefix and change.message.prefix == self._signal_prefix:
-                self.signals.append((tx.commit_lsn, seq, change.message.content))
+            self._route_message(change, tx, seq, out)
             return
         if op == "truncate":
             self._truncates.route(change, tx, seq, out, schemas)
@@ -502,38 +378,21 @@ class ChangeRouter:
         entry = self._dispatch.get(rel.relation_id)
         if entry is None or entry[0] is not rel:
             entry = self._dispatch_for(rel)
-        cols = entry[2]
-        if cols is None:
-            results = [(plan, *r) for plan in entry[1]
-                       if (r := apply_plan(plan, change)) is not None]
-            if len(results) < len(entry[1]):
-                published = {id(r[0]) for r in results}
-                self._count_dropped(p.route for p in entry[1] if id(p) not in published)
-        else:
-            # every route's decision depends only on the filtered columns' values: remember
-            # the decisions (which plans publish, as what) per distinct values
-            new, old = change.new, change.old
-            key = (op, None if new is None else tuple([new[i] for i in cols]),
-                   None if old is None else tuple([old[i] for i in cols]))
-            decisions = entry[3].get(key)
-            if decisions is None:
-                decisions = tuple((plan, r[0]) for plan in entry[1]
-                                  if (r := apply_plan(plan, change)) is not None)
-                if len(entry[3]) >= DECISIONS_MAX:
-                    entry[3].clear()
-                entry[3][key] = decisions
-            if len(decisions) < len(entry[1]):
-                published = {id(d[0]) for d in decisions}
-                self._count_dropped(p.route for p in entry[1] if id(p) not in published)
-            if not decisions:
-                return
-            same = KINDS[op]
-            # a decision that publishes the change as it is (same kind, no column mapping)
-            # needs no materialized copy
-            results = [(plan, kind, change.old, change.old_is_key, change.new)
-                       if kind == same and plan.row_map is None
-                       else materialize(plan, kind, change) for plan, kind in decisions]
-        lsn = change.lsn
+        results = decide(entry, change, self._count_dropped)
+        if results:
+            self._record_results(results, change.lsn, tx, seq, out, schemas, lsn_header)
+
+    def _route_message(self, change: Change, tx: TxContext, seq: int, out: list) -> None:
+        """A transactional logical message: a TRUNCATE marker, a definitions message, or
+        ``router.routing.messages``'."""
+        if change.message.prefix == TRUNCATE_PREFIX:
+            self._truncates.mark(change, seq)
+        elif not self._definitions_message(change, tx, out):
+            self._logical.transactional(change, tx, seq, out)
+
+    def _record_results(self, results: list, lsn: int, tx: TxContext, seq: int, out: list,
+                        schemas: list, lsn_header: tuple | None) -> None:
+        """The records of ``decide``'s results, each plan's recorder bound to ``tx`` once."""
         bound = self._plan_recorders
         if bound[0] is not tx:
             bound = self._plan_recorders = (tx, {})
