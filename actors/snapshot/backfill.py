@@ -342,9 +342,9 @@ class BackfillActor:
                               route=job.route, table=job.name)
                 select, params = job.table.chunk_select(job.key, job.key_types, job.last_key,
                                                         limit, job.keys, job.skip, job.where)
-                if not replanned:
-                    await reader.copy(select, keep, f"reading a chunk of {job.name}", params)
-                if job.keys and not replanned:
+                failed = "" if replanned else await signals.copy_where(
+                    job, reader, select, keep, params)
+                if job.keys and not replanned and not failed:
                     chunk.absent = await reader.absent(job.table.absent_select(
                         job.key, job.key_types), keys_json(job.keys))
                 await reader.end_read()
@@ -354,8 +354,8 @@ class BackfillActor:
             finally:
                 del self.chunks[cid]
             await self._durable(chunk.end_lsn)
-            if gone:
-                await self._ended_gone(job)
+            if gone or failed:  # (a where that fails on a row: the job alone fails)
+                await (self._ended_gone(job) if gone else signals.where_failed(self, job, failed))
                 return
             if chunk.spoiled or replanned:
                 continue  # a keyless table changed while it was copied, or new columns: again

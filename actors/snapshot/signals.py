@@ -35,6 +35,7 @@ import msgspec
 
 from router.snapshot.core import SnapshotState, decode_state
 from router.snapshot.signals import PREFIX as SIGNAL_PREFIX, decode_signal, problem, request_id
+from router.errors import SourceError
 from router.routing.topics import TopicSpec
 
 from ..kafka.compacted import read_topic
@@ -158,6 +159,44 @@ async def _start(actor, rid: str, job) -> None:
         for entry in recent:
             if entry["request"] == rid:
                 entry["state"] = "accepted"
+
+
+async def copy_where(job, reader, select: str, keep, params: tuple) -> str:
+    """A chunk of ``job`` read into ``keep``; "" when read, else (the job has a ``where``
+    that PostgreSQL cannot evaluate on a row: ``id / 0 > 1``, ``id * 2147483647 > 0``, a
+    data exception or an operator the columns' types lack) why: such a chunk
+    fails at every try, a restart of the pipeline would not help. No row of it is kept."""
+    got: list = []
+
+    async def mine(batch: list) -> None:
+        got.extend(batch)
+    try:
+        await reader.copy(select, mine, f"reading a chunk of {job.name}", params)
+    except SourceError as exc:
+        state = getattr(exc.__cause__, "sqlstate", None) or ""
+        if not job.where or state[:2] not in ("22", "42") or state == "42501":
+            raise  # not the where's: transient, or the router's
+        return str(exc)
+    await keep(got)
+    return ""
+
+
+async def where_failed(actor, job, why: str) -> None:
+    """``job``'s ``where`` cannot be read (``copy_where``): one warning line, the job
+    recorded ``failed`` (not resumed) with the problem, its signal's record too; the stream
+    goes on."""
+    log.event(_log, "backfill failed: its where cannot be evaluated", level=WARNING,
+              request=job.request, route=job.route, table=job.name, where=job.where,
+              problem=why)
+    states = [msgspec.structs.replace(actor._progress(job, "failed"), problem=why)]
+    record = actor.store.get(SnapshotState("signal", actor.slot, "", request=job.request))
+    if record is not None:
+        states.append(msgspec.structs.replace(record, state="failed", problem=why))
+    await actor.store.aput_many(states)
+    actor.report.finish(job.name)
+    for entry in recent:
+        if entry["request"] == job.request:
+            entry["state"], entry["problem"] = "failed", why
 
 
 async def resume_queued(actor) -> None:
