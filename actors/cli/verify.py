@@ -21,7 +21,6 @@ import trio
 from router.errors import ConfigError, PgRouterError
 
 from ..services.retry import primary
-from ..verify.repair import request, wait_repaired
 from ..verify.metrics import VerifyMetrics, serve
 from ..verify.run import MAX_KEYS, SPLIT_ROWS, Progress, verify
 from .config_file import load
@@ -105,6 +104,7 @@ async def _verify(cfg, args, progress, warn, metrics):
                            split_rows=args.split_rows, metrics=metrics)
     if not repairs:
         return results
+    from ..verify.repair import request, wait_repaired  # --repair only: its modules load then
     out = sys.stdout if not args.json else sys.stderr
     for r in results:
         if not r.ok:

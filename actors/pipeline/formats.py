@@ -19,9 +19,8 @@ Rules:
 from __future__ import annotations
 
 import json
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from router.formats.avro import COLUMN_PROP, AvroFormat, Subject
 from router.formats.connect import ConnectFormat
 from router.formats.record_format import FORMATS
 from router.formats.record_format import record_format as format_of
@@ -29,6 +28,9 @@ from router.routing.change_router import RoutedChunk
 
 from ..kafka.registry import RegistryClient, SchemaIncompatible
 from ..services import log
+
+if TYPE_CHECKING:  # Avro's modules load when a route writes Avro, not before
+    from router.formats.avro import Subject
 
 _log = log.get("sink")
 
@@ -105,6 +107,7 @@ class AvroRecords:
     name, registers, packs = FORMATS["avro"]
 
     def __init__(self, registry_cfg, client=None):
+        from router.formats.avro import AvroFormat
         self.format = AvroFormat(registry_cfg.subject_naming)
         self.client = client or RegistryClient(registry_cfg)
         self._last: dict[str, Subject] = {}  # subject -> the layout last registered there
@@ -178,6 +181,7 @@ def incompatible_line(subject: Subject, before: Subject | None, exc,
 
 def _row_fields(schema_text: str) -> dict[str, str]:
     """column -> its Avro type in words, of a key record or an envelope's row record."""
+    from router.formats.avro import COLUMN_PROP
     try:
         schema = json.loads(schema_text)
         fields = schema["fields"]

@@ -23,7 +23,6 @@ import zlib
 
 import trio
 
-from router.formats.avro import SchemasNeeded
 from router.config.router import Config
 from router.formats.envelope import TxContext
 from router.verify.fold import Comparer, Comparison, TopicFold, key_of, salted
@@ -35,7 +34,6 @@ from ..snapshot.reader import TableReader
 from ..snapshot.tables import ident
 from .digests import copy_sums, digestible, rows_select, sql_sums
 from .point import wal_end
-from .repair import Repair
 from .topic import Decoder, fold_topic
 
 
@@ -63,6 +61,7 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
         if metrics is not None:
             metrics.result(result)
         if repairs is not None and not result.ok:
+            from .repair import Repair  # --repair only: its modules load then
             repairs.append(Repair(target.route, topic, tables, target.keyless(topic), send,
                                   delete, reshape.name, result.beyond_keys,
                                   result.beyond))
@@ -215,6 +214,9 @@ async def _rows(reader: TableReader, tables) -> int:
 async def _encoded(reshape, chunk) -> list:
     """The chunk's records as the sink writes them (Avro: schemas registered, as the sink
     does; the registry hands back the ids the router's records carry)."""
+    if not reshape.registers:  # JSON, Connect: no schema to register (Avro loads only for Avro)
+        return reshape(chunk)
+    from router.formats.avro import SchemasNeeded
     while True:
         try:
             return reshape(chunk)

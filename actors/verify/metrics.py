@@ -19,20 +19,20 @@ Rules:
 from __future__ import annotations
 
 import threading
-
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from typing import TYPE_CHECKING
 
 from router.config.router import parse_listen
 from router.errors import ConfigError
 
-from ..services.http import Endpoint, Health
+if TYPE_CHECKING:  # prometheus_client and the HTTP endpoint load when served or printed
+    from ..services.http import Endpoint
 
 KINDS = ("compared", "missing", "extra", "different", "kept")
 
 
 class VerifyMetrics:
-    """What verify knows so far, as a Prometheus collector (``registry``)."""
+    """What verify knows so far, as a Prometheus collector (``registry``, made when first
+    asked for: ``prometheus_client`` loads only for an endpoint or ``--json``)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -40,8 +40,16 @@ class VerifyMetrics:
         self.read: dict[tuple[str, str], int] = {}
         self.pending = 0
         self.running = 1
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
+        self._registry = None
+
+    @property
+    def registry(self):
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(self)
+        return self._registry
 
     def result(self, r) -> None:
         with self._lock:
@@ -55,6 +63,8 @@ class VerifyMetrics:
         return []
 
     def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
         with self._lock:
             results, read = list(self.results.values()), dict(self.read)
             pending, running = self.pending, self.running
@@ -94,6 +104,8 @@ class VerifyMetrics:
 def serve(listen: str, metrics: VerifyMetrics, warn, path: str) -> Endpoint | None:
     """The endpoint on ``listen`` (``host:port``; port 0: any free one), or None with one
     warning line when the address is taken; ``ConfigError`` naming ``path`` for a bad one."""
+    from ..services.http import Endpoint, Health
+
     host, port = parse_listen(listen, path=path)
     health = Health()
     health.set(True, "verify runs")

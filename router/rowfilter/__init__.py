@@ -17,7 +17,6 @@ from typing import Sequence
 
 import msgspec
 
-from . import check as _check, compile as _compile, parser as _parser, types as _types
 from .errors import FilterEvaluationError
 
 __all__ = ["ColumnType", "RowFilter", "compile_filter", "FilterEvaluationError"]
@@ -43,6 +42,7 @@ class RowFilter:
         self._width = len(columns)
         self._names = [c.name for c in columns]
         self.columns_used = frozenset(self._names[i] for i in used)
+        from . import types as _types  # the compiler loads when a filter compiles: not before
         # text-like columns need no conversion; everything else is parsed once per row
         parsers = {i: _types.PARSERS[_types.BY_OID[columns[i].type_oid]] for i in used}
         self._convs = tuple((i, p) for i, p in sorted(parsers.items())
@@ -76,6 +76,7 @@ class RowFilter:
 def compile_filter(sql: str, columns: Sequence[ColumnType]) -> RowFilter:
     """Compile ``sql`` (the expression inside ``WHERE (...)``, or what ``pg_get_expr`` prints)
     for a table with ``columns``. Raises ``router.errors.FilterError`` with line and column."""
+    from . import check as _check, compile as _compile, parser as _parser
     tree = _parser.parse(sql)
     typed = _check.check(tree, sql, columns)
     used: dict[int, object] = {}
