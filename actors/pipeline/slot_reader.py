@@ -33,7 +33,7 @@ import psycopg2.extras
 import trio
 
 from router.errors import LeadershipLost, PublicationMissing, SlotInUse, SlotMissing, SourceError, SourceUnavailable
-from router.postgres.identifiers import publication_names
+from router.postgres.identifiers import publication_names, start_replication
 from router.postgres.lsn import format_lsn
 from router.native import NATIVE
 
@@ -145,8 +145,10 @@ class SlotReader:
                 connection_factory=psycopg2.extras.LogicalReplicationConnection)
             await _poll(self._conn)
             self._cur = self._conn.cursor()
-            self._cur.start_replication(slot_name=self.slot, decode=False, start_lsn=0,
-                                        options=self.options)
+            # the command built here: psycopg2's start_replication quotes the options as
+            # Latin-1 (router.postgres.identifiers)
+            self._cur.start_replication_expert(
+                start_replication(self.slot, format_lsn(0), self.options), decode=False)
             await _poll(self._conn)
             self._streaming = True
             log.event(_log, "streaming started", slot=self.slot,

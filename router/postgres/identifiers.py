@@ -9,7 +9,13 @@ Rules:
   ``SplitIdentifierString`` (comma-separated, unquoted parts are lower-cased and may not
   hold spaces): each name goes in double-quoted, so ``"two words"`` or ``"All Tables"``
   reach the server as written.
-* Values (a slot, an origin) go as bound parameters, never into the text.
+* Values (a slot, an origin) go as bound parameters, never into the text — except in a
+  replication command, which takes no parameters: ``START_REPLICATION``'s plugin options
+  are single-quoted here (``start_replication``), a single quote inside doubled, the
+  command sent in the connection's encoding (UTF-8). psycopg2's own ``start_replication``
+  quotes them without a connection, as Latin-1 (a publication named ``ünï`` reached the
+  server as ``?n?``, which PostgreSQL 18 skips with a warning: nothing was sent) and with
+  ``E''`` for a backslash, which the replication grammar does not know.
 """
 
 from __future__ import annotations
@@ -28,6 +34,15 @@ def qualified(schema: str, name: str) -> str:
 def publication_names(names) -> str:
     """The value of pgoutput's ``publication_names`` option for ``names``."""
     return ",".join(quote_ident(n) for n in names)
+
+
+def start_replication(slot: str, start_lsn: str, options: dict[str, str]) -> str:
+    """``START_REPLICATION SLOT … LOGICAL start_lsn (options)``: the slot and the option names
+    quoted as identifiers, the option values as single-quoted literals (``start_lsn``: ``X/X``)."""
+    opts = ", ".join(f"{quote_ident(k)} '{v.replace(chr(39), chr(39) * 2)}'"
+                     for k, v in options.items())
+    return (f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {start_lsn}"
+            + (f" ({opts})" if opts else ""))
 
 
 def split_qualified(text: str, *, schema_needed: bool = False) -> tuple[str, str]:
