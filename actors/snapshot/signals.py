@@ -201,8 +201,8 @@ async def where_failed(actor, job, why: str) -> None:
 
 async def resume_queued(actor) -> None:
     """The ``queued`` signals the state topic holds for the slot (the router stopped while
-    their jobs waited): planned again; a job started before the stop is left out
-    (``_plan``: its request's state record exists)."""
+    their jobs waited): planned again (``refused`` when a table is gone meanwhile); a job
+    started before the stop is left out (``_plan``: its request's state record exists)."""
     records = [p for p in actor.store.records.values()
                if p.kind == "signal" and p.slot == actor.slot and p.state == "queued"]
     if not records:
@@ -212,11 +212,16 @@ async def resume_queued(actor) -> None:
         busy: list = []
         async with actor.planner.lock:
             await actor.planner.reload()
-            fresh, _, states = await actor._plan(p.request, [p.route],
-                                                 [p.table] if p.table else [], (), True,
-                                                 p.where, planned, busy)
+            fresh, problems, states = await actor._plan(p.request, [p.route],
+                                                        [p.table] if p.table else [], (), True,
+                                                        p.where, planned, busy)
+        why = "; ".join(problems)  # (its table dropped while the router was down...)
+        if why:
+            log.event(_log, "signal refused", level=WARNING, request=p.request, route=p.route,
+                      table=p.table, problem=why)
         if not busy:
-            states.append(msgspec.structs.replace(p, state="accepted"))
+            states.append(msgspec.structs.replace(p, state="refused" if why else "accepted",
+                                                  problem=why))
         await actor.store.aput_many(states)
         actor._enqueue(p.request, fresh)
         await _wait(actor, p.request, busy)

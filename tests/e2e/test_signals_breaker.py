@@ -41,3 +41,59 @@ def test_a_where_postgres_cannot_evaluate_fails_its_backfill_alone(pg_dsn, kafka
         assert "backfill" not in again.stderr, again.stderr[-3000:]
     finally:
         teardown(pg, name)
+
+
+def test_a_queued_signal_whose_table_is_dropped_while_the_router_is_down(
+        pg_dsn, kafka_bootstrap, tmp_path):
+    """A signal waits (queued) for the backfill of its table, which cannot read (locked); the
+    router is killed; the table is dropped; at the next start the queued signal is planned
+    again and finds no table: recorded ``refused`` with the problem (it was ``accepted``,
+    with nothing to copy)."""
+    import os
+    import signal as signals
+    import time
+
+    import psycopg2
+
+    from tests.helpers import start_router, write_config
+
+    name = unique("sgd")
+    pg, _ = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg.run(f"create table {name}_b (id int primary key)")
+    pg.run(f"alter publication {name} add table {name}_b")
+    cfg = write_config(tmp_path / "p.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, extra='[snapshot]\nmode = "never"\n',
+                       routes=f'[[routes]]\nname = "{name}"\npublication = "{name}"\n'
+                              f'topic = "{name}.{{table}}"\n')
+    log = tmp_path / "router.log"
+    locker = psycopg2.connect(pg_dsn)
+    router = None
+    try:
+        run_router(cfg)  # the slot, no snapshot
+        with locker.cursor() as cur:
+            cur.execute(f"lock table {name}_b in access exclusive mode")  # no chunk reads
+        router = start_router(cfg, log)
+        pg.run(SIGNAL, name, f"public.{name}_b", name, None)
+        pg.run(SIGNAL, name, f"public.{name}_b", name, "id > 5")
+        deadline = time.monotonic() + 90
+        while "signal queued" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            assert router.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.3)
+        os.killpg(router.pid, signals.SIGKILL)
+        router.wait(timeout=30)
+        router = None
+        locker.rollback()
+        pg.run(f"drop table {name}_b")
+        done = run_router(cfg)
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        states = signal_states(kafka_bootstrap, name)
+        assert sorted(s for s, _ in states.values()) == ["accepted", "refused"], states
+        assert any("not streamed" in p for s, p in states.values() if s == "refused"), states
+    finally:
+        if router is not None:
+            os.killpg(router.pid, signals.SIGKILL)
+            router.wait(timeout=30)
+        locker.close()
+        pg.run(f"drop table if exists {name}_b")
+        teardown(pg, name)
