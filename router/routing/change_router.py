@@ -83,6 +83,7 @@ class ChangeRouter:
                                         message_routes=message_routes,
                                         signal_prefix=signal_prefix, headers=self._headers,
                                         new_topic=self._new_topic)
+        self.signals = self._logical.signals  # (commit_lsn, seq, content), until taken
         self.type_names = type_names if type_names is not None else {}
         self.chunk_records = chunk_records
         self._plans: dict[int, tuple[Relation, tuple[TablePlan, ...]]] = {}

@@ -48,5 +48,6 @@ class LogicalMessages:
             self.routes.records(m.prefix, m.content, self.headers(lsn, 0), out, self.new_topic)
 
     def take_signals(self) -> list:
-        signals, self.signals = self.signals, []
+        signals = self.signals[:]
+        self.signals.clear()  # the same list: the router shows it as its ``signals``
         return signals
