@@ -20,6 +20,7 @@ topic are dropped afterwards.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import pathlib
@@ -66,6 +67,8 @@ def main() -> None:
                     help="the router's [source] status_interval (default: the config's "
                          "default, what users run with)")
     args = ap.parse_args()
+    for tree in filter(None, (ROOT, args.old_tree)):
+        _compiled(pathlib.Path(tree))
     load = os.getloadavg()
     u = uuid.uuid4().hex[:8]
     table, slot, route = f"bench_verify_{u}", f"bench_verify_{u}", f"bv_{u}"
@@ -178,6 +181,13 @@ tables = ["{table}"]
         "each": [{k: round(v, 2) for k, v in r.items()} for r in runs],
         "columns": COLUMNS,
     }))
+
+
+def _compiled(tree: pathlib.Path) -> None:
+    """The tree's modules byte-compiled, as an installed pgrouter's are: without it (under
+    PYTHONDONTWRITEBYTECODE, or a fresh checkout) every verify run would compile them again."""
+    for package in ("router", "actors"):
+        compileall.compile_dir(str(tree / package), quiet=1)
 
 
 def _verify(cfg: pathlib.Path, tree) -> tuple[dict, dict]:
