@@ -10,6 +10,7 @@ again (then at most one chunk is written twice).
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -71,6 +72,18 @@ def progress(bootstrap: str, slot: str) -> list[dict]:
             if r["value"].get("slot") == slot and r["value"]["kind"] == "backfill"]
 
 
+def frozen_in_the_middle(proc: subprocess.Popen, bootstrap: str, slot: str) -> bool:
+    """Freeze the router and read its backfill's progress: True (left frozen) when a few
+    chunks are done and the backfill is not, else thawed and False."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    states = progress(bootstrap, slot)
+    if (any(p["state"] == "running" and p.get("rows", 0) >= 4 * CHUNK for p in states)
+            and not any(p["state"] == "done" for p in states)):
+        return True
+    os.killpg(proc.pid, signal.SIGCONT)
+    return False
+
+
 def wait_for(what: str, cond, log, timeout: float = DEADLINE):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -128,10 +141,11 @@ tables = ["{t}", "{nokey}"]
         asked = snapshot_cmd(cfg, f"new_{u}", t)
         assert asked.returncode == 0, asked.stderr
         if crash:
-            # a few chunks done (a restart from the beginning would write them all again)
-            wait_for("chunks done", lambda: any(p["state"] == "running"
-                                                and p.get("rows", 0) >= 4 * CHUNK
-                                                for p in progress(kafka_bootstrap, slot)), log)
+            # a few chunks done (a restart from the beginning would write them all again):
+            # the router is frozen while its progress is read (reading the shared progress
+            # topic can outlast the rest of the backfill), killed when it is in the middle
+            wait_for("chunks done", lambda: frozen_in_the_middle(proc, kafka_bootstrap, slot),
+                     log)
             kill9(proc)
             # killed in the middle: the backfill is not done
             assert not any(p["state"] == "done" for p in progress(kafka_bootstrap, slot))
