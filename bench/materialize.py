@@ -34,6 +34,11 @@ that run start warm): run the bench once with it and once without.
 run writes it when its JVM exits, later runs start from it (a scheduler's ``--available-now``
 runs after the first).
 
+``--output iceberg`` drains into Iceberg tables (``[output] format = "iceberg"``, merge-on-read,
+a hadoop catalog in the run's temporary folder) and the ceiling is a plain append into an Iceberg
+table; ``--output delta,iceberg`` measures both side by side in one session: each steady drain
+and each ceiling once per output, each output's ratio against its own format's plain append.
+
 ``--format avro`` writes the backlogs as the router writes ``[kafka] format = "avro"`` (the same
 records converted by ``router.formats.avro``, their schemas registered in the registry, whose
 subjects are deleted at the end); ``--format json,avro`` measures both side by side in one session:
@@ -45,6 +50,7 @@ and ``--registry`` use running services instead of the dev stack's.
                                           [--master URL] [--warmup N] [--class-archive DIR]
                                           [--format json|avro|json,avro] [--runs N]
                                           [--no-ceiling] [--compare KEY=VALUE,...]
+                                          [--output delta|iceberg|delta,iceberg]
                                           [--bootstrap HOST:PORT]
                                           [--registry URL]
 """
@@ -183,6 +189,16 @@ CEILING = "ceiling (plain append)"
 NO_AUTO_CREATE = {"kafka.allow.auto.create.topics": "false"}
 
 
+def table_of(spark, cfg, ceiling: bool):
+    """The drained table: the job's (``bench/public/orders``) or the ceiling's."""
+    if cfg.output_format != job.ICEBERG:
+        return spark.read.format("delta").load(
+            f"{cfg.warehouse}/" + ("ceiling" if ceiling else "bench/public/orders"))
+    from actors.materialize.iceberg import table_ref
+    return spark.table(f"{cfg.iceberg_name}.bench.ceiling" if ceiling else
+                       table_ref(cfg, "bench", "public", "orders"))
+
+
 def ceiling_drain(spark, cfg) -> None:
     """Spark's own append ceiling: the same topic read by the same session with the same
     settings, its records parsed as the job parses them (``envelope_schema`` over the schema
@@ -209,8 +225,15 @@ def ceiling_drain(spark, cfg) -> None:
                     F.col("e.op").alias("_pgr_op"),
                     F.col("e.source.commit_lsn").alias("_pgr_commit_lsn"),
                     F.col("e.source.seq").alias("_pgr_seq")))
-    (rows.writeStream.format("delta").option("checkpointLocation", cfg.checkpoint)
-     .trigger(availableNow=True).start(f"{cfg.warehouse}/ceiling").awaitTermination())
+    writer = (rows.writeStream.option("checkpointLocation", cfg.checkpoint)
+              .trigger(availableNow=True))
+    if cfg.output_format == job.ICEBERG:  # a plain append into an Iceberg table
+        from actors.materialize.iceberg import register_catalog
+        register_catalog(spark, cfg)
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {cfg.iceberg_name}.bench")
+        writer.format("iceberg").toTable(f"{cfg.iceberg_name}.bench.ceiling").awaitTermination()
+    else:
+        writer.format("delta").start(f"{cfg.warehouse}/ceiling").awaitTermination()
 
 
 def main() -> int:
@@ -240,6 +263,8 @@ def main() -> int:
     ap.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                     help="a variant: after each steady drain, the same backlog drained again "
                          "with these Spark SQL settings set in the session (repeatable)")
+    ap.add_argument("--output", default="delta",
+                    help="delta, iceberg, or both side by side: delta,iceberg (default delta)")
     ap.add_argument("--bootstrap", help="a running Kafka (default: the dev stack's)")
     ap.add_argument("--registry", help="a running schema registry's Confluent-compatible API "
                     "(default: the dev stack's)")
@@ -250,6 +275,9 @@ def main() -> int:
     if not set(formats) <= {"json", "avro"} or len(set(formats)) != len(formats) \
             or args.runs < 1:
         ap.error("--format: json, avro or json,avro; --runs: at least 1")
+    args.output = args.output.split(",")
+    if not set(args.output) <= {"delta", "iceberg"} or len(set(args.output)) != len(args.output):
+        ap.error("--output: delta, iceberg or delta,iceberg")
     if args.ceiling_first and (formats[0] != "json" or not args.warmup):
         ap.error("--ceiling-first: the first format must be json, and --warmup not 0")
     try:
@@ -301,19 +329,28 @@ def main() -> int:
               + f"; CPU {cpu:.1f}s" + (f" ({', '.join(f'{c:.1f}' for c in cpus)})" if many else "")
               + f" in the JVM and this process ({n / cpu:,.0f} records per CPU second); "
               f"{runs[-1][3]} rows in the table")
-    steady = next((k for k in drains if k.startswith("steady state") and "avro" not in k), None)
-    if CEILING in drains and steady:
-        rate = {k: statistics.median(n / took for n, took, _, _ in drains[k])
-                for k in (steady, CEILING)}
-        cpu = {k: statistics.median(c for _, _, c, _ in drains[k]) for k in (steady, CEILING)}
-        for what in [steady, *(k for k in drains if k.startswith("steady, "))]:
+    for out in args.output:
+        tag = _tag(args, out)
+        ceiling = CEILING + tag
+        steady = next((k for k in drains if k.startswith("steady state") and "avro" not in k
+                       and k.endswith(tag)), None)
+        if ceiling not in drains or not steady:
+            continue
+        rate = statistics.median(n / took for n, took, _, _ in drains[ceiling])
+        cpu = statistics.median(c for _, _, c, _ in drains[ceiling])
+        for what in [steady, *(k for k in drains if k.startswith("steady, ") and k.endswith(tag))]:
             r = statistics.median(n / took for n, took, _, _ in drains[what])
             c = statistics.median(c for _, _, c, _ in drains[what])
-            print(f"{what} / ceiling: {rate[CEILING] / r:.2f}x the ceiling's wall time, "
-                  f"{c / cpu[CEILING]:.2f}x its CPU (goal: within 1.5x)")
+            print(f"{what} / {ceiling}: {rate / r:.2f}x the ceiling's wall time, "
+                  f"{c / cpu:.2f}x its CPU (goal: within 1.2x)")
     print(f"load average {os.getloadavg()[0]:.2f} (CPU seconds are steadier than the wall clock "
           "on a shared machine)")
     return 0
+
+
+def _tag(args, output: str) -> str:
+    """A drain's label suffix naming its output (none when only Delta is measured)."""
+    return "" if args.output == ["delta"] else f" [{output}]"
 
 
 def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topics: dict,
@@ -322,9 +359,13 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
     format's ``args.runs`` times, interleaved. -> ({what: [(records, seconds, CPU seconds,
     rows)]}, session start seconds, class archive)."""
     with tempfile.TemporaryDirectory(prefix="pgrouter-bench-") as tmp:
-        def config(name, run=0):
+        def config(name, run=0, output="delta"):
             topic, schema_topic = topics[name]
-            return job.JobConfig(bootstrap_servers=bootstrap, topics=[topic],
+            extra = {} if output == "delta" else dict(
+                output_format=job.ICEBERG, iceberg_catalog="hadoop",
+                iceberg_name=f"bench_{name.strip('.')}_{run}",  # a catalog per drain
+                iceberg_warehouse=f"{tmp}/{name}{run}ice", compact_interval=None)
+            return job.JobConfig(**extra,bootstrap_servers=bootstrap, topics=[topic],
                                  schema_topic=schema_topic, warehouse=f"{tmp}/{name}{run}wh",
                                  checkpoint=f"{tmp}/{name}{run}ck", mode=args.mode,
                                  max_offsets_per_trigger=args.batch, master=args.master,
@@ -341,8 +382,9 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
         started = time.perf_counter() - t0
         jvm = spark.sparkContext._gateway.proc.pid
 
-        def drain(name, run=0, ceiling=False, variant=0, conf=None):
-            cfg = config(name, run + (1000 if ceiling else 0) + 2000 * variant)
+        def drain(name, run=0, ceiling=False, variant=0, conf=None, output="delta"):
+            cfg = config(name, run + (1000 if ceiling else 0) + 2000 * variant
+                         + (10000 if output == "iceberg" else 0), output)
             conf = conf or {}
             was = {k: spark.conf.get(k, None) for k in conf}
             for k, v in conf.items():
@@ -360,32 +402,36 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
                         spark.conf.unset(k)
                     else:
                         spark.conf.set(k, v)
-            path = f"{cfg.warehouse}/" + ("ceiling" if ceiling else "bench/public/orders")
-            table = spark.read.format("delta").load(path)
+            table = table_of(spark, cfg, ceiling)
             rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" and not ceiling
                     else table).count()
             return backlogs[name][1], took, cpu, rows
 
-        side = len(formats) > 1
+        side, first = len(formats) > 1, args.output[0]
         drains: dict[str, list] = {}
         if args.warmup:
             fresh = "fresh JVM, " + CEILING if args.ceiling_first else "fresh JVM"
-            drains[f"{fresh} ({formats[0]})" if side else fresh] = [
-                drain("warmup.", ceiling=args.ceiling_first)]
+            drains[(f"{fresh} ({formats[0]})" if side else fresh) + _tag(args, first)] = [
+                drain("warmup.", ceiling=args.ceiling_first, output=first)]
             for run in range(args.runs):
-                todo = [(f"steady state ({f})" if side else "steady state", f"{f}.", 0, None)
-                        for f in formats]
-                if args.ceiling and "json" in formats:
-                    todo.append((CEILING, "json.", 0, None))
-                todo += [("steady, " + ",".join(f"{k}={v}" for k, v in conf.items()),
-                          f"{formats[0]}.", i, conf) for i, conf in enumerate(args.compare, 1)]
-                if args.compare:  # the JIT still warms over the first drains: rotate the order
+                todo = []
+                for out in args.output:
+                    tag = _tag(args, out)
+                    todo += [((f"steady state ({f})" if side else "steady state") + tag, f"{f}.",
+                              0, None, out) for f in formats]
+                    if args.ceiling and "json" in formats:
+                        todo.append((CEILING + tag, "json.", 0, None, out))
+                    todo += [("steady, " + ",".join(f"{k}={v}" for k, v in conf.items()) + tag,
+                              f"{formats[0]}.", i, conf, out)
+                             for i, conf in enumerate(args.compare, 1)]
+                if args.compare or len(args.output) > 1:  # the JIT still warms: rotate
                     todo = todo[run % len(todo):] + todo[:run % len(todo)]
-                for what, name, variant, conf in todo:
+                for what, name, variant, conf, out in todo:
                     drains.setdefault(what, []).append(
-                        drain(name, run, ceiling=what == CEILING, variant=variant, conf=conf))
+                        drain(name, run, ceiling=what.startswith(CEILING), variant=variant,
+                              conf=conf, output=out))
         else:
-            drains["fresh JVM"] = [drain(f"{formats[0]}.")]
+            drains["fresh JVM" + _tag(args, first)] = [drain(f"{formats[0]}.", output=first)]
         class_archive.finish(archive, spark)
         if archive is None or archive.writing is None:
             spark.stop()
