@@ -58,6 +58,9 @@ class Producer(Protocol):
     def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
         """Create the topics of ``specs`` that do not exist."""
 
+    def topic_names(self) -> frozenset[str]:
+        """The names of the topics the cluster holds now."""
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every record handed over is acknowledged or failed."""
 

@@ -288,6 +288,19 @@ class KafkaPythonClient(Producer):
         except Exception as exc:
             raise map_error(exc) from exc
 
+    def topic_names(self) -> frozenset[str]:
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
+                                     client_id="pgrouter-admin", **self._admin_config)
+        except Exception as exc:
+            raise map_error(exc) from exc
+        try:
+            return frozenset(admin.list_topics())
+        except Exception as exc:
+            raise map_error(exc) from exc
+        finally:
+            admin.close()
+
     def ensure_topics(self, specs) -> None:
         missing = [s for s in specs if s.name not in self._known_topics]
         if not missing:

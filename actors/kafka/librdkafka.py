@@ -339,6 +339,12 @@ class RdKafkaClient(InlineProducer, PackedProducer):
                 raise record_too_large(topic, key, value) from failed
             raise map_error(failed) from failed
 
+    def topic_names(self) -> frozenset[str]:
+        try:
+            return frozenset(self.producer.list_topics(timeout=self._timeout).topics)
+        except KafkaException as exc:
+            raise map_error(exc) from exc
+
     def ensure_topics(self, specs) -> None:
         missing = [s for s in specs if s.name not in self._known_topics]
         if not missing:

@@ -233,6 +233,9 @@ class TransactionalClient(TransactionalProducer):
     def ensure_topics(self, specs) -> None:
         self.inner.ensure_topics(specs)
 
+    def topic_names(self) -> frozenset[str]:
+        return self.inner.topic_names()
+
     def flush(self, timeout: float | None = None) -> None:
         self.inner.flush(timeout)
 

@@ -232,7 +232,10 @@ class Supervisor:
         self.definitions = await definitions_state.for_pipeline(
             self.publication_mode, cfg, client, start_lsn)
         flush = self._flush = Latest(start_lsn)
-        p = wiring.build(cfg, source, client, flush=flush, stats=self.stats,
+        # an outbox topic Kafka would refuse beside one it holds is a dead row, not a stop
+        topics = (await trio.to_thread.run_sync(client.topic_names)
+                  if any(r.outbox is not None for r in cfg.routes) else frozenset())
+        p = wiring.build(cfg, source, client, flush=flush, stats=self.stats, topics=topics,
                          metrics=self.metrics, holds=self._holds(),
                          definitions=self.definitions, catalog=self.catalog,
                          snapshot_pending=self.snapshot_pending, until_lsn=self.until_lsn)

@@ -36,7 +36,7 @@ from router.routing.change_router import ChangeRouter
 from router.routing.transaction_meta import TransactionMeta
 from router.stream.transactions import TransactionAssembler
 from router.routing.publications import Catalog
-from router.routing.topics import TopicSpec
+from router.routing.topics import TopicFolds, TopicSpec
 
 from ..snapshot.backfill import BackfillActor, backfill_stage
 from ..snapshot.signals import message_topic_specs, router_extras, signal_handler
@@ -78,8 +78,10 @@ class Pipeline:
 
 def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
           metrics: Metrics | None, holds, definitions, catalog: Catalog | None,
-          snapshot_pending: list, until_lsn: int | None) -> Pipeline:
-    """The pipeline on ``source`` once ``Source.prepare`` found its slot."""
+          snapshot_pending: list, until_lsn: int | None,
+          topics: frozenset = frozenset()) -> Pipeline:
+    """The pipeline on ``source`` once ``Source.prepare`` found its slot; ``topics``: those
+    Kafka held when it started (an outbox topic colliding with one is a dead row)."""
     src, info = cfg.source, source.server
     origins = rules_from_config(cfg)
     inbox, chunk_rx = trio.open_memory_channel(CHUNKS)  # the sink's
@@ -115,6 +117,7 @@ def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
     state = {"routes": definitions.routes if definitions is not None
              else route_specs(cfg, catalog)}
     routers: list[tuple[frozenset | None, ChangeRouter]] = []
+    folds = TopicFolds(topics)  # shared: one router's new topic is every router's
 
     def router_for(names=None):
         router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],
@@ -122,7 +125,8 @@ def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
                               **router_extras(cfg, backfill),
                               type_names=TypeNames(relations),
                               primary_keys=keys,
-                              position_headers=cfg.kafka.position_headers)
+                              position_headers=cfg.kafka.position_headers,
+                              topic_folds=folds)
         if definitions is not None:
             router.follow(definitions, names)
         routers.append((names, router))

@@ -45,6 +45,7 @@ from ..formats.schema import TableSchema
 from ..formats import tombstones
 from .outbox import Poison
 from .messages import LogicalMessages
+from .topics import TopicFolds
 from .truncates import TruncateRoutes
 from ..stream.transactions import NonTransactionalMessage, Transaction
 
@@ -66,8 +67,10 @@ class ChangeRouter:
                  type_names: dict[int, str] | None = None, chunk_records: int = CHUNK_RECORDS,
                  primary_keys: PrimaryKeys | dict[tuple[str, str], tuple[str, ...]] | None = None,
                  position_headers: bool = False, message_routes: list | tuple = (),
-                 signal_prefix: str = ""):
+                 signal_prefix: str = "", topic_folds: TopicFolds | None = None):
         self.routes = routes
+        #: the topics Kafka holds, by fold: an outbox topic colliding with one is a dead row
+        self.topic_folds = topic_folds if topic_folds is not None else TopicFolds()
         #: Kafka headers pgrouter.commit_lsn and pgrouter.seq on every change record (the
         #: same position as the value's source; they cost the client ~1 µs a record)
         self._headers = _position if position_headers else _no_headers
@@ -117,7 +120,8 @@ class ChangeRouter:
         if cached is not None and cached[0] is relation:
             return cached[1]
         result = build_plans(self.routes, relation, primary_keys=self.primary_keys, db=self.db,
-                             type_names=self.type_names, new_topic=self._new_topic)
+                             type_names=self.type_names, new_topic=self._new_topic,
+                             folds=self.topic_folds)
         self._plans[relation.relation_id] = (relation, result)
         return result
 
@@ -313,11 +317,8 @@ class ChangeRouter:
         return dropped
 
     def _chunk(self, txn: Transaction, records: list, schemas: list, last: bool) -> RoutedChunk:
-        new_topics = self._new_topics
-        if new_topics:
-            self._new_topics = []
         return RoutedChunk(txn.xid, txn.commit_lsn, txn.end_lsn, records, schemas, last,
-                           new_topics)
+                           self._take_new_topics())
 
     def route_message(self, msg: NonTransactionalMessage) -> RoutedChunk:
         """A non-transactional logical message: a chunk of its own that confirms nothing
@@ -361,9 +362,7 @@ class ChangeRouter:
         except Poison as why:  # the dead-letter topic's, or a ConfigError
             record = plan.outbox.dead(row, why, lsn, position)
         out.append(record)
-        if record[0] not in self._seen_topics:
-            self._seen_topics.add(record[0])
-            self._new_topics.append((record[0], plan.route))
+        self._new_topic(record[0], plan.route)
 
     def _route_change(self, change: Change, tx: TxContext, seq: int, out: list,
                       schemas: list, lsn_header: tuple | None) -> None:

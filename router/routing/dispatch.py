@@ -28,6 +28,7 @@ from .keys import PrimaryKeys
 from .outbox import OutboxEncoder, OutboxPlan
 from .plans import KINDS, TablePlan, apply_plan, materialize
 from .routes import RouteSpec
+from .topics import TopicFolds
 from .transforms import for_relation
 
 #: routing decisions remembered per relation layout, keyed by the filtered columns' values
@@ -67,9 +68,11 @@ record_run = NATIVE.record_run if NATIVE is not None else _record_run_py
 
 def build_plans(routes: list[RouteSpec], relation: Relation, *, primary_keys: PrimaryKeys,
                 db: str, type_names: dict[int, str],
-                new_topic: Callable[[str, str], None]) -> tuple[TablePlan, ...]:
+                new_topic: Callable[[str, str], None],
+                folds: TopicFolds | None = None) -> tuple[TablePlan, ...]:
     """The plans of the routes taking ``relation``; ``new_topic(topic, route)`` hears of each
-    plan's topic (the router announces those it has not seen)."""
+    plan's topic (the router announces those it has not seen); ``folds``: the topics outbox
+    events must not collide with."""
     plans = []
     for spec in routes:
         if spec.planner is not None:
@@ -100,7 +103,7 @@ def build_plans(routes: list[RouteSpec], relation: Relation, *, primary_keys: Pr
                                transform=transform)
         if spec.outbox is not None:  # events: topics from the rows (router.routing.outbox)
             plans.append(TablePlan(route=spec.name, topic="", encoder=encoder,
-                                   outbox=OutboxPlan(spec.outbox, publish_as, spec.name),
+                                   outbox=OutboxPlan(spec.outbox, publish_as, spec.name, folds),
                                    **kwargs))
             continue
         topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace, publish_as.name)

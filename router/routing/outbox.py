@@ -19,7 +19,8 @@ Rules:
 * A column the route names that the table lacks is a ``ConfigError`` when its layout is
   first met.
 * A row that makes no event (``Poison``: a NULL in a column of the topic template, a topic
-  Kafka refuses, a payload of a type other than ``json``, ``jsonb`` or ``bytea`` that is not
+  Kafka refuses — its name, or one differing only in ``.`` versus ``_`` from a topic Kafka
+  held at the start or the router made since (``TopicFolds``) —, a payload of a type other than ``json``, ``jsonb`` or ``bytea`` that is not
   JSON text) is, without ``dead_letter``, a ``ConfigError`` naming the route, the table, the
   row's id and key and its LSN (the router stops before confirming its transaction); with
   ``dead_letter = "topic"`` it goes there instead, in its place in the stream: key and value
@@ -37,7 +38,7 @@ from ..errors import ConfigError
 from ..postgres.lsn import format_lsn
 from ..native import NATIVE
 from ..pgoutput import Relation
-from .topics import escape, illegal
+from .topics import TopicFolds, escape, illegal
 from ..formats.values import BYTEA, JSON, JSONB, converter_for
 
 bytea_bytes = converter_for(BYTEA)
@@ -102,9 +103,10 @@ class OutboxPlan:
     """One outbox table layout: its columns' indexes, the record of an inserted row."""
 
     __slots__ = ("route", "table", "template", "fields", "key", "payload", "id", "headers",
-                 "dead_letter", "plain", "_topics", "_one", "_payload_bytes", "_payload_json")
+                 "dead_letter", "plain", "folds", "_topics", "_one", "_payload_bytes", "_payload_json")
 
-    def __init__(self, cfg: OutboxConfig, relation: Relation, route: str):
+    def __init__(self, cfg: OutboxConfig, relation: Relation, route: str,
+                 folds: TopicFolds | None = None):
         index = {c.name: i for i, c in enumerate(relation.columns)}
 
         def at(column: str, what: str) -> int:
@@ -116,6 +118,8 @@ class OutboxPlan:
         self.route = route
         self.table = f"{relation.namespace}.{relation.name}"
         self.dead_letter = cfg.dead_letter
+        #: the topics Kafka holds and the router made, by their fold (shared by the router)
+        self.folds = folds if folds is not None else TopicFolds()
         self.template = cfg.topic
         self.fields = tuple((f, at(f, "topic"))
                             for _, f, _, _ in string.Formatter().parse(cfg.topic)
@@ -159,6 +163,10 @@ class OutboxPlan:
         if problem:
             shown = topic if len(topic) <= 100 else topic[:100] + "…"
             raise Poison(f"makes topic {shown!r}: {problem}")
+        other = self.folds.claim(topic)
+        if other is not None:
+            raise Poison(f"makes topic {topic!r}, which Kafka refuses to create beside its "
+                         f"topic {other!r} (they differ only in '.' and '_')")
         return topic
 
     def record(self, row: tuple, position: list | None) -> tuple:

@@ -48,6 +48,24 @@ class TopicSpec:
         self.configs = configs or {}
 
 
+class TopicFolds:
+    """The topics Kafka holds or the router made, by Kafka's metric name for them (``.`` as
+    ``_``): a new topic whose fold another topic holds is one Kafka refuses to create."""
+
+    __slots__ = ("_by_fold",)
+
+    def __init__(self, names=()):
+        self._by_fold: dict[str, str] = {}
+        for name in names:
+            self._by_fold.setdefault(name.replace(".", "_"), name)
+
+    def claim(self, topic: str) -> str | None:
+        """The topic ``topic`` collides with (they differ only in ``.`` versus ``_``), else
+        None and ``topic`` is known from now on."""
+        other = self._by_fold.setdefault(topic.replace(".", "_"), topic)
+        return None if other == topic else other
+
+
 def escape(identifier: str) -> str:
     """A schema or table name as it appears in a topic name (see the module rules)."""
     if _KEPT.issuperset(identifier):

@@ -201,6 +201,30 @@ def test_a_dead_letter_topic_takes_the_rows_that_make_no_event(short):
     assert ("ev.dead", "ev") in {nt for c in chunks for nt in c.new_topics}
 
 
+@pytest.mark.parametrize("short", [False, True])
+def test_a_topic_differing_only_in_dot_and_underscore_is_a_dead_row(short):
+    """Kafka refuses a topic whose '.'-as-'_' name another holds: one it held at the start
+    (``topic_folds``) or one of this router's; such a row makes no event."""
+    from router.routing.topics import TopicFolds
+    cfg = OutboxConfig(dead_letter="ev.dead")
+    r = ChangeRouter([RouteSpec(name="ev", all_tables=True, outbox=cfg)], db="d",
+                     topic_folds=TopicFolds(["outbox.event.x_y", "outbox.event.p.q"]))
+    t = txn([Change("insert", 1, TEXT_OUTBOX, new=(ID, "a_b", "o-1", "T", "{}")),
+             Change("insert", 2, TEXT_OUTBOX, new=(ID, "a.b", "o-2", "T", "{}")),
+             Change("insert", 3, TEXT_OUTBOX, new=(ID, "x.y", "o-3", "T", "{}")),
+             Change("insert", 4, TEXT_OUTBOX, new=(ID, "p.q", "o-4", "T", "{}")),
+             Change("insert", 5, TEXT_OUTBOX, new=(ID, "a_b", "o-5", "T", "{}"))])
+    chunks = [r.route_short(t)] if short else list(r.route(t))
+    records = [rec for c in chunks for rec in c.records]
+    assert [rec[0] for rec in records] == ["outbox.event.a_b", "ev.dead", "ev.dead",
+                                           "outbox.event.p.q", "outbox.event.a_b"]
+    assert dict(records[1][3])["pgrouter.error"] == (
+        b"makes topic 'outbox.event.a.b', which Kafka refuses to create beside its topic "
+        b"'outbox.event.a_b' (they differ only in '.' and '_')")
+    assert b"'outbox.event.x_y'" in dict(records[2][3])["pgrouter.error"]
+    assert "outbox.event.a.b" not in {t for c in chunks for t, _ in c.new_topics}
+
+
 def test_a_bytea_payload_is_its_bytes():
     """A ``bytea`` payload is published as its bytes (what the application wrote, as
     Debezium's BinaryDataConverter writes it), not PostgreSQL's ``\\x`` hex text of them;
