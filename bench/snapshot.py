@@ -11,6 +11,7 @@ interleaved and the medians printed.
 
     python bench/snapshot.py [--rows 2000000] [--tables 4] [--sessions 2] [--repeat 3]
                              [--client librdkafka|kafka-python] [--dsn ...] [--kafka ...]
+    python bench/snapshot.py --ceilings --rows 500000 --repeat 5   # the producer alone
 
 The snapshot's time is the one its summary line reports (reading, routing, encoding and
 Kafka's acknowledgements, from the first table started to the last record acknowledged);
@@ -304,6 +305,26 @@ def ceiling_seconds(client: str, kafka: str, make, n: int,
     return secs, cpu, reads[1] - reads[0]
 
 
+def ceilings_only(args, ceilings: dict, n: int) -> None:
+    """``--ceilings``: the producer alone, the table's records one by one (the client's
+    ``produce``) and packed (``actors.kafka._producer``, the C-driven producer): what that C
+    file buys, in alternating rounds; medians of ``--repeat``."""
+    meter = machine.Meter(args.dsn)
+    runs: dict[str, list] = {name: [] for name in ceilings}
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    for r in range(args.repeat):
+        for name, made in ceilings.items():
+            secs, cpu, _used = ceiling_seconds(args.client, args.kafka, made, n, meter)
+            runs[name].append((secs, cpu))
+        print(f"  round {r + 1}: " + ", ".join(f"{name} {v[-1][0]:.2f} s ({v[-1][1]:.2f} CPU s)"
+                                           for name, v in runs.items()), flush=True)
+    print(f"producer alone, {n} records ({args.client}), medians of {args.repeat} round(s):")
+    for name, v in runs.items():
+        secs = statistics.median(x[0] for x in v)
+        cpu = statistics.median(x[1] for x in v)
+        print(f"  {name:8} {secs:8.2f} s  {n / secs:12,.0f} records/s  cpu {cpu:6.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
@@ -314,6 +335,9 @@ def main() -> None:
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--kafka", default="127.0.0.1:9092")
     ap.add_argument("--client", default="librdkafka", choices=["kafka-python", "librdkafka"])
+    ap.add_argument("--ceilings", action="store_true",
+                    help="only the producer alone: the table's records one by one and packed "
+                         "(what actors/kafka/_producer.c buys)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     tag = f"bs_{uuid.uuid4().hex[:8]}"
@@ -321,7 +345,7 @@ def main() -> None:
     conn.autocommit = True
     cur = conn.cursor()
     big = f"{tag}_big"
-    small = [f"{tag}_p{i}" for i in range(args.tables)]
+    small = [] if args.ceilings else [f"{tag}_p{i}" for i in range(args.tables)]
     slots = []
     runs: dict[str, list] = {}
 
@@ -340,11 +364,13 @@ def main() -> None:
                         f"from generate_series(1, {n}) g")
             cur.execute(f"vacuum analyze {t}")
             cur.execute(f"create publication {t} for table {t}")
-        cur.execute(f"create publication {tag}_many for table {', '.join(small)}")
         make, make_packed, n_records = table_records(args.dsn, big, f"{tag}_one0_1")
         ceilings = {"ceiling": make}
         if args.client == "librdkafka":
             ceilings["packed"] = make_packed
+        if args.ceilings:
+            return ceilings_only(args, ceilings, n_records)
+        cur.execute(f"create publication {tag}_many for table {', '.join(small)}")
         meter = machine.Meter(args.dsn)
         before = meter.read()
         time.sleep(3)

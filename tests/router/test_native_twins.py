@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import pathlib
 import importlib
 import random
 import struct
@@ -35,7 +36,7 @@ from router.formats import envelope
 from router.stream.changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, Changes
 from router.formats.envelope import TableEncoder, TxContext
 from router.errors import DecodeError
-from router.native import NATIVE, TWINS
+from router.native import IO_TWINS, NATIVE, TWINS
 from router.pgoutput import UNCHANGED_TOAST as U
 from router.pgoutput import Decoder, Delete, Insert, Relation, RelationColumn, Update
 from router.pgoutput.reader import MAX_COLUMNS
@@ -698,6 +699,19 @@ def test_twins_list_every_native_lane_and_resolve():
               and callable(getattr(module, name))} - {"configure"}
     natives = [attr for _, attr in TWINS.values()]
     assert sorted(natives) == sorted(public)
+
+
+def test_every_c_file_of_actors_has_its_io_twin_entry():
+    """Each C extension of ``actors/`` is in ``IO_TWINS``, its Python twin resolves, its
+    comparing test exists and its gain names the bench command that measured it."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    c_files = {p.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+               for p in (root / "actors").rglob("*.c")}
+    assert c_files == {name.partition(":")[0] for name in IO_TWINS}
+    for twin, test, gain in IO_TWINS.values():
+        assert callable(resolve(twin)), twin
+        assert (root / test).is_file(), test
+        assert "bench/" in gain, gain
 
 
 @pytest.mark.parametrize("name", TWINS)
