@@ -246,10 +246,11 @@ class KafkaPythonClient(Producer):
     def _check_size(self, topic, key, value, headers) -> None:
         size = self.producer._estimate_size_in_bytes(key, value, headers)
         if size > self._max_record:
-            raise record_too_large(topic, key, value, producer_limit=self._max_record)
+            raise record_too_large(topic, key, value, headers=headers,
+                                   producer_limit=self._max_record)
         topic_limit = self._topic_limits.get(topic)
         if topic_limit is not None and size > topic_limit:
-            raise record_too_large(topic, key, value, topic_limit=topic_limit)
+            raise record_too_large(topic, key, value, headers=headers, topic_limit=topic_limit)
 
     def _limit(self, topic: str) -> int:
         """The largest record ``topic`` takes: ``max_request_size``, or the topic's

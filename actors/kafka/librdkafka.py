@@ -308,8 +308,9 @@ class RdKafkaClient(InlineProducer, PackedProducer):
         def size(r):
             return len(r[1] or b"") + len(r[2] or b"")
         big = next((r for r in records if size(r) > self._max_message), None)
-        topic, key, value, _ = big or max(records, key=size)
-        return record_too_large(topic, key, value, producer_limit=self._max_message)
+        topic, key, value, headers = big or max(records, key=size)
+        return record_too_large(topic, key, value, headers=headers,
+                                producer_limit=self._max_message)
 
     def produce_sync(self, topic: str, key: bytes, value: bytes, timeout: float = 60.0) -> None:
         done = threading.Event()

@@ -48,9 +48,10 @@ from time import perf_counter
 import trio
 
 from router.formats.avro import SchemasNeeded
-from router.errors import LeadershipLost, SinkError
+from router.delivery.tally import record_too_large
+from router.errors import LeadershipLost, RecordTooLarge, SinkError
 from router.routing.change_router import RoutedChunk
-from router.routing.topics import TopicSpec
+from router.routing.topics import TopicFolds, TopicSpec
 
 from ..kafka.contracts import InlineProducer, Producer, Rest
 from ..services import log
@@ -84,8 +85,11 @@ class SinkActor:
     def __init__(self, *, client: Producer, inbox: trio.MemoryReceiveChannel,
                  progress: trio.MemorySendChannel, schema_topic: str,
                  topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None,
-                 metrics=None, holds=None, fmt: RecordFormat | None = None):
+                 metrics=None, holds=None, fmt: RecordFormat | None = None,
+                 owners: TopicFolds | None = None):
         self.client = client
+        #: who made the outbox routes' topics (a record-too-large line names route and table)
+        self.owners = owners
         #: how records are encoded (``[kafka] format``: ``formats.record_format``)
         self.fmt: RecordFormat = fmt if fmt is not None else JsonRecords()
         #: with ``[ha]``: ``Leadership.holds``, asked before every hand-over of records
@@ -143,7 +147,7 @@ class SinkActor:
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
-            self._error = error
+            self._error = self._described(error)
         self._wake.set()
 
     def _complete(self, ticket: int) -> None:
@@ -243,10 +247,29 @@ class SinkActor:
     async def _group_done(self) -> None:
         """After each group: where the exactly-once sink commits (transactional_sink)."""
 
+    def _described(self, error: BaseException) -> BaseException:
+        """A record-too-large error for an outbox topic names its route and table (its
+        record has no envelope to name the table)."""
+        record = getattr(error, "record", None)
+        owner = None if record is None or self.owners is None else self.owners.owner(record[0])
+        if owner is None:
+            return error
+        topic, key, value, headers = record
+        described = record_too_large(topic, key, value, headers=headers, owner=owner,
+                                     **error.limits)
+        described.__cause__ = error.__cause__
+        return described
+
     async def _produce(self, batch: list) -> None:
         await self._flush_progress()
         if not batch:
             return
+        try:
+            await self._hand_over(batch)
+        except RecordTooLarge as exc:
+            raise self._described(exc) from exc.__cause__
+
+    async def _hand_over(self, batch: list) -> None:
         started = perf_counter()
         if self._defer:
             await self.schemas.produce_converted(batch, self._convert_produce)

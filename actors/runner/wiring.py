@@ -146,7 +146,7 @@ def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
     sink = sink_for(cfg, client=client, inbox=chunk_rx, progress=prog_tx,
                     schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
                     create_topics=cfg.kafka.create_topics, stats=stats,
-                    metrics=metrics, holds=holds)
+                    metrics=metrics, holds=holds, owners=folds)
     progress = ConfirmActor(inbox=tickets, flush=flush, start_lsn=info.start_lsn,
                              stats=stats, interval=cfg.log.progress_interval,
                              until_lsn=until_lsn, caught_up=caught_up)

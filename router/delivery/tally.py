@@ -111,14 +111,23 @@ TOPIC_FIX = ("raise the topic's max.message.bytes (routes[].topic_settings.confi
 
 
 def record_too_large(topic: str, key: bytes | None, value: bytes | None, *,
+                     headers: list | None = None, owner: str | None = None,
                      producer_limit: int | None = None,
                      topic_limit: int | None = None) -> RecordTooLarge:
     """The one line for a record Kafka will not take: where it was going, which row, how
     big, and what to change. ``producer_limit``: the producer's own request size limit
     refused it; ``topic_limit``: it is above the topic's ``max.message.bytes``; neither:
-    the broker refused it for the topic."""
+    the broker refused it for the topic. ``owner``: what made the topic's records when
+    they are not change records (an outbox route's events: its route and table; the event
+    id is read from ``headers``). The error keeps the record and the limits
+    (``record``, ``limits``) for the sink to name the owner it knows."""
     size = len(value or b"") + len(key or b"")
-    where = f"topic {topic}, table {_table(value)}, key {_key(key)}: {size} bytes"
+    if owner is not None:
+        what = f"{owner}{_event_id(headers)}"
+    else:  # a dead letter's table is a header
+        table = dict(headers or ()).get("pgrouter.table")
+        what = f"table {_table(value) if table is None else bytes(table).decode()}"
+    where = f"topic {topic}, {what}, key {_key(key)}: {size} bytes"
     if topic_limit is not None:
         why = f"above the topic's max.message.bytes of {topic_limit} bytes; {TOPIC_FIX}"
     elif producer_limit is not None:
@@ -128,7 +137,17 @@ def record_too_large(topic: str, key: bytes | None, value: bytes | None, *,
     else:
         why = (f"refused by the broker as larger than the topic accepts; {TOPIC_FIX}, "
                "keeping [kafka.settings] batch_size below it")
-    return RecordTooLarge(f"record too large for Kafka: {where}, {why}")
+    error = RecordTooLarge(f"record too large for Kafka: {where}, {why}")
+    error.record = (topic, key, value, headers)
+    error.limits = {"producer_limit": producer_limit, "topic_limit": topic_limit}
+    return error
+
+
+def _event_id(headers) -> str:
+    for name, value in headers or ():
+        if name == "id":
+            return ", event id " + ("null" if value is None else _key(value))
+    return ""
 
 
 #: what clients use: the C Tally when built

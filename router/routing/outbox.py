@@ -163,7 +163,7 @@ class OutboxPlan:
         if problem:
             shown = topic if len(topic) <= 100 else topic[:100] + "…"
             raise Poison(f"makes topic {shown!r}: {problem}")
-        other = self.folds.claim(topic)
+        other = self.folds.claim(topic, (self.route, self.table))
         if other is not None:
             raise Poison(f"makes topic {topic!r}, which Kafka refuses to create beside its "
                          f"topic {other!r} (they differ only in '.' and '_')")

@@ -50,20 +50,34 @@ class TopicSpec:
 
 class TopicFolds:
     """The topics Kafka holds or the router made, by Kafka's metric name for them (``.`` as
-    ``_``): a new topic whose fold another topic holds is one Kafka refuses to create."""
+    ``_``): a new topic whose fold another topic holds is one Kafka refuses to create. Also
+    who made each topic the router's outbox routes made (``owner``: an error line about a
+    record names its route and table)."""
 
-    __slots__ = ("_by_fold",)
+    __slots__ = ("_by_fold", "_owners")
 
     def __init__(self, names=()):
         self._by_fold: dict[str, str] = {}
+        self._owners: dict[str, dict[tuple[str, str], None]] = {}
         for name in names:
             self._by_fold.setdefault(name.replace(".", "_"), name)
 
-    def claim(self, topic: str) -> str | None:
+    def claim(self, topic: str, owner: tuple[str, str] | None = None) -> str | None:
         """The topic ``topic`` collides with (they differ only in ``.`` versus ``_``), else
-        None and ``topic`` is known from now on."""
+        None and ``topic`` is known from now on, made by ``owner`` (route, table) if given."""
         other = self._by_fold.setdefault(topic.replace(".", "_"), topic)
-        return None if other == topic else other
+        if other != topic:
+            return other
+        if owner is not None:
+            self._owners.setdefault(topic, {})[owner] = None
+        return None
+
+    def owner(self, topic: str) -> str | None:
+        """``route 'r', outbox table s.t`` (tables and routes joined by "or"), or None."""
+        owners = self._owners.get(topic)
+        if not owners:
+            return None
+        return " or ".join(f"route {route!r}, outbox table {table}" for route, table in owners)
 
 
 def escape(identifier: str) -> str:
