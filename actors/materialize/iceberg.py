@@ -77,8 +77,11 @@ class IcebergTables(DeltaTables):
     def ref(self, state: TableState) -> str:
         return state.path
 
-    def read(self, state: TableState):
-        return self.spark.table(state.path)
+    def read(self, state: TableState, session=None):
+        """The stored rows, read in ``session`` (the micro-batch's own): a table read in the
+        job's session and joined with the batch's rows fails once Spark refreshes the
+        relation in the batch's session (its columns get other ids)."""
+        return (session or self.spark).table(state.path)
 
     def ensure(self, route, schema, table, wanted: dict[str, str], keys) -> TableState:
         ref = table_ref(self.cfg, route, schema, table)

@@ -352,7 +352,7 @@ class Materializer:
             filled = fill_toast(rows, keys, toast, order)
             if moves:  # key changes: unchanged-TOAST values come from the old key
                 self.delta.create(state)  # (read from the table, empty if new)
-                stored = self.delta.read(state)
+                stored = self.delta.read(state, rows.sparkSession)
                 rows = fill_toast(moved_toast(stored, rows, filled, keys, toast), keys, toast,
                                   order)
             else:

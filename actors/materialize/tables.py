@@ -103,8 +103,8 @@ class DeltaTables:
         """The table's name in SQL."""
         return f"delta.{quote(state.path)}"
 
-    def read(self, state: TableState):
-        return self.spark.read.format("delta").load(state.path)
+    def read(self, state: TableState, session=None):
+        return (session or self.spark).read.format("delta").load(state.path)
 
     def committed(self, state: TableState, batch_id: int) -> bool:
         """Delta skips a re-run batch by itself (``txnAppId``/``txnVersion``)."""
