@@ -3,9 +3,13 @@ the router's progress (``router.delivery.exactly_once``, ``actors.kafka.transact
 
 Rules (on top of ``SinkActor``'s):
 
-* A source transaction whose end LSN is not past the progress Kafka committed
-  (``client.committed_lsn``) is registered and reported done without sending its records:
-  an earlier run committed them.
+* A source transaction whose end LSN is not past the progress Kafka held when this run
+  started (``client.committed_lsn`` as the sink is made) is registered and reported done
+  without sending its records: an earlier run committed them. Not the progress this run
+  commits since: the chunks of an initial snapshot all end at the slot's consistent point,
+  and once one Kafka transaction of them committed (every ``interval``) the rest would look
+  delivered — they were dropped and the snapshot never finished (their tickets never added
+  up).
 * The Kafka transaction is committed only between source transactions (none half sent),
   once ``interval`` seconds passed since its first record (what arrives before joins it): a
   stream of small transactions shares one Kafka transaction, a large one has its own.
@@ -46,15 +50,17 @@ class TransactionalSinkActor(SinkActor):
         self._sealed_end: int | None = None  # end LSN of the last whole source transaction
         self._began: float | None = None
         self.skipped = 0  # source transactions Kafka already held
+        #: the progress Kafka held before this run: what an earlier run committed
+        self.resumed_at = client.committed_lsn
 
     async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
         # end LSN 0: a non-transactional logical message, which confirms nothing
         if (chunk.records and chunk.end_lsn
-                and already_in_kafka(chunk.end_lsn, self.client.committed_lsn)):
+                and already_in_kafka(chunk.end_lsn, self.resumed_at)):
             if chunk.last:
                 if not self.skipped:
                     log.event(_log, "skipping source transactions Kafka already holds",
-                              up_to_lsn=format_lsn(self.client.committed_lsn))
+                              up_to_lsn=format_lsn(self.resumed_at))
                 self.skipped += 1
             chunk = msgspec.structs.replace(chunk, records=[])
             self.fmt(chunk)  # its schemas are still learned

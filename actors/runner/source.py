@@ -162,11 +162,12 @@ class Source:
 
     async def wait_free(self, sql: SqlSession) -> None:
         """Until no consumer streams the slot and no router copies its initial snapshot (up
-        to ``SLOT_BUSY_WAIT``), else ``SlotInUse``. With exactly-once and no [ha] the
-        transactional id is registered only after this: a second router on a busy slot waits
-        for it and never fences the router streaming it. A slot being copied is not streamed
-        yet (it shows as free): the copying router's connection is found by its name
-        (``slots.copy_name``)."""
+        to ``SLOT_BUSY_WAIT``), else ``SlotInUse``; asked by every start without [ha], in
+        both delivery modes. With exactly-once the transactional id is registered only after
+        this: a second router on a busy slot waits for it and never fences the router
+        streaming it. A slot being copied is not streamed yet (it shows as free): the
+        copying router's connection is found by its name (``slots.copy_name``); at-least-once
+        a second router would otherwise stream beside the copy and finish it by backfill."""
         deadline = time.monotonic() + SLOT_BUSY_WAIT
         waiting = False
         while (pid := await slots.busy_pid(sql, self.slot)) is not None:

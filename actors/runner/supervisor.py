@@ -6,8 +6,9 @@ Start-up (``_run_once``, again after each restart):
 
 1. failover check of the resume position; what ``pgrouter check`` finds wrong stops the
    router before a slot or a topic is made (``actors.services.preflight``);
-2. exactly-once: without ``[ha]`` the slot's gate is held and the slot waited for, with
-   ``[ha]`` only a leader goes on; the Kafka client is made;
+2. without ``[ha]`` the slot is waited for while another router streams it or copies its
+   initial snapshot (exactly-once: the slot's gate held first), with ``[ha]`` only a
+   leader goes on; the Kafka client is made;
 3. the ``Source`` (``runner.source``: the DSN, the slot, its queries and creation)
    finds or creates the slot (pgoutput, not in use — a killed predecessor's walsender is
    waited for briefly); it is dropped again if the run fails before streaming from it
@@ -194,6 +195,10 @@ class Supervisor:
                 # registering the transactional id fences the router streaming the slot:
                 # without [ha] to say who leads, a second router waits for the slot instead
                 await self.gate.hold()
+            if self.leadership is None:
+                # in both delivery modes a router streaming the slot or copying its initial
+                # snapshot (the slot shows as free then) is waited for: one would otherwise
+                # run alongside the copy, at-least-once finishing it by backfill
                 await source.wait_free(sql)
             if self.leadership is not None and not self.leadership.holds():
                 # with [ha] the producer registers the group's transactional id, which

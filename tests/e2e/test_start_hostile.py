@@ -186,51 +186,144 @@ def test_slot_dropped_by_hand_while_streaming_stops_in_one_line(source, kafka_bo
     assert code != 0 and "Traceback" not in text, text[-3000:]
 
 
-@pytest.mark.xfail(strict=False, reason="at-least-once: a second router does not wait for one "
-                   "still copying its initial snapshot (Source.wait_free runs only with "
-                   "exactly-once): it finishes the snapshot by backfill and streams the slot")
-def test_a_second_router_while_the_first_copies_its_initial_snapshot(source):
-    """The first router frozen (SIGSTOP) while it copies: a second on the same config must
-    see it busy (its exporting connection, ``slots.copy_name``) and be refused in one line."""
+@pytest.fixture
+def two_tables(pg_dsn, kafka_bootstrap, tmp_path):
+    """A source of two tables for an initial snapshot copied by one session: ``_a`` (big)
+    first, then ``_b``; (pg, slot name, a, b, config)."""
+    pg = Pg(pg_dsn)
+    name = unique("stc")
+    a, b = f"{name}_a", f"{name}_b"
+    for t, n in ((a, 100_000), (b, 3000)):
+        pg.run(f"create table {t} (id int primary key, v text)")
+        pg.run(f"insert into {t} select g, repeat('v', 40) from generate_series(1, {n}) g")
+    pg.run(f"create publication {name} for table {a}, {b}")
+    routes = "".join(f'[[routes]]\nname = "{t}"\ntables = ["public.{t}"]\ntopic = "{{route}}"\n'
+                     for t in (a, b))
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, routes=routes,
+                       extra='[snapshot]\nmode = "initial"\nparallel = 1\n')
+    yield pg, name, a, b, cfg
+    pg.drop_slot(name)
+    pg.run(f"drop publication if exists {name}")
+    for t in (a, b):
+        pg.run(f"drop table if exists {t}")
+    pg.close()
+
+
+def _copy_paused(pg: Pg, b: str, proc, log):
+    """Once the router made its slot with an exported snapshot, an ACCESS EXCLUSIVE lock on
+    ``b`` (the second table), taken before the copy reached it (its reader keeps the lock of
+    a table it read until the copy ends: a lock this session gets at once proves it did not),
+    and held until the reader waits for it: a point the copy cannot pass. Taken after the
+    export: the lock's transaction id would hold up the slot's creation (everyone's). The
+    lock's session is returned; ``rollback`` lets the copy go on."""
+    import psycopg2
+
+    _wait_for(log, "replication slot created with an exported snapshot")
+    conn = psycopg2.connect(pg.dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("set lock_timeout = '5s'")
+            cur.execute(f"lock table {b} in access exclusive mode")
+        deadline = time.monotonic() + 60
+        while not pg.one("select count(*) from pg_locks where relation = %s::regclass "
+                         "and not granted", b):
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                log.read_text(errors="replace")[-3000:]
+            time.sleep(0.1)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _rows(bootstrap: str, topic: str) -> int:
+    return len(fold_rows(read_topic(bootstrap, topic, missing_ok=True, settle=0), ["id"]))
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_a_second_router_while_the_first_copies_its_initial_snapshot(
+        two_tables, kafka_bootstrap, exactly_once):
+    """The first router frozen (SIGSTOP) while it copies its initial snapshot (its reader
+    waits for a lock on the second table, so the copy has not finished): a second on the
+    same config sees it busy (its exporting connection, ``slots.copy_name``) and is refused
+    in one line, in both delivery modes (at-least-once it streamed the slot beside the copy
+    and finished the snapshot by backfill). Thawed, the first finishes and streams."""
     import os
     import signal
 
-    pg, name, cfg = source
-    pg.run(f"insert into {name} select g, repeat('v', 200) from generate_series(1, 50000) g")
-    cfg.write_text(cfg.read_text() + '\n[snapshot]\nmode = "initial"\n')
+    pg, name, a, b, cfg = two_tables
+    if exactly_once:
+        cfg.write_text(cfg.read_text().replace("[kafka]\n", "[kafka]\nexactly_once = true\n"))
     log = cfg.parent / "first.log"
     first = start_router(cfg, log)
+    lock = None
     try:
-        _wait_for(log, "initial snapshot: table started")
+        lock = _copy_paused(pg, b, first, log)
         os.killpg(first.pid, signal.SIGSTOP)
         try:
+            lock.rollback()
             second = _cli("run", "-c", str(cfg), "--until-caught-up")
         finally:
             os.killpg(first.pid, signal.SIGCONT)
-        assert second.returncode != 0, second.stderr[-3000:]
         _one_line_refusal(second, name, "in use")
+        _wait_for(log, "streaming started", timeout=90)
+        pg.run(f"insert into {b} values (3001, 'streamed')")
+        deadline = time.monotonic() + 60
+        while [_rows(kafka_bootstrap, t) for t in (a, b)] != [100_000, 3001]:
+            assert first.poll() is None and time.monotonic() < deadline, \
+                log.read_text()[-3000:]
+            time.sleep(0.5)
     finally:
+        if lock is not None:
+            lock.close()
         kill9(first)
+    assert "fenced" not in log.read_text(), log.read_text()[-3000:]
 
 
-@pytest.mark.xfail(strict=False, reason="exactly-once: a router frozen 30 s (SIGSTOP) while it "
-                   "copies its initial snapshot finishes the table, then never logs the "
-                   "snapshot done nor starts streaming, and SIGINT does not drain it (open)")
-def test_exactly_once_initial_snapshot_survives_a_freeze(source):
+def test_exactly_once_initial_snapshot_spanning_kafka_transactions_and_a_freeze(
+        two_tables, kafka_bootstrap):
+    """Exactly-once: the first table is copied and committed to Kafka, the reader then waits
+    for a lock the test holds on the second; the router is frozen (SIGSTOP) there, the lock
+    let go, the router thawed. Every snapshot chunk ends at the slot's consistent point, and
+    the sink took the progress its own first commit wrote for what Kafka held before the
+    run: every later chunk was skipped as "already in Kafka" (the second table's rows never
+    sent; 2,887 of 50,000 rows after a 30 s freeze in one table) and the snapshot never
+    finished (its tickets never added up): no stream, and SIGINT did not drain it. Both
+    tables and a streamed change must reach Kafka."""
     import os
     import signal
 
-    pg, name, cfg = source
-    pg.run(f"insert into {name} select g, repeat('v', 200) from generate_series(1, 50000) g")
-    text = cfg.read_text() + '\n[snapshot]\nmode = "initial"\n'
-    cfg.write_text(text.replace("[kafka]\n", "[kafka]\nexactly_once = true\n"))
-    log = cfg.parent / "first.log"
-    first = start_router(cfg, log)
+    pg, name, a, b, cfg = two_tables
+    cfg.write_text(cfg.read_text().replace("[kafka]\n", "[kafka]\nexactly_once = true\n"))
+    log = cfg.parent / "r.log"
+    router = start_router(cfg, log)
+    lock = None
     try:
-        _wait_for(log, "initial snapshot: table started")
-        os.killpg(first.pid, signal.SIGSTOP)
-        time.sleep(30)
-        os.killpg(first.pid, signal.SIGCONT)
+        lock = _copy_paused(pg, b, router, log)
+        done = {"kind": "backfill", "slot": name, "route": a, "table": f"public.{a}"}
+        deadline = time.monotonic() + 60
+        while not any(r["key"] == done and r["value"]["state"] == "done"
+                      for r in read_topic(kafka_bootstrap, "pgrouter.snapshots", settle=0)):
+            # the first table recorded done: its Kafka transactions committed
+            assert time.monotonic() < deadline and router.poll() is None, \
+                log.read_text()[-3000:]
+            time.sleep(0.5)
+        os.killpg(router.pid, signal.SIGSTOP)
+        try:
+            lock.rollback()
+            time.sleep(5)
+        finally:
+            os.killpg(router.pid, signal.SIGCONT)
         _wait_for(log, "streaming started", timeout=90)
+        pg.run(f"insert into {b} values (3001, 'streamed')")
+        deadline = time.monotonic() + 60
+        while [_rows(kafka_bootstrap, t) for t in (a, b)] != [100_000, 3001]:
+            assert time.monotonic() < deadline and router.poll() is None, \
+                log.read_text()[-3000:]
+            time.sleep(0.5)
     finally:
-        kill9(first)
+        if lock is not None:
+            lock.close()
+        kill9(router)
+    assert "skipping source transactions" not in log.read_text(), log.read_text()[-3000:]
