@@ -41,6 +41,7 @@ from kafka.admin import NewTopic
 from kafka.structs import TopicPartition
 
 from router.delivery.tally import Tally, record_too_large
+from router.formats.tombstones import keyless_refused
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.config.kafka_settings import KAFKA_PYTHON, translate
 
@@ -70,6 +71,8 @@ def map_error(exc: BaseException) -> SinkError:
         return RecordTooLarge(f"a record is larger than Kafka accepts ({exc}): raise "
                               "[kafka.settings] max_request_size and the topic's "
                               "max.message.bytes")
+    if isinstance(exc, kerr.InvalidRecordError):  # a keyless record, a compacted topic
+        return keyless_refused(None, str(exc))
     if isinstance(exc, _UNAVAILABLE) or (isinstance(exc, kerr.KafkaError) and exc.retriable):
         return SinkUnavailable(f"Kafka unavailable: {exc}")
     if isinstance(exc, kerr.KafkaError):

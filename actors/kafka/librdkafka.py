@@ -35,6 +35,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from router.delivery.tally import Tally, record_too_large
+from router.formats.tombstones import keyless_refused
 from router.native import NATIVE
 from router.snapshot.rows import PackedRecords
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
@@ -100,6 +101,8 @@ def map_error(exc: BaseException) -> SinkError:
         return RecordTooLarge(f"a record is larger than Kafka accepts ({text}): raise "
                               "[kafka.settings] max_request_size (message.max.bytes) and "
                               "the topic's max.message.bytes")
+    if code == KafkaError.INVALID_RECORD:
+        return keyless_refused(None, text)
     if err.fatal():
         return SinkRejected(f"Kafka producer failed fatally: {text}")
     if code in _UNAVAILABLE or err.retriable():
@@ -157,6 +160,9 @@ class _Failure:
         if msg is not None and err.code() in _TOO_LARGE:
             return self.on_done(ticket, record_too_large(msg.topic(), msg.key(), msg.value()),
                                 count)
+        if err.code() == KafkaError.INVALID_RECORD:  # a keyless record, a compacted topic
+            return self.on_done(ticket, keyless_refused(None if msg is None else msg.topic(),
+                                                        f"{err.name()}: {err.str()}"), count)
         self.on_done(ticket, KafkaException(err), count)
 
 

@@ -18,7 +18,9 @@ Rules:
   refuses (the broker's INVALID_RECORD, every time the router reaches it): a route of such
   a format whose ``topic_settings`` compact its topics and that publishes TRUNCATE is a
   ``ConfigError`` (``validate_compacted``). The JSON format's truncate key is ``null``, the
-  JSON text: accepted.
+  JSON text: accepted. A topic made compacted outside pgrouter is not in the config: Kafka's
+  refusal (``INVALID_RECORD``) is said in one line naming the topic and the two ways out
+  (``keyless_refused``).
 * Routes without tombstones pay nothing: their changes keep the recorders' direct path; only
   a route with tombstones sends its deletes and updates through ``ChangeRouter._route_change``.
 * The reshapers (``router.formats.avro``, ``router.formats.connect``) see a tombstone alone (a
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SinkRejected
 
 _decode = msgspec.json.decode
 
@@ -46,6 +48,19 @@ def validate_compacted(route, where: str, source: str, fmt: str) -> None:
             "refuses records without a key: leave truncate out of operations (as Debezium's "
             'default skipped.operations=t does) or use format "json"', path=f"{where}.operations",
             source=source)
+
+
+def keyless_refused(topic: str | None, kafka_error: str) -> SinkRejected:
+    """Kafka's ``INVALID_RECORD`` for records of ``topic`` (None: not known): what a
+    compacted topic says of a record without a key, as a TRUNCATE record is in Avro and
+    Connect."""
+    where = "" if topic is None else f" of topic {topic}"
+    return SinkRejected(
+        f"Kafka refused the records{where} as invalid ({kafka_error}): a compacted topic "
+        "(cleanup.policy=compact) refuses a record without a key, as a TRUNCATE record is in "
+        'format "avro" and "connect"; leave "truncate" out of the operations of the route '
+        "writing to it (as Debezium's default skipped.operations=t does), make the topic "
+        'not compacted, or use format "json"')
 
 
 def after_record(record: tuple, out: list) -> None:

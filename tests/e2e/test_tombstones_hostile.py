@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.e2e.test_avro_format import avro_kafka, registry_client
-from tests.e2e.test_tombstones import _compacted, _config, _run_all
+from tests.e2e.test_tombstones import COMPACT, _compacted, _config, _run_all
 from tests.helpers import ROOT, Pg, drop_source, router_cmd, unique
 
 pytestmark = pytest.mark.services
@@ -94,4 +94,45 @@ def test_toast_key_changes_and_truncate_on_a_compacted_topic(pg_dsn, kafka_boots
         for name in names:
             drop_source(Pg(pg_dsn), name, kafka_bootstrap,
                         (f"{name}.t", f"{name}.schemas", f"{name}.p"))
+        pg.close()
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_truncate_into_a_hand_made_compacted_avro_topic_says_what_to_do(
+        pg_dsn, kafka_bootstrap, registry_url, tmp_path, exactly_once):
+    """A topic made compacted outside pgrouter (the config cannot know it): an Avro TRUNCATE
+    record (no key) stops the router with one line naming the topic, the cause and what to
+    change (it was librdkafka's bare ``INVALID_RECORD``), and the TRUNCATE is not confirmed."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    pg = Pg(pg_dsn)
+    name = unique("tombt")
+    topic = f"{name}.t"
+    pg.run(f"create table {name} (id int primary key, v text)")
+    pg.run(f"create publication {name} for table {name}")
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="t")
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+    finally:
+        admin.close()
+    extra = f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n' if exactly_once else ""
+    cfg = _config(tmp_path, pg_dsn, kafka_bootstrap, name, avro_kafka(registry_url, extra),
+                  route_extra="")
+    cfg.write_text(cfg.read_text().replace(COMPACT, ""))  # compacted by hand only
+    try:
+        _run_all([cfg])  # the slot
+        pg.run(f"insert into {name} values (1, 'a')")
+        pg.run(f"truncate {name}")
+        proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        for part in (f"of topic {topic} as invalid (INVALID_RECORD", "compacted topic",
+                     "without a key", "TRUNCATE", 'leave "truncate" out of the operations'):
+            assert part in last, last
+        assert pg.pending_changes(name, name).endswith("T"), "confirmed past the TRUNCATE"
+    finally:
+        drop_source(pg, name, kafka_bootstrap, (topic, f"{name}.schemas", f"{name}.p"))
         pg.close()
