@@ -1,7 +1,8 @@
 """One huge streamed transaction: ``pgrouter run --until-caught-up`` vs ``pg_recvlogical``.
 
     .venv/bin/python bench/bigtx.py [--rows 2000000] [--repeat N]
-                                    [--runs pg_recvlogical,librdkafka,librdkafka+eo]
+                                    [--runs pg_recvlogical,librdkafka,librdkafka+eo,
+                                            librdkafka/nostream]
                                     [--memory-limit BYTES] [--py-spy DIR]
                                     [--old-tree DIR]   # also old:<run>, from that checkout
 
@@ -18,6 +19,10 @@ so the server streams it to the router (protocol ≥ 2) and the router goes past
   ``[kafka] exactly_once`` (``librdkafka+eo``): done when every record is acknowledged
   (acks=all; committed in the Kafka transaction) and the slot confirmed. Process start
   included.
+* a router run named with ``/nostream`` (``librdkafka/nostream``, ``librdkafka+eo/nostream``)
+  sets ``[source] streaming = false``: the server decodes the whole transaction first, as
+  for ``pg_recvlogical``, and sends it at commit (the router then buffers it like any
+  other transaction and routes it after its Commit).
 
 It prints each run's seconds, records acknowledged and peak resident set size (``ru_maxrss``
 from ``wait4``), then each run's time over pg_recvlogical's of the same round and the median
@@ -51,6 +56,8 @@ import e2e  # noqa: E402
 
 RECV = "pg_recvlogical"
 RUNS = (RECV, "librdkafka", "librdkafka+eo", "kafka-python", "kafka-python+eo")
+#: a run name ending in this asks the server not to stream (``[source] streaming = false``)
+NOSTREAM = "/nostream"
 _ACKED = re.compile(r"records_acked=(\d+)")
 
 
@@ -80,15 +87,18 @@ def measure(args, run: str, rnd: int, slot: str, pub: str, table: str, endpos: s
     if run == RECV:
         return e2e.run_recvlogical(args.dsn, slot, pub, endpos), None, ""
     tree, _, name = run.rpartition(":")
+    name, nostream = name.removesuffix(NOSTREAM), name.endswith(NOSTREAM)
     client, _, eo = name.partition("+")
     text = e2e.config(args.dsn, args.bootstrap, slot, pub, table, client, route,
                       schema_topic, 1, exactly_once=bool(eo))
     if args.memory_limit:
         text = text.replace("[kafka]", f"memory_limit = {args.memory_limit}\n\n[kafka]", 1)
-    cfg = os.path.join(tmp, f"{run.replace(':', '-')}-{rnd}.toml")
+    if nostream:
+        text = text.replace("[kafka]", "streaming = false\n\n[kafka]", 1)
+    cfg = os.path.join(tmp, f"{re.sub('[:/]', '-', run)}-{rnd}.toml")
     with open(cfg, "w") as fh:
         fh.write(text)
-    spy = (os.path.join(args.py_spy, f"{run.replace(':', '-')}-{rnd}.txt") if args.py_spy
+    spy = (os.path.join(args.py_spy, f"{re.sub('[:/]', '-', run)}-{rnd}.txt") if args.py_spy
            else None)
     root = pathlib.Path(args.old_tree) if tree else ROOT
     rss, elapsed, code, log = peak_rss(router_cmd(cfg, spy), root)
@@ -115,8 +125,9 @@ def main() -> None:
                                                           "127.0.0.1:9092"))
     args = ap.parse_args()
     runs = args.runs.split(",")
-    if set(runs) - set(RUNS):
-        raise SystemExit(f"unknown run(s): {sorted(set(runs) - set(RUNS))}")
+    unknown = {run.removesuffix(NOSTREAM) for run in runs} - set(RUNS)
+    if unknown:
+        raise SystemExit(f"unknown run(s): {sorted(unknown)}")
     if args.old_tree:
         runs += [f"old:{run}" for run in runs if run != RECV]
     if args.py_spy:
@@ -126,7 +137,7 @@ def main() -> None:
     rounds = range(max(1, args.repeat))
     order = [(r, run) for r in rounds for run in runs]
     slots = {key: f"bench_bigtx_{tag}_{i}" for i, key in enumerate(order)}
-    routes = {key: f"bench-bigtx-{key[1].replace('+', '-').replace(':', '-')}-{tag}-{key[0]}"
+    routes = {key: f"bench-bigtx-{re.sub('[+:/]', '-', key[1])}-{tag}-{key[0]}"
               for key in order if key[1] != RECV}
     schema_topic = f"bench.bigtx.{tag}.schemas"
     topics = [schema_topic, f"bench.bigtx.{tag}.definitions"]
