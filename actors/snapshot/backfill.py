@@ -19,8 +19,7 @@ Rules:
   after a ``kill -9`` a job resumes after the last key recorded (the chunk in flight is
   read again: at most one chunk per job is written twice); the initial snapshot, which runs
   before the stream, reads the sink's tickets instead (``actors.runner.coordinator`` says
-  why). Watermarks of a chunk this
-  process does not know (replayed after a restart) are ignored.
+  why). Watermarks of a chunk this process does not know (replayed) are ignored.
 * A chunk's read locks the table before its snapshot is taken (``TableReader.begin_read``):
   a TRUNCATE or rewrite holding the table commits first, and the read sees its rows (a
   snapshot older than such a command sees the table empty). A chunk that finds the table's
@@ -79,6 +78,7 @@ class BackfillActor:
         self._active = 0  # jobs queued or running
         self._running: set[tuple[str, str]] = set()  # their (route, table)
         self.waiting: dict[tuple, list] = {}  # (route, table) -> signals' [(request, job)]
+        self.unstarted: dict[tuple, Job] = {}  # (route, table) -> a signal's job, not taken
         #: tables being backfilled, as the stream names them -> running jobs
         self._watch: dict[tuple[str, str], int] = {}
         self.recent = RecentChanges()
@@ -304,8 +304,8 @@ class BackfillActor:
             await self.flush.wait_changed()
 
     async def _job(self, job: Job, sql: SqlSession, reader: TableReader) -> None:
-        rel = job.table.relation
-        watched = (rel.namespace, rel.name)
+        self.unstarted.pop((job.route, job.name), None)  # taken: read from now on
+        watched = (job.table.relation.namespace, job.table.relation.name)
         self._watch[watched] = self._watch.get(watched, 0) + 1
         try:
             await self._chunks(job, sql, reader)

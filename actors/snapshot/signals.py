@@ -15,8 +15,10 @@ Rules:
   ``where``): one warning line and a ``signal`` record, state ``refused`` with the problem;
   the router goes on.
 * A signal asking for a (route, table) whose backfill runs (or is planned, or waits) is
-  not dropped: a job of the same rows (same ``where``) planned and not started yet takes it
-  too (merged: ``accepted``); otherwise its job waits for that backfill to end and runs
+  not dropped: a job of the same rows (same ``where``) planned and not started yet — of
+  this transaction's signals, waiting, or an earlier signal's queued and not yet taken by a
+  driver (``BackfillActor.unstarted``: it reads every row after this signal's commit) —
+  takes it too (merged: ``accepted``); otherwise its job waits for that backfill to end and runs
   after it (``queued``, then ``accepted`` when it starts, its job's state record written
   then). A ``queued`` record is planned again at the next start, so a queued signal
   outlives a restart.
@@ -100,21 +102,34 @@ async def on_signals(actor, signals: list[tuple[int, int, bytes]]) -> None:
             problem=why, where=(signal and signal.where) or ""))
     await actor.store.aput_many(states)  # before the transaction can be confirmed
     for rid, fresh, _ in queued:
-        actor._enqueue(rid, fresh)
+        _enqueue(actor, rid, fresh)
     for rid, signal, why, state in seen:
         _said(rid, signal, why, state)
     for rid, _, waits in queued:
         await _wait(actor, rid, waits)
 
 
+def _enqueue(actor, rid: str, jobs: list) -> None:
+    """``jobs`` queued for the drivers; those queued (not refused) are ``unstarted`` until a
+    driver takes them."""
+    actor._enqueue(rid, jobs)
+    for job in jobs:
+        if (job.route, job.name) in actor._running:
+            actor.unstarted[(job.route, job.name)] = job
+
+
 def _merged(actor, job, fresh_where: set) -> bool:
-    """A job of the same rows planned and not started yet (in this batch, or waiting) copies
-    what ``job`` would: ``job`` is not needed."""
+    """A job of the same rows planned and not started yet (in this batch, waiting, or an
+    earlier signal's not yet taken by a driver) copies what ``job`` would: ``job`` is not
+    needed."""
     if job.keys:
         return False
     waiting = actor.waiting.get((job.route, job.name), ())
-    return (job.route, job.name, job.where) in fresh_where or any(
-        j.where == job.where and not j.keys for _, j in waiting)
+    queued = actor.unstarted.get((job.route, job.name))
+    return ((job.route, job.name, job.where) in fresh_where
+            or any(j.where == job.where and not j.keys for _, j in waiting)
+            or (queued is not None and queued.where == job.where and not queued.keys
+                and not queued.skip and queued.last_key is None))
 
 
 async def _wait(actor, rid: str, jobs: list) -> None:
@@ -154,7 +169,7 @@ async def _start(actor, rid: str, job) -> None:
         states.append(msgspec.structs.replace(record, state="accepted"))
     await actor.store.aput_many(states)
     actor._active -= 1  # (counted while it waited; ``_queue`` counts it again)
-    actor._enqueue(rid, [job])
+    _enqueue(actor, rid, [job])
     if not left:
         for entry in recent:
             if entry["request"] == rid:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from router.snapshot.signals import SETUP_SQL
-from tests.helpers import (Pg, read_topic, router_cmd, run_router, start_router, unique,
+from tests.helpers import (ROOT, Pg, read_topic, router_cmd, run_router, start_router, unique,
                            write_config)
 
 pytestmark = pytest.mark.services
@@ -252,3 +252,71 @@ def test_a_queued_signal_outlives_a_restart(pg_dsn, kafka_bootstrap, tmp_path):
             router.wait(timeout=30)
         locker.close()
         teardown(pg, name)
+
+
+def test_a_signal_merges_into_an_earlier_transactions_job_not_started(pg_dsn, kafka_bootstrap,
+                                                                      tmp_path):
+    """docs/snapshots.md: a signal for the same rows as a job planned and not started yet is
+    merged into it. With one driver (``parallel = 1``) held by a backfill of a locked table,
+    two signals for another table in two transactions: the second is merged into the first's
+    job still queued for the driver (``accepted``), and the table is copied once (it was
+    ``queued`` and the table copied twice: signals merged within a transaction only)."""
+    import threading
+
+    import psycopg2
+
+    name = unique("sigm")
+    held = f"{name}_l"
+    pg = Pg(pg_dsn)
+    for stmt in SETUP_SQL:
+        pg.run(stmt)
+    for table in (name, held):
+        pg.run(f"create table {table} (id int primary key, v text)")
+        pg.run(f"insert into {table} select g, 'v' || g from generate_series(1, {ROWS}) g")
+    pg.run(f"create publication {name} for table {name}, {held}")
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap,
+                       extra='[snapshot]\nmode = "never"\nparallel = 1\n',
+                       routes=f'[[routes]]\nname = "{name}"\n'
+                              f'tables = ["public.{name}", "public.{held}"]\n')
+    locker = psycopg2.connect(pg_dsn)
+    proc = None
+    try:
+        run_router(cfg)  # the slot, no snapshot
+        with locker.cursor() as cur:
+            cur.execute(f"lock table {held} in access exclusive mode")  # the driver waits
+        pg.run(SIGNAL, name, f"public.{held}", name, None)  # takes the one driver
+        pg.run(SIGNAL, name, f"public.{name}", name, None)  # queued for the driver
+        pg.run(SIGNAL, name, f"public.{name}", name, None)  # the same rows: merged
+        proc = subprocess.Popen(router_cmd(cfg, "--until-caught-up"), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        err: list[str] = []
+        reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 90
+        while sum(1 for line in list(err) if "signal accepted" in line
+                  or "signal queued" in line) < 3:
+            assert time.monotonic() < deadline, "".join(err)[-3000:]
+            assert proc.poll() is None, "".join(err)[-3000:]
+            time.sleep(0.2)
+        locker.rollback()  # the lock goes: the backfills run
+        assert proc.wait(timeout=120) == 0, "".join(err)[-3000:]
+        reader.join(timeout=10)
+        text = "".join(err)
+        assert "signal queued" not in text, text[-3000:]
+        assert text.count("backfill requested") == 2, text[-3000:]
+        assert snapshot_ids(kafka_bootstrap, f"{name}.public.{name}") == list(
+            range(1, ROWS + 1)), text[-3000:]
+        assert snapshot_ids(kafka_bootstrap, f"{name}.public.{held}") == list(
+            range(1, ROWS + 1)), text[-3000:]
+        assert [s for s, _ in signal_states(kafka_bootstrap, name).values()] == ["accepted"] * 3
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        locker.close()
+        pg.drop_slot(name)
+        pg.run("delete from pgrouter.signals where slot = %s", name)
+        pg.run(f"drop publication {name}")
+        pg.run(f"drop table {name}, {held}")
+        pg.close()
