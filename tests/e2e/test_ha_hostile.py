@@ -83,32 +83,43 @@ def test_a_leader_frozen_in_its_initial_snapshot(slot_table, pg_dsn,  # noqa: F8
         time.sleep(4)  # what its client still held is refused by now
 
 
-@pytest.mark.parametrize("fault", ["kill9", "sigstop"])
+@pytest.mark.parametrize("fault", ["kill9", "kill9-standby-frozen", "sigstop"])
 def test_the_new_leader_killed_right_after_it_took_over(slot_table, pg_dsn,  # noqa: F811
                                                         kafka_bootstrap, tmp_path, fault):
     """kill -9, or a freeze in the middle of its takeover (still fencing the first frozen
-    leader's walsender), of the router that just took over: a third one leads."""
+    leader's walsender), of the router that just took over: a third one leads — the standby,
+    or after kill -9 the router started in the killed one's place (it has the killed one's
+    index in ``group.routers``: routers are told apart by object, not index; by index the
+    replacement winning the group's assignment read as "no third leader" for 90 s).
+    ``kill9-standby-frozen``: the standby frozen too, so the replacement must lead."""
     pg, name, config = slot_table
     pg.run(f"insert into {name} select g, 0, '' from generate_series(0, {KEYS - 1}) g")
     group = Group(config(), tmp_path, pg_dsn, name, n=3)
     load = UpdateLoad(pg_dsn, name, rate=100, per_txn=30, payload=256)
     with _judged(group, pg, name, kafka_bootstrap, load):
         i, old = leader_under_load(group, load, kafka_bootstrap, name)
-        zombie, j = group.routers[i], None
+        zombie, j, standby = group.routers[i], None, None
         zombie.signal(signal.SIGSTOP)
         try:
             group.taken_over(old, time.time(), timeout=60)
             j = group.leader()
-            if fault == "kill9":  # the new leader dies at once
+            second = group.routers[j]
+            if fault.startswith("kill9"):  # the new leader dies at once
+                if fault == "kill9-standby-frozen":
+                    standby = group.routers[3 - i - j]
+                    standby.signal(signal.SIGSTOP)
                 group.kill9(j)
                 group.replace(j)
             else:
-                group.routers[j].signal(signal.SIGSTOP)
-            wait_for(lambda: group.leader() not in (i, j), timeout=90, what="a third leader")
+                second.signal(signal.SIGSTOP)
+            wait_for(lambda: group.routers[group.leader()] not in (zombie, second),
+                     timeout=90, what="a third leader")
             load.stop()
             _caught_up(pg, name)
         finally:
             zombie.signal(signal.SIGCONT)
+            if standby is not None:
+                standby.signal(signal.SIGCONT)
             if j is not None and group.routers[j].proc.poll() is None:
                 group.routers[j].signal(signal.SIGCONT)
         time.sleep(4)
