@@ -60,6 +60,7 @@ TWINS: dict[str, tuple[str, str]] = {
     "copy_records": ("router.snapshot.rows:copy_records_py", "copy_records"),
     "verify_fold": ("router.verify.digests:fold_batch_py", "verify_fold"),
     "verify_copy": ("router.verify.digests:copy_sums_py", "verify_copy"),
+    "verify_sums": ("router.verify.digests:bucket_sums_py", "verify_sums"),
 }
 
 #: C extensions outside ``router._native``: the extension (``module:type``) -> (its Python

@@ -38,6 +38,9 @@ static PyMethodDef module_methods[] = {
     {"verify_copy", (PyCFunction)(void (*)(void))native_verify_copy, METH_FASTCALL,
      "verify_copy(data, keys, columns, head, buckets, acc) -> rows: "
      "router.verify.digests.copy_sums_py, COPY text rows' digests summed by bucket"},
+    {"verify_sums", (PyCFunction)(void (*)(void))native_verify_sums, METH_FASTCALL,
+     "verify_sums(rows, buckets) -> dict | None: router.verify.digests.bucket_sums, a fold's "
+     "rows summed by bucket"},
     {NULL}};
 
 static struct PyModuleDef native_module = {

@@ -63,10 +63,12 @@ int short_setup(PyObject *module); /* short.c, readied after pgoutput_setup (it 
 int tx_setup(PyObject *module);    /* tx.c, readied by records_setup */
 
 /* pgrouter verify's functions (verify.h: their shared declarations), in module.c's table:
- * verify_row (verify.c), verify_fold (verify_fold.c), verify_copy (verify_copy.c) */
+ * verify_row and verify_sums (verify.c), verify_fold (verify_fold.c), verify_copy
+ * (verify_copy.c) */
 PyObject *native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_verify_fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_verify_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_verify_sums(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* pgoutput.c: one plain row message as a Change appended to changes (1), not the plain case
  * (0, nothing appended), error (-1) */

@@ -334,10 +334,22 @@ def acc_sums(acc: bytearray, into: dict[int, list]) -> None:
             got[1] += (hi << 64) | lo
 
 
-def bucket_sums(rows: dict) -> dict[int, list]:
+def bucket_sums(rows: dict, buckets: int | None = None) -> dict[int, list]:
     """bucket -> [rows, digest sum] of a fold's rows (``TopicFold.keyed``: key bytes ->
     (columns, digests) of ``digester``). A bucket holding a row without a digest
-    (``MISSING``) has the sum None: it differs."""
+    (``MISSING``) has the sum None: it differs. With ``buckets`` (the digester's), the C
+    accelerator sums them (``router._native.verify_sums``; this the twin, also for a row of
+    another shape or bucket, which it declines)."""
+    fast = getattr(NATIVE, "verify_sums", None) if buckets else None
+    if fast is not None:
+        out = fast(rows, buckets)
+        if out is not None:
+            return out
+    return bucket_sums_py(rows)
+
+
+def bucket_sums_py(rows: dict) -> dict[int, list]:
+    """``bucket_sums`` in Python (``router._native.verify_sums``' twin)."""
     out: dict[int, list] = {}
     for _cols, digests in rows.values():
         b, h = _tail(digests, len(digests) - 16)

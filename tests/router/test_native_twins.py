@@ -56,8 +56,8 @@ from test_native_records import (
 from snapshot_twins import check_copy_records, gen_copy_records, golden_copy_records
 from outbox_twins import check_outbox_recorder, gen_outbox_recorder, golden_outbox_recorder
 from verify_twins import (
-    check_verify_copy, check_verify_fold, gen_verify_copy, gen_verify_fold, golden_verify_copy,
-    golden_verify_fold,
+    check_verify_copy, check_verify_fold, check_verify_sums, gen_verify_copy, gen_verify_fold,
+    gen_verify_sums, golden_verify_copy, golden_verify_fold, golden_verify_sums,
 )
 from tests.native_io_fakes import (
     Msg, drain_case, drain_run, hand_over_case, hand_over_run, rand_records,
@@ -684,6 +684,7 @@ LANES: dict[str, Lane] = {
     "copy_rows": Lane(check_copy_rows, golden_copy_rows, gen_copy_rows, True),
     "verify_fold": Lane(check_verify_fold, golden_verify_fold, gen_verify_fold, False),
     "verify_copy": Lane(check_verify_copy, golden_verify_copy, gen_verify_copy, False),
+    "verify_sums": Lane(check_verify_sums, golden_verify_sums, gen_verify_sums, True),
     "copy_records": Lane(check_copy_records, golden_copy_records, gen_copy_records, True),
 }
 

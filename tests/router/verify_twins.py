@@ -1,4 +1,4 @@
-"""The lanes of ``verify_fold`` and ``verify_copy`` for ``test_native_twins.py``: golden and
+"""The lanes of ``verify_fold``, ``verify_copy`` and ``verify_sums`` for ``test_native_twins.py``: golden and
 generated cases, and the check that runs both sides (``router.verify.digests``'s
 ``fold_batch_py`` and ``copy_sums_py`` are the references).
 
@@ -13,13 +13,19 @@ Rules:
   rows they leave are compared (the C side may leave more records to the feeder).
 * ``verify_copy`` gets COPY text lines (escapes, NULLs, multibyte text, a line of another
   number of fields); both sides' returns or errors and accumulators are compared.
+* ``verify_sums`` gets a fold's rows (``(names, digests)`` values: any number of column
+  digests, then the bucket and the row's digest, ``MISSING`` among them) and the
+  digester's buckets; it declines (None) a value of another shape, a bucket not below
+  ``buckets`` or a negative digest other than ``MISSING``, which only the twin sums.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from router.verify.fold import key_of
+import struct
+
+from router.verify.fold import MISSING, key_of
 from router.verify.digests import layout_of, row_digests_py
 
 SAME = "same"
@@ -246,3 +252,52 @@ def gen_verify_copy(rng):
     head = _enc([f"c{i}" for i in range(columns)])
     kinds = bytes(rng.choice(b"sr") for _ in range(columns))
     return data, keys, kinds, head, rng.randint(1, 600)
+
+
+DECLINED = "declined"
+
+
+def check_verify_sums(python, fast, case):
+    rows, buckets = case
+    got = fast(rows, buckets)
+    if got is None:
+        assert not all(_summable(v, buckets) for v in rows.values()), case
+        return DECLINED
+    assert got == python(rows), case
+    return SAME
+
+
+def _summable(v, buckets: int) -> bool:
+    if type(v) is not tuple or len(v) != 2 or type(v[1]) is not bytes or len(v[1]) < 16:
+        return False
+    b, h = struct.unpack_from("=qq", v[1], len(v[1]) - 16)
+    return 0 <= b < buckets and h >= MISSING
+
+
+def _row(bucket: int, digest: int, columns: int = 2) -> tuple:
+    return (("a", "b")[:columns], struct.pack(f"={columns + 2}q", *range(columns), bucket,
+                                              digest))
+
+
+def golden_verify_sums():
+    top = 2**60 - 1
+    same = [({}, 1), ({b"1": _row(0, 5)}, 1), ({b"1": _row(3, 5), b"2": _row(3, 7)}, 9),
+            ({b"1": _row(2, top), b"2": _row(2, top), b"3": _row(0, 0, 0)}, 3),
+            ({b"1": _row(1, MISSING), b"2": _row(1, 9), b"3": _row(0, 4)}, 2),
+            ({str(i).encode(): _row(i % 4, top - i) for i in range(500)}, 4)]
+    declined = [({b"1": _row(4, 5)}, 4), ({b"1": _row(0, -2)}, 1), ({b"1": (("a",), b"x")}, 1),
+                ({b"1": _row(0, 1), b"2": None}, 1), ({b"1": [("a",), _row(0, 1)[1]]}, 1),
+                ({b"1": _row(-1, 1)}, 1)]
+    return [(SAME, c) for c in same] + [(DECLINED, c) for c in declined]
+
+
+def gen_verify_sums(rng):
+    buckets = rng.randint(1, 600)
+    rows = {}
+    for i in range(rng.randrange(0, 40)):
+        digest = MISSING if rng.random() < 0.03 else rng.randrange(0, 2**60)
+        rows[str(i).encode()] = _row(rng.randrange(buckets), digest, rng.randrange(0, 4))
+    if rows and rng.random() < 0.1:
+        k = rng.choice(list(rows))
+        rows[k] = rng.choice([None, _row(buckets, 1), _row(0, -5), (("a",), b"")])
+    return rows, buckets

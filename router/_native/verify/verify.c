@@ -114,3 +114,94 @@ native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                        ((PyTupleObject *)args[2])->ob_item, PyTuple_GET_SIZE(args[2]),
                        buckets);
 }
+
+/* verify_sums(rows, buckets) -> {bucket: [rows, digest sum | None]} | None: the bucket sums
+ * of a fold's rows (router.verify.digests:bucket_sums, its twin, holds the rules): each
+ * value a (names, digests) tuple whose digests end with the key's bucket and the row's
+ * digest (native int64 each); a row whose digest is MISSING (-1) makes its bucket's sum None.
+ * None (nothing computed) when a value is not of that shape or a bucket not below
+ * ``buckets``: the twin sums them. */
+typedef struct {
+    int64_t rows;
+    int missing;
+    unsigned __int128 sum;
+} Sum;
+
+static PyObject *
+sums_dict(const Sum *acc, long long buckets)
+{
+    PyObject *out = PyDict_New();
+    for (long long b = 0; out != NULL && b < buckets; b++) {
+        if (!acc[b].rows)
+            continue;
+        PyObject *n = PyLong_FromLongLong(acc[b].rows), *h = NULL, *pair = NULL, *key = NULL;
+        if (acc[b].missing) {
+            h = Py_NewRef(Py_None);
+        } else {
+            unsigned char raw[16]; /* the 128-bit sum, little-endian */
+            for (int i = 0; i < 16; i++)
+                raw[i] = (unsigned char)(acc[b].sum >> (8 * i));
+            h = _PyLong_FromByteArray(raw, 16, 1, 0);
+        }
+        if (n != NULL && h != NULL)
+            pair = PyList_New(2);
+        if (pair != NULL) {
+            PyList_SET_ITEM(pair, 0, n);
+            PyList_SET_ITEM(pair, 1, h);
+            n = h = NULL;
+            key = PyLong_FromLongLong(b);
+        }
+        if (key == NULL || PyDict_SetItem(out, key, pair) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(n);
+        Py_XDECREF(h);
+        Py_XDECREF(pair);
+        Py_XDECREF(key);
+    }
+    return out;
+}
+
+PyObject *
+native_verify_sums(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "verify_sums(rows: dict, buckets: int)");
+        return NULL;
+    }
+    long long buckets = PyLong_AsLongLong(args[1]);
+    if (buckets <= 0 || buckets > (1 << 24)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "verify_sums: buckets from 1 to 2**24");
+        return NULL;
+    }
+    Sum *acc = PyMem_Calloc((size_t)buckets, sizeof(Sum));
+    if (acc == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(args[0], &pos, &k, &v)) {
+        PyObject *digests;
+        if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2 ||
+            !PyBytes_CheckExact(digests = PyTuple_GET_ITEM(v, 1)) ||
+            PyBytes_GET_SIZE(digests) < 16) {
+            PyMem_Free(acc);
+            Py_RETURN_NONE;
+        }
+        int64_t b, h;
+        const char *tail = PyBytes_AS_STRING(digests) + PyBytes_GET_SIZE(digests) - 16;
+        memcpy(&b, tail, 8);
+        memcpy(&h, tail + 8, 8);
+        if (b < 0 || b >= buckets || h < -1) { /* digests are never negative but MISSING */
+            PyMem_Free(acc);
+            Py_RETURN_NONE;
+        }
+        acc[b].rows++;
+        if (h == -1) /* router.verify.fold.MISSING */
+            acc[b].missing = 1;
+        else
+            acc[b].sum += (unsigned __int128)(uint64_t)h;
+    }
+    PyObject *out = sums_dict(acc, buckets);
+    PyMem_Free(acc);
+    return out;
+}

@@ -2,13 +2,14 @@
  * verify files share. The calls go one way, down to verify_digest.c:
  *
  *   verify.c        verify_row (the digests of a decoded row)           -> verify_digest.c
+ *                   verify_sums (a fold's rows summed by bucket)
  *   verify_fold.c   verify_fold (a batch of a topic's messages folded)  -> verify_json.c,
  *                                                                          verify_digest.c
  *   verify_copy.c   verify_copy (COPY text rows' digests by bucket)     -> verify_digest.c
  *   verify_json.c   a record's envelope and a flat object taken apart
  *   verify_digest.c MD5, the growing buffer, a row's key text, JSON array and digests
  *
- * The three functions are in module.c's table (native.h declares them).
+ * The four functions are in module.c's table (native.h declares them).
  */
 #ifndef PGROUTER_NATIVE_VERIFY_H
 #define PGROUTER_NATIVE_VERIFY_H

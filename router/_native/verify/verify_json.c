@@ -57,6 +57,11 @@ put_cp(char *o, size_t *len, unsigned cp)
     }
 }
 
+/* 1 for the bytes a JSON string holds as they are: ASCII from 0x20, but '"' and '\\' */
+static const unsigned char plain_ascii[256] = {
+    [0x20] = 1, [0x21] = 1, [0x23 ... 0x5B] = 1, [0x5D ... 0x7F] = 1,
+};
+
 /* a JSON string at p (after its opening quote) unescaped into ``out`` (NULL: only read);
  * returns the end (after the closing quote), NULL when not the plain case (a lone surrogate,
  * a control character, bytes that are not UTF-8 as msgspec would refuse...), or
@@ -70,8 +75,7 @@ string_text(Buf *out, const char *p, const char *e)
     size_t skipped = 0, *len = out != NULL ? &out->len : &skipped;
     while (p < e) {
         const char *q = p; /* a run of plain ASCII at once */
-        while (q < e && (unsigned char)*q >= 0x20 && (unsigned char)*q < 0x80 && *q != '"' &&
-               *q != '\\')
+        while (q < e && plain_ascii[(unsigned char)*q])
             q++;
         if (out != NULL) {
             memcpy(o + *len, p, (size_t)(q - p));
@@ -529,6 +533,18 @@ flat_sorted(Flat *f, Member **out)
 {
     for (Py_ssize_t i = 0; i < f->n; i++)
         out[i] = &f->m[i];
-    qsort(out, (size_t)f->n, sizeof(Member *), member_cmp);
+    if (f->n > 32) {
+        qsort(out, (size_t)f->n, sizeof(Member *), member_cmp);
+        return;
+    }
+    /* a few members (a row's, a key's): insertion sort, without glibc qsort's allocation,
+     * and none at all when they come sorted (a key of one column, msgspec's sorted keys) */
+    for (Py_ssize_t i = 1; i < f->n; i++) {
+        Member *m = out[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && member_cmp(&out[j - 1], &m) > 0; j--)
+            out[j] = out[j - 1];
+        out[j] = m;
+    }
 }
 
