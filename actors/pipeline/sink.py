@@ -254,9 +254,7 @@ class SinkActor:
         owner = None if record is None or self.owners is None else self.owners.owner(record[0])
         if owner is None:
             return error
-        topic, key, value, headers = record
-        described = record_too_large(topic, key, value, headers=headers, owner=owner,
-                                     **error.limits)
+        described = record_too_large(*record[:3], headers=record[3], owner=owner, **error.limits)
         described.__cause__ = error.__cause__
         return described
 
