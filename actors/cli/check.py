@@ -21,6 +21,7 @@ import trio_asyncio
 from router.config.router import Config
 from router.errors import ConfigError, PgRouterError
 
+from ..runner.source import Source
 from ..services.publication_mode import mode as publication_mode
 from ..services import preflight
 from ..services.publication_trigger import installed
@@ -38,10 +39,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", required=True, help="TOML config file")
 
 
-async def route_modes(sql: SqlSession, cfg: Config, modes: list,
+async def route_modes(sql: SqlSession, cfg: Config, slot: str, modes: list,
                       problems: list) -> None:
     try:
-        mode = await publication_mode(sql, cfg, install=False)
+        mode = await publication_mode(sql, cfg, slot, install=False)
     except ConfigError as exc:
         problems.append(preflight.Finding(exc.path or "source.publication_changes", str(exc)))
         return
@@ -54,10 +55,11 @@ async def route_modes(sql: SqlSession, cfg: Config, modes: list,
 async def _source(cfg: Config, modes: list) -> tuple[list[preflight.Finding], object]:
     try:
         async with trio_asyncio.open_loop():
-            async with await SqlSession.connect(cfg.source.dsn) as sql:
+            source = Source(cfg.source)
+            async with await SqlSession.connect(source.dsn) as sql:
                 problems: list[preflight.Finding] = []
-                await route_modes(sql, cfg, modes, problems)
-                findings, catalog = await preflight.source_findings(sql, cfg)
+                await route_modes(sql, cfg, source.slot, modes, problems)
+                findings, catalog = await preflight.source_findings(sql, cfg, source.slot)
                 return problems + findings, catalog
     except BaseException as exc:  # noqa: BLE001 — reduced to the one error that explains it
         cause = primary(exc)

@@ -18,6 +18,7 @@ import trio_asyncio
 from router.errors import ConfigError, SourceError
 from router.snapshot.signals import SETUP_SQL as SIGNALS_SQL
 
+from ..runner.source import Source
 from ..services import publication_trigger as trigger, slots
 from ..services.retry import primary
 from ..services.sql import SqlSession
@@ -54,9 +55,10 @@ async def _statements(cfg, uninstall: bool) -> list[str]:
         for stmt in SIGNALS_SQL:
             await sql.execute(stmt)
         done.append("signal table pgrouter.signals ready (an insert asks for a backfill)")
-        if src.create_slot and not await slots.exists(sql, src.slot):
-            await slots.create(sql, src.slot, src.two_phase)
-            done.append(f"replication slot {src.slot} created")
+        slot = Source(src).slot
+        if src.create_slot and not await slots.exists(sql, slot):
+            await slots.create(sql, slot, src.two_phase)
+            done.append(f"replication slot {slot} created")
         lsn = await trigger.emit_baseline(sql)
         done.append(f"baseline definitions message at {lsn}")
     return done

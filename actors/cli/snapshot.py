@@ -19,6 +19,7 @@ import trio
 
 from router.errors import ConfigError
 
+from ..runner.source import Source
 from ..snapshot.request import request
 from .config_file import load
 
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     if not cfg.source.messages:
         raise ConfigError("backfills need logical messages (the watermarks)",
                           path="source.messages")
-    rid, jobs, problems = trio.run(request, cfg, args.route, args.table)
+    rid, jobs, problems = trio.run(request, cfg, Source(cfg.source).slot, args.route,
+                                      args.table)
     if problems:
         for p in problems:
             print(f"pgrouter snapshot: {p}", file=sys.stderr)

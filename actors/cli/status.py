@@ -33,6 +33,7 @@ from router.postgres.lsn import format_lsn
 
 from ..ha import group
 from ..pipeline.slot_monitor import sample_slot
+from ..runner.source import Source
 from ..kafka.registry import decoder_for
 from ..kafka.survey import survey
 from ..services.preflight import probe_kafka
@@ -46,9 +47,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
 
 
-async def slot_status(cfg: Config) -> dict:
-    slot = cfg.source.slot
-    async with await SqlSession.connect(cfg.source.dsn) as sql:
+async def slot_status(source: Source) -> dict:
+    slot = source.slot
+    async with await SqlSession.connect(source.dsn) as sql:
         sample = await sample_slot(sql, slot)
         version = await sql.fetchval("select current_setting('server_version')")
         pid = await slots.active_pid(sql, slot)
@@ -87,18 +88,19 @@ def kafka_status(cfg: Config) -> dict[str, list[dict]]:
 
 async def _gather(cfg: Config) -> tuple[dict, list[str]]:
     problems: list[str] = []
-    report: dict = {"slot": {"name": cfg.source.slot}, "routes": {}, "signals": None}
+    source = Source(cfg.source)
+    report: dict = {"slot": {"name": source.slot}, "routes": {}, "signals": None}
     async with trio_asyncio.open_loop():
         try:
-            report["slot"] = await slot_status(cfg)
+            report["slot"] = await slot_status(source)
         except PgRouterError as exc:
             # connection failures name their key already (actors.services.sql)
             problems.append(str(exc) if str(exc).startswith("source.dsn: ")
                             else f"source.dsn: {exc}")
     if report["slot"].get("exists") is False:
-        problems.append(f"source.slot: replication slot {cfg.source.slot!r} does not exist")
+        problems.append(f"source.slot: replication slot {source.slot!r} does not exist")
     if report["slot"].get("wal_status") == "lost":
-        problems.append(f"source.slot: replication slot {cfg.source.slot!r} was invalidated "
+        problems.append(f"source.slot: replication slot {source.slot!r} was invalidated "
                         "by the server (wal_status=lost)")
     try:
         report["routes"] = await trio.to_thread.run_sync(kafka_status, cfg)
@@ -108,13 +110,14 @@ async def _gather(cfg: Config) -> tuple[dict, list[str]]:
         problems.append(f"kafka.bootstrap_servers: Kafka not reachable: {why}")
     if "kafka.bootstrap_servers" not in " ".join(problems):
         try:
-            count, states, last = await trio.to_thread.run_sync(signals.recorded, cfg)
+            count, states, last = await trio.to_thread.run_sync(signals.recorded, cfg, source.slot)
             report["signals"] = {"recorded": count, "states": states, "last": last}
         except Exception as exc:  # noqa: BLE001 — any failure to read the topic is the report
             problems.append(f"snapshot.state_topic: the signals cannot be read: {exc}")
     if cfg.ha.enabled:
         try:
-            report["ha"] = await trio.to_thread.run_sync(group.describe_group, cfg)
+            report["ha"] = await trio.to_thread.run_sync(group.describe_group, cfg,
+                                                     source.slot)
         except Exception as exc:  # noqa: BLE001 — any failure to talk to Kafka is the report
             problems.append(f"ha: the leadership group cannot be described: {exc}")
     times = [t["last_commit_time"] for ts in report["routes"].values() for t in ts

@@ -22,7 +22,8 @@ from router.errors import ConfigError, PgRouterError
 
 from ..services.retry import primary
 from ..verify.metrics import VerifyMetrics, serve
-from ..verify.run import MAX_KEYS, SPLIT_ROWS, Progress, verify
+from ..runner.source import Source
+from ..verify.run import MAX_KEYS, SPLIT_ROWS, ProgressLine, verify
 from .config_file import load
 
 
@@ -55,7 +56,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    progress = Progress(10.0, sys.stderr)
+    progress = ProgressLine(10.0, sys.stderr)
 
     def warn(line: str) -> None:
         print(f"pgrouter verify: warning: {line}", file=sys.stderr)
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _verify(cfg, args, progress, warn, metrics):
     repairs: list | None = [] if args.repair else None
-    results = await verify(cfg, args.route, args.table, wait=args.wait,
+    slot = Source(cfg.source).slot
+    results = await verify(cfg, slot, args.route, args.table, wait=args.wait,
                            examples=args.examples, progress=progress, warn=warn,
                            repairs=repairs, max_keys=args.max_keys,
                            split_rows=args.split_rows, metrics=metrics)
@@ -109,15 +111,15 @@ async def _verify(cfg, args, progress, warn, metrics):
     for r in results:
         if not r.ok:
             print(summary(r), file=out)
-    asked = await request(cfg, repairs, lambda line: print(f"pgrouter verify: {line}",
+    asked = await request(cfg, slot, repairs, lambda line: print(f"pgrouter verify: {line}",
                                                             file=sys.stderr, flush=True),
                           metrics)
     if asked:
-        await wait_repaired(cfg, asked, args.wait)
+        await wait_repaired(cfg, slot, asked, args.wait)
         metrics.pending = 0
         print(f"pgrouter verify: {len(asked)} repair(s) done; verifying again",
               file=sys.stderr, flush=True)
-    return await verify(cfg, args.route, args.table, wait=args.wait, examples=args.examples,
+    return await verify(cfg, slot, args.route, args.table, wait=args.wait, examples=args.examples,
                         progress=progress, warn=warn, max_keys=args.max_keys,
                         split_rows=args.split_rows, metrics=metrics)
 

@@ -11,13 +11,14 @@ from router.delivery.ha import control_topic, group_id
 TIMEOUT = 10.0
 
 
-def describe_group(cfg) -> dict:
+def describe_group(cfg, slot: str) -> dict:
+    """The group of ``slot``'s routers as Kafka's coordinator describes it."""
     from confluent_kafka.admin import AdminClient
 
     from ..kafka.admin import connection_conf
 
-    group = group_id(cfg.ha, cfg.source.slot)
-    topic = control_topic(cfg.ha, cfg.source.slot)
+    group = group_id(cfg.ha, slot)
+    topic = control_topic(cfg.ha, slot)
     admin = AdminClient(connection_conf(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings)))
     desc = admin.describe_consumer_groups([group], request_timeout=TIMEOUT)[group].result(TIMEOUT)
     members, leader = [], None

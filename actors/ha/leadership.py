@@ -68,15 +68,15 @@ def _now() -> float:
 _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
-def consumer_conf(cfg, client_id: str) -> dict:
-    """librdkafka settings of the group consumer: the producer's connection and security
-    settings, and the ``[ha]`` timings."""
+def consumer_conf(cfg, slot: str, client_id: str) -> dict:
+    """librdkafka settings of the group consumer of ``slot``'s routers: the producer's
+    connection and security settings, and the ``[ha]`` timings."""
     from ..kafka.admin import connection_conf
 
     ha = cfg.ha
     conf = connection_conf(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings))
     conf.update({
-        "group.id": group_id(ha, cfg.source.slot), "client.id": client_id,
+        "group.id": group_id(ha, slot), "client.id": client_id,
         "session.timeout.ms": ha.session_timeout_ms,
         "heartbeat.interval.ms": ha.heartbeat_interval_ms,
         "max.poll.interval.ms": ha.max_poll_interval_ms,
@@ -87,12 +87,12 @@ def consumer_conf(cfg, client_id: str) -> dict:
     return conf
 
 
-def ensure_control_topic(cfg, conf: dict) -> None:
+def ensure_control_topic(cfg, slot: str, conf: dict) -> None:
     """Create the control topic with one partition; an existing one must have exactly one."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    topic = control_topic(cfg.ha, cfg.source.slot)
+    topic = control_topic(cfg.ha, slot)
     admin = AdminClient({k: v for k, v in conf.items()
                          if k in ("bootstrap.servers", "logger") or k.startswith(
                              ("security.", "sasl.", "ssl.", "socket.", "request.timeout"))})
@@ -113,22 +113,23 @@ def ensure_control_topic(cfg, conf: dict) -> None:
 
 
 class Leadership:
-    def __init__(self, cfg, health=None):
+    def __init__(self, cfg, slot: str, health=None):
+        """Leadership of the routers of ``slot`` (the start's ``Source.slot``)."""
         try:
             import confluent_kafka  # noqa: F401
         except ImportError as exc:
             raise ConfigError("leadership needs confluent-kafka: install pgrouter with its "
                               "librdkafka extra (pip install '.[librdkafka]')",
                               path="ha.enabled") from exc
-        self.cfg = cfg
-        self.topic = control_topic(cfg.ha, cfg.source.slot)
-        self.group = group_id(cfg.ha, cfg.source.slot)
+        self.cfg, self.slot = cfg, slot
+        self.topic = control_topic(cfg.ha, slot)
+        self.group = group_id(cfg.ha, slot)
         self.lease = Lease(lease_seconds(cfg.ha))
         self.client_id = f"pgrouter-{socket.gethostname()}-{os.getpid()}"
         self.member_id: str | None = None
         self.role = "standby"
         self.health = health
-        self._conf = consumer_conf(cfg, self.client_id)
+        self._conf = consumer_conf(cfg, slot, self.client_id)
         self._stop = threading.Event()
         self._owned = False
         self._fencing = False  # a fence task runs
@@ -152,7 +153,7 @@ class Leadership:
 
         while not self._stop.is_set():
             try:
-                ensure_control_topic(self.cfg, self._conf)
+                ensure_control_topic(self.cfg, self.slot, self._conf)
                 consumer = Consumer(self._conf)
             except ConfigError as exc:
                 self.failure = exc
@@ -297,30 +298,30 @@ class Leadership:
         """Terminate the walsender of a predecessor that still holds the slot after the
         fence delay, and again while it holds it (one that let go, or a holder that changed,
         is left alone)."""
-        src, delay = self.cfg.source, self.cfg.ha.fence_delay_ms / 1000
+        slot, delay = self.slot, self.cfg.ha.fence_delay_ms / 1000
         start = trio.current_time()
         try:
-            async with await SqlSession.connect(src.dsn) as sql:
-                holder = await slots.active_pid(sql, src.slot)
+            async with await SqlSession.connect(self.cfg.source.dsn) as sql:
+                holder = await slots.active_pid(sql, slot)
                 if holder is None:
                     return
                 log.event(_log, "the slot is still held by another process: fencing it",
-                          slot=src.slot, active_pid=holder, fence_delay_s=delay)
+                          slot=slot, active_pid=holder, fence_delay_s=delay)
                 while trio.current_time() - start < delay:
                     await trio.sleep(FENCE_POLL)
-                    if await slots.active_pid(sql, src.slot) != holder:
+                    if await slots.active_pid(sql, slot) != holder:
                         return
                 await self._terminate(sql, holder)
         except PgRouterError as exc:  # the pipeline's own wait for the slot reports it
             log.event(_log, "could not fence the slot's holder", level=logging.WARNING,
-                      slot=src.slot, error=str(exc))
+                      slot=slot, error=str(exc))
         finally:
             self._fencing = False
 
     async def _terminate(self, sql: SqlSession, holder: int) -> None:
         """``pg_terminate_backend`` of ``holder`` every ``FENCE_AGAIN`` seconds until it no
         longer holds the slot."""
-        slot, times, said = self.cfg.source.slot, 0, trio.current_time()
+        slot, times, said = self.slot, 0, trio.current_time()
         while await slots.terminate(sql, slot, holder):
             times += 1
             if times == 1:

@@ -13,7 +13,7 @@ Capabilities beyond ``Producer`` are contracts of their own, which a caller asks
 * ``PackedProducer``: can produce packed records in C (``takes_packed``: librdkafka's second,
   native producer); an initial snapshot packs its records when its client does.
 * ``TransactionalProducer``: records visible only with ``commit``, with the router's
-  exactly-once progress (``transactional``; ``fencing`` for ``[ha]``).
+  exactly-once committed LSN (``transactional``; ``fencing`` for ``[ha]``).
 
 Rules:
 
@@ -22,7 +22,7 @@ Rules:
   callback, which the client calls from its own thread.
 * Failures are ``router.errors.SinkError`` subclasses (``map_error`` turns a library's
   exception into one), so a line names what went wrong and whether it is retried.
-* Reading a whole topic (a compacted one: progress, definitions) is not a method: it is
+* Reading a whole topic (a compacted one: committed LSNs, definitions) is not a method: it is
   ``actors.kafka.compacted.read_topic``, one function for every caller.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from router.errors import SinkError
-from router.delivery.exactly_once import Progress
+from router.delivery.exactly_once import Committed
 from router.routing.topics import TopicSpec
 
 #: ``(topic, key, value, headers)``; headers None or a list of ``(name, bytes)``
@@ -96,23 +96,23 @@ class PackedProducer(Producer, Protocol):
 @runtime_checkable
 class TransactionalProducer(Producer, Protocol):
     """A producer whose records become visible only with ``commit``, with the router's
-    exactly-once progress (``router.delivery.exactly_once``)."""
+    exactly-once committed LSN (``router.delivery.exactly_once``)."""
 
     transactional_id: str
     #: the end LSN of the last source transaction Kafka holds committed
     committed_lsn: int
-    #: a progress record under this id that names no stream (an older pgrouter's): not used
-    unattributed: Progress | None
+    #: a committed-LSN record under this id that names no stream (an older pgrouter's): not used
+    unattributed: Committed | None
 
     def start(self, replication_factor: int = 1) -> int:
-        """Fence predecessors, read the committed progress, return its LSN."""
+        """Fence predecessors, read the committed LSN, return its LSN."""
 
     @property
     def in_transaction(self) -> bool:
         """Whether a Kafka transaction is open."""
 
     def commit(self, end_lsn: int) -> None:
-        """Commit the open Kafka transaction with progress up to ``end_lsn``."""
+        """Commit the open Kafka transaction with its committed LSN at ``end_lsn``."""
 
 
 @runtime_checkable

@@ -7,16 +7,16 @@ Wraps a client with a ``transactional_id`` behind the same contract (``produce``
 
 Rules:
 
-* ``start`` makes the compacted progress topic, refuses an id whose progress belongs to
-  another stream (before registering it), registers the transactional id (Kafka aborts a
-  predecessor's open transaction and fences that producer), then reads the committed
-  progress with ``read_committed``: ``committed_lsn`` (``router.delivery.exactly_once``: only this
-  stream's, never past the server's WAL end, read after it).
+* ``start`` makes the compacted committed-LSN topic, refuses an id whose committed LSN
+  belongs to another stream (before registering it), registers the transactional id (Kafka
+  aborts a predecessor's open transaction and fences that producer), then reads the
+  committed LSN with ``read_committed``: ``committed_lsn`` (``router.delivery.exactly_once``:
+  only this stream's, never past the server's WAL end, read after it).
 * A Kafka transaction begins with the first record handed over after a commit. Acknowledged
   records are *not* reported to the sink: their reports are held until ``commit`` wrote the
-  progress record and Kafka committed the transaction; a failure is reported at once.
+  committed-LSN record and Kafka committed the transaction; a failure is reported at once.
 * ``commit`` is called by the sink only between source transactions, so a Kafka transaction
-  holds whole source transactions. The progress it writes never moves backwards.
+  holds whole source transactions. The committed LSN it writes never moves backwards.
 * A fenced producer raises ``ProducerFenced`` with one line; it is not retried.
 """
 
@@ -27,9 +27,10 @@ import time
 import warnings
 
 from router.errors import ConfigError, SinkError, SinkUnavailable
-from router.delivery.exactly_once import (PROGRESS_TOPIC_CONFIGS, Progress, ProducerFenced, Stream,
-                                 committed_position, decode_progress, fenced_line,
-                                 foreign_stream, progress_record, shared_id_line)
+from router.delivery.exactly_once import (COMMITTED_TOPIC_CONFIGS, Committed, ProducerFenced,
+                                         Stream, committed_lsn, committed_record,
+                                         decode_committed, fenced_line, foreign_stream,
+                                         shared_id_line)
 from router.routing.topics import TopicSpec
 
 from .compacted import read_topic
@@ -65,16 +66,16 @@ class TransactionalClient(TransactionalProducer):
                  wal_end, read_committed):
         """``inner``: a client built with ``transactional_id``; ``read_committed(topic, key)``
         returns the newest committed value of ``key`` in ``topic`` (None when absent);
-        ``wal_end``: the server's WAL end (no progress of its stream lies past it), or a
-        function reading it, called after the progress was read (``runner.source``)."""
+        ``wal_end``: the server's WAL end (no committed LSN of its stream lies past it), or a
+        function reading it, called after the committed LSN was read (``runner.source``)."""
         self.inner = inner
         self.producer = inner.producer
         self.transactional_id = transactional_id
         self.committed_lsn_topic = committed_lsn_topic
         self.stream = stream
         self.wal_end = wal_end
-        #: a progress record without a stream (an older pgrouter's), not used
-        self.unattributed: Progress | None = None
+        #: a committed-LSN record without a stream (an older pgrouter's), not used
+        self.unattributed: Committed | None = None
         self._read_committed = read_committed
         self._rdkafka = type(inner).__name__ == "RdKafkaClient"
         self._cond = threading.Condition()
@@ -120,13 +121,13 @@ class TransactionalClient(TransactionalProducer):
     def start(self, replication_factor: int = 1) -> int:
 
         self.inner.ensure_topics([TopicSpec(self.committed_lsn_topic, 1, replication_factor,
-                                            dict(PROGRESS_TOPIC_CONFIGS))])
+                                            dict(COMMITTED_TOPIC_CONFIGS))])
         key = self.transactional_id.encode()
-        # another stream's progress under this id: refused before registering the id, which
+        # another stream's committed LSN under this id: refused before registering the id, which
         # would fence that stream's router
         stream = self.stream
         assert stream is not None  # a FencingClient (no stream) has its own start
-        before = decode_progress(self._call(self._read_committed, self.committed_lsn_topic, key))
+        before = decode_committed(self._call(self._read_committed, self.committed_lsn_topic, key))
         if before is not None and foreign_stream(before, stream):
             raise ConfigError(shared_id_line(self.transactional_id, before, stream),
                               path="kafka.transactional_id")
@@ -134,11 +135,12 @@ class TransactionalClient(TransactionalProducer):
             self._call(self.producer.init_transactions, TXN_TIMEOUT)
         else:
             self._call(self.producer.init_transactions)
-        progress = decode_progress(self._call(self._read_committed, self.committed_lsn_topic, key))
-        if progress is not None and not progress.system_id:
-            self.unattributed = progress
+        committed = decode_committed(self._call(self._read_committed, self.committed_lsn_topic,
+                                                key))
+        if committed is not None and not committed.system_id:
+            self.unattributed = committed
         wal_end = self.wal_end() if callable(self.wal_end) else self.wal_end
-        self.committed_lsn = committed_position(self.transactional_id, progress, stream, wal_end)
+        self.committed_lsn = committed_lsn(self.transactional_id, committed, stream, wal_end)
         return self.committed_lsn
 
     # -- the contract ----------------------------------------------------------------------------
@@ -178,9 +180,9 @@ class TransactionalClient(TransactionalProducer):
 
     def produce_sync(self, topic, key, value, timeout: float = 60.0) -> None:
         """One record, acknowledged. It joins the open Kafka transaction (committed with it);
-        with none open (a snapshot progress record written between source transactions) it
+        with none open (a snapshot state record written between source transactions) it
         is a Kafka transaction of its own, committed at once: nothing is left open for the
-        next producer to abort (a backfill's last progress record was lost that way when
+        next producer to abort (a backfill's last state record was lost that way when
         the router stopped, and the backfill was done again)."""
         with self._txn_lock:
             alone = not self._open
@@ -203,14 +205,14 @@ class TransactionalClient(TransactionalProducer):
         self._open = False
 
     def commit(self, end_lsn: int) -> None:
-        """Write the progress record and commit the open Kafka transaction; then report its
+        """Write the committed-LSN record and commit the open Kafka transaction; then report its
         records acknowledged."""
         with self._txn_lock:  # a record produced from another thread waits for it
             if not self._open:
                 return
             end_lsn = max(end_lsn, self.committed_lsn)
             assert self.stream is not None  # a FencingClient (no stream) has its own commit
-            key, value = progress_record(self.transactional_id, end_lsn, self.stream)
+            key, value = committed_record(self.transactional_id, end_lsn, self.stream)
             self.produce_sync(self.committed_lsn_topic, key, value)
             self._commit_open()
             self.committed_lsn = end_lsn

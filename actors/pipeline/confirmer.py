@@ -1,4 +1,4 @@
-"""The confirm actor: durable acknowledgements in, the flush LSN out
+"""The confirm actor: durable acknowledgements in, the confirmed LSN out
 (``router.delivery.confirmation``), plus the periodic progress log line and the
 ``--until-caught-up`` finish line.
 
@@ -41,12 +41,12 @@ class Stats:
 
 
 class ConfirmActor:
-    def __init__(self, *, inbox: trio.MemoryReceiveChannel, flush: Latest, start_lsn: int,
+    def __init__(self, *, inbox: trio.MemoryReceiveChannel, confirmed: Latest, confirmed_lsn: int,
                  stats: Stats, interval: float = 10.0, until_lsn: int | None = None,
                  caught_up: trio.Event | None = None):
         self.inbox = inbox
-        self.flush = flush
-        self.tracker = ConfirmationTracker(start_lsn)
+        self.confirmed = confirmed
+        self.tracker = ConfirmationTracker(confirmed_lsn)
         self.stats = stats
         self.interval = interval
         self.until_lsn = until_lsn
@@ -74,13 +74,13 @@ class ConfirmActor:
                             elif kind is Hold:
                                 tracker.set_hold(ev.lsn)
                                 self._hold = ev if ev.lsn is not None else None
-                        if tracker.confirmed > self.flush.value:
-                            self.flush.set(tracker.confirmed)
+                        if tracker.confirmed > self.confirmed.value:
+                            self.confirmed.set(tracker.confirmed)
                         if self.until_lsn is not None and self.caught_up is not None:
                             self._check_caught_up()
                 nursery.cancel_scope.cancel()
         finally:
-            self.flush.close()
+            self.confirmed.close()
         self._line()
 
     def _check_caught_up(self) -> None:

@@ -58,32 +58,32 @@ def read_state_values(cfg: Config, timeout: float = READ_TIMEOUT) -> list[bytes]
                                              timeout=timeout)]
 
 
-async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_lsn: int,
-                               on_change=None) -> Definitions:
-    """``Definitions`` in force at ``confirmed_lsn`` (see the module rules)."""
-    src, topic = cfg.source, cfg.kafka.definitions_topic
+async def starting_definitions(sql: SqlSession, cfg: Config, slot: str, client,
+                               confirmed_lsn: int, on_change=None) -> Definitions:
+    """``Definitions`` in force at ``confirmed_lsn`` for ``slot`` (see the module rules)."""
+    topic = cfg.kafka.definitions_topic
     t0 = time.monotonic()
     values = await trio.to_thread.run_sync(read_state_values, cfg)
-    record = state_at(values, src.slot, confirmed_lsn)
+    record = state_at(values, slot, confirmed_lsn)
     if record is not None:
         snapshot, origin = msgspec.json.decode(record.snapshot), "state record"
     else:
         content = None
-        if await trigger.changes_since(sql, src.slot):
+        if await trigger.changes_since(sql, slot):
             now = await sql.fetchval("select pg_current_wal_lsn()::text")
-            content = await trigger.first_message(sql, src.slot, src.publications, now)
+            content = await trigger.first_message(sql, slot, cfg.source.publications, now)
         if content is not None:
             msg = parse_message(_message_content(content))
             snapshot = msg.before if msg.before is not None else msg.after
             origin = f"first definitions message ({msg.event})"
             # spare the next start this peek: the state at C, written before streaming
-            state = StateRecord(slot=src.slot, commit_lsn=confirmed_lsn,
+            state = StateRecord(slot=slot, commit_lsn=confirmed_lsn,
                                 end_lsn=confirmed_lsn, lsn=confirmed_lsn,
                                 snapshot=msgspec.Raw(msgspec.json.encode(snapshot)))
             if cfg.kafka.create_topics:
                 await trio.to_thread.run_sync(client.ensure_topics, [
                     TopicSpec(topic, 1, 1, TOPIC_CONFIGS)])
-            await trio.to_thread.run_sync(client.produce_sync, topic, src.slot.encode(),
+            await trio.to_thread.run_sync(client.produce_sync, topic, slot.encode(),
                                           msgspec.json.encode(state))
         else:
             snapshot, origin = msgspec.json.decode(await trigger.snapshot_text(sql)), "catalog"
@@ -91,17 +91,18 @@ async def starting_definitions(sql: SqlSession, cfg: Config, client, confirmed_l
               source=origin, confirmed_lsn=format_lsn(confirmed_lsn),
               seconds=round(time.monotonic() - t0, 3))
     return Definitions(catalog_from_snapshot(snapshot), lambda c: build_route_specs(cfg, c),
-                       slot=src.slot, topic=topic,
+                       slot=slot, topic=topic,
                        route_publications=route_publication_names(cfg), on_change=on_change)
 
 
-async def for_pipeline(mode_: str | None, cfg: Config, client,
+async def for_pipeline(mode_: str | None, cfg: Config, slot: str, client,
                        confirmed_lsn: int) -> Definitions | None:
-    """The definitions a pipeline's routers follow in ``wal`` mode, else None."""
+    """The definitions a pipeline's routers follow in ``wal`` mode, else None; ``slot``:
+    the start's ``Source.slot``."""
     if mode_ != "wal":
         return None
     async with await SqlSession.connect(cfg.source.dsn) as sql:
-        return await starting_definitions(sql, cfg, client, confirmed_lsn,
+        return await starting_definitions(sql, cfg, slot, client, confirmed_lsn,
                                           on_change=log_change)
 
 

@@ -10,16 +10,16 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
   (``cursor.wal_end``) as a keepalive candidate — in band, so it is confirmed only after
   everything read before it.
 * Keepalives that ask for a reply are answered by psycopg2 inside ``read_message`` with the
-  flush position we last gave it. Standby status updates carry the flush LSN from the
-  confirm actor, sent when it moves (at most every ``STATUS_MIN_GAP`` seconds, so a stream
-  of small transactions is confirmed in batches, not one update per commit) and at least
-  every ``status_interval`` seconds; when idle they ask the server for a keepalive, so quiet
-  slots confirm recent positions.
+  confirmed position we last gave it (the status update's flush field). Standby status
+  updates carry the confirmed LSN from the confirm actor, sent when it moves (at most every
+  ``STATUS_MIN_GAP`` seconds, so a stream of small transactions is confirmed in batches, not
+  one update per commit) and at least every ``status_interval`` seconds; when idle they ask
+  the server for a keepalive, so quiet slots confirm recent positions.
 * With ``[ha]`` (``holds``) no status update is sent once the leadership lease is not held:
   the reader fails with ``LeadershipLost`` instead (router.delivery.ha).
 * Draining: ``stop_reading()`` ends the read loop and closes its output; the
-  connection stays open until the confirm actor closes the flush mailbox, so the final
-  flush position is sent before the connection closes.
+  connection stays open until the confirm actor closes the confirmed mailbox, so the
+  final confirmed position is sent before the connection closes.
 """
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ drain = NATIVE.drain if NATIVE is not None else _drain_py
 
 class SlotReader:
     def __init__(self, *, dsn: str, slot: str, options: dict[str, str],
-                 out, flush: Latest, status_interval: float = 2.0,
+                 out, confirmed: Latest, status_interval: float = 2.0,
                  stats=None, holds=None):
         self.dsn = dsn
         self.slot = slot
         self.options = options
         self.out = out
-        self.flush = flush
+        self.confirmed = confirmed
         self.status_interval = status_interval
         self.stats = stats
         #: with ``[ha]``: ``Leadership.holds``, asked before every status update
@@ -130,7 +130,7 @@ class SlotReader:
         self._conn = None
         self._cur = None
         self._last_status = 0.0
-        self._sent_flush = 0
+        self._sent_confirmed = 0
         self._streaming = False
 
     def stop_reading(self) -> None:
@@ -205,21 +205,21 @@ class SlotReader:
         """Send standby status updates until the confirm actor closes the mailbox."""
         while True:
             with trio.move_on_after(self.status_interval):
-                await self.flush.wait_changed()
+                await self.confirmed.wait_changed()
             gap = self._last_status + STATUS_MIN_GAP - time.monotonic()
-            if gap > 0 and not self.flush.closed and not self._stop.is_set():
+            if gap > 0 and not self.confirmed.closed and not self._stop.is_set():
                 await trio.sleep(gap)  # let more confirmations arrive: one update for all
             idle = self._stop.is_set() or (time.monotonic() - self._last_status) >= self.status_interval
             self._send_status(force=idle, reply=idle and not self._stop.is_set())
-            if self.flush.closed:
+            if self.confirmed.closed:
                 self._send_status(force=True, reply=False)
-                log.event(_log, "final flush position sent", slot=self.slot,
-                          flush_lsn=format_lsn(self._sent_flush))
+                log.event(_log, "final confirmed position sent", slot=self.slot,
+                          confirmed_lsn=format_lsn(self._sent_confirmed))
                 return
 
     def _send_status(self, *, force: bool, reply: bool) -> None:
-        lsn = self.flush.value
-        if not force and lsn <= self._sent_flush:
+        lsn = self.confirmed.value
+        if not force and lsn <= self._sent_confirmed:
             return
         if self.holds is not None and not self.holds():
             raise LeadershipLost("leadership lost: the slot is not confirmed any further")
@@ -228,5 +228,5 @@ class SlotReader:
                                     force=True)
         except psycopg2.Error as exc:
             raise source_error(exc, streaming=True) from exc
-        self._sent_flush = max(self._sent_flush, lsn)
+        self._sent_confirmed = max(self._sent_confirmed, lsn)
         self._last_status = time.monotonic()

@@ -64,7 +64,7 @@ async def _sources(p: Pipeline, snapshot: InitialSnapshot | None, drain: trio.Ev
                 return result
             if result.left:  # rewritten while it ran
                 finish_initial(p.backfill, list(result.left))
-        await nursery.start(p.progress.run)
+        await nursery.start(p.confirm.run)
         if p.origin_filter is not None:
             p.origin_filter.start()
         if p.backfill is not None:

@@ -45,12 +45,12 @@ HELD_LOG = 10.0
 class ServerInfo:
     """The server and the slot as one start found them."""
 
-    def __init__(self, version: int, db: str, start_lsn: int, proto_version: int,
+    def __init__(self, version: int, db: str, confirmed_lsn: int, proto_version: int,
                  primary_keys: dict[tuple[str, str], tuple[str, ...]] | None = None,
                  created_slot: bool = False):
         self.version = version
         self.db = db
-        self.start_lsn = start_lsn
+        self.confirmed_lsn = confirmed_lsn
         self.proto_version = proto_version
         self.primary_keys = primary_keys or {}
         self.created_slot = created_slot
@@ -214,7 +214,7 @@ class Source:
         log.event(_log, "starting", dsn=self.dsn, slot=self.slot, db=info.db,
                   server_version=info.version, proto_version=info.proto_version,
                   origin_filter=rules_from_config(cfg).filtering_at(info.version),
-                  confirmed_lsn=format_lsn(info.start_lsn),
+                  confirmed_lsn=format_lsn(info.confirmed_lsn),
                   until_lsn=format_lsn(until_lsn) if until_lsn is not None else None,
                   hot_path=native.describe(), kafka_client=cfg.kafka.client)
 
@@ -242,7 +242,7 @@ class Source:
                 raise ConfigError(f"slot {name!r} belongs to database {slot['database']}, the "
                                   f"DSN connects to {db}", path="source.dsn")
             if not slot["active"]:
-                await failover.check_slot(sql, src, version)
+                await failover.check_slot(sql, name, src.failover)
                 return slot, created
             if leading is not None:
                 said = _still_held(name, slot["active_pid"], leading, said)

@@ -132,21 +132,21 @@ def open_endpoint(sup) -> Endpoint:
     console, answering from now on; its start line logged."""
     cfg = sup.cfg
     host, port = parse_listen(cfg.metrics.listen)
-    console = Console(cfg.console, lambda: run_status(sup), backfill_action(cfg))
+    console = Console(cfg.console, lambda: run_status(sup), backfill_action(cfg, sup.source.slot))
     endpoint = Endpoint(host, port, sup.metrics.registry, sup.health, console=console,
                         cfg=cfg.console)
     listening(endpoint, cfg.console)
     return endpoint
 
 
-def backfill_action(cfg):
-    """The console's backfill button: the request ``pgrouter snapshot`` writes, on the
+def backfill_action(cfg, slot: str):
+    """The console's backfill button: the request ``pgrouter snapshot`` writes to ``slot``, on the
     calling (HTTP request) thread with its own trio loop and SQL session."""
     def start(routes: list[str], tables: list[str]) -> tuple[str, list, list[str]]:
         if not cfg.source.messages:
             return "", [], ["source.messages: backfills need logical messages (the watermarks)"]
         try:
-            return trio.run(request, cfg, routes, tables)
+            return trio.run(request, cfg, slot, routes, tables)
         except PgRouterError as exc:
             return "", [], [str(exc)]
     return start

@@ -28,7 +28,7 @@ Rules:
 * Before a restart the old producer is closed (bounded, shielded wait) so records it still
   holds cannot land after the new pipeline's records of the same key.
 * SIGTERM/SIGINT drain: stop reading, let every channel empty, flush Kafka, send the final
-  flush LSN, exit 0. A second signal aborts (``Aborted``: one line, exit 1).
+  confirmed LSN, exit 0. A second signal aborts (``Aborted``: one line, exit 1).
 * SIGHUP (or the publication poller) reads the publications again; every router of the
   running pipeline takes the new routes from its next transaction on, a failed reload keeps
   the current ones.
@@ -95,7 +95,8 @@ class Supervisor:
         self.metrics = Metrics() if cfg.metrics.listen else None
         activate(self.metrics)
         self.health = Health()
-        self.leadership = Leadership(cfg, self.health) if cfg.ha.enabled else None
+        self.leadership = (Leadership(cfg, self.source.slot, self.health) if cfg.ha.enabled
+                           else None)
         self.endpoint: Endpoint | None = None
         self.snapshot_pending: list[str] = []  # an interrupted initial snapshot
         #: exactly-once without [ha]: held from before the transactional id is registered
@@ -104,7 +105,7 @@ class Supervisor:
         #: "wal"/"poll"/None (``publication_mode.mode``); with "wal" the routers' definitions
         self.publication_mode: str | None = None
         self.definitions = None
-        self._flush: Latest | None = None  # the last run's confirmed position (failover)
+        self._confirmed: Latest | None = None  # the last run's confirmed position (failover)
         #: for the console: each route's tables as PostgreSQL prints them, rates per route
         self.route_views: dict = {}
         self.rates = Rates()
@@ -183,9 +184,9 @@ class Supervisor:
         snapshot is wanted, and the client."""
         cfg = self.cfg
         async with await SqlSession.connect(source.dsn) as sql:
-            await failover.check_resume(sql, cfg.source, self._flush and self._flush.value)
+            await failover.check_resume(sql, source.slot, self._confirmed and self._confirmed.value)
             # before the slot is made: what `pgrouter check` finds wrong stops the router here
-            await checks.startup_checks(sql, cfg, log_warnings=not self._warned)
+            await checks.startup_checks(sql, cfg, source.slot, log_warnings=not self._warned)
             self._warned = True
             # a slot the router creates starts with a copy of the tables ([snapshot] mode)
             snapshot_wanted = await InitialSnapshot.wanted(sql, cfg, source)
@@ -216,7 +217,7 @@ class Supervisor:
             info = await source.prepare(sql, self._holds())
             self.slot_owner.created |= info.created_slot
             await source.refuse_invalidated(sql)
-            self.publication_mode = await publication_mode.mode(sql, cfg)
+            self.publication_mode = await publication_mode.mode(sql, cfg, source.slot)
             if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
                 self.catalog = await load_catalog(sql, cfg,
                                                   strict=self.publication_mode != "wal")
@@ -225,22 +226,22 @@ class Supervisor:
             if self.until_caught_up and self.until_lsn is None:
                 self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
         source.log_starting(cfg, self.until_lsn)
-        if (self.until_lsn is not None and info.start_lsn >= self.until_lsn
+        if (self.until_lsn is not None and info.confirmed_lsn >= self.until_lsn
                 and not self.snapshot_pending and snapshot is None):
-            log.event(_log, "caught up", confirmed_lsn=format_lsn(info.start_lsn))
+            log.event(_log, "caught up", confirmed_lsn=format_lsn(info.confirmed_lsn))
             return False
         return True
 
     async def _pipeline(self, source: Source, client,
                         snapshot: InitialSnapshot | None = None) -> None:
-        cfg, start_lsn = self.cfg, source.server.start_lsn
+        cfg, confirmed_lsn = self.cfg, source.server.confirmed_lsn
         self.definitions = await definitions_state.for_pipeline(
-            self.publication_mode, cfg, client, start_lsn)
-        flush = self._flush = Latest(start_lsn)
+            self.publication_mode, cfg, source.slot, client, confirmed_lsn)
+        confirmed = self._confirmed = Latest(confirmed_lsn)
         # an outbox topic Kafka would refuse beside one it holds is a dead row, not a stop
         topics = (await trio.to_thread.run_sync(client.topic_names)
                   if any(r.outbox is not None for r in cfg.routes) else frozenset())
-        p = wiring.build(cfg, source, client, flush=flush, stats=self.stats, topics=topics,
+        p = wiring.build(cfg, source, client, confirmed=confirmed, stats=self.stats, topics=topics,
                          metrics=self.metrics, holds=self._holds(),
                          definitions=self.definitions, catalog=self.catalog,
                          snapshot_pending=self.snapshot_pending, until_lsn=self.until_lsn)
@@ -253,23 +254,23 @@ class Supervisor:
             result = await coordinator.run(p, snapshot, self.drain, self._streamed)
             reloader.cancel_scope.cancel()
         if result is None or not result.stopped:
-            self._until_reached(flush, p.progress.held)
+            self._until_reached(confirmed, p.confirm.held)
 
     def _streamed(self) -> None:
         """The slot reader started: the slot this run created is the consumers' now."""
         self.slot_owner.streamed = True
         self._streaming(True, "streaming")
 
-    def _until_reached(self, flush: Latest, held) -> None:
+    def _until_reached(self, confirmed: Latest, held) -> None:
         """``--until-caught-up``: the line saying where the run stopped."""
-        if self.until_lsn is not None and flush.value >= self.until_lsn:
-            log.event(_log, "caught up", confirmed_lsn=format_lsn(flush.value),
+        if self.until_lsn is not None and confirmed.value >= self.until_lsn:
+            log.event(_log, "caught up", confirmed_lsn=format_lsn(confirmed.value),
                       until_lsn=format_lsn(self.until_lsn))
         elif self.until_lsn is not None and held is not None:
             log.event(_log, "caught up except a prepared transaction: everything else is in "
                       "Kafka; it is delivered by a run after COMMIT PREPARED", level=WARNING,
                       gid=held.gid, prepare_lsn=format_lsn(held.prepare_lsn),
-                      confirmed_lsn=format_lsn(flush.value),
+                      confirmed_lsn=format_lsn(confirmed.value),
                       until_lsn=format_lsn(self.until_lsn))
 
     def _holds(self):

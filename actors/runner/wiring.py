@@ -5,7 +5,7 @@ runs it (``runner.coordinator``), the supervisor restarts it and reloads its rou
 Rules:
 
 * Actors: slot reader → decoder → backfill → origin filter → router → Kafka sink →
-  confirm actor → (flush LSN) → slot reader. The stages up to the router actor run in the
+  confirm actor → (confirmed LSN) → slot reader. The stages up to the router actor run in the
   slot reader's task (each one's ``out`` is the next one's ``handle``, ``mailbox.Inline``);
   the router actor, the sink and the confirm actor are joined by small bounded channels, so
   backpressure reaches the replication socket.
@@ -16,7 +16,7 @@ Rules:
 * Topic settings: each route's, the message routes', then the schema topic ("", one
   partition, the largest replication factor) and the definitions topic (compacted).
 * Building starts nothing: no task, no connection. Metric bindings read the live ``Stats``
-  and flush position.
+  and confirmed position.
 """
 
 from __future__ import annotations
@@ -65,18 +65,18 @@ class Pipeline:
     backfill: BackfillActor | None
     origin_filter: OriginFilterActor | None
     sink: object
-    progress: ConfirmActor
+    confirm: ConfirmActor
     monitor: SlotMonitor
     watch: DeliveryWatch
     inbox: trio.MemorySendChannel  # the sink's inbox (the initial snapshot sends here too)
     tickets: trio.MemoryReceiveChannel  # the sink's tickets (``actors.runner.coordinator``)
-    flush: Latest
+    confirmed: Latest
     done: trio.Event  # caught up, every backfill done
     state: dict  # {"routes": the current route specs}
     routers: list  # (route names or None, ChangeRouter) of every router made
 
 
-def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
+def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stats,
           metrics: Metrics | None, holds, definitions, catalog: Catalog | None,
           snapshot_pending: list, until_lsn: int | None,
           topics: frozenset = frozenset()) -> Pipeline:
@@ -90,7 +90,7 @@ def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
     relations = RelationCache()
     keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
     slot = SlotReader(
-        dsn=source.dsn, slot=source.slot, out=None, flush=flush,
+        dsn=source.dsn, slot=source.slot, out=None, confirmed=confirmed,
         status_interval=src.status_interval, stats=stats, holds=holds,
         options=pgoutput_options(proto_version=info.proto_version,
                                  publications=src.publications, streaming=src.streaming,
@@ -107,8 +107,9 @@ def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
         out=None, metrics=metrics, keys=keys,
         lookup=functools.partial(_primary_keys, source.dsn))
     # backfills (watermark windows) see the decoder's output before anything is dropped
-    backfill, done = backfill_stage(cfg, db=info.db, client=client, flush=flush,
-                                    pending=snapshot_pending, caught_up=caught_up)
+    backfill, done = backfill_stage(
+        cfg, slot=source.slot, db=info.db, client=client, confirmed=confirmed,
+        pending=snapshot_pending, caught_up=caught_up)
     # origin filter between decoder and router actor, unless nothing can be dropped or the
     # server drops it (PG >= 16, "none" everywhere)
     origin_filter = None
@@ -147,18 +148,18 @@ def build(cfg: Config, source: Source, client, *, flush: Latest, stats: Stats,
                     schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
                     create_topics=cfg.kafka.create_topics, stats=stats,
                     metrics=metrics, holds=holds, owners=folds)
-    progress = ConfirmActor(inbox=tickets, flush=flush, start_lsn=info.start_lsn,
-                             stats=stats, interval=cfg.log.progress_interval,
-                             until_lsn=until_lsn, caught_up=caught_up)
+    confirm = ConfirmActor(inbox=tickets, confirmed=confirmed, confirmed_lsn=info.confirmed_lsn,
+                           stats=stats, interval=cfg.log.progress_interval,
+                           until_lsn=until_lsn, caught_up=caught_up)
     if metrics is not None:
-        _bind(metrics, stats, flush)
+        _bind(metrics, stats, confirmed)
     monitor = SlotMonitor(dsn=source.dsn, slot=source.slot, interval=cfg.metrics.sample_interval,
                           metrics=metrics, warn_bytes=cfg.metrics.lag_warning_bytes,
                           warn_seconds=cfg.metrics.lag_warning_seconds,
                           lag_seconds=metrics.clock.lag_seconds if metrics else None)
     return Pipeline(slot=slot, backfill=backfill, origin_filter=origin_filter, sink=sink,
-                    progress=progress, monitor=monitor, watch=DeliveryWatch(stats),
-                    inbox=inbox, tickets=tickets, flush=flush, done=done, state=state,
+                    confirm=confirm, monitor=monitor, watch=DeliveryWatch(stats),
+                    inbox=inbox, tickets=tickets, confirmed=confirmed, done=done, state=state,
                     routers=routers)
 
 
@@ -176,11 +177,11 @@ def topic_specs(cfg: Config) -> dict[str, TopicSpec]:
     return specs
 
 
-def _bind(metrics: Metrics, stats: Stats, flush: Latest) -> None:
-    """The gauges read from this run's ``Stats`` and flush position; the lag clock anew."""
+def _bind(metrics: Metrics, stats: Stats, confirmed: Latest) -> None:
+    """The gauges read from this run's ``Stats`` and confirmed position; the lag clock anew."""
     metrics.clock.reset()
     metrics.bind(in_flight=lambda: stats.sent_records - stats.acked_records,
-                 confirmed_lsn=lambda: flush.value,
+                 confirmed_lsn=lambda: confirmed.value,
                  received_lsn=lambda: stats.received_lsn)
 
 

@@ -50,17 +50,18 @@ async def check_server(sql: SqlSession, src: SourceConfig, version: int) -> bool
     return in_recovery
 
 
-async def check_slot(sql: SqlSession, src: SourceConfig, version: int) -> None:
-    """An existing slot must have ``failover`` when the config asks for it."""
-    if not src.failover:
+async def check_slot(sql: SqlSession, slot: str, wanted: bool) -> None:
+    """An existing slot must have ``failover`` when the config asks for it (``wanted``:
+    ``source.failover``)."""
+    if not wanted:
         return
-    if await slots.has_failover(sql, src.slot) is False:
-        raise ConfigError(f"replication slot {src.slot!r} was created without failover; it "
+    if await slots.has_failover(sql, slot) is False:
+        raise ConfigError(f"replication slot {slot!r} was created without failover; it "
                           "would not survive a promotion of the standby (drop and recreate it, "
                           "or set source.failover = false)", path="source.failover")
 
 
-async def check_resume(sql: SqlSession, src: SourceConfig, confirmed: int | None) -> None:
+async def check_resume(sql: SqlSession, slot: str, confirmed: int | None) -> None:
     """Before streaming again after a failure: the server reached now (perhaps a promoted
     standby) must continue where the router stopped. ``confirmed``: the position the router
     confirmed before (None on the first connection)."""
@@ -68,8 +69,8 @@ async def check_resume(sql: SqlSession, src: SourceConfig, confirmed: int | None
         return
     where = await sql.fetchval("select coalesce(inet_server_addr()::text, 'socket') || ':' || "
                                "current_setting('port')")
-    if not await slots.exists(sql, src.slot):
-        raise SlotMissing(f"replication slot {src.slot!r} is missing on {where}, the server the "
+    if not await slots.exists(sql, slot):
+        raise SlotMissing(f"replication slot {slot!r} is missing on {where}, the server the "
                           f"DSN reaches now (was it a standby without the synchronised slot? "
                           f"source.failover = true and sync_replication_slots = on keep it); "
                           f"the router confirmed {format_lsn(confirmed)} and will not create "

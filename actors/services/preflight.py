@@ -75,15 +75,16 @@ class Topic(NamedTuple):
     configs: dict[str, str]
 
 
-async def startup_checks(sql: SqlSession, cfg: Config, *, log_warnings: bool) -> Catalog:
+async def startup_checks(sql: SqlSession, cfg: Config, slot: str, *,
+                         log_warnings: bool) -> Catalog:
     """What ``pgrouter run`` checks before each start: the first error is raised as its
     router error, warnings are logged (when asked). Returns the catalog it read. When route
     publications are followed at their WAL position (``publication_changes`` in mode "wal"),
     one dropped by now is a warning: the slot's backlog may still use it."""
     from .publication_mode import mode
 
-    followed = await mode(sql, cfg, install=False) == "wal"
-    findings, catalog = await source_findings(sql, cfg, slot_busy=False,
+    followed = await mode(sql, cfg, slot, install=False) == "wal"
+    findings, catalog = await source_findings(sql, cfg, slot, slot_busy=False,
                                               followed_publications=followed)
     # the listener is the router's own by now (bound before the checks): not checked again
     findings += local_findings(cfg, listen=False)
@@ -106,15 +107,15 @@ def refuse(findings: list[Finding]) -> None:
         raise first.error(f"{first.path}: {first.message}{more}")
 
 
-async def source_findings(sql: SqlSession, cfg: Config, *, slot_busy: bool = True,
+async def source_findings(sql: SqlSession, cfg: Config, slot: str, *, slot_busy: bool = True,
                           followed_publications: bool = False) -> tuple[list[Finding], Catalog]:
     try:
-        return await _source_findings(sql, cfg, slot_busy, followed_publications)
+        return await _source_findings(sql, cfg, slot, slot_busy, followed_publications)
     except asyncpg.PostgresError as exc:  # e.g. a catalog the role may not read
         raise source_error(exc, "source.dsn: a check query failed") from exc
 
 
-async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
+async def _source_findings(sql: SqlSession, cfg: Config, slot: str, slot_busy: bool,
                            followed_publications: bool) -> tuple[list[Finding], Catalog]:
     src = cfg.source
     out: list[Finding] = []
@@ -129,7 +130,7 @@ async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
                                                    f"pgoutput protocol {highest} at most"))
     try:  # what this server version lacks (standby decoding, failover slots)
         await failover.check_server(sql, src, version)
-        await failover.check_slot(sql, src, version)
+        await failover.check_slot(sql, slot, src.failover)
     except ConfigError as exc:
         out.append(Finding(exc.path or "source", str(exc).removeprefix(f"{exc.path}: ")))
     role = (await sql.fetch("select rolname, rolsuper or rolreplication as may_stream "
@@ -140,21 +141,21 @@ async def _source_findings(sql: SqlSession, cfg: Config, slot_busy: bool,
                                          f"attribute (ALTER ROLE {quote_ident(role['rolname'])} "
                                          "REPLICATION) or superuser", PrivilegeMissing))
     db = await sql.fetchval("select current_database()")
-    s = await slots.row(sql, src.slot)
+    s = await slots.row(sql, slot)
     if s is None:
         if not src.create_slot:
-            out.append(Finding("source.slot", f"replication slot {src.slot!r} does not exist "
+            out.append(Finding("source.slot", f"replication slot {slot!r} does not exist "
                                               "(set source.create_slot = true to create it)",
                                SlotMissing))
     else:
         if s["plugin"] != "pgoutput":
-            out.append(Finding("source.slot", f"slot {src.slot!r} uses plugin {s['plugin']}, "
+            out.append(Finding("source.slot", f"slot {slot!r} uses plugin {s['plugin']}, "
                                               "not pgoutput"))
         if s["database"] != db:
-            out.append(Finding("source.slot", f"slot {src.slot!r} belongs to database "
+            out.append(Finding("source.slot", f"slot {slot!r} belongs to database "
                                               f"{s['database']}, the DSN connects to {db}"))
         if s["active"] and slot_busy:
-            out.append(Finding("source.slot", f"slot {src.slot!r} is in use by process "
+            out.append(Finding("source.slot", f"slot {slot!r} is in use by process "
                                               f"{s['active_pid']}"))
     catalog = await load_catalog(sql, cfg, strict=False)
     for j, p in enumerate(src.publications):

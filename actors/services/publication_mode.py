@@ -36,10 +36,10 @@ def follows_publications(cfg: Config) -> bool:
     return any(r.publication_names() for r in cfg.routes)
 
 
-async def warn_unplaced(sql: SqlSession, cfg: Config, why: str) -> None:
+async def warn_unplaced(sql: SqlSession, cfg: Config, slot: str, why: str) -> None:
     """Say so when a route publication may have changed inside the slot's backlog while no
     trigger recorded where: the current definition then applies to all of the backlog."""
-    names = await slots.changed_in_backlog(sql, cfg.source.slot, route_publication_names(cfg))
+    names = await slots.changed_in_backlog(sql, slot, route_publication_names(cfg))
     if names:
         log.event(_log, f"publication(s) changed inside the slot's backlog with {why}: the "
                   "current definitions apply to all of it, positions of those changes are "
@@ -61,15 +61,16 @@ async def warn_unmarked(sql: SqlSession, cfg: Config) -> None:
                   level=logging.WARNING, publications=",".join(r["pubname"] for r in names))
 
 
-async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | None:
-    """"wal", "poll", or None when no route follows a publication. Without ``install`` a
+async def mode(sql: SqlSession, cfg: Config, slot: str, *,
+               install: bool = True) -> str | None:
+    """"wal", "poll", or None when no route follows a publication (of ``slot``'s backlog). Without ``install`` a
     superuser's "auto" says "wal" without installing anything."""
     if not follows_publications(cfg):
         return None
     wanted = cfg.source.publication_changes
     if wanted == "poll":
         if install:
-            await warn_unplaced(sql, cfg, "publication changes polled")
+            await warn_unplaced(sql, cfg, slot, "publication changes polled")
             if not await trigger.installed(sql):
                 await warn_unmarked(sql, cfg)
         return "poll"
@@ -86,10 +87,10 @@ async def mode(sql: SqlSession, cfg: Config, *, install: bool = True) -> str | N
         if await trigger.installed(sql):
             log.event(_log, "event trigger installed: publication changes apply at their "
                       "WAL position", triggers=",".join(trigger.TRIGGERS))
-            await warn_unplaced(sql, cfg, "no event trigger installed yet")
+            await warn_unplaced(sql, cfg, slot, "no event trigger installed yet")
             return "wal"
     if install:
-        await warn_unplaced(sql, cfg, "publication changes polled")
+        await warn_unplaced(sql, cfg, slot, "publication changes polled")
         await warn_unmarked(sql, cfg)
     if wanted == "wal":
         raise ConfigError("publication changes at WAL positions need the event trigger: run "

@@ -60,12 +60,12 @@ JOBS = 4096
 
 
 class BackfillActor:
-    def __init__(self, *, cfg: Config, db: str, client, flush: Latest,
+    def __init__(self, *, cfg: Config, slot: str, db: str, client, confirmed: Latest,
                  resume_initial: bool = False):
         self.cfg = cfg
         self.db = db
-        self.slot = cfg.source.slot
-        self.flush = flush
+        self.slot = slot
+        self.confirmed = confirmed
         self.store = StateStore(cfg, client)
         self.resume_initial = resume_initial
         #: where the events go on (a channel, or the next actor's ``mailbox.Inline``)
@@ -82,7 +82,7 @@ class BackfillActor:
         #: tables being backfilled, as the stream names them -> running jobs
         self._watch: dict[tuple[str, str], int] = {}
         self.recent = RecentChanges()
-        self.planner = JobPlanner(cfg, db, self.store)
+        self.planner = JobPlanner(cfg, slot, db, self.store)
         #: ``caught_up`` (set by the confirm actor) and every backfill job done: what
         #: ``--until-caught-up`` waits for (a snapshot left unfinished is not caught up)
         self.caught_up: trio.Event | None = None
@@ -298,10 +298,10 @@ class BackfillActor:
                           encode_watermark(mark).decode())
 
     async def _durable(self, lsn: int) -> None:
-        while self.flush.value < lsn:
-            if self.flush.closed:  # the pipeline is stopping: the chunk is redone next time
+        while self.confirmed.value < lsn:
+            if self.confirmed.closed:  # the pipeline is stopping: the chunk is redone next time
                 await trio.sleep_forever()
-            await self.flush.wait_changed()
+            await self.confirmed.wait_changed()
 
     async def _job(self, job: Job, sql: SqlSession, reader: TableReader) -> None:
         self.unstarted.pop((job.route, job.name), None)  # taken: read from now on
@@ -388,7 +388,7 @@ class BackfillActor:
                 log.event(_log, "initial snapshot finished by backfill", slot=self.slot)
 
 
-def backfill_stage(cfg: Config, *, db: str, client, flush: Latest, pending: list,
+def backfill_stage(cfg: Config, *, slot: str, db: str, client, confirmed: Latest, pending: list,
                    caught_up: trio.Event):
     """The backfill actor (None when the slot sends no logical messages: watermarks could not
     be seen), run in its sender's task (``handle``/``end`` behind ``mailbox.Inline``; the
@@ -401,7 +401,7 @@ def backfill_stage(cfg: Config, *, db: str, client, flush: Latest, pending: list
             raise ConfigError("an interrupted initial snapshot is finished by backfill, which "
                               "needs logical messages", path="source.messages")
         return None, caught_up
-    actor = BackfillActor(cfg=cfg, db=db, client=client, flush=flush,
+    actor = BackfillActor(cfg=cfg, slot=slot, db=db, client=client, confirmed=confirmed,
                           resume_initial=bool(pending))
     actor.caught_up = caught_up
     return actor, actor.finished

@@ -42,10 +42,10 @@ class JobPlanner:
     """Plans backfill jobs from the catalog, on a session opened when first needed (a router
     without backfills keeps only its usual connections)."""
 
-    def __init__(self, cfg: Config, db: str, store: StateStore):
+    def __init__(self, cfg: Config, slot: str, db: str, store: StateStore):
         self.cfg = cfg
         self.db = db
-        self.slot = cfg.source.slot
+        self.slot = slot
         self.store = store
         self.sql: SqlSession | None = None
         self.lock = trio.Lock()  # ``self.sql`` and the catalog: requests, drivers

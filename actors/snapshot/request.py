@@ -21,13 +21,15 @@ from .column_types import type_names
 from .jobs import plan_jobs
 
 
-async def request(cfg, routes: list[str], tables: list[str]) -> tuple[str, list, list[str]]:
+async def request(cfg, slot: str, routes: list[str],
+                  tables: list[str]) -> tuple[str, list, list[str]]:
+    """A backfill of ``routes``/``tables`` asked of the router streaming ``slot``."""
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
-            if not await slots.exists(sql, cfg.source.slot):
+            if not await slots.exists(sql, slot):
                 # the request is a message in the WAL: before the slot exists, no router
                 # would ever read it
-                return "", [], [f"replication slot {cfg.source.slot!r} does not exist yet: "
+                return "", [], [f"replication slot {slot!r} does not exist yet: "
                                 "start the router once (pgrouter run) before requesting a "
                                 "backfill; its initial snapshot follows [snapshot] mode"]
             catalog = await load_catalog(sql, cfg)
@@ -38,7 +40,7 @@ async def request(cfg, routes: list[str], tables: list[str]) -> tuple[str, list,
             if problems or not jobs:
                 return rid, jobs, problems or ["nothing to backfill: the routes take no table "
                                                "the slot streams"]
-            mark = Watermark("request", cfg.source.slot, chunk=rid, routes=tuple(routes),
+            mark = Watermark("request", slot, chunk=rid, routes=tuple(routes),
                              tables=tuple(tables))
             await sql.execute("select pg_logical_emit_message(true, $1, $2::text)", PREFIX,
                               encode_watermark(mark).decode())

@@ -256,8 +256,8 @@ def _said(rid: str, signal, why: str, state: str) -> None:
         log.event(_log, f"signal {state}", request=rid, route=route, table=table, **extra)
 
 
-def recorded(cfg, last: int = RECORDED) -> tuple[int, dict[str, int], list[dict]]:
-    """The ``signal`` records of the state topic for ``cfg``'s slot (blocking: a worker
+def recorded(cfg, slot: str, last: int = RECORDED) -> tuple[int, dict[str, int], list[dict]]:
+    """The ``signal`` records of the state topic for ``slot`` (blocking: a worker
     thread's): how many, how many per state, and the ``last`` ones in the order they were
     first recorded (the topic has one partition; compaction keeps offset order), each in its
     last state."""
@@ -266,7 +266,7 @@ def recorded(cfg, last: int = RECORDED) -> tuple[int, dict[str, int], list[dict]
     for _, value in read_topic(k.bootstrap_servers, dict(k.settings), cfg.snapshot.state_topic,
                                library=k.client):
         p = decode_state(value)
-        if p is not None and p.kind == "signal" and p.slot == cfg.source.slot:
+        if p is not None and p.kind == "signal" and p.slot == slot:
             latest[p.request] = p
     found = list(latest.values())
     states = collections.Counter(p.state for p in found)

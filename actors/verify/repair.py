@@ -81,9 +81,9 @@ def writable(k, key: tuple, relation, fmt: str) -> bool:
     return True
 
 
-async def request(cfg: Config, repairs: list[Repair], say,
+async def request(cfg: Config, slot: str, repairs: list[Repair], say,
                   metrics=None) -> list[tuple[str, str, str]]:
-    """Writes the requests; returns (request id, route, table) of each. ``metrics``
+    """Writes the requests to the router streaming ``slot``; returns (request id, route, table) of each. ``metrics``
     (``VerifyMetrics``) counts each request pending as soon as it is written, before it is
     said: a scrape after the line sees it."""
     if not cfg.source.messages:
@@ -118,7 +118,7 @@ async def request(cfg: Config, repairs: list[Repair], say,
                     if not keys:
                         continue
                     rid = uuid.uuid4().hex
-                    mark = Watermark("request", cfg.source.slot, chunk=rid,
+                    mark = Watermark("request", slot, chunk=rid,
                                      routes=(rep.route,), tables=(table.name,), keys=keys)
                     await sql.execute("select pg_logical_emit_message(true, $1, $2::text)",
                                       PREFIX, encode_watermark(mark).decode())
@@ -139,7 +139,8 @@ async def request(cfg: Config, repairs: list[Repair], say,
     return asked
 
 
-def wait_done(cfg: Config, asked: list[tuple[str, str, str]], timeout: float) -> None:
+def wait_done(cfg: Config, slot: str, asked: list[tuple[str, str, str]],
+              timeout: float) -> None:
     """Blocks until the progress topic records every request done (a worker thread's)."""
     k = cfg.kafka
     want = {(rid, route, table) for rid, route, table in asked}
@@ -149,7 +150,7 @@ def wait_done(cfg: Config, asked: list[tuple[str, str, str]], timeout: float) ->
         for key, value in read_topic(k.bootstrap_servers, dict(k.settings),
                                      cfg.snapshot.state_topic):
             p: SnapshotState | None = decode_state(value)
-            if p is not None and p.kind == "backfill" and p.slot == cfg.source.slot \
+            if p is not None and p.kind == "backfill" and p.slot == slot \
                     and p.state == "done":
                 done.add((p.request, p.route, p.table))
         if want <= done:
@@ -162,5 +163,5 @@ def wait_done(cfg: Config, asked: list[tuple[str, str, str]], timeout: float) ->
         time.sleep(POLL)
 
 
-async def wait_repaired(cfg: Config, asked, timeout: float) -> None:
-    await trio.to_thread.run_sync(wait_done, cfg, asked, timeout)
+async def wait_repaired(cfg: Config, slot: str, asked, timeout: float) -> None:
+    await trio.to_thread.run_sync(wait_done, cfg, slot, asked, timeout)

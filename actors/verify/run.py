@@ -89,16 +89,17 @@ def route_actions(cfg: Config, catalog, route) -> frozenset[str]:
     return frozenset(route.operations)
 
 
-async def plan(sql: SqlSession, cfg: Config, routes: list[str], tables: list[str],
-               warn) -> list[Target]:
-    """The routes' targets; bad input raises ``ConfigError`` naming it."""
+async def plan(sql: SqlSession, cfg: Config, slot: str, routes: list[str],
+               tables: list[str], warn) -> list[Target]:
+    """The routes' targets of the router streaming ``slot``; bad input raises
+    ``ConfigError`` naming it."""
     known = {r.name: r for r in cfg.routes}
     for name in routes:
         if name not in known:
             raise ConfigError(f"--route {name}: no such route (the config has "
                               f"{', '.join(sorted(known)) or 'none'})")
-    if not await slots.exists(sql, cfg.source.slot):
-        raise SlotMissing(f"source.slot: replication slot {cfg.source.slot!r} does not exist: "
+    if not await slots.exists(sql, slot):
+        raise SlotMissing(f"source.slot: replication slot {slot!r} does not exist: "
                           "verify compares what the router delivered (start it first)")
     catalog = await load_catalog(sql, cfg)
     only = {qualified(t) for t in tables} or None
@@ -143,7 +144,7 @@ async def plan(sql: SqlSession, cfg: Config, routes: list[str], tables: list[str
     return out
 
 
-class Progress:
+class ProgressLine:
     """A progress line on stderr every ``interval`` seconds."""
 
     def __init__(self, interval: float, out):
@@ -156,16 +157,18 @@ class Progress:
             print(f"pgrouter verify: {what}", file=self.out, flush=True)
 
 
-async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: float,
-                 examples: int, progress: Progress, warn, repairs: list | None = None,
+async def verify(cfg: Config, slot: str, routes: list[str], tables: list[str], *,
+                 wait: float, examples: int, progress: ProgressLine, warn,
+                 repairs: list | None = None,
                  max_keys: int = MAX_KEYS, split_rows: int = SPLIT_ROWS,
                  metrics=None) -> list[Comparison]:
-    """The comparisons; with ``repairs`` (a list), what each differing topic needs is
-    appended to it (``actors.verify.repair.Repair``); ``metrics``
-    (``actors.verify.metrics.VerifyMetrics``) learns each result and the records read."""
+    """The comparisons of what the router streaming ``slot`` delivered; with ``repairs`` (a
+    list), what each differing topic needs is appended to it
+    (``actors.verify.repair.Repair``); ``metrics`` (``actors.verify.metrics.VerifyMetrics``)
+    learns each result and the records read."""
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
-            targets = await plan(sql, cfg, routes, tables, warn)
+            targets = await plan(sql, cfg, slot, routes, tables, warn)
             await trio.to_thread.run_sync(_kafka_answers, cfg, targets)
             name = f"pgrouter_verify_{os.getpid()}_{uuid.uuid4().hex[:8]}"
             point = await trio.to_thread.run_sync(VerifyPoint, cfg.source.dsn, name)
@@ -178,7 +181,7 @@ async def verify(cfg: Config, routes: list[str], tables: list[str], *, wait: flo
             try:
                 progress(f"snapshot at {point.lsn:X}; waiting for the router to deliver "
                          "up to it", force=True)
-                await wait_delivered(sql, cfg.source.slot, point.lsn, wait)
+                await wait_delivered(sql, slot, point.lsn, wait)
                 results = []
                 for target in targets:
                     results.extend(await compare_target(cfg, target, reader, point.lsn,

@@ -1,12 +1,12 @@
-"""Exactly-once into Kafka: the progress record and the rules around it.
+"""Exactly-once into Kafka: the committed-LSN record and the rules around it.
 
 Rules (docs/architecture.md "Exactly-once", docs/delivery.md):
 
 * Records are written inside Kafka transactions. A Kafka transaction holds the records of
-  one or more *whole* source transactions and, last, one progress record: key = the
+  one or more *whole* source transactions and, last, one committed-LSN record: key = the
   transactional id, value = ``{"end_lsn": …}``, the end LSN of the last source transaction in
   it. Both become visible to ``read_committed`` consumers at the commit, or neither does.
-* The progress topic is compacted with one partition; its newest committed value per key is
+* The committed-LSN topic is compacted with one partition; its newest committed value per key is
   the position up to which Kafka holds every change.
 * On start the router reads that position with ``read_committed`` *after* its producer
   registered its transactional id (which aborts a predecessor's open transaction and fences
@@ -16,13 +16,13 @@ Rules (docs/architecture.md "Exactly-once", docs/delivery.md):
   the commit, not from the record acknowledgements).
 * A producer fenced by a newer one with the same transactional id stops with one line: it is
   never retried (a retry would fence the newer router in turn).
-* Progress belongs to one *stream*: the server's system identifier, the database and the slot
-  (``Stream``). The default transactional id names all three, and the progress value records
-  them: a progress record of another stream under the configured id is refused (two slots,
-  or two servers, on one transactional id would skip each other's transactions), and so is a
-  position past the server's WAL end (progress this server cannot have written: another
-  cluster, or a restored one). A record without a stream (written before pgrouter recorded
-  it) is not used: it cannot say whose position it holds.
+* A committed LSN belongs to one *stream*: the server's system identifier, the database and
+  the slot (``Stream``). The default transactional id names all three, and the committed-LSN
+  record names them: a committed-LSN record of another stream under the configured id is
+  refused (two slots, or two servers, on one transactional id would skip each other's
+  transactions), and so is a position past the server's WAL end (a committed LSN this server
+  cannot have written: another cluster, or a restored one). A record without a stream
+  (written before pgrouter recorded it) is not used: it cannot say whose position it holds.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from ..postgres.lsn import format_lsn, parse_lsn
 #: ``transaction.timeout.ms`` (60 s)
 MAX_TRANSACTION_INTERVAL_MS = 30_000
 
-#: progress topic settings: one partition, compacted
-PROGRESS_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
+#: committed-LSN topic settings: one partition, compacted
+COMMITTED_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 
 
 class ProducerFenced(SinkRejected):
@@ -61,8 +61,8 @@ class Stream(msgspec.Struct, frozen=True):
         return f"slot {self.slot!r} of database {self.db!r} on server {self.system_id}"
 
 
-class Progress(msgspec.Struct, frozen=True, omit_defaults=True):
-    """The value of a progress record."""
+class Committed(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The value of a committed-LSN record."""
 
     end_lsn: str  # "X/Y", as PostgreSQL writes LSNs
     slot: str = ""
@@ -71,57 +71,58 @@ class Progress(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(Progress).decode
+_decode = msgspec.json.Decoder(Committed).decode
 
 
-def progress_record(transactional_id: str, end_lsn: int, stream: Stream) -> tuple[bytes, bytes]:
-    """(key, value) of the progress record for a Kafka transaction ending at ``end_lsn``."""
-    return transactional_id.encode(), _encode(Progress(format_lsn(end_lsn), stream.slot,
+def committed_record(transactional_id: str, end_lsn: int, stream: Stream) -> tuple[bytes, bytes]:
+    """(key, value) of the committed-LSN record for a Kafka transaction ending at ``end_lsn``."""
+    return transactional_id.encode(), _encode(Committed(format_lsn(end_lsn), stream.slot,
                                                        stream.system_id, stream.db))
 
 
-def decode_progress(value: bytes | None) -> Progress | None:
-    """A progress record's value (None for a tombstone or no record)."""
+def decode_committed(value: bytes | None) -> Committed | None:
+    """A committed-LSN record's value (None for a tombstone or no record)."""
     if not value:
         return None
     try:
-        progress = _decode(value)
-        parse_lsn(progress.end_lsn)
+        committed = _decode(value)
+        parse_lsn(committed.end_lsn)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
         raise ConfigError(f"the committed-LSN topic holds a record pgrouter did not write: {exc}",
                           path="kafka.committed_lsn_topic") from exc
-    return progress
+    return committed
 
 
-def foreign_stream(progress: Progress | None, stream: Stream) -> bool:
-    """Whether ``progress`` was written by a router of another stream."""
-    return progress is not None and bool(progress.system_id) and (
-        (progress.system_id, progress.db, progress.slot)
+def foreign_stream(committed: Committed | None, stream: Stream) -> bool:
+    """Whether ``committed`` was written by a router of another stream."""
+    return committed is not None and bool(committed.system_id) and (
+        (committed.system_id, committed.db, committed.slot)
         != (stream.system_id, stream.db, stream.slot))
 
 
-def shared_id_line(transactional_id: str, progress: Progress, stream: Stream) -> str:
-    theirs = Stream(progress.system_id, progress.db, progress.slot)
-    return (f"transactional id {transactional_id!r} holds the progress of {theirs.describe()}; "
+def shared_id_line(transactional_id: str, committed: Committed, stream: Stream) -> str:
+    theirs = Stream(committed.system_id, committed.db, committed.slot)
+    return (f"transactional id {transactional_id!r} holds the committed LSN of "
+            f"{theirs.describe()}; "
             f"this router streams {stream.describe()}: two streams on one transactional id "
             "would skip each other's transactions; give each router its own [kafka] "
             "transactional_id (or leave it empty: the default names the stream)")
 
 
-def committed_position(transactional_id: str, progress: Progress | None, stream: Stream,
-                       wal_end: int) -> int:
+def committed_lsn(transactional_id: str, committed: Committed | None, stream: Stream,
+                  wal_end: int) -> int:
     """The end LSN up to which Kafka holds ``stream`` (0: nothing usable); refuses another
-    stream's progress and a position past the server's WAL end."""
-    if progress is None or not progress.system_id:
+    stream's committed and a position past the server's WAL end."""
+    if committed is None or not committed.system_id:
         return 0  # no record, or one that cannot say whose it is (an older pgrouter's)
-    if foreign_stream(progress, stream):
-        raise ConfigError(shared_id_line(transactional_id, progress, stream),
+    if foreign_stream(committed, stream):
+        raise ConfigError(shared_id_line(transactional_id, committed, stream),
                           path="kafka.transactional_id")
-    lsn = parse_lsn(progress.end_lsn)
+    lsn = parse_lsn(committed.end_lsn)
     if lsn > wal_end:
         raise ConfigError(f"the committed-LSN topic says Kafka holds {stream.describe()} up to "
-                          f"{progress.end_lsn}, past the server's WAL end {format_lsn(wal_end)}:"
-                          " that progress was not written from this server's WAL (a restored "
+                          f"{committed.end_lsn}, past the server's WAL end {format_lsn(wal_end)}:"
+                          " that committed LSN was not written from this server's WAL (a restored "
                           "or rebuilt cluster keeps its system identifier); skipping by it "
                           "would lose transactions. Use a new [kafka] transactional_id (or "
                           "committed_lsn_topic) for this server",

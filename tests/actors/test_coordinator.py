@@ -36,7 +36,7 @@ class Pipeline:
         self.inbox, rx = trio.open_memory_channel(10)
         self.tickets = None
         self.sink = Actor("sink", log, rx)
-        self.progress, self.backfill = Actor("confirm", log), None
+        self.confirm, self.backfill = Actor("confirm", log), None
         self.origin_filter = None
         self.slot = Slot("slot", log)
         self.monitor, self.watch = Actor("monitor", log), Actor("watch", log)

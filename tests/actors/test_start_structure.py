@@ -74,3 +74,81 @@ def test_the_scan_finds_a_long_function(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST))
     (tmp_path / "long.py").write_text(f"def f():\n{body}")
     assert long_functions(tmp_path) == ["long.py:1 f (81 lines)"]
+
+
+#: the one module that reads the slot's name from the config: ``Source`` is built there and
+#: hands the name to whoever needs it
+SLOT_NAME_HOME = "runner/source.py"
+_CONFIGS = {"cfg", "config", "conf"}
+
+
+def _is_config(node: ast.AST) -> bool:
+    """``cfg``, ``config``, ``self.cfg``, ``sup.config``…: a name for the loaded config."""
+    return ((isinstance(node, ast.Name) and node.id in _CONFIGS)
+            or (isinstance(node, ast.Attribute) and node.attr in _CONFIGS))
+
+
+def _is_source_config(node: ast.AST, aliases: set[str]) -> bool:
+    """``cfg.source`` (or a name bound to it, or one annotated ``SourceConfig``)."""
+    return ((isinstance(node, ast.Attribute) and node.attr == "source"
+             and _is_config(node.value))
+            or (isinstance(node, ast.Name) and node.id in aliases))
+
+
+def _aliases(tree: ast.AST) -> set[str]:
+    """Names bound to ``cfg.source`` anywhere in a module (plain or tuple assignment), and
+    parameters annotated ``SourceConfig``."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                pairs = ([(target, node.value)] if not isinstance(target, ast.Tuple) else
+                         zip(target.elts, node.value.elts) if isinstance(node.value, ast.Tuple)
+                         else [])
+                for t, v in pairs:
+                    if isinstance(t, ast.Name) and _is_source_config(v, set()):
+                        out.add(t.id)
+        elif isinstance(node, ast.arg) and node.annotation is not None \
+                and "SourceConfig" in ast.unparse(node.annotation):
+            out.add(node.arg)
+    return out
+
+
+def slot_name_reads(root: pathlib.Path) -> list[str]:
+    """``file:line`` of every read of the slot's name from the config (``cfg.source.slot``,
+    ``src.slot`` with ``src = cfg.source``, ``getattr(cfg.source, "slot")``) outside the
+    module that builds ``Source``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == SLOT_NAME_HOME or "__pycache__" in rel:
+            continue
+        tree = ast.parse(path.read_text())
+        aliases = _aliases(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "slot" \
+                    and _is_source_config(node.value, aliases):
+                found.append(f"{rel}:{node.lineno}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "getattr" and len(node.args) >= 2
+                  and _is_source_config(node.args[0], aliases)
+                  and isinstance(node.args[1], ast.Constant) and node.args[1].value == "slot"):
+                found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_the_slot_name_is_read_from_the_config_only_where_source_is_built():
+    assert slot_name_reads(ACTORS) == []
+
+
+def test_the_scan_finds_slot_name_reads(tmp_path):
+    (tmp_path / "stray.py").write_text(
+        "def a(cfg):\n    return cfg.source.slot\n"
+        "def b(self):\n    src = self.cfg.source\n    return src.slot\n"
+        "def c(cfg):\n    return getattr(cfg.source, 'slot')\n"
+        "def d(src: SourceConfig):\n    return src.slot\n"
+        "def e(source):\n    return source.slot\n")
+    (tmp_path / "runner").mkdir()
+    (tmp_path / "runner" / "source.py").write_text("def f(cfg):\n    return cfg.source.slot\n")
+    assert slot_name_reads(tmp_path) == ["stray.py:2", "stray.py:5", "stray.py:7",
+                                         "stray.py:9"]

@@ -275,7 +275,7 @@ def test_a_second_slot_on_the_same_transactional_id_is_refused(table, tmp_path):
                           f"{name}_b"), "a refused start created its slot"
         text = str(info.value)
         assert "transactional id" in text and f"slot '{name}_b'" in text, text
-        assert f"holds the progress of slot '{name}'" in text, text
+        assert f"holds the committed LSN of slot '{name}'" in text, text
         assert "Traceback" not in text
         pg.run(f"update {name} set n = n + 1 where id = 1")
         time.sleep(2)

@@ -95,7 +95,7 @@ def test_sigint_drains_and_confirms_what_it_delivered(source, kafka_bootstrap, t
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
     log = (tmp_path / "r.log").read_text()
-    assert "draining" in log and "final flush position sent" in log, log[-2000:]
+    assert "draining" in log and "final confirmed position sent" in log, log[-2000:]
     assert "Traceback" not in log
     assert pg.one("select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots "
                   "where slot_name = %s", end, name), "the drain did not confirm what it sent"

@@ -44,13 +44,12 @@ async def test_failover_slots_need_17_and_are_created_with_failover(pg_dsn, pg_v
                 await slots.create(sql, slot, src.two_phase, src.failover)
                 assert pg.one("select failover from pg_replication_slots where slot_name = %s",
                               slot) is True
-                await failover.check_slot(sql, src, version)
+                await failover.check_slot(sql, slot, src.failover)
                 plain = unique("nf")
                 await slots.create(sql, plain, False)
                 try:
                     with pytest.raises(ConfigError, match="created without failover"):
-                        await failover.check_slot(sql, _src(pg_dsn, plain, failover=True),
-                                                  version)
+                        await failover.check_slot(sql, plain, True)
                 finally:
                     pg.drop_slot(plain)
     finally:
@@ -65,15 +64,14 @@ async def test_a_server_without_the_slot_or_behind_the_confirmed_position_is_ref
     try:
         async with trio_asyncio.open_loop():
             async with await SqlSession.connect(pg_dsn) as sql:
-                src = _src(pg_dsn, slot)
                 end = parse_lsn(await sql.fetchval(failover.WAL_END))
-                await failover.check_resume(sql, src, None)  # first connection
-                await failover.check_resume(sql, src, end)  # the same server, resumed
+                await failover.check_resume(sql, slot, None)  # first connection
+                await failover.check_resume(sql, slot, end)  # the same server, resumed
                 with pytest.raises(SlotBehind, match="has WAL only up to .* but the router "
                                    "already confirmed") as behind:
-                    await failover.check_resume(sql, src, end + (64 << 20))
+                    await failover.check_resume(sql, slot, end + (64 << 20))
                 with pytest.raises(SlotMissing, match="is missing on .*will not create") as gone:
-                    await failover.check_resume(sql, _src(pg_dsn, unique("gone")), end)
+                    await failover.check_resume(sql, unique("gone"), end)
         assert not is_retryable(behind.value) and not is_retryable(gone.value)
     finally:
         pg.drop_slot(slot)

@@ -1,4 +1,4 @@
-"""router.delivery.exactly_once: the progress record and the mode's configuration (pure)."""
+"""router.delivery.exactly_once: the committed-LSN record and the mode's configuration (pure)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from router.config.router import parse_config
 from router.errors import ConfigError, SinkRejected, is_retryable
 from router.delivery.exactly_once import (ProducerFenced, Stream, already_in_kafka,
-                                 committed_position, decode_progress, foreign_stream, progress_record,
+                                 committed_lsn, decode_committed, foreign_stream, committed_record,
                                  transactional_id)
 
 CONFIG = """
@@ -29,19 +29,19 @@ STREAM = Stream(system_id="7711944412465532092", db="shop", slot="s")
 
 
 def test_progress_record_round_trip_names_the_stream():
-    key, value = progress_record("pgrouter-s", 0x1_0000_00FF, STREAM)
+    key, value = committed_record("pgrouter-s", 0x1_0000_00FF, STREAM)
     assert key == b"pgrouter-s"
     assert value == (b'{"end_lsn":"1/FF","slot":"s","system_id":"7711944412465532092",'
                      b'"db":"shop"}')
-    assert committed_position("pgrouter-s", decode_progress(value), STREAM,
+    assert committed_lsn("pgrouter-s", decode_committed(value), STREAM,
                               wal_end=0x2_0000_0000) == 0x1_0000_00FF
-    assert decode_progress(None) is None  # nothing committed yet / tombstone
-    assert committed_position("pgrouter-s", None, STREAM, wal_end=5) == 0
+    assert decode_committed(None) is None  # nothing committed yet / tombstone
+    assert committed_lsn("pgrouter-s", None, STREAM, wal_end=5) == 0
 
 
 def test_a_foreign_progress_record_is_a_config_error():
     with pytest.raises(ConfigError, match="kafka.committed_lsn_topic"):
-        decode_progress(b'{"offset": 3}')
+        decode_committed(b'{"offset": 3}')
 
 
 @pytest.mark.parametrize("other", [
@@ -49,25 +49,25 @@ def test_a_foreign_progress_record_is_a_config_error():
     Stream(system_id="1234", db="shop", slot="s"),                      # same slot, 2 servers
     Stream(system_id="7711944412465532092", db="crm", slot="s")])       # another database
 def test_another_streams_progress_is_refused_never_skipped_by(other):
-    _, value = progress_record("shared", 0x10, other)
-    progress = decode_progress(value)
+    _, value = committed_record("shared", 0x10, other)
+    progress = decode_committed(value)
     assert foreign_stream(progress, STREAM)
     with pytest.raises(ConfigError) as info:
-        committed_position("shared", progress, STREAM, wal_end=0x1_0000_0000)
+        committed_lsn("shared", progress, STREAM, wal_end=0x1_0000_0000)
     assert info.value.path == "kafka.transactional_id"
     assert other.describe() in str(info.value) and STREAM.describe() in str(info.value)
 
 
 def test_a_position_past_the_servers_wal_end_is_refused():
-    _, value = progress_record("pgrouter-s", 0xDDC2D320, STREAM)
+    _, value = committed_record("pgrouter-s", 0xDDC2D320, STREAM)
     with pytest.raises(ConfigError, match="past the server's WAL end 0/2068580"):
-        committed_position("pgrouter-s", decode_progress(value), STREAM, wal_end=0x2068580)
+        committed_lsn("pgrouter-s", decode_committed(value), STREAM, wal_end=0x2068580)
 
 
 def test_a_record_that_names_no_stream_is_not_used():
-    progress = decode_progress(b'{"end_lsn":"0/DDC2D320","slot":"s"}')  # an older pgrouter's
+    progress = decode_committed(b'{"end_lsn":"0/DDC2D320","slot":"s"}')  # an older pgrouter's
     assert not foreign_stream(progress, STREAM)
-    assert committed_position("pgrouter-s", progress, STREAM, wal_end=0xFFFFFFFF) == 0
+    assert committed_lsn("pgrouter-s", progress, STREAM, wal_end=0xFFFFFFFF) == 0
 
 
 @pytest.mark.parametrize("end, committed, skipped", [(10, 10, True), (9, 10, True),
