@@ -52,6 +52,7 @@ import machine  # noqa: E402  (bench/machine.py)
 COLUMNS = "id, grp, amount, note, created"
 SETTINGS = {"linger_ms": 5}  # the router's [kafka] settings here and the ceiling's
 ROUTER_RSS: list[float] = []  # MB, of each router run
+ROUTER_WALL: list[float] = []  # s, of each router run: process start to exit
 
 
 def psql() -> str:
@@ -105,8 +106,10 @@ def copy_ranges_seconds(dsn: str, table: str, sessions: int) -> float:
 
 
 def snapshot_seconds(dsn: str, kafka: str, client: str, slot: str, pub: str,
-                     tables: list[str], parallel: int) -> tuple[float, int, float]:
-    """(seconds, rows, router CPU seconds) of one initial snapshot."""
+                     tables: list[str], parallel: int,
+                     tree: pathlib.Path = ROOT) -> tuple[float, int, float]:
+    """(seconds, rows, router CPU seconds) of one initial snapshot; the whole process's wall
+    time (``pgrouter run --until-caught-up``, start to exit) is appended to ``ROUTER_WALL``."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = pathlib.Path(tmp) / "router.toml"
         cfg.write_text(f"""
@@ -130,8 +133,9 @@ tables = {json.dumps(tables)}
 """)
         err = pathlib.Path(tmp) / "router.log"
         with open(err, "wb") as fh:
+            started = time.monotonic()
             proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c", str(cfg),
-                                     "--until-caught-up"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                     "--until-caught-up"], cwd=tree, stdout=subprocess.DEVNULL,
                                     stderr=fh)
             # this router's own CPU time (wait4) and peak RSS (VmHWM: the rusage's counts
             # the fork of this big process before the exec)
@@ -139,13 +143,14 @@ tables = {json.dumps(tables)}
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
+                    ROUTER_WALL.append(time.monotonic() - started)
                     break
                 try:
                     status_text = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
                     hwm = max(hwm, int(re.search(r"VmHWM:\s+(\d+)", status_text).group(1)))
                 except (OSError, AttributeError):
                     pass
-                time.sleep(0.2)
+                time.sleep(0.01)
         proc.returncode = os.waitstatus_to_exitcode(status)
         stderr = err.read_text()
     if proc.returncode != 0:
@@ -293,6 +298,45 @@ def encode_scaling(dsn: str, table: str, threads: int, rounds: int = 3) -> dict:
     return out
 
 
+def kafka_alone_seconds(kafka: str, records: list) -> tuple[float, float]:
+    """Kafka alone as issue 55 defines it: ``records`` (the snapshot's own, in memory,
+    ``(topic, key, value, headers)``) produced by a plain confluent-kafka producer (acks=all, idempotent, librdkafka's
+    defaults but ``SETTINGS``' linger) to a fresh one-partition topic, from the first
+    ``produce`` to the last delivery report (producer connected and its id obtained
+    before). (seconds, CPU seconds of this process)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"bench.alone.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": kafka, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": SETTINGS["linger_ms"]})
+    try:
+        producer.produce(topic, b"{}", b"null")
+        producer.flush(30)
+        acked, failed = [0], []
+
+        def done(err, _msg):
+            if err is not None:
+                failed.append(err)
+            acked[0] += 1
+        start, cpu = time.perf_counter(), time.process_time()
+        for _topic, key, value, headers in records:
+            while True:
+                try:
+                    producer.produce(topic, value, key, headers=headers, on_delivery=done)
+                    break
+                except BufferError:  # the local queue is full: let it drain
+                    producer.poll(0.005)
+            producer.poll(0)
+        if producer.flush(300) or failed or acked[0] != len(records):
+            raise SystemExit(f"Kafka alone: {acked[0]} of {len(records)} delivered, {failed[:1]}")
+        return time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        admin.delete_topics([topic])
+
+
 def ceiling_seconds(client: str, kafka: str, make, n: int,
                     meter: "machine.Meter") -> tuple[float, float, "machine.Usage"]:
     """(seconds, CPU seconds, the rest of the machine over those seconds) of
@@ -325,6 +369,73 @@ def ceilings_only(args, ceilings: dict, n: int) -> None:
         print(f"  {name:8} {secs:8.2f} s  {n / secs:12,.0f} records/s  cpu {cpu:6.2f} s")
 
 
+def one_table(args, cur, tag: str, big: str, slots: list) -> None:
+    """``--one``: issue 55's figures of one table, in alternating rounds: the whole
+    ``pgrouter run --until-caught-up`` (process start to exit, initial snapshot of ``big``),
+    Kafka alone (``kafka_alone_seconds``: the same records from memory, a plain client), the
+    fixed cost of a start (the same run on an empty table: process, slot, snapshot, exit)
+    and COPY to /dev/null; CPU seconds of each process. The router reads with ``--sessions``
+    sessions (``[snapshot] parallel``, 4 by default in the config)."""
+    empty = f"{tag}_empty"
+    cur.execute(f"create table {empty} (id bigint primary key, grp int, amount numeric(12,2),"
+                f" note text, created timestamptz)")
+    cur.execute(f"create publication {empty} for table {empty}")
+    make, _packed, n_records = table_records(args.dsn, big, f"{tag}_x")
+    records = make(f"{tag}_x", n_records)
+    size = statistics.mean(len(r[1]) + len(r[2]) + sum(len(k) + len(v) for k, v in r[3] or ())
+                           for r in records[:1000])
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {n_records} "
+          f"records of ~{size:.0f} bytes (key + value + headers)", flush=True)
+    runs: dict[str, list] = {}
+    # the router of this tree, and of --baseline's (a before/after in the same rounds)
+    trees = [(ROOT, "")] + ([(pathlib.Path(args.baseline), " (baseline)")]
+                            if args.baseline else [])
+
+    def note(name: str, value: float) -> None:
+        runs.setdefault(name, []).append(value)
+    for r in range(args.repeat):
+        secs, cpu = kafka_alone_seconds(args.kafka, records)
+        note("alone", secs)
+        note("alone cpu", cpu)
+        for tree, name in trees:
+            slots.append(f"{tag}_one{r}{'b' if name else ''}")
+            snap, rows, cpu = snapshot_seconds(args.dsn, args.kafka, args.client, slots[-1],
+                                               big, [big], args.sessions, tree)
+            assert rows == args.rows, rows
+            note(f"run{name}", ROUTER_WALL[-1])
+            note(f"run{name} cpu", cpu)
+            note(f"snap{name}", snap)
+            slots.append(f"{tag}_empty{r}{'b' if name else ''}")
+            _, rows, cpu = snapshot_seconds(args.dsn, args.kafka, args.client, slots[-1],
+                                            empty, [empty], args.sessions, tree)
+            note(f"start{name}", ROUTER_WALL[-1])
+            note(f"start{name} cpu", cpu)
+            note(f"run{name}/alone", runs[f"run{name}"][-1] / secs)
+            note(f"(run{name}-start)/alone",
+                 (runs[f"run{name}"][-1] - runs[f"start{name}"][-1]) / secs)
+        note("copy", copy_seconds(args.dsn, big))
+        print(f"  round {r + 1}: " + ", ".join(
+            f"run{name} {runs[f'run{name}'][-1]:.2f} s (snapshot {runs[f'snap{name}'][-1]:.2f}"
+            f" s), start{name} {runs[f'start{name}'][-1]:.2f} s" for _, name in trees)
+            + f", Kafka alone {secs:.2f} s, COPY {runs['copy'][-1]:.2f} s; load "
+            f"{os.getloadavg()[0]:.1f}", flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print(f"one table, {args.rows} rows ({args.client}), medians of {args.repeat} round(s):")
+    print(f"  Kafka alone (plain confluent-kafka, acks=all, idempotent, from memory) "
+          f"{med['alone']:6.2f} s  cpu {med['alone cpu']:5.2f} s")
+    print(f"  COPY to /dev/null               {med['copy']:6.2f} s")
+    for tree, name in trees:
+        print(f"  {tree}:")
+        print(f"    pgrouter run --until-caught-up  {med[f'run{name}']:6.2f} s  cpu "
+              f"{med[f'run{name} cpu']:5.2f} s  (its snapshot line: {med[f'snap{name}']:.2f} s)")
+        print(f"    start (empty table)             {med[f'start{name}']:6.2f} s  cpu "
+              f"{med[f'start{name} cpu']:5.2f} s")
+        print(f"    run / Kafka alone               {med[f'run{name}/alone']:6.2f}x  (median of "
+              f"the rounds' ratios)")
+        print(f"    (run - start) / Kafka alone     {med[f'(run{name}-start)/alone']:6.2f}x")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
@@ -335,9 +446,14 @@ def main() -> None:
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--kafka", default="127.0.0.1:9092")
     ap.add_argument("--client", default="librdkafka", choices=["kafka-python", "librdkafka"])
+    ap.add_argument("--one", action="store_true",
+                    help="only one table against Kafka alone (a plain client) and an empty "
+                         "table's start (issue 55)")
     ap.add_argument("--ceilings", action="store_true",
                     help="only the producer alone: the table's records one by one and packed "
                          "(what actors/kafka/_producer.c buys)")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="with --one: also the router of another checkout, in the same rounds")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     tag = f"bs_{uuid.uuid4().hex[:8]}"
@@ -345,7 +461,7 @@ def main() -> None:
     conn.autocommit = True
     cur = conn.cursor()
     big = f"{tag}_big"
-    small = [] if args.ceilings else [f"{tag}_p{i}" for i in range(args.tables)]
+    small = [] if args.one or args.ceilings else [f"{tag}_p{i}" for i in range(args.tables)]
     slots = []
     runs: dict[str, list] = {}
 
@@ -364,6 +480,8 @@ def main() -> None:
                         f"from generate_series(1, {n}) g")
             cur.execute(f"vacuum analyze {t}")
             cur.execute(f"create publication {t} for table {t}")
+        if args.one:
+            return one_table(args, cur, tag, big, slots)
         make, make_packed, n_records = table_records(args.dsn, big, f"{tag}_one0_1")
         ceilings = {"ceiling": make}
         if args.client == "librdkafka":
@@ -452,7 +570,7 @@ def main() -> None:
         for s in slots:
             cur.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots "
                         "where slot_name = %s", (s,))
-        for t in [big, *small, f"{tag}_many"]:
+        for t in [big, *small, f"{tag}_many", f"{tag}_empty"]:
             cur.execute(f"drop publication if exists {t}")
             cur.execute(f"drop table if exists {t}")
         conn.close()
