@@ -295,10 +295,11 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
             raise _missing(topic, bootstrap_servers)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
                  for p in meta.partitions}
-        marked({p: begin for p, (begin, _end) in marks.items()})
         ends = {p: end for p, (_b, end) in marks.items()}
         left = {p for p, (begin, end) in marks.items() if end > begin}
         consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in left])
+        # librdkafka fetches meanwhile (the WAL end is a connection of its own away)
+        marked({p: begin for p, (begin, _end) in marks.items()})
         batch = decoder.batcher(fold, keyless)
         n = shown = 0
         deadline = time.monotonic() + timeout

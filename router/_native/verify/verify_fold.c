@@ -106,10 +106,11 @@ typedef struct {
     Member *sorted[FOLD_MAX_COLUMNS], *ksorted[FOLD_MAX_COLUMNS];
 } Fold;
 
-/* msgspec's JSON of the key (router.verify.fold.key_of: names sorted) as new bytes; None (a new
- * reference) when not the plain case (a float in the key) */
+/* msgspec's JSON of the key (router.verify.fold.key_of: names sorted) as new bytes (``kb``
+ * itself when it is already that JSON, as the router writes it); None (a new reference) when
+ * not the plain case (a float in the key) */
 static PyObject *
-key_bytes(Fold *f, Py_ssize_t n)
+key_bytes(Fold *f, Py_ssize_t n, PyObject *kb)
 {
     Buf b;
     buf_init(&b, 0);
@@ -136,7 +137,11 @@ key_bytes(Fold *f, Py_ssize_t n)
     if (n == 0)
         b.p[b.len++] = '{';
     b.p[b.len++] = '}';
-    out = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
+    if (PyBytes_CheckExact(kb) && (size_t)PyBytes_GET_SIZE(kb) == b.len &&
+        memcmp(PyBytes_AS_STRING(kb), b.p, b.len) == 0)
+        out = Py_NewRef(kb);
+    else
+        out = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
 done:
     buf_free(&b);
     return out;
@@ -217,7 +222,7 @@ fold_one(Fold *f, PyObject *kb, PyObject *vb)
     Py_ssize_t n = f->after.n, nk = f->key.n;
     flat_sorted(&f->after, f->sorted);
     flat_sorted(&f->key, f->ksorted);
-    if ((k = key_bytes(f, nk)) == NULL) {
+    if ((k = key_bytes(f, nk, kb)) == NULL) {
         res = -1;
         goto done;
     }
