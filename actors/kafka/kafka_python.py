@@ -269,8 +269,7 @@ class KafkaPythonClient(Producer):
 
         try:
             if self._admin is None:
-                self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
-                                               client_id="pgrouter-admin", **self._admin_config)
+                self._admin = self._new_admin()
             described = self._admin.describe_configs(
                 [ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})],
                 config_filter="all")
@@ -292,12 +291,19 @@ class KafkaPythonClient(Producer):
         except Exception as exc:
             raise map_error(exc) from exc
 
-    def topic_names(self) -> frozenset[str]:
+    def _new_admin(self) -> KafkaAdminClient:
+        return KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
+                                client_id="pgrouter-admin", **self._admin_config)
+
+    def _admin_client(self) -> KafkaAdminClient:
+        """A new admin client (the caller closes it); failing to make one is a sink error."""
         try:
-            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
-                                     client_id="pgrouter-admin", **self._admin_config)
+            return self._new_admin()
         except Exception as exc:
             raise map_error(exc) from exc
+
+    def topic_names(self) -> frozenset[str]:
+        admin = self._admin_client()
         try:
             return frozenset(admin.list_topics())
         except Exception as exc:
@@ -309,11 +315,7 @@ class KafkaPythonClient(Producer):
         missing = [s for s in specs if s.name not in self._known_topics]
         if not missing:
             return
-        try:
-            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
-                                     client_id="pgrouter-admin", **self._admin_config)
-        except Exception as exc:
-            raise map_error(exc) from exc
+        admin = self._admin_client()
         try:
             existing = set(admin.list_topics())
             new = [NewTopic(s.name, s.partitions, s.replication_factor,

@@ -89,17 +89,9 @@ def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stat
     caught_up = trio.Event()
     relations = RelationCache()
     keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
-    slot = SlotReader(
-        dsn=source.dsn, slot=source.slot, out=None, confirmed=confirmed,
-        status_interval=src.status_interval, stats=stats, holds=holds,
-        options=pgoutput_options(proto_version=info.proto_version,
-                                 publications=src.publications, streaming=src.streaming,
-                                 # definitions and TRUNCATE markers
-                                 messages=(src.messages or definitions is not None
-                                           or publication_mode.follows_publications(cfg)),
-                                 binary=src.binary,
-                                 two_phase=src.two_phase,
-                                 origin=origins.server_option(info.version)))
+    slot = SlotReader(dsn=source.dsn, slot=source.slot, out=None, confirmed=confirmed,
+                      status_interval=src.status_interval, stats=stats, holds=holds,
+                      options=_options(cfg, info, origins, definitions is not None))
     decoder = DecoderActor(
         decoder=Decoder(info.proto_version),
         assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
@@ -175,6 +167,18 @@ def topic_specs(cfg: Config) -> dict[str, TopicSpec]:
     specs[DEFINITIONS_ROUTE] = TopicSpec("", 1, specs[""].replication_factor,
                                          definitions_state.TOPIC_CONFIGS)
     return specs
+
+
+def _options(cfg: Config, info, origins, follows_definitions: bool) -> dict[str, str]:
+    """START_REPLICATION's pgoutput options for this start (``info``: ``Source.server``)."""
+    src = cfg.source
+    return pgoutput_options(proto_version=info.proto_version, publications=src.publications,
+                            streaming=src.streaming,
+                            # definitions and TRUNCATE markers
+                            messages=(src.messages or follows_definitions
+                                      or publication_mode.follows_publications(cfg)),
+                            binary=src.binary, two_phase=src.two_phase,
+                            origin=origins.server_option(info.version))
 
 
 def _bind(metrics: Metrics, stats: Stats, confirmed: Latest) -> None:
