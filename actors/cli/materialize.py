@@ -27,6 +27,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compact", action="store_true",
                    help="Iceberg tables: compact every table of the catalog now (rewrite data "
                    "files with deletes, drop unused delete files, expire old snapshots), then exit")
+    p.add_argument("--tables", action="store_true",
+                   help="Iceberg tables: print each table's rows, data files, delete files and "
+                   "last compaction, then exit")
     p.add_argument("--devstack-dir", default=".devstack", type=pathlib.Path,
                    help="dev stack folder whose Maven cache supplies the Spark jars when the "
                    "config names none (default .devstack)")
@@ -54,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
             if args.compact:
                 for ref in job.compact(cfg):
                     print(f"compacted {ref}")
+            if args.compact or args.tables:
+                for ref, st in job.table_stats(cfg):
+                    print(f"{ref}: rows={st['rows']} data_files={st['data_files']} "
+                          f"delete_files={st['delete_files']} "
+                          f"last_compaction={st['last_compaction'] or 'never'}")
                 return 0
             job.run(cfg, available_now=args.available_now, py_files=py_files)
         except job.MaterializeError as exc:

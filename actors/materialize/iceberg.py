@@ -30,6 +30,9 @@ from .settings import JobConfig, MaterializeError
 from .tables import KEY_PROPERTY, TRUNCATE_PROPERTY, DeltaTables, TableState
 
 APP_PROPERTY, BATCH_PROPERTY = "pgrouter.app-id", "pgrouter.batch-id"
+#: when compaction last ran on the table (UTC, ISO 8601): a table property, so it outlives the
+#: compaction's snapshot, which expire_snapshots removes
+COMPACTED_PROPERTY = "pgrouter.last-compaction"
 _SNAPSHOT_CONF = "spark.sql.iceberg.snapshot-property."
 #: merge-on-read, format v2: position deletes, which Spark writes and pyiceberg reads (v3's
 #: deletion vectors are not read by pyiceberg 0.12)
@@ -185,3 +188,20 @@ def all_tables(spark, cfg: JobConfig) -> list[str]:
             out += [f"{inner}.{quote(r.tableName)}"
                     for r in spark.sql(f"SHOW TABLES IN {inner}").collect()]
     return sorted(out)
+
+
+def table_stats(spark, ref: str) -> dict:
+    """What a reader of the table pays now: ``rows`` (its live rows: a scan, tombstones left
+    out), and from its metadata ``data_files``, ``delete_files`` (the position delete files
+    and deletion vectors a scan plans) and ``last_compaction`` (the table property, None if
+    never). Not the rows from the files' counts: delete files of a data file that a
+    TRUNCATE or compaction removed stay counted until compaction drops them."""
+    files = dict(spark.sql(f"SELECT content, count(*) FROM {ref}.files GROUP BY content")
+                 .collect())
+    props = {r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES {ref}").collect()}
+    table = spark.table(ref)
+    if "_pgr_deleted" in table.columns:  # state mode
+        table = table.filter("NOT _pgr_deleted")
+    return {"rows": table.count(), "data_files": files.get(0, 0),
+            "delete_files": files.get(1, 0) + files.get(2, 0),
+            "last_compaction": props.get(COMPACTED_PROPERTY)}

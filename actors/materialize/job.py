@@ -65,7 +65,7 @@ from actors.materialize.settings import (CHANGELOG, ICEBERG, STATE, JobConfig,
                                          MaterializeError, config_from_dict, load_config, reason,
                                          validate)
 
-__all__ = ["CHANGELOG", "ICEBERG", "STATE", "compact", "JobConfig", "MaterializeError", "Materializer", "build_session",
+__all__ = ["CHANGELOG", "ICEBERG", "STATE", "compact", "table_stats", "JobConfig", "MaterializeError", "Materializer", "build_session",
            "config_from_dict", "load_config", "main", "parse_pg_array", "quote", "run",
            "spark_type_name", "table_path", "validate"]
 
@@ -171,6 +171,17 @@ def compact(cfg: JobConfig, *, spark=None) -> list[str]:
         except Exception as exc:
             raise MaterializeError(f"{ref}: compaction failed: {reason(exc)}") from exc
     return tables
+
+
+def table_stats(cfg: JobConfig, *, spark=None) -> list[tuple[str, dict]]:
+    """``--tables``: every Iceberg table of the catalog with its rows, data files, delete files
+    and last compaction (``iceberg.table_stats``)."""
+    if cfg.output_format != ICEBERG:
+        raise MaterializeError("--tables lists Iceberg tables ([output] format = \"iceberg\")")
+    from actors.materialize import iceberg
+
+    spark = spark or build_session(cfg)
+    return [(ref, iceberg.table_stats(spark, ref)) for ref in iceberg.all_tables(spark, cfg)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,10 +12,12 @@ Maintenance never carries the batch's ``txnAppId``: every step is idempotent.
 Iceberg tables (``[output] format = "iceberg"``) are written merge-on-read, so compaction is
 part of their upkeep, at most every ``[iceberg] compact_interval`` (``compact``; also
 ``pgrouter materialize --compact``): data files with deletes rewritten without them
-(``rewrite_data_files``, small files binpacked), delete files no data file needs any more
-removed (``rewrite_position_delete_files``), then snapshots older than
+(``rewrite_data_files``, small files binpacked, delete files of data files gone since, as
+after a TRUNCATE, dropped), delete files no data file needs any more removed
+(``rewrite_position_delete_files``), then snapshots older than
 ``[iceberg] snapshot_retention`` expired (the current one is always kept) and their files
-deleted. ``optimize`` and ``vacuum_retention`` are Delta's and do nothing on Iceberg tables.
+deleted; the table property ``pgrouter.last-compaction`` says when (``iceberg.table_stats``).
+``optimize`` and ``vacuum_retention`` are Delta's and do nothing on Iceberg tables.
 """
 
 from __future__ import annotations
@@ -74,12 +76,17 @@ class Maintenance:
         # taken for it
         arg = ref.replace("\\", "\\\\").replace("'", "\\'")
         self.spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{arg}', "
-                       "options => map('delete-file-threshold', '1', 'min-input-files', '2'))")
+                       "options => map('delete-file-threshold', '1', 'min-input-files', '2', "
+                       # delete files of data files a TRUNCATE removed stay otherwise
+                       "'remove-dangling-deletes', 'true'))")
         self.spark.sql(f"CALL {catalog}.system.rewrite_position_delete_files(table => '{arg}')")
         cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=self.keep_snapshots)
         self.spark.sql(f"CALL {catalog}.system.expire_snapshots(table => '{arg}', older_than => "
                        f"TIMESTAMP '{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00', "
                        "retain_last => 1)")
+        from .iceberg import COMPACTED_PROPERTY
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.spark.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('{COMPACTED_PROPERTY}' = '{now}')")
 
     def table(self, path: str) -> None:
         t = self.ref(path)

@@ -263,3 +263,5 @@ def test_delta_needs_its_warehouse_and_compact_refuses_delta():
         assert cfg is None and err == "delta.warehouse"
     with pytest.raises(MaterializeError, match=r"--compact compacts Iceberg tables"):
         job.compact(parse(BASE))
+    with pytest.raises(MaterializeError, match=r"--tables lists Iceberg tables"):
+        job.table_stats(parse(BASE))
