@@ -65,8 +65,8 @@ from actors.materialize.settings import (CHANGELOG, ICEBERG, STATE, JobConfig,
                                          MaterializeError, config_from_dict, load_config, reason,
                                          validate)
 
-__all__ = ["CHANGELOG", "ICEBERG", "STATE", "compact", "table_stats", "JobConfig", "MaterializeError", "Materializer", "build_session",
-           "config_from_dict", "load_config", "main", "parse_pg_array", "quote", "run",
+__all__ = ["CHANGELOG", "ICEBERG", "STATE", "compact", "table_stats", "JobConfig",
+           "MaterializeError", "Materializer", "build_session", "config_from_dict", "load_config", "main", "parse_pg_array", "quote", "run",
            "spark_type_name", "table_path", "validate"]
 
 # --- session and entry point ---------------------------------------------------------------------
