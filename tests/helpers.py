@@ -16,6 +16,14 @@ import psycopg2
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def config_head(dsn: str, kafka: str = "") -> str:
+    """The ``[source]`` and ``[kafka]`` tables of a minimal router config, for tests that parse
+    a config text and never connect; ``kafka``: lines added to ``[kafka]``. The caller
+    appends the rest (more ``[kafka]`` keys, then ``[[routes]]``)."""
+    return (f'[source]\ndsn = "{dsn}"\nslot = "s"\npublications = ["p"]\n'
+            f'[kafka]\nbootstrap_servers = "k:9092"\n{kafka}')
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 

@@ -9,15 +9,9 @@ from router.errors import ConfigError, SinkRejected, is_retryable
 from router.delivery.exactly_once import (ProducerFenced, Stream, already_in_kafka,
                                  committed_lsn, decode_committed, foreign_stream, committed_record,
                                  transactional_id)
+from tests.helpers import config_head
 
-CONFIG = """
-[source]
-dsn = "postgresql://x@h/db"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-exactly_once = true
+CONFIG = config_head("postgresql://x@h/db") + """exactly_once = true
 {extra}
 [[routes]]
 name = "r"

@@ -8,15 +8,9 @@ import pytest
 from router.config import router as config_module
 from router.config.router import parse_config, resolve_client
 from router.errors import ConfigError
+from tests.helpers import config_head
 
-TEXT = """
-[source]
-dsn = "postgresql://h/db"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-{kafka}
+TEXT = config_head("postgresql://h/db") + """{kafka}
 [[routes]]
 name = "r"
 tables = ["public.t"]

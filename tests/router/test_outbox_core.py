@@ -14,6 +14,7 @@ from router.routing.outbox import OutboxConfig
 from router.pgoutput import Relation, RelationColumn
 from router.routing.change_router import ChangeRouter, RouteSpec
 from router.stream.transactions import Transaction
+from tests.helpers import config_head
 
 UUID, TEXT, JSONB = 2950, 25, 3802
 OUTBOX = Relation(1, "public", "outbox", "d", (RelationColumn(1, "id", UUID, -1),
@@ -80,14 +81,7 @@ def test_a_missing_column_is_named():
 
 
 def _config(route: str, fmt: str = "json") -> str:
-    return f"""
-[source]
-dsn = "postgresql://u@h/d"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-format = "{fmt}"
+    return config_head("postgresql://u@h/d") + f"""format = "{fmt}"
 [kafka.registry]
 url = "http://r"
 [[routes]]

@@ -12,6 +12,7 @@ from router.config.applier import parse_apply_config, table_map
 from router.config.router import parse_config, qualified
 from router.errors import ConfigError
 from router.postgres.identifiers import split_qualified, unparse_qualified
+from tests.helpers import config_head
 
 NAMES = [
     ("t", ("public", "t")),
@@ -40,14 +41,7 @@ def test_malformed_names_are_one_line(text):
         split_qualified(text)
 
 
-CFG = """
-[source]
-dsn = "postgresql://h/db"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-[[routes]]
+CFG = config_head("postgresql://h/db") + """[[routes]]
 name = "r"
 tables = [{tables}]
 """

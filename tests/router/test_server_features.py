@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.postgres.server_features import ServerFeatures
+from tests.helpers import config_head
 
 CASES = [  # version, proto, origin option, standby decoding, failover slots, generated columns
     (150014, 3, False, False, False, False),
@@ -35,14 +36,7 @@ def test_origin_filtering_is_pushed_to_the_server_only_for_none_on_16_and_later(
         return rules_from_config(cfg).filtering_at(version)
 
     def cfg(origin: str):
-        return parse_config(f"""{origin}
-[source]
-dsn = "postgresql://x/db"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-[[routes]]
+        return parse_config(f"{origin}\n" + config_head("postgresql://x/db") + f"""[[routes]]
 name = "r"
 tables = ["public.t"]
 topic = "t"

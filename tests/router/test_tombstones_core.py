@@ -16,6 +16,7 @@ from router.formats.connect import ConnectFormat
 from router.pgoutput import Relation, RelationColumn
 from router.routing.change_router import ChangeRouter, RouteSpec
 from router.stream.transactions import Transaction
+from tests.helpers import config_head
 
 INT4, TEXT = 23, 25
 REL = Relation(1, "public", "t", "d", (RelationColumn(1, "id", INT4, -1),
@@ -200,14 +201,7 @@ def test_a_compacted_topic_refusing_truncate_records_is_a_config_error(fmt, ops,
     from router.config.router import parse_config
     from router.errors import ConfigError
 
-    text = f"""
-[source]
-dsn = "postgresql://u@h/d"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-format = "{fmt}"
+    text = config_head("postgresql://u@h/d") + f"""format = "{fmt}"
 [kafka.registry]
 url = "http://r"
 [[routes]]

@@ -18,6 +18,7 @@ from router.routing.change_router import ChangeRouter, RouteSpec
 from router.snapshot.rows import SnapshotRows
 from router.stream.transactions import Transaction
 from router.routing.transforms import ColumnTransform, Salt
+from tests.helpers import config_head
 
 INT4, TEXT = 23, 25
 REL = Relation(1, "public", "people", "d", (RelationColumn(1, "id", INT4, -1),
@@ -109,14 +110,7 @@ def test_the_salt_is_never_shown():
     ('kind = "null"\ncolumns = []', "at least one column"),
 ])
 def test_config_entries_are_checked(entry, problem):
-    text = f"""
-[source]
-dsn = "postgresql://u@h/d"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-[[routes]]
+    text = config_head("postgresql://u@h/d") + f"""[[routes]]
 name = "r"
 all_tables = true
 [[routes.transforms]]

@@ -8,15 +8,9 @@ import pytest
 from actors.services.metrics import PG_EPOCH, CommitClock, Metrics
 from router.config.router import parse_config
 from router.errors import ConfigError
+from tests.helpers import config_head
 
-BASE = """
-[source]
-dsn = "postgresql://x@h/db"
-slot = "s"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "k:9092"
-[[routes]]
+BASE = config_head("postgresql://x@h/db") + """[[routes]]
 name = "r"
 all_tables = true
 """
