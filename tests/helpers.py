@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pathlib
@@ -22,6 +23,39 @@ def config_head(dsn: str, kafka: str = "") -> str:
     appends the rest (more ``[kafka]`` keys, then ``[[routes]]``)."""
     return (f'[source]\ndsn = "{dsn}"\nslot = "s"\npublications = ["p"]\n'
             f'[kafka]\nbootstrap_servers = "k:9092"\n{kafka}')
+
+
+#: a minimal ``pgrouter apply`` config text (tests parse it and never connect); ``[target]``
+#: is last, so keys appended go there
+APPLY_CONFIG = """
+[kafka]
+bootstrap_servers = "k:9092"
+transactions_topic = "a.tx"
+[target]
+dsn = "postgresql://u@h/db"
+origin = "node_a"
+"""
+
+
+def imported_modules(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
+    """Dotted names of what ``path`` imports, relative imports resolved from its place under
+    ``root``; ``from pkg import name`` of a top-level package also gives ``pkg.name`` (the
+    name may be a module). For the floor tests of ``router/`` and ``actors/``."""
+    here = path.relative_to(root).with_suffix("").parts
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(here[:-node.level])
+                names += ([".".join(base + [node.module])] if node.module else
+                          [".".join(base + [a.name]) for a in node.names])
+            elif node.module:
+                names.append(node.module)
+                if "." not in node.module:
+                    names += [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
 
 
 def unique(prefix: str) -> str:

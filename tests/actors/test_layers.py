@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+from tests.helpers import imported_modules
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ACTORS = ROOT / "actors"
 
@@ -28,25 +30,8 @@ FLOORS = {
 
 def _imports(path: pathlib.Path) -> set[str]:
     """The ``actors`` packages a module imports (absolute or relative)."""
-    tree = ast.parse(path.read_text())
-    here = path.relative_to(ROOT).with_suffix("").parts
-    found = set()
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = list(here[:-node.level])
-                names = ([".".join(base + [node.module])] if node.module else
-                         [".".join(base + [a.name]) for a in node.names])
-            elif node.module:
-                names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "actors" and len(parts) > 1:
-                found.add(parts[1])
-    return found
+    return {parts[1] for parts in (name.split(".") for name in imported_modules(path, ROOT))
+            if parts[0] == "actors" and len(parts) > 1}
 
 
 def test_every_actors_package_has_a_floor():

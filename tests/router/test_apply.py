@@ -12,6 +12,7 @@ from router.config.applier import parse_apply_config
 from router.errors import ApplyError, ConfigError, DecodeError
 from router.apply.reassembly import Reassembler
 from router.apply.statements import TargetTable, affected, to_text
+from tests.helpers import APPLY_CONFIG
 
 
 def end(lsn: int, counts: dict[str, int]) -> bytes:
@@ -100,14 +101,7 @@ def test_statements():
     assert to_text(1.5) == "1.5" and to_text(None) is None and to_text(7) == "7"
 
 
-APPLY = """
-[kafka]
-bootstrap_servers = "k:9092"
-transactions_topic = "a.tx"
-[target]
-dsn = "postgresql://u@h/db"
-origin = "node_a"
-"""
+APPLY = APPLY_CONFIG
 
 
 def test_apply_config():

@@ -4,8 +4,9 @@ counts, also one inside a function."""
 
 from __future__ import annotations
 
-import ast
 import pathlib
+
+from tests.helpers import imported_modules
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROUTER = ROOT / "router"
@@ -30,27 +31,8 @@ FLOORS = {
 
 def _imports(path: pathlib.Path) -> set[str]:
     """The ``router`` packages and top-level modules a module imports (absolute or relative)."""
-    here = path.relative_to(ROOT).with_suffix("").parts
-    if here[-1] == "__init__":
-        here = here[:-1] + ("__init__",)
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = list(here[:-node.level])
-                names = ([".".join(base + [node.module])] if node.module else
-                         [".".join(base + [a.name]) for a in node.names])
-            elif node.module:
-                names = [node.module] + ([f"router.{a.name}" for a in node.names]
-                                         if node.module == "router" else [])
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "router" and len(parts) > 1 and parts[1] in FLOORS:
-                found.add(parts[1])
-    return found
+    return {parts[1] for parts in (name.split(".") for name in imported_modules(path, ROOT))
+            if parts[0] == "router" and len(parts) > 1 and parts[1] in FLOORS}
 
 
 def test_router_holds_packages_and_its_ground_only():

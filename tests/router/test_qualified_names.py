@@ -12,7 +12,7 @@ from router.config.applier import parse_apply_config, table_map
 from router.config.router import parse_config, qualified
 from router.errors import ConfigError
 from router.postgres.identifiers import split_qualified, unparse_qualified
-from tests.helpers import config_head
+from tests.helpers import APPLY_CONFIG, config_head
 
 NAMES = [
     ("t", ("public", "t")),
@@ -56,14 +56,7 @@ def test_config_tables_take_quoted_schemas():
     assert info.value.path == "routes[0].tables[0]" and "double quote" in str(info.value)
 
 
-APPLY = """
-[kafka]
-bootstrap_servers = "k:9092"
-transactions_topic = "a.tx"
-[target]
-dsn = "postgresql://u@h/db"
-origin = "node_a"
-"""
+APPLY = APPLY_CONFIG
 
 
 def test_apply_progress_table_and_table_map_with_dots_and_quotes():
