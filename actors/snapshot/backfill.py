@@ -175,9 +175,9 @@ class BackfillActor:
     # -- requests and jobs --------------------------------------------------------------------
 
     async def _start(self) -> None:
-        """Resumes the jobs the progress topic says are running, and an interrupted initial
-        snapshot."""
-        records = await self.store.aload()
+        """Resumes the jobs the progress topic (as this run's initial snapshot left it, or
+        read now) says are running, and an interrupted initial snapshot."""
+        records = self.store.records if self.store.loaded else await self.store.aload()
         running = [p for p in records.values() if p.kind == "backfill" and p.slot == self.slot
                    and p.state == "running"]
         if running or self.resume_initial:

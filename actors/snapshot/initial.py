@@ -112,22 +112,24 @@ class InitialSnapshot:
         slot exists), ``started`` recorded, then the slot created with an exported
         snapshot."""
         cfg, source = self.cfg, self.source
-        async with session(source.dsn) as sql:
-            # the columns before the catalog: a table whose columns change after this is
-            # not read with the catalog's (``ShapeCheck``)
-            self.shapes = await table_shapes(sql)
-            catalog = await load_catalog(sql, cfg)
-            db = await sql.fetchval("select current_database()")
-            tables = slot_tables(cfg, catalog)
-            names = await type_names(sql, tables)
-            pks = await load_primary_keys(sql)
+        async with trio.open_nursery() as reading:
+            # the progress topic in a worker thread while PostgreSQL answers
+            reading.start_soon(self.store.aload)
+            async with session(source.dsn) as sql:
+                # the columns before the catalog: a table whose columns change after this is
+                # not read with the catalog's (``ShapeCheck``)
+                self.shapes = await table_shapes(sql)
+                catalog = await load_catalog(sql, cfg)
+                db = await sql.fetchval("select current_database()")
+                tables = slot_tables(cfg, catalog)
+                names = await type_names(sql, tables)
+                pks = await load_primary_keys(sql)
         # records keyed as the stream keys them (the primary key whenever there is one)
         self.rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
                                               type_names=names, primary_keys=pks),
                                  position_headers=cfg.kafka.position_headers,
                                  packed=self.packed)
         self.tables = [t for t in tables if self.rows.routed(t.relation)]
-        await self.store.aload()
         await self.store.forget_initial(source.slot)
         # a name of this snapshot for its range records (``router.snapshot.ranges``)
         await self.store.aput(SnapshotState("initial", source.slot, "started",

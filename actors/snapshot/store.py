@@ -34,6 +34,10 @@ class StateStore:
         self.topic = cfg.snapshot.state_topic
         self.client = client  # the sink's Kafka client (produce_sync, ensure_topics)
         self.records: dict[bytes, SnapshotState] = {}
+        #: the topic was read whole (``load``) and every record since was written through
+        #: this store: ``records`` is what a new read would give (of the keys this router
+        #: writes)
+        self.loaded = False
 
     def load(self, timeout: float = READ_TIMEOUT) -> dict[bytes, SnapshotState]:
         """Every progress record (last per key), read from the beginning to the end (with
@@ -47,6 +51,7 @@ class StateStore:
             if p is not None and key:
                 out[key] = p
         self.records = out
+        self.loaded = True
         return out
 
     def _ensure(self) -> None:
@@ -54,6 +59,11 @@ class StateStore:
             rf = max([r.topic_settings.replication_factor for r in self.cfg.routes] or [1])
             self.client.ensure_topics([TopicSpec(self.topic, 1, rf,
                                                  {"cleanup.policy": "compact"})])
+
+    def adopt(self, other: "StateStore") -> None:
+        """What ``other`` read and wrote, taken instead of reading the topic again (the
+        initial snapshot's store, handed to the stream's backfill actor of the same run)."""
+        self.records, self.loaded = dict(other.records), other.loaded
 
     def get(self, key: SnapshotState) -> SnapshotState | None:
         return self.records.get(state_key(key))
