@@ -58,6 +58,28 @@ def imported_modules(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]
     return names
 
 
+def wait_logged(what: str, cond, log: pathlib.Path, timeout: float, every: float = 0.2):
+    """``cond()``'s first true value, polled every ``every`` seconds; past ``timeout`` fail
+    naming ``what`` with the tail of the router's ``log``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+
+
+def stop_router(proc: subprocess.Popen) -> None:
+    """A started router stopped: SIGTERM (it drains), kill -9 after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            kill9(proc)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 

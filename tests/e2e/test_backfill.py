@@ -22,7 +22,7 @@ import psycopg2
 import pytest
 
 from tests.helpers import (ROOT, Pg, fold_rows, kill9, pg_text, read_topic, start_router,
-                           unique, write_config)
+                           stop_router, unique, wait_logged, write_config)
 
 pytestmark = pytest.mark.services
 
@@ -85,13 +85,21 @@ def frozen_in_the_middle(proc: subprocess.Popen, bootstrap: str, slot: str) -> b
 
 
 def wait_for(what: str, cond, log, timeout: float = DEADLINE):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+    return wait_logged(what, cond, log, timeout)
+
+
+def wait_caught_up(pg: Pg, slot: str, log) -> None:
+    """Until the slot confirmed the server's WAL position of now."""
+    lsn = pg.one("select pg_current_wal_lsn()::text")
+    wait_for("the router to catch up", lambda: pg.one(
+        "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
+        "slot_name = %s", lsn, slot), log)
+
+
+def stop_and_drop(proc: subprocess.Popen, pg: Pg, slot: str) -> None:
+    """The router stopped (SIGTERM, kill -9 after 30 s) and its slot dropped."""
+    stop_router(proc)
+    pg.drop_slot(slot)
 
 
 def snapshot_cmd(cfg, route: str, table: str) -> subprocess.CompletedProcess:
@@ -155,19 +163,10 @@ tables = ["{t}", "{nokey}"]
                                              for p in progress(kafka_bootstrap, slot)), log)
         writer.stop.set()
         writer.join(timeout=30)
-        lsn = pg.one("select pg_current_wal_lsn()::text")
-        wait_for("the router to catch up", lambda: pg.one(
-            "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
-            "slot_name = %s", lsn, slot), log)
+        wait_caught_up(pg, slot, log)
     finally:
         writer.stop.set()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                kill9(proc)
-        pg.drop_slot(slot)
+        stop_and_drop(proc, pg, slot)
     assert writer.ops > 50
     recs = read_topic(kafka_bootstrap, f"new_{u}.public.{t}")
     folded = fold_rows(recs, ["id"])
@@ -314,19 +313,10 @@ def test_backfill_keeps_unchanged_toast_values_of_rows_updated_in_their_window(
                                              for p in progress(kafka_bootstrap, slot)), log)
         toucher.stop.set()
         toucher.join(timeout=30)
-        lsn = pg.one("select pg_current_wal_lsn()::text")
-        wait_for("the router to catch up", lambda: pg.one(
-            "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
-            "slot_name = %s", lsn, slot), log)
+        wait_caught_up(pg, slot, log)
     finally:
         toucher.stop.set()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                kill9(proc)
-        pg.drop_slot(slot)
+        stop_and_drop(proc, pg, slot)
     assert toucher.ops > 50
     folded = fold_rows(read_topic(kafka_bootstrap, f"r_{u}.public.{t}", timeout=120), ["id"])
     with pg.conn.cursor() as cur:

@@ -14,7 +14,7 @@ import time
 
 import psycopg2
 
-from tests.helpers import ROOT, kill9, start_router
+from tests.helpers import ROOT, start_router, stop_router, wait_logged
 
 
 class Writer(threading.Thread):
@@ -66,15 +66,6 @@ def result(doc: dict, route: str) -> dict:
     return r
 
 
-def stop_router(proc) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            kill9(proc)
-
-
 class Router:
     def __init__(self, cfg, log):
         self.cfg, self.log = cfg, log
@@ -85,13 +76,7 @@ class Router:
 
 
 def wait_for(what: str, cond, log, timeout: float = 90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+    return wait_logged(what, cond, log, timeout)
 
 
 def raw_records(bootstrap: str, topic: str) -> tuple[int, list[tuple]]:
