@@ -80,6 +80,17 @@ def stop_router(proc: subprocess.Popen) -> None:
             kill9(proc)
 
 
+def wait_line(line: str, log: pathlib.Path, proc: subprocess.Popen | None = None, *,
+              timeout: float = 90, every: float = 0.2) -> None:
+    """Until ``line`` is in a router's ``log``; fails with the log's tail past ``timeout`` or
+    once ``proc`` (the router, if given) exited."""
+    deadline = time.monotonic() + timeout
+    while line not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        assert proc is None or proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(every)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 

@@ -13,7 +13,7 @@ import pytest
 
 from router.snapshot.signals import SETUP_SQL
 from tests.helpers import (ROOT, Pg, read_topic, router_cmd, run_router, start_router, unique,
-                           write_config)
+                           wait_line, write_config)
 
 pytestmark = pytest.mark.services
 
@@ -227,11 +227,7 @@ def test_a_queued_signal_outlives_a_restart(pg_dsn, kafka_bootstrap, tmp_path):
         router = start_router(cfg, log)
         pg.run(SIGNAL, name, f"public.{name}", name, None)
         pg.run(SIGNAL, name, f"public.{name}", name, "id > 50")
-        deadline = time.monotonic() + 90
-        while "signal queued" not in log.read_text():
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            assert router.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.3)
+        wait_line("signal queued", log, router)
         summary = signal_summary(cfg)
         assert summary["states"] == {"accepted": 1, "queued": 1}, summary
         assert [(s["state"], s["where"]) for s in summary["last"]] == [

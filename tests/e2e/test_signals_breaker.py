@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.test_signals import (SIGNAL, setup, signal_states, signal_summary, snapshot_ids,
                                     teardown)
-from tests.helpers import read_topic, run_router, unique
+from tests.helpers import read_topic, run_router, unique, wait_line
 
 pytestmark = pytest.mark.services
 
@@ -51,7 +51,6 @@ def test_a_queued_signal_whose_table_is_dropped_while_the_router_is_down(
     with nothing to copy)."""
     import os
     import signal as signals
-    import time
 
     import psycopg2
 
@@ -75,11 +74,7 @@ def test_a_queued_signal_whose_table_is_dropped_while_the_router_is_down(
         router = start_router(cfg, log)
         pg.run(SIGNAL, name, f"public.{name}_b", name, None)
         pg.run(SIGNAL, name, f"public.{name}_b", name, "id > 5")
-        deadline = time.monotonic() + 90
-        while "signal queued" not in log.read_text():
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            assert router.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.3)
+        wait_line("signal queued", log, router)
         os.killpg(router.pid, signals.SIGKILL)
         router.wait(timeout=30)
         router = None
