@@ -3,7 +3,7 @@ config's slot to backfill tables into some routes' topics, while it keeps stream
 
 The request is a transactional logical decoding message (``router.snapshot.core``) written into
 the source's WAL: the router reads it from its slot in commit order, records it in the
-progress topic and runs it (``actors.snapshot.backfill``); a router that is not running
+state topic and runs it (``actors.snapshot.backfill``); a router that is not running
 picks it up when it starts. Routes and tables are checked first: a slot that does not exist
 yet (no router would ever read the request), a table without a usable key, not streamed by
 the slot or not taken by the route is refused with one line per problem, and nothing is

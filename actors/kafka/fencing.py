@@ -19,7 +19,7 @@ Rules:
 * Records go in Kafka transactions: one begins with the first record after a commit, and the
   sink (``TransactionalSinkActor``) commits between source transactions, every
   ``[kafka] transaction_interval_ms``. Delivery reports are held until the commit, so the slot
-  is confirmed only for committed records. No progress record and nothing skipped: a restart
+  is confirmed only for committed records. No committed-LSN record and nothing skipped: a restart
   sends again what the slot had not confirmed, as without ``[ha]`` (at-least-once).
 """
 

@@ -165,7 +165,7 @@ def transactional_client(cfg, stream: Stream, wal_end):
         inner.close(1.0)
         raise
     if client.unattributed is not None:
-        log.event(_log, "the progress record under this transactional id does not say which "
+        log.event(_log, "the committed-LSN record under this transactional id does not say which "
                   "server, database and slot it belongs to (an older pgrouter wrote it): not "
                   "used, so transactions Kafka holds past the slot's confirmed position are "
                   "sent once more", level=logging.WARNING, transactional_id=tid,

@@ -24,7 +24,7 @@ Rules:
   sink delivers what it holds and returns; the stream does not start and the next start
   finishes the snapshot by backfill. After a snapshot, tables rewritten while it ran
   (``left``) are handed to the backfill actor before the stream starts, and so are the
-  snapshot progress records the snapshot read and wrote (``StateStore.adopt``): the slot is
+  snapshot state records the snapshot read and wrote (``StateStore.adopt``): the slot is
   new, only this router writes its records, and the topic is not read again (a read of the
   whole topic is a fifth of a second on a topic of 20,000 records).
 * While streaming, the slot reader stops reading when a drain is asked for or the run
@@ -67,7 +67,7 @@ async def _sources(p: Pipeline, snapshot: InitialSnapshot | None, drain: trio.Ev
                 return result
             if result.left:  # rewritten while it ran
                 finish_initial(p.backfill, list(result.left))
-            if p.backfill is not None:  # the progress topic is not read a second time
+            if p.backfill is not None:  # the state topic is not read a second time
                 p.backfill.store.adopt(snapshot.store)
         await nursery.start(p.confirm.run)
         if p.origin_filter is not None:

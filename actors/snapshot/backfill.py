@@ -6,7 +6,7 @@ every committed transaction, in commit order), and runs the chunk drivers.
 Rules:
 
 * A request is a transactional ``pgrouter.snapshot`` message of kind ``request`` for this
-  slot (``pgrouter snapshot`` writes it); its jobs are recorded in the progress topic
+  slot (``pgrouter snapshot`` writes it); its jobs are recorded in the state topic
   before the request's transaction moves on, so a request the slot confirmed is never lost.
   A request seen again (the stream replays what was not confirmed) is recognised by its id.
 * A driver, per job: a low watermark (committed), the next ``chunk_rows`` rows by key order
@@ -15,7 +15,7 @@ Rules:
   (``actors.snapshot.windows``). Changes flow as usual all along.
 * The chunk's records travel through the same sink and progress tracking as changes: the
   slot's position passes the high watermark only once they are acknowledged. The driver
-  waits for that, then records the chunk's last key in the progress topic and goes on;
+  waits for that, then records the chunk's last key in the state topic and goes on;
   after a ``kill -9`` a job resumes after the last key recorded (the chunk in flight is
   read again: at most one chunk per job is written twice); the initial snapshot, which runs
   before the stream, reads the sink's tickets instead (``actors.runner.coordinator`` says
@@ -95,7 +95,7 @@ class BackfillActor:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # SQL sessions are opened when a backfill needs them (``JobPlanner``, drivers): a
         # router without backfills keeps only its usual connections.
-        # Started before the progress topic is read: that read overlaps the rest of the
+        # Started before the state topic is read: that read overlaps the rest of the
         # pipeline's start; the stream's events wait in ``handle`` until it is done
         task_status.started()
         try:
@@ -125,7 +125,7 @@ class BackfillActor:
 
     async def handle(self, events: list) -> None:
         """One batch of the stream's events, and the chunks its watermarks close, sent on."""
-        if not self._pumping.is_set():  # the progress topic is still being read
+        if not self._pumping.is_set():  # the state topic is still being read
             await self._pumping.wait()
         if self._quiet(events):
             await self.out.send(events)
@@ -175,7 +175,7 @@ class BackfillActor:
     # -- requests and jobs --------------------------------------------------------------------
 
     async def _start(self) -> None:
-        """Resumes the jobs the progress topic (as this run's initial snapshot left it, or
+        """Resumes the jobs the state topic (as this run's initial snapshot left it, or
         read now) says are running, and an interrupted initial snapshot."""
         records = self.store.records if self.store.loaded else await self.store.aload()
         running = [p for p in records.values() if p.kind == "backfill" and p.slot == self.slot

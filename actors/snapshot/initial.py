@@ -113,7 +113,7 @@ class InitialSnapshot:
         snapshot."""
         cfg, source = self.cfg, self.source
         async with trio.open_nursery() as reading:
-            # the progress topic in a worker thread while PostgreSQL answers
+            # the state topic in a worker thread while PostgreSQL answers
             reading.start_soon(self.store.aload)
             async with session(source.dsn) as sql:
                 # the columns before the catalog: a table whose columns change after this is

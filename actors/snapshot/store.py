@@ -6,7 +6,7 @@ publication, and progress lives on the cluster that holds the records it describ
 
 Rules:
 
-* A progress record is written with ``produce_sync`` (acknowledged, acks=all) only after
+* A state record is written with ``produce_sync`` (acknowledged, acks=all) only after
   every record it declares done is acknowledged; so after a ``kill -9`` what the topic says
   is done is in Kafka, and at most the chunk in flight is written again.
 * Records are keyed (``router.snapshot.core.state_key``): the topic is compacted and read from
@@ -40,7 +40,7 @@ class StateStore:
         self.loaded = False
 
     def load(self, timeout: float = READ_TIMEOUT) -> dict[bytes, SnapshotState]:
-        """Every progress record (last per key), read from the beginning to the end (with
+        """Every state record (last per key), read from the beginning to the end (with
         the library the router produces with)."""
         self._ensure()
         k = self.cfg.kafka

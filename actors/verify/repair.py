@@ -9,7 +9,7 @@ Rules:
   writes a delete record for each of those at the chunk's high watermark, unless the stream
   changed the key inside the window, as for any chunk row). The request goes into the WAL
   like ``pgrouter snapshot``'s, so the router handles it in commit order, records it in its
-  progress topic (resumable) and logs it with the keys; verify logs the keys it asked for.
+  state topic (resumable) and logs it with the keys; verify logs the keys it asked for.
 * Tables compared as multisets (no key) cannot be repaired by key: one line each, left as
   they are (``pgrouter snapshot`` cannot backfill them either).
 * What no record of the router can undo is said in one line naming the keys and what to do,
@@ -18,7 +18,7 @@ Rules:
   type than the router writes — a foreign producer's records, which no delete of the
   router's replaces), and records past the source's WAL end (a consumer ordering by
   position keeps them over anything the router writes).
-* Verify waits until the progress topic says every request is done (``--wait`` seconds,
+* Verify waits until the state topic says every request is done (``--wait`` seconds,
   then one line), then verifies again; the exit status is the second verify's.
 """
 
@@ -83,9 +83,9 @@ def writable(k, key: tuple, relation, fmt: str) -> bool:
 
 async def request(cfg: Config, slot: str, repairs: list[Repair], say,
                   metrics=None) -> list[tuple[str, str, str]]:
-    """Writes the requests to the router streaming ``slot``; returns (request id, route, table) of each. ``metrics``
-    (``VerifyMetrics``) counts each request pending as soon as it is written, before it is
-    said: a scrape after the line sees it."""
+    """Writes the requests to the router streaming ``slot``; returns (request id, route,
+    table) of each. ``metrics`` (``VerifyMetrics``) counts each request pending as soon as it
+    is written, before it is said: a scrape after the line sees it."""
     if not cfg.source.messages:
         raise ConfigError("repairs are backfills, which need logical messages (the "
                           "watermarks)", path="source.messages")
@@ -141,7 +141,7 @@ async def request(cfg: Config, slot: str, repairs: list[Repair], say,
 
 def wait_done(cfg: Config, slot: str, asked: list[tuple[str, str, str]],
               timeout: float) -> None:
-    """Blocks until the progress topic records every request done (a worker thread's)."""
+    """Blocks until the state topic records every request done (a worker thread's)."""
     k = cfg.kafka
     want = {(rid, route, table) for rid, route, table in asked}
     deadline = time.monotonic() + timeout

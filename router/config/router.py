@@ -134,7 +134,7 @@ class KafkaConfig(_Base):
     #: refused; acks and idempotence are pgrouter's and cannot be overridden
     settings: dict[str, str | int | float | bool] = {}
     #: Kafka transactions: each change exactly once for read_committed consumers
-    #: (router.delivery.exactly_once); the progress topic holds the last committed end LSN
+    #: (router.delivery.exactly_once); the committed-LSN topic holds the last committed end LSN
     exactly_once: bool = False
     #: the producer's transactional id ("" = "pgrouter-<slot>-<db>-<system id>"); one
     #: router per id

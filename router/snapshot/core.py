@@ -1,5 +1,5 @@
 """Snapshots in the core: positions of snapshot records, COPY text rows, watermark and
-progress records, and the chunk window of a backfill. Nothing here does I/O
+state records, and the chunk window of a backfill. Nothing here does I/O
 (``actors.snapshot`` reads the tables and talks to Kafka).
 
 Rules (README "Snapshots"):
@@ -172,7 +172,7 @@ def decode_watermark(prefix: str, content: bytes) -> Watermark | None:
 
 
 class SnapshotState(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One progress record. ``kind``: ``initial`` (the initial snapshot of a slot, ``state``
+    """One state record. ``kind``: ``initial`` (the initial snapshot of a slot, ``state``
     ``started``/``done``), ``backfill`` (one route and table:
     ``last_key`` done so far as text values, ``state`` ``running``/``done``) or ``range``
     (one block range of a table an initial snapshot split, ``blocks`` ``[first, end)``, end
