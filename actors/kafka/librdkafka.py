@@ -348,9 +348,11 @@ class RdKafkaClient(InlineProducer, PackedProducer):
 
     def topic_names(self) -> frozenset[str]:
         try:
-            return frozenset(self.producer.list_topics(timeout=self._timeout).topics)
+            names = frozenset(self.producer.list_topics(timeout=self._timeout).topics)
         except KafkaException as exc:
             raise map_error(exc) from exc
+        self._known_topics.update(names)  # ensure_topics asks no more about these
+        return names
 
     def ensure_topics(self, specs) -> None:
         missing = [s for s in specs if s.name not in self._known_topics]
