@@ -333,8 +333,8 @@ def kafka_alone_seconds(kafka: str, records: list) -> tuple[float, float]:
         if producer.flush(300) or failed or acked[0] != len(records):
             raise SystemExit(f"Kafka alone: {acked[0]} of {len(records)} delivered, {failed[:1]}")
         return time.perf_counter() - start, time.process_time() - cpu
-    finally:
-        admin.delete_topics([topic])
+    finally:  # waited for: a deletion queued when the client goes is never sent
+        admin.delete_topics([topic])[topic].result(30)
 
 
 def ceiling_seconds(client: str, kafka: str, make, n: int,
