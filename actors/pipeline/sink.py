@@ -83,7 +83,7 @@ class SinkActor:
     queues_plain_chunks = True
 
     def __init__(self, *, client: Producer, inbox: trio.MemoryReceiveChannel,
-                 progress: trio.MemorySendChannel, schema_topic: str,
+                 tickets: trio.MemorySendChannel, schema_topic: str,
                  topic_specs: dict[str, TopicSpec], create_topics: bool = True, stats=None,
                  metrics=None, holds=None, fmt: RecordFormat | None = None,
                  owners: TopicFolds | None = None):
@@ -95,7 +95,8 @@ class SinkActor:
         #: with ``[ha]``: ``Leadership.holds``, asked before every hand-over of records
         self.holds = holds
         self.inbox = inbox
-        self.progress = progress
+        #: the tickets (``Registered``/``Acked``/``Keepalive``) to the confirm actor
+        self.tickets = tickets
         self.topic_specs = topic_specs  # route name -> settings template
         self.create_topics = create_topics
         self.stats = stats
@@ -157,7 +158,7 @@ class SinkActor:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._token = trio.lowlevel.current_trio_token()
         task_status.started()
-        with self.progress:
+        with self.tickets:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._forward_completions)
                 await self._consume()
@@ -191,16 +192,16 @@ class SinkActor:
             with self._lock:
                 txn = self._txns.pop(ticket)
             done.append(Acked(ticket, txn.acked))
-        await self.progress.send(done)
+        await self.tickets.send(done)
 
-    async def _flush_progress(self) -> None:
+    async def _flush_tickets(self) -> None:
         """Send the registrations and keepalives gathered so far, as one list. Called before
         anything that can let a completion through, so an ``Acked`` never overtakes its
         ``Registered``."""
         if self._outbox:
             events, self._outbox = self._outbox, []
             self._begin = None
-            await self.progress.send(events)
+            await self.tickets.send(events)
             for ticket in self._to_seal:
                 self._seal(ticket)
             self._to_seal.clear()
@@ -240,7 +241,7 @@ class SinkActor:
                     elif type(item) in (Keepalive, Hold):
                         self._outbox.append(item)
                 await self._produce(batch)
-                await self._flush_progress()
+                await self._flush_tickets()
                 await self._flush_completions()
                 await self._group_done()
 
@@ -259,7 +260,7 @@ class SinkActor:
         return described
 
     async def _produce(self, batch: list) -> None:
-        await self._flush_progress()
+        await self._flush_tickets()
         if not batch:
             return
         try:

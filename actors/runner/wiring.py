@@ -85,7 +85,7 @@ def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stat
     src, info = cfg.source, source.server
     origins = rules_from_config(cfg)
     inbox, chunk_rx = trio.open_memory_channel(CHUNKS)  # the sink's
-    prog_tx, tickets = trio.open_memory_channel(ACKS)  # the sink's tickets
+    tickets_tx, tickets = trio.open_memory_channel(ACKS)  # the sink's tickets
     caught_up = trio.Event()
     relations = RelationCache()
     keys = PrimaryKeys(info.primary_keys)  # shared by the decoder and every router
@@ -136,7 +136,7 @@ def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stat
     stages = [s for s in (decoder, backfill, origin_filter, router_actor) if s is not None]
     for up, down in zip([slot, *stages], stages):
         up.out = Inline(down)
-    sink = sink_for(cfg, client=client, inbox=chunk_rx, progress=prog_tx,
+    sink = sink_for(cfg, client=client, inbox=chunk_rx, tickets=tickets_tx,
                     schema_topic=cfg.kafka.schema_topic, topic_specs=topic_specs(cfg),
                     create_topics=cfg.kafka.create_topics, stats=stats,
                     metrics=metrics, holds=holds, owners=folds)

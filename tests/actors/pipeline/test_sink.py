@@ -63,7 +63,7 @@ def chunk(end_lsn, n, *, last=True, topics=()):
 async def start(client, nursery, stats=None):
     chunks_tx, chunks_rx = trio.open_memory_channel(8)
     prog_tx, prog_rx = trio.open_memory_channel(64)
-    sink = SinkActor(client=client, inbox=chunks_rx, progress=prog_tx, schema_topic="schemas",
+    sink = SinkActor(client=client, inbox=chunks_rx, tickets=prog_tx, schema_topic="schemas",
                      topic_specs={"r": TopicSpec("r", 3)}, stats=stats)
     await nursery.start(sink.run)
     return chunks_tx, prog_rx
@@ -197,7 +197,7 @@ async def test_a_sink_failure_is_what_the_pipeline_reports_not_its_peers_echo():
     prog_tx, prog_rx = trio.open_memory_channel(64)
     for _ in range(20):  # the race either way round
         chunks_tx, chunks_rx = trio.open_memory_channel(0)
-        sink = SinkActor(client=RefusingClient(), inbox=chunks_rx, progress=prog_tx.clone(),
+        sink = SinkActor(client=RefusingClient(), inbox=chunks_rx, tickets=prog_tx.clone(),
                          schema_topic="schemas", topic_specs={}, stats=None)
         with pytest.raises(BaseExceptionGroup) as info:
             async with trio.open_nursery() as nursery:
@@ -257,7 +257,7 @@ async def test_converted_in_the_producing_thread_and_done_only_with_the_extra_re
     fmt = SplittingFormat()
     chunks_tx, chunks_rx = trio.open_memory_channel(8)
     prog_tx, progress = trio.open_memory_channel(64)
-    sink = SinkActor(client=client, inbox=chunks_rx, progress=prog_tx, schema_topic="schemas",
+    sink = SinkActor(client=client, inbox=chunks_rx, tickets=prog_tx, schema_topic="schemas",
                      topic_specs={"r": TopicSpec("r", 3)}, fmt=fmt)
     async with trio.open_nursery() as nursery:
         await nursery.start(sink.run)

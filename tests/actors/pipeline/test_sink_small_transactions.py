@@ -23,7 +23,7 @@ def txn(end_lsn, n, *, last=True, xid=1):
 async def start(client, nursery):
     chunks_tx, chunks_rx = trio.open_memory_channel(8)
     prog_tx, prog_rx = trio.open_memory_channel(64)
-    sink = SinkActor(client=client, inbox=chunks_rx, progress=prog_tx, schema_topic="schemas",
+    sink = SinkActor(client=client, inbox=chunks_rx, tickets=prog_tx, schema_topic="schemas",
                      topic_specs={"r": TopicSpec("r", 1)})
     await nursery.start(sink.run)
     return chunks_tx, prog_rx
