@@ -95,8 +95,7 @@ class SinkActor:
         #: with ``[ha]``: ``Leadership.holds``, asked before every hand-over of records
         self.holds = holds
         self.inbox = inbox
-        #: the tickets (``Registered``/``Acked``/``Keepalive``) to the confirm actor
-        self.tickets = tickets
+        self.tickets = tickets  # to the confirm actor: Registered, Acked, Keepalive
         self.topic_specs = topic_specs  # route name -> settings template
         self.create_topics = create_topics
         self.stats = stats
