@@ -208,6 +208,9 @@ def two_tables(pg_dsn, kafka_bootstrap, tmp_path):
     for t in (a, b):
         pg.run(f"drop table if exists {t}")
     pg.close()
+    from tests.e2e.guarantee import delete_topics
+
+    delete_topics(kafka_bootstrap, [a, b])  # 100,000 records each run
 
 
 def _copy_paused(pg: Pg, b: str, proc, log):
