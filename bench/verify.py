@@ -212,8 +212,12 @@ def read_seconds(kafka: str, topic: str) -> float:
     from confluent_kafka import Consumer, TopicPartition
 
     started = time.monotonic()
+    # librdkafka's fetch backoff as verify's reader sets it: with its default (1 s since 2.4)
+    # a read whose loop falls behind the fetches filled the 100,000-message queue and then
+    # waited most of a second, in some runs and not others (0.3 s or 1.3 s for one topic)
     consumer = Consumer({"bootstrap.servers": kafka, "group.id": "bench-verify-read",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.queue.backoff.ms": 10})
     try:
         meta = consumer.list_topics(topic, timeout=30).topics[topic]
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
