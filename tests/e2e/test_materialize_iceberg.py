@@ -70,6 +70,7 @@ def test_iceberg_tables_equal_postgres_through_pyiceberg(spark, pg_dsn, kafka_bo
         assert _iceberg_rows(catalog, ident) == _pg_rows(pg, t)
         props = catalog.load_table(ident).properties
         assert props["write.merge.mode"] == props["write.delete.mode"] == "merge-on-read"
+        assert props["write.merge.distribution-mode"] == "none"
 
         # updates, a key change, deletes, a schema change (int widened, a column added)
         pg.run(f"update {t} set s = null, amt = -amt, b = not b where id <= 5")
