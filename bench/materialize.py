@@ -265,6 +265,9 @@ def main() -> int:
                          "with these Spark SQL settings set in the session (repeatable)")
     ap.add_argument("--output", default="delta",
                     help="delta, iceberg, or both side by side: delta,iceberg (default delta)")
+    ap.add_argument("--compact", action="store_true",
+                    help="Iceberg: after each steady drain, a full read of the table, its "
+                         "compaction, and the read again, each timed (fold_costs)")
     ap.add_argument("--bootstrap", help="a running Kafka (default: the dev stack's)")
     ap.add_argument("--registry", help="a running schema registry's Confluent-compatible API "
                     "(default: the dev stack's)")
@@ -348,6 +351,31 @@ def main() -> int:
     return 0
 
 
+def fold_costs(spark, cfg, jvm: int, records: int) -> None:
+    """An Iceberg table right after a drain: a full read of its live rows (every column, the
+    delete files applied), its compaction (``Maintenance.compact``), the same read again;
+    wall and CPU seconds of each, and the files before and after."""
+    from actors.materialize.iceberg import table_ref, table_stats
+    from actors.materialize.maintenance import Maintenance
+
+    ref = table_ref(cfg, "bench", "public", "orders")
+
+    def timed(what, fn):
+        cpu0, t0 = cpu_seconds(jvm), time.perf_counter()
+        fn()
+        took, cpu = time.perf_counter() - t0, cpu_seconds(jvm) - cpu0
+        st = table_stats(spark, ref)
+        print(f"  {what}: {took:.2f}s, CPU {cpu:.2f}s; then {st['data_files']} data files, "
+              f"{st['delete_files']} delete files, {st['rows']} rows", flush=True)
+
+    def read():
+        spark.sql(f"SELECT sum(hash(*)) FROM {ref} WHERE NOT _pgr_deleted").collect()
+
+    timed(f"read after the drain ({records} changes)", read)
+    timed(f"compaction of {records} changes", lambda: Maintenance(spark, cfg).compact(ref))
+    timed("read after compaction", read)
+
+
 def _tag(args, output: str) -> str:
     """A drain's label suffix naming its output (none when only Delta is measured)."""
     return "" if args.output == ["delta"] else f" [{output}]"
@@ -403,6 +431,8 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
                     else:
                         spark.conf.set(k, v)
             table = table_of(spark, cfg, ceiling)
+            if args.compact and output == "iceberg" and not ceiling:
+                fold_costs(spark, cfg, jvm, backlogs[name][1])
             rows = (table.filter("NOT _pgr_deleted") if args.mode == "state" and not ceiling
                     else table).count()
             return backlogs[name][1], took, cpu, rows
