@@ -1,0 +1,87 @@
+"""A known loss, kept as a strict xfail until it is decided how the router should behave: the
+snapshot state topic deleted between two runs while the initial snapshot was half done.
+
+The only record that an initial snapshot was started and not finished is the ``started``
+record in ``[snapshot] state_topic``. With the topic gone, the next start finds the slot,
+no record of a snapshot, starts streaming from the consistent point and says "caught up"
+(exit 0): the tables the killed router had not copied yet are never copied. Found by a
+breaker with a plain read_committed consumer and ``SELECT`` as the oracle (3,000 of 3,000
+rows of the second table missing, both delivery modes)."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg2
+import pytest
+
+from tests.helpers import (Pg, fold_rows, kill9, read_topic, run_router, start_router,
+                           unique, write_config)
+
+pytestmark = pytest.mark.services
+
+
+def _wait(cond, what: str, proc, log, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None and time.monotonic() < deadline, \
+            f"{what}: " + log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.xfail(strict=True, reason="the state topic is the only record of an unfinished "
+                                       "initial snapshot; its loss loses the uncopied tables")
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_state_topic_deleted_after_a_half_done_initial_snapshot(
+        pg_dsn, kafka_bootstrap, tmp_path, exactly_once):
+    from confluent_kafka.admin import AdminClient
+
+    pg = Pg(pg_dsn)
+    name = unique("stl")
+    a, b, state = f"{name}_a", f"{name}_b", f"{name}.state"
+    for t, n in ((a, 20_000), (b, 3000)):
+        pg.run(f"create table {t} (id int primary key, v text)")
+        pg.run(f"insert into {t} select g, 'v' from generate_series(1, {n}) g")
+    pg.run(f"create publication {name} for table {a}, {b}")
+    routes = "".join(f'[[routes]]\nname = "{t}"\ntables = ["public.{t}"]\ntopic = "{{route}}"\n'
+                     for t in (a, b))
+    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, routes=routes,
+                       kafka_extra="exactly_once = true" if exactly_once else "",
+                       extra=f'[snapshot]\nmode = "initial"\nparallel = 1\n'
+                             f'state_topic = "{state}"\n')
+    log = tmp_path / "r.log"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    router = start_router(cfg, log)
+    lock = psycopg2.connect(pg_dsn)
+    try:
+        _wait(lambda: "exported snapshot" in log.read_text(errors="replace"), "no export",
+              router, log)
+        with lock.cursor() as cur:  # the copy of b cannot start: a is copied, b is not
+            cur.execute(f"lock table {b} in access exclusive mode")
+        a_done = {"kind": "backfill", "slot": name, "route": a, "table": f"public.{a}"}
+        _wait(lambda: any(r["key"] == a_done and r["value"]["state"] == "done"
+                          for r in read_topic(kafka_bootstrap, state, settle=0,
+                                              missing_ok=True)), "a not done", router, log)
+        kill9(router)
+        lock.rollback()
+        admin.delete_topics([state])[state].result()
+        deadline = time.monotonic() + 30
+        while state in admin.list_topics(timeout=10).topics:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        run_router(cfg)
+        rows = fold_rows(read_topic(kafka_bootstrap, b, settle=0, missing_ok=True), ["id"])
+        assert len(rows) == 3000, "the second table's rows never reached its topic"
+    finally:
+        lock.close()
+        kill9(router)
+        pg.drop_slot(name)
+        pg.run(f"drop publication if exists {name}")
+        for t in (a, b):
+            pg.run(f"drop table if exists {t}")
+        pg.close()
+        gone = [t for t in (a, b, state) if t in admin.list_topics(timeout=10).topics]
+        if gone:
+            for f in admin.delete_topics(gone).values():
+                f.result()
