@@ -42,6 +42,7 @@ from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, 
 from router.config.kafka_settings import LIBRDKAFKA, translate
 
 from . import native_producer
+from .admin import held
 from .contracts import InlineProducer, PackedProducer
 from .native_producer import NativeProducer
 
@@ -359,15 +360,14 @@ class RdKafkaClient(InlineProducer, PackedProducer):
         if not missing:
             return
         try:
-            # the producer's connection answers (an admin client would open one more)
-            existing = set(self.producer.list_topics(timeout=self._timeout).topics)
+            if self._admin is None:
+                self._admin = AdminClient(self._admin_conf)
+            existing = held(self._admin, [s.name for s in missing], self._timeout)
             new = [NewTopic(s.name, num_partitions=s.partitions,
                             replication_factor=s.replication_factor,
                             config={k: str(v) for k, v in s.configs.items()})
                    for s in missing if s.name not in existing]
             if new:
-                if self._admin is None:
-                    self._admin = AdminClient(self._admin_conf)
                 futures = self._admin.create_topics(new, request_timeout=self._timeout)
                 for future in futures.values():
                     try:

@@ -22,8 +22,6 @@ import threading
 import time
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
-
 from ..console.board import LagHistory
 
 #: PostgreSQL's epoch (2000-01-01) in Unix seconds: commit times travel in µs since then
@@ -77,6 +75,9 @@ class Metrics:
     """Every metric of ``pgrouter run``; the actors receive it as their ``metrics``."""
 
     def __init__(self):
+        # made only with [metrics] listen: a start without it never imports the client
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
+
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.transactions = Counter(
             "pgrouter_transactions", "Transactions read from the slot and routed", registry=r)
@@ -138,17 +139,7 @@ class Metrics:
             ["kind"], registry=r)
         self.clock = CommitClock()
         self._sources: dict[str, Callable[[], float]] = {}
-        self._gauge("pgrouter_lag_seconds",
-                    "Age of the oldest routed transaction Kafka has not yet acknowledged "
-                    "(0 when none)", self.clock.lag_seconds)
-        self._gauge("pgrouter_records_in_flight",
-                    "Records handed to Kafka and not yet acknowledged",
-                    lambda: self._value("in_flight"))
-        self._gauge("pgrouter_confirmed_flush_lsn",
-                    "The flush LSN the router last confirmed to the server",
-                    lambda: self._value("confirmed_lsn"))
-        self._gauge("pgrouter_received_lsn", "The last WAL position received from the server",
-                    lambda: self._value("received_lsn"))
+        self._derived(Gauge)
         self._topic_routes: dict[str, str] = {}
         #: for the console: the last slot sample, the lag over the last hour, and per route
         #: the commit time of the newest transaction whose records went to Kafka (µs since
@@ -157,8 +148,21 @@ class Metrics:
         self.lag_history = LagHistory()
         self.route_commit: dict[str, int] = {}
 
-    def _gauge(self, name: str, doc: str, fn: Callable[[], float]) -> None:
-        Gauge(name, doc, registry=self.registry).set_function(fn)
+    def _derived(self, Gauge) -> None:  # noqa: N803 — prometheus_client's, imported late
+        """The gauges read when Prometheus scrapes (what the actors keep anyway)."""
+        def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
+            Gauge(name, doc, registry=self.registry).set_function(fn)
+
+        gauge("pgrouter_lag_seconds",
+              "Age of the oldest routed transaction Kafka has not yet acknowledged "
+              "(0 when none)", self.clock.lag_seconds)
+        gauge("pgrouter_records_in_flight", "Records handed to Kafka and not yet acknowledged",
+              lambda: self._value("in_flight"))
+        gauge("pgrouter_confirmed_flush_lsn",
+              "The flush LSN the router last confirmed to the server",
+              lambda: self._value("confirmed_lsn"))
+        gauge("pgrouter_received_lsn", "The last WAL position received from the server",
+              lambda: self._value("received_lsn"))
 
     def _value(self, name: str) -> float:
         fn = self._sources.get(name)

@@ -323,7 +323,7 @@ def kafka_findings(cfg: Config, topics: list[Topic]) -> list[Finding]:
     with (``actors.kafka.admin``)."""
     admin = _admin(cfg)
     try:
-        existing = admin.topics()
+        existing = admin.topics([t.name for t in topics])
         out = []
         new = [t for t in topics if t.name not in existing]
         if cfg.kafka.create_topics and new:

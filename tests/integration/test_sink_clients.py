@@ -185,6 +185,32 @@ def test_reports_arrive_when_idle(client_name, kafka_bootstrap, topics):
         client.close(10.0)
 
 
+def test_ensure_topics_makes_its_own_topics_on_a_broker_that_auto_creates(
+        client_name, kafka_bootstrap, topics):
+    """Asking which of the topics exist must not make them: the dev broker creates a topic a
+    producer's metadata request names (``auto.create.topics.enable``), with one partition and
+    its own configs. A topic that exists keeps its partitions."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    held, made = new_topic(topics, "held"), new_topic(topics, "made")
+    first = CLIENTS[client_name](kafka_bootstrap, {})
+    try:
+        first.ensure_topics([TopicSpec(held, 2, 1)])
+    finally:
+        first.close(10.0)
+    client = CLIENTS[client_name](kafka_bootstrap, {})  # knows neither topic
+    try:
+        client.ensure_topics([TopicSpec(made, 3, 1, {"cleanup.policy": "compact"}),
+                              TopicSpec(held, 5, 1)])
+    finally:
+        client.close(10.0)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    meta = admin.list_topics(timeout=DEADLINE).topics
+    assert (len(meta[made].partitions), len(meta[held].partitions)) == (3, 2)
+    [future] = admin.describe_configs([ConfigResource("topic", made)]).values()
+    assert future.result(DEADLINE)["cleanup.policy"].value == "compact"
+
+
 def test_record_too_large_for_topic(client_name, kafka_bootstrap, topics):
     client = CLIENTS[client_name](kafka_bootstrap, {"delivery_timeout_ms": 20_000,
                                                   "request_timeout_ms": 10_000})
