@@ -149,8 +149,12 @@ flat_scan(Flat *f, const char *p, const char *e)
             return 0;
         Member *m = &f->m[f->n];
         const char *q = ++p;
-        while (p < e && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
-            p++;
+        while (p < e && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) {
+            int n = (unsigned char)*p < 0x80 ? 1 : utf8_sequence((const unsigned char *)p, e - p);
+            if (!n)
+                return 0; /* a name that is not UTF-8: msgspec refuses it (the slow way) */
+            p += n;
+        }
         if (p >= e || *p != '"')
             return 0; /* an escaped name: not the plain case */
         m->name = q;
