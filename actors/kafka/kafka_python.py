@@ -42,6 +42,7 @@ from kafka.structs import TopicPartition
 
 from router.delivery.tally import Tally, record_too_large
 from router.formats.tombstones import keyless_refused
+from router.routing.topics import collision, twin_of
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.config.kafka_settings import KAFKA_PYTHON, translate
 
@@ -176,6 +177,7 @@ class KafkaPythonClient(Producer):
         self._tps: dict[str, list[TopicPartition]] = {}
         self._rotation = itertools.count()
         self._known_topics: set[str] = set()
+        self._listed: frozenset | None = None  # topic_names' (the outbox folds' start)
         self._topic_limits: dict[str, int | None] = {}
         self._admin: KafkaAdminClient | None = None
 
@@ -305,7 +307,8 @@ class KafkaPythonClient(Producer):
     def topic_names(self) -> frozenset[str]:
         admin = self._admin_client()
         try:
-            return frozenset(admin.list_topics())
+            self._listed = frozenset(admin.list_topics())
+            return self._listed
         except Exception as exc:
             raise map_error(exc) from exc
         finally:
@@ -321,6 +324,10 @@ class KafkaPythonClient(Producer):
             new = [NewTopic(s.name, s.partitions, s.replication_factor,
                             topic_configs=dict(s.configs))
                    for s in missing if s.name not in existing]
+            for s in new:  # refused by Kafka with no word on the other topic
+                twin = twin_of(s.name, existing)
+                if twin is not None:
+                    raise collision(s.name, twin, self._listed)
             if new:
                 try:
                     admin.create_topics(new)

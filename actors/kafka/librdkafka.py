@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from router.delivery.tally import Tally, record_too_large
 from router.formats.tombstones import keyless_refused
 from router.native import NATIVE
+from router.routing.topics import collision, twin_named
 from router.snapshot.rows import PackedRecords
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.config.kafka_settings import LIBRDKAFKA, translate
@@ -200,6 +201,7 @@ class RdKafkaClient(InlineProducer, PackedProducer):
                               path="kafka.settings") from exc
         self._admin: AdminClient | None = None
         self._known_topics: set[str] = set()
+        self._listed: frozenset | None = None  # topic_names' (the outbox folds' start)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="pgrouter-rdkafka-poll",
                                         daemon=True)
@@ -353,6 +355,7 @@ class RdKafkaClient(InlineProducer, PackedProducer):
         except KafkaException as exc:
             raise map_error(exc) from exc
         self._known_topics.update(names)  # ensure_topics asks no more about these
+        self._listed = names
         return names
 
     def ensure_topics(self, specs) -> None:
@@ -369,12 +372,13 @@ class RdKafkaClient(InlineProducer, PackedProducer):
                    for s in missing if s.name not in existing]
             if new:
                 futures = self._admin.create_topics(new, request_timeout=self._timeout)
-                for future in futures.values():
+                for name, future in futures.items():
                     try:
                         future.result(timeout=self._timeout * 2)
                     except KafkaException as exc:
                         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                            raise
+                            twin = twin_named(str(exc))
+                            raise exc if twin is None else collision(name, twin, self._listed)
         except KafkaException as exc:
             raise map_error(exc) from exc
         except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11

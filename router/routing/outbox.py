@@ -120,6 +120,12 @@ class OutboxPlan:
         self.dead_letter = cfg.dead_letter
         #: the topics Kafka holds and the router made, by their fold (shared by the router)
         self.folds = folds if folds is not None else TopicFolds()
+        # the dead-letter topic is one of the router's: an event's topic must not collide
+        twin = self.folds.claim(cfg.dead_letter, (route, self.table)) if cfg.dead_letter else None
+        if twin is not None:
+            raise ConfigError(f"route {route!r}: the dead-letter topic {cfg.dead_letter!r} differs "
+                              f"only in '.' and '_' from the topic {twin!r}, which Kafka "
+                              "cannot hold beside it", path="routes.outbox.dead_letter")
         self.template = cfg.topic
         self.fields = tuple((f, at(f, "topic"))
                             for _, f, _, _ in string.Formatter().parse(cfg.topic)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 import string
 
+from ..errors import SinkError, SinkRejected, SinkUnavailable
+
 
 MAX_TOPIC_LENGTH = 249
 _LEGAL = re.compile(r"[A-Za-z0-9._-]+")
@@ -78,6 +80,37 @@ class TopicFolds:
         if not owners:
             return None
         return " or ".join(f"route {route!r}, outbox table {table}" for route, table in owners)
+
+
+def collision(name: str, twin: str, listed: frozenset | None) -> SinkError:
+    """Kafka refusing to create ``name`` beside its topic ``twin`` (they differ only in ``.``
+    versus ``_``). ``listed``: the topics Kafka held at the start, which the outbox routes'
+    ``TopicFolds`` hold (None: not read, no outbox route). A twin made since (by another
+    tool, say) is a restart: the next start's folds hold it, and the outbox row making
+    ``name`` is a dead letter or the outbox's stop line then. A twin known at the start is a
+    stop."""
+    if listed is not None and twin not in listed:
+        return SinkUnavailable(f"topic {twin!r}, made since the start, differs only in '.' and "
+                               f"'_' from the topic {name!r} a route makes, which Kafka cannot "
+                               "hold beside it; restarting to route past it")
+    return SinkRejected(f"Kafka cannot create topic {name!r}: it differs only in '.' and '_' "
+                        f"from its topic {twin!r} (their metric names collide); change the "
+                        "route's topic or delete the other topic")
+
+
+def twin_of(name: str, existing) -> str | None:
+    """The topic of ``existing`` differing from ``name`` only in ``.`` versus ``_``, or None."""
+    fold = name.replace(".", "_")
+    return next((t for t in existing if t != name and t.replace(".", "_") == fold), None)
+
+
+_COLLIDES = re.compile(r"collides with existing topics?: ?\[?'?([A-Za-z0-9._-]+)")
+
+
+def twin_named(message: str) -> str | None:
+    """The topic Kafka's "Topic 'x' collides with existing topic: y" names, or None."""
+    found = _COLLIDES.search(message)
+    return found.group(1) if found else None
 
 
 def escape(identifier: str) -> str:
