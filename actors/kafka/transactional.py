@@ -17,7 +17,12 @@ Rules:
   committed-LSN record and Kafka committed the transaction; a failure is reported at once.
 * ``commit`` is called by the sink only between source transactions, so a Kafka transaction
   holds whole source transactions. The committed LSN it writes never moves backwards.
-* A fenced producer raises ``ProducerFenced`` with one line; it is not retried.
+* A fenced producer raises ``ProducerFenced`` with one line; it is not retried. Kafka says
+  the same (an old epoch) when the broker aborted the open transaction because it stayed open
+  longer than ``transaction.timeout.ms`` (the router was paused, e.g. SIGSTOP or a frozen VM):
+  a failure while the open transaction is older than that is ``TransactionTimedOut``,
+  retried by the supervisor's restart from what Kafka committed (a new producer, the
+  committed LSN read again; nothing past it was confirmed to the slot).
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import warnings
 
 from router.errors import ConfigError, SinkError, SinkUnavailable
 from router.delivery.exactly_once import (COMMITTED_TOPIC_CONFIGS, Committed, ProducerFenced,
-                                         Stream, committed_lsn, committed_record,
-                                         decode_committed, fenced_line, foreign_stream,
-                                         shared_id_line)
+                                         Stream, TransactionTimedOut, committed_lsn,
+                                         committed_record, decode_committed, fenced_line,
+                                         foreign_stream, shared_id_line, timed_out_line)
 from router.routing.topics import TopicSpec
 
 from .compacted import read_topic
@@ -50,6 +55,29 @@ def _fenced_code(err) -> bool:
                           KafkaError.INVALID_PRODUCER_EPOCH)
 
 
+def _broken_code(err) -> bool:
+    """A librdkafka ``KafkaError`` saying the transaction cannot go on: fenced, refused in the
+    producer's state (``_STATE``, ``_FATAL``: after an abortable or fatal error), or to be
+    aborted."""
+    if _fenced_code(err):
+        return True
+    if not (hasattr(err, "code") and callable(err.code)):
+        return False
+    from confluent_kafka import KafkaError
+
+    return (err.code() in (KafkaError._STATE, KafkaError._FATAL)
+            or bool(err.txn_requires_abort()))
+
+
+def _broken(exc: BaseException | None) -> bool:
+    """Is ``exc`` (or what it was raised from) Kafka saying the open transaction is lost?"""
+    while exc is not None:
+        if _fenced(exc) or _broken_code(exc.args[0] if exc.args else None):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def _fenced(exc: BaseException | None) -> bool:
     """Is ``exc`` (or what it was raised from) Kafka saying another producer took over?"""
     while exc is not None:
@@ -63,11 +91,12 @@ def _fenced(exc: BaseException | None) -> bool:
 
 class TransactionalClient(TransactionalProducer):
     def __init__(self, inner, *, transactional_id: str, committed_lsn_topic: str, stream: Stream | None,
-                 wal_end, read_committed):
+                 wal_end, read_committed, transaction_timeout_ms: int = 60_000):
         """``inner``: a client built with ``transactional_id``; ``read_committed(topic, key)``
         returns the newest committed value of ``key`` in ``topic`` (None when absent);
         ``wal_end``: the server's WAL end (no committed LSN of its stream lies past it), or a
-        function reading it, called after the committed LSN was read (``runner.source``)."""
+        function reading it, called after the committed LSN was read (``runner.source``);
+        ``transaction_timeout_ms``: the producer's ``transaction.timeout.ms``."""
         self.inner = inner
         self.producer = inner.producer
         self.transactional_id = transactional_id
@@ -83,6 +112,8 @@ class TransactionalClient(TransactionalProducer):
         #: single ``produce_sync`` makes for itself
         self._txn_lock = threading.RLock()
         self._open = False
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._opened_at = 0.0  # time.monotonic() of the open transaction's begin
         self._handed = 0  # records handed over in the open Kafka transaction
         self._acked = 0
         self._held: list = []  # (on_done, ticket, count) waiting for the commit
@@ -95,20 +126,31 @@ class TransactionalClient(TransactionalProducer):
         return self.inner.fatal
 
     def map_error(self, exc: BaseException) -> SinkError:
-        if _fenced(exc) or _fenced(exc.__cause__) or _fenced_code(self.inner.fatal):
-            return ProducerFenced(fenced_line(self.transactional_id))
-        return self.inner.map_error(exc)
+        explained = self._explain(exc)
+        return explained if isinstance(explained, SinkError) and explained is not exc \
+            else self.inner.map_error(exc)
 
-    def _explain(self, exc: SinkError) -> SinkError:
-        """``ProducerFenced`` for a failure that is the producer being fenced."""
-        if _fenced(exc.__cause__) or _fenced_code(self.inner.fatal):
+    def _explain(self, exc: BaseException) -> BaseException:
+        """``TransactionTimedOut`` for a lost transaction that was open longer than
+        ``transaction.timeout.ms`` (the broker aborted it, and Kafka then calls the producer
+        fenced as well), ``ProducerFenced`` for a fenced producer; else ``exc``."""
+        if self._timed_out() and (_broken(exc) or _broken_code(self.inner.fatal)):
+            return TransactionTimedOut(timed_out_line(self.transactional_id,
+                                                      self.transaction_timeout_ms))
+        if _fenced(exc) or _fenced_code(self.inner.fatal):
             return ProducerFenced(fenced_line(self.transactional_id))
         return exc
+
+    def _timed_out(self) -> bool:
+        """Has the open Kafka transaction been open longer than ``transaction.timeout.ms``
+        (a paused router: the broker aborts it)?"""
+        return self._open and (time.monotonic() - self._opened_at
+                               > self.transaction_timeout_ms / 1000)
 
     def _call(self, fn, *args):
         try:
             return fn(*args)
-        except ProducerFenced:
+        except (ProducerFenced, TransactionTimedOut):
             raise
         except BaseException as exc:
             mapped = self.map_error(exc)
@@ -150,6 +192,7 @@ class TransactionalClient(TransactionalProducer):
             if not self._open:
                 self._call(self.producer.begin_transaction)
                 self._open = True
+                self._opened_at = time.monotonic()
 
     @property
     def in_transaction(self) -> bool:

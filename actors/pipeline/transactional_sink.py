@@ -157,7 +157,9 @@ def transactional_client(cfg, stream: Stream, wal_end):
     client = TransactionalClient(inner, transactional_id=tid, committed_lsn_topic=k.committed_lsn_topic,
                                  stream=stream, wal_end=wal_end,
                                  read_committed=committed_reader(k.bootstrap_servers,
-                                                                 dict(k.settings)))
+                                                                 dict(k.settings)),
+                                 transaction_timeout_ms=int(k.settings.get(
+                                     "transaction_timeout_ms", 60_000)))
     try:
         rf = max((r.topic_settings.replication_factor for r in cfg.routes), default=1)
         committed = client.start(rf)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..errors import ConfigError, SinkRejected
+from ..errors import ConfigError, SinkRejected, SinkUnavailable
 from ..postgres.lsn import format_lsn, parse_lsn
 
 #: longest ``[kafka] transaction_interval_ms``: a Kafka transaction stays open at most this
@@ -48,6 +48,18 @@ class ProducerFenced(SinkRejected):
 def fenced_line(transactional_id: str) -> str:
     return (f"fenced: another router started with transactional id {transactional_id!r} and "
             "took over; this one stops (run one router per transactional id)")
+
+
+class TransactionTimedOut(SinkUnavailable):
+    """The broker aborted the open Kafka transaction: it stayed open longer than the
+    producer's ``transaction.timeout.ms`` (the router was paused). Retried: the pipeline
+    restarts from what Kafka committed."""
+
+
+def timed_out_line(transactional_id: str, timeout_ms: int) -> str:
+    return (f"Kafka aborted the open transaction of transactional id {transactional_id!r}: it "
+            f"stayed open longer than transaction.timeout.ms ({timeout_ms} ms; the router was "
+            "paused, e.g. SIGSTOP or a frozen host); restarting from what Kafka committed")
 
 
 class Stream(msgspec.Struct, frozen=True):
