@@ -257,10 +257,16 @@ def planned_topics(cfg: Config, catalog: Catalog | None) -> list[Topic]:
                                           ts.replication_factor, dict(ts.configs)))
     rf = max((r.topic_settings.replication_factor for r in cfg.routes), default=1)
     k = cfg.kafka
-    for name, path, configs in ((k.schema_topic, "kafka.schema_topic",
-                                 {"cleanup.policy": "compact"}),
+    # the state topic and the committed-LSN topic hold the last record per key only while
+    # compacted: one made by hand with cleanup.policy=delete loses an unfinished initial
+    # snapshot's "started" record (its tables never copied) or the committed LSN
+    compact = {"cleanup.policy": "compact"}
+    for name, path, configs in ((k.schema_topic, "kafka.schema_topic", compact),
                                 (k.messages_topic, "kafka.messages_topic", {}),
-                                (k.transactions_topic, "kafka.transactions_topic", {})):
+                                (k.transactions_topic, "kafka.transactions_topic", {}),
+                                (cfg.snapshot.state_topic, "snapshot.state_topic", compact),
+                                (k.committed_lsn_topic if k.exactly_once else "",
+                                 "kafka.committed_lsn_topic", compact)):
         if name:
             topics.setdefault(name, Topic(name, path, 1, rf, configs))
     return list(topics.values())
