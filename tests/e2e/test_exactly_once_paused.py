@@ -7,8 +7,7 @@ and bumps the producer's epoch, and the thawed producer is told it is fenced (li
 ``_FENCED``, then ``_STATE`` for every record; kafka-python: ``InvalidProducerEpochError``).
 Nobody else took over: the router says in one line that Kafka aborted the transaction because
 it stayed open too long, restarts from what Kafka committed (finishing the snapshot by
-backfill) and does not stop; a read_committed consumer sees each row once, and the folded
-topic equals the table. (It used to stop with "Kafka refused the records: _STATE: ...
+backfill) and does not stop; the folded topic of a read_committed consumer equals the table. (It used to stop with "Kafka refused the records: _STATE: ...
 Erroneous state", or called itself fenced by another router.)
 """
 
@@ -71,8 +70,9 @@ def test_paused_past_the_transaction_timeout_restarts_from_what_kafka_committed(
         assert "fenced" not in text and "Erroneous state" not in text, text[-3000:]
         kill9(proc)
         records = read_committed(kafka_bootstrap, name, timeout=300)
-        ids = [json.loads(v)["after"]["id"] for _, _, v in records]
-        assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} rows more than once"
+        # not asserted: each row once. The rows the initial snapshot's committed Kafka
+        # transactions held before the pause are copied again by the backfill that finishes
+        # it (no range of the copy was recorded done), as after a kill -9 mid-copy.
         rows = dict(pg.run(f"select id, v from {name}"))
         folded = {}
         for _, _, v in records:
