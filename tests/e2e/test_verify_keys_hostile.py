@@ -20,7 +20,8 @@ from tests.helpers import Pg, unique, write_config
 pytestmark = pytest.mark.services
 
 ROWS = 20
-ROUTES = ("keys", "badname")
+ROUTES = ("keys", "badname", "parts")
+PARTITIONS = 64  # more than the rows: most partitions empty
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,10 @@ def stack(pg_dsn, kafka_bootstrap, tmp_path_factory):
     cfg = write_config(tmp / "router.toml", dsn=pg_dsn, slot=slot, publications=[f"p_{u}"],
                        bootstrap=kafka_bootstrap, routes=routes)
     topics = {r: f"{r}_{u}.public.{t}" for r in ROUTES}
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(topics["parts"], PARTITIONS, 1)]).values():
+        f.result(30)
     router = Router(cfg, tmp / "router.log")
     try:
         wait_for("the slot", lambda: pg.run("select 1 from pg_replication_slots where "
@@ -107,3 +112,30 @@ def test_a_key_name_that_is_not_utf8_is_one_line_in_both_folds(stack, monkeypatc
         line = err.strip().splitlines()[-1] if err.strip() else ""
         assert code == 2 and doc is None and topic in line and "Traceback" not in err, \
             (impl, code, err, doc)
+
+
+def test_many_partitions_most_empty_in_both_folds(stack, monkeypatch):
+    """A topic of 64 partitions and 20 keys: a tombstone in one key's partition, a newer
+    record of another key in a partition that held nothing (not the key's hash's)."""
+    topic = stack["topics"]["parts"]
+    records = read_topic(stack["boot"], topic)
+    used = {p for p, _o, _k, _v in records}
+    assert len(used) < PARTITIONS
+    p, kb, _env = _latest(stack, topic, 11)
+    q, kb2, env = _latest(stack, topic, 12)
+    empty = min(set(range(PARTITIONS)) - used)
+    after = dict(env["after"], n=env["after"]["n"] + 1)
+    produce(stack["boot"], topic, [(p, kb, None),
+                                   (empty, kb2, json.dumps(_bumped(env, after=after)).encode())])
+    want = _verdict(stack, "parts")
+    assert want == ({canon({"id": 11})}, set(), {canon({"id": 12})}), want
+    route = f"parts_{stack['u']}"
+    for impl, pure in IMPLS.items():
+        monkeypatch.setenv("PGROUTER_PURE_PYTHON", pure)
+        code, doc, err = verify(stack["cfg"], "--route", route)
+        assert code == 1 and doc is not None and _named(result(doc, route)) == want, \
+            (impl, err, doc)
+    monkeypatch.setenv("PGROUTER_PURE_PYTHON", "0")
+    code, doc, err = verify(stack["cfg"], "--route", route, "--repair")
+    assert code == 0 and doc["equal"], (err, doc)
+    assert not any(_verdict(stack, "parts"))
