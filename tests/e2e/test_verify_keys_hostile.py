@@ -20,7 +20,7 @@ from tests.helpers import Pg, unique, write_config
 pytestmark = pytest.mark.services
 
 ROWS = 20
-ROUTES = ("keys", "badname", "parts")
+ROUTES = ("keys", "badname", "parts", "vals")
 PARTITIONS = 64  # more than the rows: most partitions empty
 
 
@@ -139,3 +139,32 @@ def test_many_partitions_most_empty_in_both_folds(stack, monkeypatch):
     code, doc, err = verify(stack["cfg"], "--route", route, "--repair")
     assert code == 0 and doc["equal"], (err, doc)
     assert not any(_verdict(stack, "parts"))
+
+
+def test_values_at_type_edges_in_both_folds(stack, monkeypatch):
+    """n at int32's edges and 0 written as another JSON type or spelling: a float (1e0,
+    2147483647.0), a string, -0 (an int 0 for a consumer: equal), an int past int64."""
+    pg, t, topic = stack["pg"], stack["t"], stack["topics"]["vals"]
+    pg.run(f"update {t} set n = 2147483647 where id = 14")
+    pg.run(f"update {t} set n = -2147483648 where id = 15")
+    pg.run(f"update {t} set n = 0 where id in (16, 17)")
+    wait_for("the updates", lambda: _latest(stack, topic, 17)[2]["after"]["n"] == 0, None)
+    out = []
+    for id_, text in ((14, "2147483647.0"), (15, '"-2147483648"'), (16, "-0"), (17, "0e0"),
+                      (18, "18446744073709551616"), (19, "1E0")):
+        p, kb, env = _latest(stack, topic, id_)
+        body = json.dumps(_bumped(env, after=dict(env["after"], n="N"))).replace('"N"', text)
+        out.append((p, kb, body.encode()))
+    produce(stack["boot"], topic, out)
+    want = _verdict(stack, "vals")
+    assert want[2] == {canon({"id": i}) for i in (14, 15, 17, 18, 19)}, want
+    route = f"vals_{stack['u']}"
+    for impl, pure in IMPLS.items():
+        monkeypatch.setenv("PGROUTER_PURE_PYTHON", pure)
+        code, doc, err = verify(stack["cfg"], "--route", route, "--examples", "100")
+        assert code == 1 and doc is not None and _named(result(doc, route)) == want, \
+            (impl, err, doc)
+    monkeypatch.setenv("PGROUTER_PURE_PYTHON", "0")
+    code, doc, err = verify(stack["cfg"], "--route", route, "--repair")
+    assert code == 0 and doc["equal"], (err, doc)
+    assert not any(_verdict(stack, "vals"))
