@@ -55,8 +55,9 @@ class Producer(Protocol):
                      timeout: float = 60.0) -> None:
         """One record, returning once it is durable (acks=all)."""
 
-    def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
-        """Create the topics of ``specs`` that do not exist."""
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> set[str] | None:
+        """Create the topics of ``specs`` that do not exist; the names of those this call
+        created (a topic another client made meanwhile is not among them)."""
 
     def topic_names(self) -> frozenset[str]:
         """The names of the topics the cluster holds now."""

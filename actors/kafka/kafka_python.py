@@ -314,10 +314,11 @@ class KafkaPythonClient(Producer):
         finally:
             admin.close()
 
-    def ensure_topics(self, specs) -> None:
+    def ensure_topics(self, specs) -> set[str]:
         missing = [s for s in specs if s.name not in self._known_topics]
+        created: set[str] = set()
         if not missing:
-            return
+            return created
         admin = self._admin_client()
         try:
             existing = set(admin.list_topics())
@@ -331,6 +332,7 @@ class KafkaPythonClient(Producer):
             if new:
                 try:
                     admin.create_topics(new)
+                    created.update(t.name for t in new)
                 except kerr.TopicAlreadyExistsError:
                     pass
         except Exception as exc:
@@ -338,6 +340,7 @@ class KafkaPythonClient(Producer):
         finally:
             admin.close()
         self._known_topics.update(s.name for s in missing)
+        return created
 
     def flush(self, timeout: float | None = None) -> None:
         try:

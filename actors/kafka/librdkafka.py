@@ -358,16 +358,16 @@ class RdKafkaClient(InlineProducer, PackedProducer):
         self._listed = names
         return names
 
-    def ensure_topics(self, specs) -> None:
+    def ensure_topics(self, specs) -> set[str]:
         missing = [s for s in specs if s.name not in self._known_topics]
+        created: set[str] = set()
         if not missing:
-            return
+            return created
         try:
             if self._admin is None:
                 self._admin = AdminClient(self._admin_conf)
             existing = held(self._admin, [s.name for s in missing], self._timeout)
-            new = [NewTopic(s.name, num_partitions=s.partitions,
-                            replication_factor=s.replication_factor,
+            new = [NewTopic(s.name, s.partitions, s.replication_factor,
                             config={k: str(v) for k, v in s.configs.items()})
                    for s in missing if s.name not in existing]
             if new:
@@ -375,6 +375,7 @@ class RdKafkaClient(InlineProducer, PackedProducer):
                 for name, future in futures.items():
                     try:
                         future.result(timeout=self._timeout * 2)
+                        created.add(name)
                     except KafkaException as exc:
                         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                             twin = twin_named(str(exc))
@@ -384,6 +385,7 @@ class RdKafkaClient(InlineProducer, PackedProducer):
         except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11
             raise SinkUnavailable(f"Kafka did not answer topic creation: {exc!r}") from exc
         self._known_topics.update(s.name for s in missing)
+        return created
 
     def flush(self, timeout: float | None = None) -> None:
         left = self.producer.flush(-1 if timeout is None else timeout)

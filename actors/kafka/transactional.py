@@ -275,8 +275,8 @@ class TransactionalClient(TransactionalProducer):
         for on_done, ticket, count in held:
             on_done(ticket, None, count)
 
-    def ensure_topics(self, specs) -> None:
-        self.inner.ensure_topics(specs)
+    def ensure_topics(self, specs) -> set[str] | None:
+        return self.inner.ensure_topics(specs)
 
     def topic_names(self) -> frozenset[str]:
         return self.inner.topic_names()

@@ -32,6 +32,10 @@ Rules:
   its consistent point, so every change since the rows already written is in the stream,
   and those tables are read again by key chunks between watermarks (rows of the tables in
   flight are written twice).
+  So does a start that finds its slot and no state topic at all (``StateStore.created``:
+  deleted, or a new cluster): nothing says the snapshot finished, so every routed table is
+  read again (one warning line; ``started`` is recorded first). A topic that exists
+  without a record of the slot (a slot made by hand) means no snapshot: the router streams.
 * A table is locked before it is read (``TableReader.rewritten``). One that TRUNCATE or a
   rewrite (ALTER TABLE … TYPE, ADD COLUMN with a volatile default, VACUUM FULL, CLUSTER)
   gave a new file after the consistent point — before any session locked it — cannot be
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from logging import WARNING
 
 import trio
 
@@ -178,11 +183,20 @@ class InitialSnapshot:
 
 async def interrupted(cfg: Config, client, slot: str) -> list[str]:
     """``["*"]`` when the initial snapshot of ``slot`` was started and not done (to be
-    finished by backfill), else none. The slot exists (``InitialSnapshot.wanted`` said no)."""
+    finished by backfill), else none. The slot exists (``InitialSnapshot.wanted`` said no).
+    A state topic Kafka did not hold at all (deleted, or a new cluster and a slot made by
+    hand) cannot say whether the snapshot finished: it is taken as started and not done, with
+    no table done — ``started`` recorded first, so a later start finishes it too."""
     if cfg.snapshot.mode != "initial" or not cfg.source.create_slot:
         return []
     store = StateStore(cfg, client)
     await store.aload()
+    if store.created:
+        log.event(_log, "the snapshot state topic was missing: whether the initial snapshot "
+                  "finished is unknown, so it is finished as a backfill of every routed table "
+                  "(rows already in Kafka are written again)", level=WARNING,
+                  topic=store.topic, slot=slot)
+        await store.aput(SnapshotState("initial", slot, "started", request=uuid.uuid4().hex))
     state = store.get(SnapshotState("initial", slot, ""))
     if state is None or state.state == "done":
         return []

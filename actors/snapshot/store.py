@@ -38,6 +38,9 @@ class StateStore:
         #: this store: ``records`` is what a new read would give (of the keys this router
         #: writes)
         self.loaded = False
+        #: the last ``load`` found no state topic in Kafka and created it (``[kafka]
+        #: create_topics``): whatever it recorded is gone (``initial.interrupted``)
+        self.created = False
 
     def load(self, timeout: float = READ_TIMEOUT) -> dict[bytes, SnapshotState]:
         """Every state record (last per key), read from the beginning to the end (with
@@ -57,8 +60,9 @@ class StateStore:
     def _ensure(self) -> None:
         if self.cfg.kafka.create_topics:
             rf = max([r.topic_settings.replication_factor for r in self.cfg.routes] or [1])
-            self.client.ensure_topics([TopicSpec(self.topic, 1, rf,
-                                                 {"cleanup.policy": "compact"})])
+            made = self.client.ensure_topics([TopicSpec(self.topic, 1, rf,
+                                                        {"cleanup.policy": "compact"})])
+            self.created = self.topic in (made or ())
 
     def adopt(self, other: "StateStore") -> None:
         """What ``other`` read and wrote, taken instead of reading the topic again (the
