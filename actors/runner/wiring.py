@@ -36,7 +36,7 @@ from router.routing.change_router import ChangeRouter
 from router.routing.transaction_meta import TransactionMeta
 from router.stream.transactions import TransactionAssembler
 from router.routing.publications import Catalog
-from router.routing.topics import TopicFolds, TopicSpec
+from router.routing.topics import TopicFolds, TopicSpec, own_topics
 
 from ..snapshot.backfill import BackfillActor, backfill_stage
 from ..snapshot.signals import message_topic_specs, router_extras, signal_handler
@@ -110,7 +110,7 @@ def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stat
     state = {"routes": definitions.routes if definitions is not None
              else route_specs(cfg, catalog)}
     routers: list[tuple[frozenset | None, ChangeRouter]] = []
-    folds = TopicFolds(topics)  # shared: one router's new topic is every router's
+    folds = TopicFolds(topics, own_topics(cfg))  # shared: one router's topic is every router's
 
     def router_for(names=None):
         router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],

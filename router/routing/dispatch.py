@@ -107,6 +107,9 @@ def build_plans(routes: list[RouteSpec], relation: Relation, *, primary_keys: Pr
                                    **kwargs))
             continue
         topic = kwargs.pop("topic", None) or spec.topic_for(publish_as.namespace, publish_as.name)
+        if folds is not None:  # no outbox event goes to a table route's topic
+            folds.reserved.setdefault(topic, f"route {spec.name!r}'s topic of table "
+                                             f"{publish_as.namespace}.{publish_as.name}")
         new_topic(topic, spec.name)
         plans.append(TablePlan(route=spec.name, topic=topic, encoder=encoder, **kwargs))
     return tuple(plans)

@@ -122,6 +122,8 @@ class OutboxPlan:
         self.folds = folds if folds is not None else TopicFolds()
         # the dead-letter topic is one of the router's: an event's topic must not collide
         twin = self.folds.claim(cfg.dead_letter, (route, self.table)) if cfg.dead_letter else None
+        if cfg.dead_letter:
+            self.folds.reserved.setdefault(cfg.dead_letter, f"route {route!r}'s dead-letter topic")
         if twin is not None:
             raise ConfigError(f"route {route!r}: the dead-letter topic {cfg.dead_letter!r} differs "
                               f"only in '.' and '_' from the topic {twin!r}, which Kafka "
@@ -169,6 +171,9 @@ class OutboxPlan:
         if problem:
             shown = topic if len(topic) <= 100 else topic[:100] + "…"
             raise Poison(f"makes topic {shown!r}: {problem}")
+        whose = self.folds.reserved.get(topic)
+        if whose is not None:
+            raise Poison(f"makes topic {topic!r}, {whose}: no event goes there")
         other = self.folds.claim(topic, (self.route, self.table))
         if other is not None:
             raise Poison(f"makes topic {topic!r}, which Kafka refuses to create beside its "

@@ -56,11 +56,14 @@ class TopicFolds:
     who made each topic the router's outbox routes made (``owner``: an error line about a
     record names its route and table)."""
 
-    __slots__ = ("_by_fold", "_owners")
+    __slots__ = ("_by_fold", "_owners", "reserved")
 
-    def __init__(self, names=()):
+    def __init__(self, names=(), reserved: dict[str, str] | None = None):
         self._by_fold: dict[str, str] = {}
         self._owners: dict[str, dict[tuple[str, str], None]] = {}
+        #: topics no outbox event may go to -> whose they are (the router's own topics and
+        #: table routes' topics: an event there would be a record their readers cannot read)
+        self.reserved: dict[str, str] = dict(reserved or {})
         for name in names:
             self._by_fold.setdefault(name.replace(".", "_"), name)
 
@@ -80,6 +83,16 @@ class TopicFolds:
         if not owners:
             return None
         return " or ".join(f"route {route!r}, outbox table {table}" for route, table in owners)
+
+
+def own_topics(cfg) -> dict[str, str]:
+    """The router's own topics of ``cfg`` (a router ``Config``) -> their config keys."""
+    kafka = cfg.kafka
+    named = {f"[kafka] {key}": getattr(kafka, key, "") for key in (
+        "schema_topic", "messages_topic", "transactions_topic", "committed_lsn_topic",
+        "definitions_topic")}
+    named["[snapshot] state_topic"] = cfg.snapshot.state_topic
+    return {topic: f"the router's {key} topic" for key, topic in named.items() if topic}
 
 
 def collision(name: str, twin: str, listed: frozenset | None) -> SinkError:
