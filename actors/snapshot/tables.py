@@ -116,8 +116,8 @@ class SnapshotTable(msgspec.Struct, frozen=True):
         sql = f"SELECT {cols} FROM ONLY {ident(self.table[0])}.{ident(self.table[1])}"
         conds = [] if self.where is None else [f"({self.where})"]
         conds += self.outside(skip)
-        if where:
-            conds.append(f"({where})")
+        if where:  # as written: a line comment at its end ends at the newline
+            conds.append(f"({where}\n)")
         params: tuple = ()
         names = ", ".join(ident(k) for k in key)
         if after is not None:
