@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.guarantee import delete_topics
 from tests.e2e.test_signals import SIGNAL, setup, signal_states, snapshot_ids, teardown
 from tests.helpers import run_router, unique
 
@@ -26,3 +27,4 @@ def test_a_where_ending_in_a_line_comment_backfills_its_rows(pg_dsn, kafka_boots
         assert [s for s, _ in signal_states(kafka_bootstrap, name).values()] == ["accepted"]
     finally:
         teardown(pg, name)
+        delete_topics(kafka_bootstrap, [name])
