@@ -110,7 +110,8 @@ def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stat
     state = {"routes": definitions.routes if definitions is not None
              else route_specs(cfg, catalog)}
     routers: list[tuple[frozenset | None, ChangeRouter]] = []
-    folds = TopicFolds(topics, own_topics(cfg))  # shared: one router's topic is every router's
+    # shared: one router's topic is every router's
+    folds = TopicFolds(topics, own_topics(cfg, state["routes"]))
 
     def router_for(names=None):
         router = ChangeRouter([r for r in state["routes"] if names is None or r.name in names],

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import string
 
-from ..errors import SinkError, SinkRejected, SinkUnavailable
+from ..errors import ConfigError, SinkError, SinkRejected, SinkUnavailable
 
 
 MAX_TOPIC_LENGTH = 249
@@ -85,14 +85,24 @@ class TopicFolds:
         return " or ".join(f"route {route!r}, outbox table {table}" for route, table in owners)
 
 
-def own_topics(cfg) -> dict[str, str]:
-    """The router's own topics of ``cfg`` (a router ``Config``) -> their config keys."""
+def own_topics(cfg, routes=()) -> dict[str, str]:
+    """The router's own topics of ``cfg`` (a router ``Config``) and the topics of the tables
+    ``routes`` (``RouteSpec``s) name, but an outbox route's -> whose they are."""
+    out: dict[str, str] = {}
+    for spec in routes:
+        for table in sorted(spec.tables) if spec.outbox is None and spec.planner is None else ():
+            try:
+                topic = spec.topic_for(*table)
+            except ConfigError:  # refused by the start's checks, or when its rows come
+                continue
+            out[topic] = f"route {spec.name!r}'s topic of table {'.'.join(table)}"
     kafka = cfg.kafka
     named = {f"[kafka] {key}": getattr(kafka, key, "") for key in (
         "schema_topic", "messages_topic", "transactions_topic", "committed_lsn_topic",
         "definitions_topic")}
     named["[snapshot] state_topic"] = cfg.snapshot.state_topic
-    return {topic: f"the router's {key} topic" for key, topic in named.items() if topic}
+    out.update((topic, f"the router's {key} topic") for key, topic in named.items() if topic)
+    return out
 
 
 def collision(name: str, twin: str, listed: frozenset | None) -> SinkError:
