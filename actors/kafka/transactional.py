@@ -74,6 +74,9 @@ def _broken(exc: BaseException | None) -> bool:
     while exc is not None:
         if _fenced(exc) or _broken_code(exc.args[0] if exc.args else None):
             return True
+        # kafka-python: "Cannot perform send because ... failed with errors.", the error
+        if any(isinstance(a, BaseException) and _broken(a) for a in exc.args[1:]):
+            return True
         exc = exc.__cause__
     return False
 
