@@ -58,8 +58,10 @@ class TransactionTimedOut(SinkUnavailable):
 
 def timed_out_line(transactional_id: str, timeout_ms: int) -> str:
     return (f"Kafka aborted the open transaction of transactional id {transactional_id!r}: it "
-            f"stayed open longer than transaction.timeout.ms ({timeout_ms} ms; the router was "
-            "paused, e.g. SIGSTOP or a frozen host); restarting from what Kafka committed")
+            f"stayed open longer than transaction.timeout.ms ({timeout_ms} ms: the router was "
+            "paused, e.g. SIGSTOP or a frozen host, or one source transaction took that long to "
+            "send; if it recurs raise [kafka.settings] transaction_timeout_ms); restarting from "
+            "what Kafka committed")
 
 
 class Stream(msgspec.Struct, frozen=True):
