@@ -12,7 +12,8 @@ Rules:
   general way (``Decoder.key``, ``Decoder.value``, ``TopicFold.add``), which folds alike.
 * A record that cannot be read (its key or value not what pgrouter writes: a foreign
   producer, a damaged topic — a value that is not JSON, Connect or Avro, a JSON value that
-  is neither a change record, a logical message nor transaction metadata, an Avro record
+  is not UTF-8 (also in members the typed decoder skips unread), a JSON value that is
+  neither a change record, a logical message nor transaction metadata, an Avro record
   without ``[kafka.registry]``) is a ``SinkError`` naming the topic and the record's key:
   a consumer would read something verify cannot compare. Logical messages (``op: "m"``)
   and transaction metadata are skipped; a tombstone goes to ``TopicFold.tombstone``.
@@ -38,7 +39,7 @@ import time
 import msgspec
 
 from router.errors import PgRouterError, SinkError, SinkUnavailable
-from router.verify.fold import TopicFold, envelope_of, key_of, key_payload
+from router.verify.fold import TopicFold, envelope_of, key_of, key_payload, utf8_checked
 from router.native import NATIVE
 from router.verify.digests import fold_batch_py, layout_of, row_digests_py
 
@@ -123,6 +124,7 @@ class Decoder:
             except msgspec.DecodeError:  # not this shape: the general way
                 add(key(kb), value(vb))
                 return
+            utf8_checked(vb)  # what the typed decoder skipped unread a consumer's parser reads
             op = c.op
             if op not in _OPS:
                 if op != "m":  # a Connect record, transaction metadata… or a foreign one

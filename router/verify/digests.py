@@ -49,7 +49,7 @@ import msgspec
 
 from ..native import NATIVE
 from ..snapshot.core import parse_copy_data
-from .fold import MISSING
+from .fold import MISSING, utf8_checked
 
 _pack = struct.Struct(">d").pack
 _tail = struct.Struct("=qq").unpack_from
@@ -222,8 +222,8 @@ def fold_batch_py(msgs: list, ends: dict, rows: dict, cut: int, buckets: int,
       ``router.verify.fold.TopicFold.apply`` with ``digester`` (``tools[3]``: ``layout_of``;
       ``tools[5]``: ``row_digests_py``). At or past the cut it goes to the feeder, which
       tells a later write (ignored) from a record past the source's WAL end (damage).
-    * Anything else (and a record that does not decode) goes to ``tools[4](key, value)``,
-      the feeder that folds every record (``actors.verify.topic.Decoder.feeder``)."""
+    * Anything else (and a record that does not decode, or is not UTF-8) goes to
+      ``tools[4](key, value)``, the feeder (``actors.verify.topic.Decoder.feeder``)."""
     decode_change, decode_key, encode_key, layout, slow, row_py = tools
     read = after_cut = folded = 0
     for m in msgs:
@@ -253,7 +253,7 @@ def _fold_one(rows, kb, vb, cut, buckets, decode_change, decode_key, encode_key,
     if kb is None:
         return 0
     try:
-        c = decode_change(vb)
+        c = decode_change(utf8_checked(vb))
         op, src, after, before, toast = c.op, c.source, c.after, c.before, c.unchanged_toast
         if before is not None and not isinstance(before, dict):  # JSON left raw
             before = _decode(before)

@@ -114,6 +114,17 @@ def envelope_of(doc) -> dict | None:
     return doc
 
 
+def utf8_checked(data: bytes) -> bytes:
+    """``data`` when it is UTF-8 (a JSON value a consumer's parser reads); ``ValueError``
+    otherwise: msgspec's typed decoders skip the members they do not take unread."""
+    if not data.isascii():
+        try:
+            data.decode()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"a JSON value that is not UTF-8 (byte {exc.start})") from None
+    return data
+
+
 def key_payload(doc):
     """A decoded JSON or Kafka Connect key as the key's column dict."""
     if isinstance(doc, dict) and "payload" in doc and "schema" in doc:

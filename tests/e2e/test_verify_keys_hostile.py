@@ -20,7 +20,7 @@ from tests.helpers import Pg, unique, write_config
 pytestmark = pytest.mark.services
 
 ROWS = 20
-ROUTES = ("keys", "badname", "parts", "vals")
+ROUTES = ("keys", "badname", "parts", "vals", "badval", "badstr")
 PARTITIONS = 64  # more than the rows: most partitions empty
 
 
@@ -112,6 +112,28 @@ def test_a_key_name_that_is_not_utf8_is_one_line_in_both_folds(stack, monkeypatc
         line = err.strip().splitlines()[-1] if err.strip() else ""
         assert code == 2 and doc is None and topic in line and "Traceback" not in err, \
             (impl, code, err, doc)
+
+
+@pytest.mark.parametrize("route, spelled", [("badval", (b'"X": 1', b'"\xff": 1')),
+                                             ("badstr", (b'"db": "', b'"db": "\xe9'))])
+def test_a_value_that_is_not_utf8_is_one_line_in_both_folds(stack, monkeypatch, route,
+                                                             spelled):
+    """A value with bytes that are not UTF-8 in a member verify skips (a name of the
+    envelope, a string of its source): a consumer's JSON parser refuses the record; verify
+    says exit 2 naming the topic and the key in both folds (both used to fold it: equal)."""
+    topic = stack["topics"][route]
+    p, kb, env = _latest(stack, topic, 10)
+    body = json.dumps(_bumped(env, X=1)).encode().replace(*spelled)
+    assert body != json.dumps(_bumped(env, X=1)).encode()
+    with pytest.raises(ValueError):
+        json.loads(body)  # what a consumer sees
+    produce(stack["boot"], topic, [(p, kb, body)])
+    for impl, pure in IMPLS.items():
+        monkeypatch.setenv("PGROUTER_PURE_PYTHON", pure)
+        code, doc, err = verify(stack["cfg"], "--route", f"{route}_{stack['u']}")
+        line = err.strip().splitlines()[-1] if err.strip() else ""
+        assert code == 2 and doc is None and topic in line and repr(kb) in line \
+            and "not UTF-8" in line and "Traceback" not in err, (impl, code, err, doc)
 
 
 def test_many_partitions_most_empty_in_both_folds(stack, monkeypatch):

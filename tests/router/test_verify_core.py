@@ -261,3 +261,29 @@ def test_the_typed_json_decoder_folds_as_the_general_one():
         assert typed.keyless() == general.keyless()
         assert (typed.records, typed.after_cut) == (general.records, general.after_cut)
         assert typed.taken() == general.keyed() and typed.rows == {}  # what Comparer takes
+
+
+@pytest.mark.parametrize("skipped", [b'"\xff":1', b'"x":"\xe9"', b'"source":{"\xc3(":1',
+                                     b'"x":[{"\xed\xa0\x80":2}]'])
+def test_a_value_that_is_not_utf8_is_refused_by_both_folds(skipped):
+    """Bytes that are not UTF-8 in a member the fold skips: a consumer's JSON parser refuses
+    the record, so verify names it (the feeder's error naming the key), in the C fold and in
+    its twin; both used to fold it (issue 51)."""
+    from actors.verify.topic import BadRecord, Decoder
+    from router.native import NATIVE
+    from router.verify.digests import digester, fold_batch_py, layout_of, row_digests_py
+    from router.verify.fold import key_of
+    from tests.router.verify_twins import Msg
+
+    v = b'{"op":"r",' + skipped + b',"after":{"id":1},"source":{"commit_lsn":5}}'
+    if b'"source"' in skipped:
+        v = v.replace(b',"source":{"commit_lsn":5}}', b',"commit_lsn":5}}')
+    msgs = [Msg(b'{"id":1}', v)]
+    impls = [fold_batch_py] + [f for f in [getattr(NATIVE, "verify_fold", None)] if f]
+    for fold_batch in impls:
+        decoder, fold = Decoder(None), TopicFold(100, digester(7))
+        tools = (decoder._raw.decode, msgspec.json.decode, key_of, layout_of,
+                 decoder.feeder(fold, False), row_digests_py)
+        with pytest.raises(BadRecord, match=r"""key b'\{"id":1\}'.*not UTF-8"""):
+            fold_batch(msgs, {0: 10}, fold.rows, 100, 7, tools)
+        assert fold.rows == {} and fold.records == 0

@@ -375,15 +375,21 @@ skip_value(const char *p, const char *e, int depth)
     return NULL;
 }
 
-/* a member's name at p (at its opening quote), no escapes: its end after the closing quote */
+/* a member's name at p (at its opening quote), no escapes, UTF-8: its end after the closing
+ * quote (a name that is not UTF-8, in a member the fold skips, is what msgspec's typed decoder
+ * skips unread; a consumer's JSON parser refuses the record: the feeder names it) */
 static const char *
 plain_name(const char *p, const char *e, const char **name, size_t *len)
 {
     if (p >= e || *p != '"')
         return NULL;
     const char *q = ++p;
-    while (p < e && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
-        p++;
+    while (p < e && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) {
+        int n = (unsigned char)*p < 0x80 ? 1 : utf8_sequence((const unsigned char *)p, e - p);
+        if (!n)
+            return NULL;
+        p += n;
+    }
     if (p >= e || *p != '"')
         return NULL;
     *name = q;
