@@ -127,8 +127,29 @@ def pg_dsn(request, pg_version) -> str:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(request) -> str:
     if os.environ.get("PGROUTER_TEST_KAFKA"):
-        return os.environ["PGROUTER_TEST_KAFKA"]
-    return request.getfixturevalue("devstack").kafka_bootstrap
+        bootstrap = os.environ["PGROUTER_TEST_KAFKA"]
+    else:
+        bootstrap = request.getfixturevalue("devstack").kafka_bootstrap
+    _shared_state_topic(bootstrap)
+    return bootstrap
+
+
+def _shared_state_topic(bootstrap: str) -> None:
+    """The default ``[snapshot] state_topic``, as on any cluster a router has run on. Without
+    it a router that finds a slot made by hand (as many tests make theirs) and no state topic
+    at all finishes an initial snapshot by backfilling every table (docs/snapshots.md): on a
+    fresh cluster the first such tests would see that, later ones not. The tests of that
+    behaviour use topics of their own."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    name = "pgrouter.snapshots"
+    fut = admin.create_topics([NewTopic(name, 1, 1, config={"cleanup.policy": "compact"})])
+    try:
+        fut[name].result(30)
+    except Exception as exc:  # already there: what every later session finds
+        if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+            raise
 
 
 @pytest.fixture(scope="session")
