@@ -29,6 +29,11 @@ def connection_conf(bootstrap_servers, settings: dict) -> dict:
     return conf
 
 
+#: Kafka's error code for a topic that exists: made since it was looked for (a second router
+#: starting at the same moment), not a refusal
+_TOPIC_ALREADY_EXISTS = 36
+
+
 def held(admin, names, timeout: float) -> dict[str, int]:
     """The partition counts of those of ``names`` Kafka holds and shows this client, asked
     of these only (a cluster's full list costs a start tens of milliseconds per thousand
@@ -66,7 +71,7 @@ class RdKafkaAdmin:
 
     def refusals(self, topics) -> list[tuple[str, str]]:
         """(name, the broker's reason) of each topic it would refuse to create."""
-        from confluent_kafka import KafkaException
+        from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import NewTopic
 
         futures = self.admin.create_topics(
@@ -80,6 +85,8 @@ class RdKafkaAdmin:
                 future.result(timeout=self.timeout * 2)
             except KafkaException as exc:
                 err = exc.args[0]
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue  # made since it was looked for (a second router starting)
                 out.append((name, err.str() if hasattr(err, "str") else str(err)))
         return out
 
@@ -111,7 +118,7 @@ class KafkaPythonAdmin:
                       "configs": dict(t.configs)} for t in topics},
             validate_only=True, raise_errors=False)
         return [(r["name"], r.get("error_message")) for r in reply.get("topics", [])
-                if r.get("error_code")]
+                if r.get("error_code") not in (None, 0, _TOPIC_ALREADY_EXISTS)]
 
     def partitions(self, names) -> dict[str, int]:
         return {d["name"]: len(d.get("partitions") or ())

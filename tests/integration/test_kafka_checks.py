@@ -62,3 +62,13 @@ def test_both_libraries_find_the_same(kafka_bootstrap, existing, client, monkeyp
     finally:
         admin.close()
     assert bool(imported) is (client == "kafka-python"), "asked with the other library"
+
+
+@pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
+def test_a_topic_made_since_it_was_looked_for_is_not_a_refusal(kafka_bootstrap, existing,
+                                                               client):
+    """Three routers starting at once: one looked for its topic, found none, and another
+    made it before the first asked Kafka whether it would create it. Kafka's answer, "it
+    exists", is no refusal (the late router stopped with "Kafka refuses topic …")."""
+    admin = preflight._admin(_Cfg(kafka_bootstrap, client))
+    assert admin.refusals([Topic(existing, "routes[0].topic_settings", 2, 1, {})]) == []
