@@ -23,7 +23,7 @@ from tests.helpers import (Pg, kill9, start_router, table_rows, topic_rows, uniq
 
 pytestmark = pytest.mark.services
 
-DEADLINE = 120
+DEADLINE = 240  # the whole test's, late in a loaded suite
 COLS = ["id", "n", "v"]
 #: bytes/s the router reads from PostgreSQL in the initial snapshot test: the first table
 #: (~1.3 MB of COPY text) takes about 3 s, time enough for the DDL on the others
