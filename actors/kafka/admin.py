@@ -29,11 +29,6 @@ def connection_conf(bootstrap_servers, settings: dict) -> dict:
     return conf
 
 
-#: Kafka's error code for a topic that exists: made since it was looked for (a second router
-#: starting at the same moment), not a refusal
-_TOPIC_ALREADY_EXISTS = 36
-
-
 def held(admin, names, timeout: float) -> dict[str, int]:
     """The partition counts of those of ``names`` Kafka holds and shows this client, asked
     of these only (a cluster's full list costs a start tens of milliseconds per thousand
@@ -113,12 +108,16 @@ class KafkaPythonAdmin:
         return set(self.admin.list_topics()).intersection(names)
 
     def refusals(self, topics) -> list[tuple[str, str]]:
+        """As ``RdKafkaAdmin.refusals``: a topic made since it was looked for (a second router
+        starting at the same moment) is no refusal."""
+        from kafka.errors import TopicAlreadyExistsError
+
         reply = self.admin.create_topics(
             {t.name: {"num_partitions": t.partitions, "replication_factor": t.replication_factor,
                       "configs": dict(t.configs)} for t in topics},
             validate_only=True, raise_errors=False)
         return [(r["name"], r.get("error_message")) for r in reply.get("topics", [])
-                if r.get("error_code") not in (None, 0, _TOPIC_ALREADY_EXISTS)]
+                if r.get("error_code") not in (None, 0, TopicAlreadyExistsError.errno)]
 
     def partitions(self, names) -> dict[str, int]:
         return {d["name"]: len(d.get("partitions") or ())
