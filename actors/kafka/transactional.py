@@ -23,6 +23,9 @@ Rules:
   a failure while the open transaction is older than that is ``TransactionTimedOut``,
   retried by the supervisor's restart from what Kafka committed (a new producer, the
   committed LSN read again; nothing past it was confirmed to the slot).
+* A transaction the client aborted itself after an error it recovers from (kafka-python
+  bumps the producer's epoch, KIP-360, and refuses sends meanwhile; librdkafka's abortable
+  errors) is ``TransactionLost``, retried the same way.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ import warnings
 
 from router.errors import ConfigError, SinkError, SinkUnavailable
 from router.delivery.exactly_once import (COMMITTED_TOPIC_CONFIGS, Committed, ProducerFenced,
-                                         Stream, TransactionTimedOut, committed_lsn,
-                                         committed_record, decode_committed, fenced_line,
-                                         foreign_stream, shared_id_line, timed_out_line)
+                                         Stream, TransactionLost, TransactionTimedOut,
+                                         committed_lsn, committed_record, decode_committed,
+                                         fenced_line, foreign_stream, lost_line,
+                                         shared_id_line, timed_out_line)
 from router.routing.topics import TopicSpec
 
 from .compacted import read_topic
@@ -69,13 +73,41 @@ def _broken_code(err) -> bool:
             or bool(err.txn_requires_abort()))
 
 
+#: kafka-python's transaction states in which the open transaction is lost: an abortable
+#: error, or the epoch bump (KIP-360) it makes after one, which aborts the open transaction
+_LOST_STATES = ("BUMPING_PRODUCER_EPOCH", "ABORTABLE_ERROR", "ABORTING_TRANSACTION")
+
+
+def _lost_state(exc: BaseException) -> bool:
+    """kafka-python's ``IllegalStateError('Cannot call send in state …')`` in a lost state."""
+    if type(exc).__name__ != "IllegalStateError" or not exc.args:
+        return False
+    text = str(exc.args[0])
+    return "in state" in text and any(text.endswith(state) for state in _LOST_STATES)
+
+
 def _broken(exc: BaseException | None) -> bool:
     """Is ``exc`` (or what it was raised from) Kafka saying the open transaction is lost?"""
     while exc is not None:
-        if _fenced(exc) or _broken_code(exc.args[0] if exc.args else None):
+        if _fenced(exc) or _lost_state(exc) or _broken_code(exc.args[0] if exc.args else None):
             return True
         # kafka-python: "Cannot perform send because ... failed with errors.", the error
         if any(isinstance(a, BaseException) and _broken(a) for a in exc.args[1:]):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def _lost(exc: BaseException | None) -> bool:
+    """Is ``exc`` (or what it was raised from) the client saying it aborted the open
+    transaction itself, after an error it may recover from (not fenced, not fatal)?"""
+    while exc is not None:
+        if _lost_state(exc):
+            return True
+        err = exc.args[0] if exc.args else None
+        requires_abort = getattr(err, "txn_requires_abort", None)
+        fatal = getattr(err, "fatal", None)
+        if callable(requires_abort) and requires_abort() and not (callable(fatal) and fatal()):
             return True
         exc = exc.__cause__
     return False
@@ -142,6 +174,8 @@ class TransactionalClient(TransactionalProducer):
                                                       self.transaction_timeout_ms))
         if _fenced(exc) or _fenced_code(self.inner.fatal):
             return ProducerFenced(fenced_line(self.transactional_id))
+        if self._open and _lost(exc):
+            return TransactionLost(lost_line(self.transactional_id, exc))
         return exc
 
     def _timed_out(self) -> bool:
@@ -153,7 +187,7 @@ class TransactionalClient(TransactionalProducer):
     def _call(self, fn, *args):
         try:
             return fn(*args)
-        except (ProducerFenced, TransactionTimedOut):
+        except (ProducerFenced, TransactionTimedOut, TransactionLost):
             raise
         except BaseException as exc:
             mapped = self.map_error(exc)

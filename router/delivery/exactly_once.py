@@ -64,6 +64,18 @@ def timed_out_line(transactional_id: str, timeout_ms: int) -> str:
             "what Kafka committed")
 
 
+class TransactionLost(SinkUnavailable):
+    """The Kafka client aborted the open transaction itself after an error it recovers from
+    (kafka-python bumps the producer's epoch, KIP-360; librdkafka: an abortable error).
+    Retried: the pipeline restarts from what Kafka committed."""
+
+
+def lost_line(transactional_id: str, cause: BaseException) -> str:
+    return (f"the Kafka client aborted the open transaction of transactional id "
+            f"{transactional_id!r} after an error ({cause}); restarting from what Kafka "
+            "committed")
+
+
 class Stream(msgspec.Struct, frozen=True):
     """What a router's changes come from: one slot of one database of one server."""
 
