@@ -17,11 +17,13 @@ Rules:
   without ``[kafka.registry]``) is a ``SinkError`` naming the topic and the record's key:
   a consumer would read something verify cannot compare. Logical messages (``op: "m"``)
   and transaction metadata are skipped; a tombstone goes to ``TopicFold.tombstone``.
-* A topic that does not exist is a ``SinkError`` naming it; so is a Kafka that cannot be
-  reached. A partition whose first offset is not 0 (retention or ``kafka-delete-records``
-  removed its oldest records) is read from its first offset, as a consumer reading from the
-  start reads it: the rows it lacks are compared as missing (``fold.starts`` says where
-  each such partition starts).
+* A topic that does not exist is a ``SinkError`` naming it; a Kafka that cannot be reached,
+  or that answers for the topic with a transient error until the deadline (no leader yet),
+  is ``SinkUnavailable`` naming it (``actors.verify.presence``): never "does not exist".
+  A partition whose first offset is not 0 (retention or ``kafka-delete-records`` removed
+  its oldest records) is read from its first offset, as a consumer reading from the start
+  reads it: the rows it lacks are compared as missing (``fold.starts`` says where each
+  such partition starts).
 * ``wal_end()`` (blocking), called once the end offsets are taken, is the source's WAL end:
   every record the router wrote before them has a commit LSN at or below it
   (``TopicFold.end``).
@@ -50,6 +52,7 @@ from ..kafka.compacted import kafka_python_conf
 from ..kafka.registry import decoder_for
 from ..kafka.versions import known_api_version
 from ..services.preflight import probe_kafka
+from .presence import READY, await_topic, kafka_python_state, rdkafka_marks
 
 BATCH = 10_000  # messages a consume() call returns at most
 #: librdkafka stops fetching while its queue holds ``queued.min.messages`` (100,000) and, by
@@ -276,9 +279,23 @@ def kafka_answers(bootstrap_servers, settings: dict, topics: list[str],
         consumer.close()
 
 
-def _missing(topic: str, bootstrap_servers) -> SinkError:
-    return SinkError(f"topic {topic!r} does not exist at {bootstrap_servers}: the route's "
-                     "records are gone (deleted topic?)")
+def _described(bootstrap_servers, settings, topic: str, timeout: float):
+    """``look`` for ``await_topic`` through kafka-python's admin client: the topic's own
+    error code (the consumer's metadata drops a topic with an error, whatever it is)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers,
+                             request_timeout_ms=int(min(timeout, 30) * 1000),
+                             **kafka_python_conf(settings),
+                             **known_api_version(bootstrap_servers))
+
+    def look():
+        found = [d for d in admin.describe_topics([topic]) if d.get("name") == topic]
+        state, said = kafka_python_state(found[0] if found else None)
+        return state, said, {p["partition_index"] for p in found[0]["partitions"]} if (
+            state == READY) else None
+
+    return admin, look
 
 
 def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
@@ -292,11 +309,8 @@ def _fold_rdkafka(bootstrap_servers, settings, topic, fold, decoder, progress, k
                  "enable.partition.eof": False, "fetch.queue.backoff.ms": FETCH_BACKOFF_MS})
     consumer = Consumer(conf)
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise _missing(topic, bootstrap_servers)
-        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-                 for p in meta.partitions}
+        marks = await_topic(lambda: rdkafka_marks(consumer, topic, timeout), topic,
+                            bootstrap_servers, timeout)
         ends = {p: end for p, (_b, end) in marks.items()}
         left = {p for p, (begin, end) in marks.items() if end > begin}
         consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in left])
@@ -340,8 +354,12 @@ def _fold(bootstrap_servers, settings, topic, fold, decoder, progress, keyless,
         if not parts:
             consumer.topics()  # fresh metadata: a topic made a moment ago
             parts = consumer.partitions_for_topic(topic)
-        if not parts:
-            raise _missing(topic, bootstrap_servers)
+        if not parts:  # missing, or an error the consumer's metadata does not keep
+            admin, look = _described(bootstrap_servers, settings, topic, timeout)
+            try:
+                parts = await_topic(look, topic, bootstrap_servers, timeout)
+            finally:
+                admin.close()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         begins, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
         marked({tp.partition: begins[tp] for tp in tps})
