@@ -18,9 +18,10 @@ setup(ext_modules=[Extension("router._native", [f"router/_native/{name}" for nam
                              depends=["router/_native/formats/avro_values.h",
                                       "router/_native/formats/codec.h",
                                       "router/_native/formats/json.h", "router/_native/native.h",
+                                      "router/_native/pyrefs.h",
                                       "router/_native/snapshot/copytext.h",
                                       "router/_native/verify/verify.h"],
                              optional=True, extra_compile_args=["-O2", "-Wall"]),
                    Extension("actors.kafka._producer", ["actors/kafka/_producer.c"],
-                             libraries=["dl", "pthread"], optional=True,
+                             depends=["router/_native/pyrefs.h"], libraries=["dl", "pthread"], optional=True,
                              extra_compile_args=["-O2", "-Wall"])])

@@ -32,6 +32,8 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "../../router/_native/pyrefs.h"
+
 /* ---- the librdkafka API used (rdkafka.h) ---------------------------------------------- */
 typedef struct rd_kafka_s rd_kafka_t;
 typedef struct rd_kafka_conf_s rd_kafka_conf_t;
@@ -136,10 +138,7 @@ typedef struct {
 static void
 flight_free(Flight *f)
 {
-    free(f->reason);
-    free(f->topic);
-    free(f->key);
-    free(f->value);
+    FREE_ALL(f->reason, f->topic, f->key, f->value);
     pthread_mutex_destroy(&f->lock);
     free(f);
 }
@@ -444,31 +443,35 @@ producer_produce(Producer *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* poll(timeout): the events served; flush(timeout): the records still queued after it */
 static PyObject *
-producer_poll(Producer *self, PyObject *arg)
+producer_wait(Producer *self, PyObject *arg, int flush)
 {
     double timeout = PyFloat_AsDouble(arg);
     if ((timeout == -1.0 && PyErr_Occurred()) || !ready(self))
         return NULL;
     int n;
     Py_BEGIN_ALLOW_THREADS
-    n = R.poll(self->rk, (int)(timeout * 1000));
+    if (flush) {
+        R.flush(self->rk, timeout < 0 ? -1 : (int)(timeout * 1000));
+        n = R.outq_len(self->rk);
+    }
+    else
+        n = R.poll(self->rk, (int)(timeout * 1000));
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(n);
 }
 
 static PyObject *
+producer_poll(Producer *self, PyObject *arg)
+{
+    return producer_wait(self, arg, 0);
+}
+
+static PyObject *
 producer_flush(Producer *self, PyObject *arg)
 {
-    double timeout = PyFloat_AsDouble(arg);
-    if ((timeout == -1.0 && PyErr_Occurred()) || !ready(self))
-        return NULL;
-    int left;
-    Py_BEGIN_ALLOW_THREADS
-    R.flush(self->rk, timeout < 0 ? -1 : (int)(timeout * 1000));
-    left = R.outq_len(self->rk);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(left);
+    return producer_wait(self, arg, 1);
 }
 
 /* What is still queued or in flight is purged (reported as failed), then the producer is
@@ -512,14 +515,11 @@ static PyMethodDef producer_methods[] = {
     {NULL}};
 
 static PyTypeObject ProducerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "actors.kafka._producer.Producer",
-    .tp_basicsize = sizeof(Producer),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
+    NATIVE_TYPE("actors.kafka._producer.Producer", Producer, Py_TPFLAGS_DEFAULT,
+                "Producer(conf): librdkafka's producer for packed record blocks"),
     .tp_init = (initproc)producer_init,
     .tp_dealloc = (destructor)producer_dealloc,
     .tp_methods = producer_methods,
-    .tp_doc = "Producer(conf): librdkafka's producer for packed record blocks",
 };
 
 static PyMethodDef module_methods[] = {

@@ -29,18 +29,18 @@ native_configure(PyObject *self, PyObject *args)
 static PyMethodDef module_methods[] = {
     {"configure", native_configure, METH_VARARGS,
      "configure(unchanged_toast, max_columns, Insert, Update, Delete): router.pgoutput's"},
-    {"verify_row", (PyCFunction)(void (*)(void))native_verify_row, METH_FASTCALL,
+    FASTCALL("verify_row", native_verify_row,
      "verify_row(key, head, values, buckets) -> bytes | None: router.verify.digests's "
-     "digests of one row"},
-    {"verify_fold", (PyCFunction)(void (*)(void))native_verify_fold, METH_FASTCALL,
+     "digests of one row"),
+    FASTCALL("verify_fold", native_verify_fold,
      "verify_fold(msgs, ends, rows, cut, buckets, tools) -> (read, after_cut, folded): "
-     "router.verify.digests.fold_batch_py, a batch of a JSON-format topic's messages folded"},
-    {"verify_copy", (PyCFunction)(void (*)(void))native_verify_copy, METH_FASTCALL,
+     "router.verify.digests.fold_batch_py, a batch of a JSON-format topic's messages folded"),
+    FASTCALL("verify_copy", native_verify_copy,
      "verify_copy(data, keys, columns, head, buckets, acc) -> rows: "
-     "router.verify.digests.copy_sums_py, COPY text rows' digests summed by bucket"},
-    {"verify_sums", (PyCFunction)(void (*)(void))native_verify_sums, METH_FASTCALL,
+     "router.verify.digests.copy_sums_py, COPY text rows' digests summed by bucket"),
+    FASTCALL("verify_sums", native_verify_sums,
      "verify_sums(rows, buckets) -> dict | None: router.verify.digests.bucket_sums, a fold's "
-     "rows summed by bucket"},
+     "rows summed by bucket"),
     {NULL}};
 
 static struct PyModuleDef native_module = {

@@ -6,6 +6,9 @@
  *               feed_rows (the transaction assembler's short path), take_row
  *   short.c     take_short (a whole short transaction in one step)
  *   json.h      the output buffer and msgspec's JSON writing
+ *   pyrefs.h    what every C file writes for its objects' fields and types (a type's head,
+ *               clearing, visiting and freeing fields, argument checks, pairs), written once
+ *               (actors/kafka/_producer.c includes it too)
  *   codec.c     the router side: RowCodec (row, key and change JSON)
  *   recorder.c  Recorder (one route's records of a transaction; rebind), OutboxRecorder (an
  *               outbox route's events) and record_run
@@ -47,6 +50,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pyrefs.h"
+
 /* module.c: router.pgoutput's sentinel, column limit and message classes (configure()) */
 extern PyObject *unchanged_toast, *insert_type, *update_type, *delete_type;
 extern Py_ssize_t max_columns;
@@ -75,35 +80,53 @@ PyObject *native_verify_sums(PyObject *self, PyObject *const *args, Py_ssize_t n
 int take_row(PyObject *item, PyObject *changes, PyObject *relations, PyObject *change_type,
              Py_ssize_t overhead, Py_ssize_t value_overhead, long long *used);
 
+/* The escape msgspec writes for a character it escapes (a control character, '"' or
+ * '\\'): \b \t \n \f \r \" \\ short, the others as \u00xx; into ``o``, returns the end. */
+static inline char *
+json_escape(char *o, unsigned char c)
+{
+    static const char hex[] = "0123456789abcdef";
+    *o++ = '\\';
+    switch (c) {
+    case '"': *o++ = '"'; break;
+    case '\\': *o++ = '\\'; break;
+    case '\b': *o++ = 'b'; break;
+    case '\f': *o++ = 'f'; break;
+    case '\n': *o++ = 'n'; break;
+    case '\r': *o++ = 'r'; break;
+    case '\t': *o++ = 't'; break;
+    default:
+        *o++ = 'u';
+        *o++ = '0';
+        *o++ = '0';
+        *o++ = hex[c >> 4];
+        *o++ = hex[c & 15];
+    }
+    return o;
+}
+
+/* the character the JSON escape \c stands for; -1 for 'u' (four hex digits follow) and
+ * for anything that is not an escape */
+static inline int
+json_unescape(char c)
+{
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *at = c ? strchr(from, c) : NULL;
+    return at ? to[at - from] : -1;
+}
+
 /* ``s`` as a JSON string the way msgspec writes a str, into ``o`` (room for n * 6 + 2
  * bytes reserved by the caller); returns the end. */
 static inline char *
 json_quote(char *o, const char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
     *o++ = '"';
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') {
+        if (c >= 0x20 && c != '"' && c != '\\')
             *o++ = (char)c;
-            continue;
-        }
-        *o++ = '\\';
-        switch (c) {
-        case '"': *o++ = '"'; break;
-        case '\\': *o++ = '\\'; break;
-        case '\b': *o++ = 'b'; break;
-        case '\f': *o++ = 'f'; break;
-        case '\n': *o++ = 'n'; break;
-        case '\r': *o++ = 'r'; break;
-        case '\t': *o++ = 't'; break;
-        default:
-            *o++ = 'u';
-            *o++ = '0';
-            *o++ = '0';
-            *o++ = hex[c >> 4];
-            *o++ = hex[c & 15];
-        }
+        else
+            o = json_escape(o, c);
     }
     *o++ = '"';
     return o;
@@ -188,16 +211,13 @@ seq_headers(PyObject *lsn_header, PyObject *seq_name, unsigned long long seq)
 {
     char digits[24];
     int n = snprintf(digits, sizeof(digits), "%llu", seq);
-    PyObject *headers = PyList_New(2), *seq_header = PyTuple_New(2);
-    PyObject *seq_bytes = PyBytes_FromStringAndSize(digits, n);
-    if (headers == NULL || seq_header == NULL || seq_bytes == NULL) {
+    PyObject *headers = PyList_New(2);
+    PyObject *seq_header = headers == NULL ? NULL
+        : native_pair(Py_NewRef(seq_name), PyBytes_FromStringAndSize(digits, n));
+    if (seq_header == NULL) {
         Py_XDECREF(headers);
-        Py_XDECREF(seq_header);
-        Py_XDECREF(seq_bytes);
         return NULL;
     }
-    PyTuple_SET_ITEM(seq_header, 0, Py_NewRef(seq_name));
-    PyTuple_SET_ITEM(seq_header, 1, seq_bytes);
     PyList_SET_ITEM(headers, 0, Py_NewRef(lsn_header));
     PyList_SET_ITEM(headers, 1, seq_header);
     PyObject_GC_UnTrack(seq_header);

@@ -45,29 +45,15 @@ tally_init(Tally *self, PyObject *args, PyObject *kwds)
 static int
 tally_traverse(Tally *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->on_done);
-    Py_VISIT(self->ticket);
-    Py_VISIT(self->failed_err);
-    Py_VISIT(self->failed_msg);
+    VISIT_ALL(self->on_done, self->ticket, self->failed_err, self->failed_msg);
     return 0;
 }
 
 static int
 tally_clear(Tally *self)
 {
-    Py_CLEAR(self->on_done);
-    Py_CLEAR(self->ticket);
-    Py_CLEAR(self->failed_err);
-    Py_CLEAR(self->failed_msg);
+    CLEAR_ALL(&self->on_done, &self->ticket, &self->failed_err, &self->failed_msg);
     return 0;
-}
-
-static void
-tally_dealloc(Tally *self)
-{
-    PyObject_GC_UnTrack(self);
-    tally_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 /* len(msg) (confluent-kafka's Message: the value's length); 0 for anything without one */
@@ -143,8 +129,8 @@ tally_fail(Tally *self, PyObject *err)
 }
 
 static PyMethodDef tally_methods[] = {
-    {"ack", (PyCFunction)(void (*)(void))tally_ack, METH_FASTCALL,
-     "ack(*ignored): one record acknowledged"},
+    FASTCALL("ack", tally_ack,
+     "ack(*ignored): one record acknowledged"),
     {"fail", (PyCFunction)tally_fail, METH_O, "fail(error): a record failed"},
     {NULL}};
 
@@ -159,16 +145,12 @@ static PyGetSetDef tally_getset[] = {
     {NULL}};
 
 static PyTypeObject TallyType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "router._native.Tally",
-    .tp_basicsize = sizeof(Tally),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    NATIVE_TYPE("router._native.Tally", Tally, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+                "Tally(count, on_done, ticket): one batch's delivery callback"),
     .tp_traverse = (traverseproc)tally_traverse,
     .tp_clear = (inquiry)tally_clear,
-    .tp_doc = "Tally(count, on_done, ticket): one batch's delivery callback",
-    .tp_new = PyType_GenericNew,
     .tp_init = (initproc)tally_init,
-    .tp_dealloc = (destructor)tally_dealloc,
+    .tp_dealloc = native_gc_dealloc,
     .tp_call = (ternaryfunc)tally_call,
     .tp_methods = tally_methods,
     .tp_getset = tally_getset,
@@ -236,9 +218,9 @@ native_hand_over(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef delivery_methods[] = {
-    {"hand_over", (PyCFunction)(void (*)(void))native_hand_over, METH_FASTCALL,
+    FASTCALL("hand_over", native_hand_over,
      "hand_over(produce, records, start, on_delivery) -> index of the first record not "
-     "handed over (BufferError), len(records) when all were"},
+     "handed over (BufferError), len(records) when all were"),
     {NULL}};
 
 int

@@ -149,32 +149,16 @@ typedef struct {
 static void
 plan_dealloc(Plan *self)
 {
-    Py_XDECREF(self->topic);
-    Py_XDECREF(self->schema_id);
-    Py_XDECREF(self->value_header);
-    Py_XDECREF(self->key_header);
-    Py_XDECREF(self->names);
-    Py_XDECREF(self->placeholders);
-    PyMem_Free(self->name_p);
-    PyMem_Free(self->key_name_p);
-    PyMem_Free(self->name_n);
-    PyMem_Free(self->key_name_n);
-    PyMem_Free(self->key_index);
-    PyMem_Free(self->kinds);
-    PyMem_Free(self->params);
-    PyMem_Free(self->before);
-    PyMem_Free(self->after);
-    PyMem_Free(self->key);
-    PyMem_Free(self->toast);
+    CLEAR_ALL(&self->topic, &self->schema_id, &self->value_header, &self->key_header,
+              &self->names, &self->placeholders);
+    MEM_FREE_ALL(self->name_p, self->key_name_p, self->name_n, self->key_name_n, self->key_index,
+                 self->kinds, self->params, self->before, self->after, self->key, self->toast);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyTypeObject PlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "router._native.AvroPlan",
-    .tp_basicsize = sizeof(Plan),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "one table layout on one topic (AvroConverter.plan)",
+    NATIVE_TYPE_HEAD("router._native.AvroPlan", Plan, Py_TPFLAGS_DEFAULT,
+                "one table layout on one topic (AvroConverter.plan)"),
     .tp_dealloc = (destructor)plan_dealloc,
 };
 
@@ -800,10 +784,8 @@ lock_converter(AvroConverter *self)
 static PyObject *
 converter_convert_all(AvroConverter *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "convert_all(records, fallback)");
+    if (native_usage(nargs == 2, "convert_all(records, fallback)") < 0)
         return NULL;
-    }
     /* a tuple of its own: the records stay alive (and in place) while converted without
      * the GIL */
     PyObject *items = PySequence_Tuple(args[0]);
@@ -948,21 +930,18 @@ converter_dealloc(AvroConverter *self)
 }
 
 static PyMethodDef converter_methods[] = {
-    {"convert_all", (PyCFunction)(void (*)(void))converter_convert_all, METH_FASTCALL,
+    FASTCALL("convert_all", converter_convert_all,
      "convert_all(records, fallback) -> list: the records in Avro; fallback(record) converts "
-     "each record this declines"},
+     "each record this declines"),
     {"plan", (PyCFunction)converter_plan, METH_VARARGS,
      "plan(schema_id, topic, value_header, key_header, names, kinds, params, placeholders, "
      "key_index): a table layout on a topic (router.formats.avro._Table.native_plan)"},
     {NULL}};
 
 static PyTypeObject AvroConverterType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "router._native.AvroConverter",
-    .tp_basicsize = sizeof(AvroConverter),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "AvroConverter(): router.formats.avro.AvroFormat's conversion of plain records",
-    .tp_new = PyType_GenericNew,
+    NATIVE_TYPE("router._native.AvroConverter", AvroConverter, Py_TPFLAGS_DEFAULT,
+                "AvroConverter(): router.formats.avro.AvroFormat's conversion of plain "
+                "records"),
     .tp_init = (initproc)converter_init,
     .tp_dealloc = (destructor)converter_dealloc,
     .tp_methods = converter_methods,

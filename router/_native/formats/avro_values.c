@@ -246,18 +246,13 @@ unescape(const char *p, const char *end, Out *tmp)
             return 0;
         char c = p[1];
         p += 2;
-        switch (c) {
-        case '"': *w++ = '"'; continue;
-        case '\\': *w++ = '\\'; continue;
-        case '/': *w++ = '/'; continue;
-        case 'b': *w++ = '\b'; continue;
-        case 'f': *w++ = '\f'; continue;
-        case 'n': *w++ = '\n'; continue;
-        case 'r': *w++ = '\r'; continue;
-        case 't': *w++ = '\t'; continue;
-        case 'u': break;
-        default: return 0;
+        int plain = json_unescape(c);
+        if (plain >= 0) {
+            *w++ = (char)plain;
+            continue;
         }
+        if (c != 'u')
+            return 0;
         unsigned cp, lo;
         if (end - p < 4 || !hex4(p, &cp))
             return 0;
@@ -641,18 +636,6 @@ datum_time(Out *o, int kind, const char *s, Py_ssize_t n)
 /* -- one value ----------------------------------------------------------------------------- */
 
 static int
-hexval(char c)
-{
-    if (is_digit(c))
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static int
 datum_bytea(Out *o, const char *s, Py_ssize_t n)
 {
     if (n < 2 || s[0] != '\\' || s[1] != 'x')
@@ -664,7 +647,7 @@ datum_bytea(Out *o, const char *s, Py_ssize_t n)
         return -1;
     char *w = o->p + o->len;
     for (Py_ssize_t i = 2; i < n; i += 2) {
-        int hi = hexval(s[i]), lo = hexval(s[i + 1]);
+        int hi = hex_value(s[i]), lo = hex_value(s[i + 1]);
         if (hi < 0 || lo < 0)
             return AV_DECLINE; /* the caller drops what was written */
         *w++ = (char)(hi << 4 | lo);

@@ -117,13 +117,8 @@ rowcodec_init(RowCodec *self, PyObject *args, PyObject *kwds)
 static void
 rowcodec_dealloc(RowCodec *self)
 {
-    PyMem_Free(self->pick);
-    PyMem_Free(self->kinds);
-    PyMem_Free(self->key_pick);
-    PyMem_Free(self->key_kinds);
-    Py_XDECREF(self->names);
-    Py_XDECREF(self->key_names);
-    Py_XDECREF(self->float_json);
+    MEM_FREE_ALL(self->pick, self->kinds, self->key_pick, self->key_kinds);
+    CLEAR_ALL(&self->names, &self->key_names, &self->float_json);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -365,33 +360,22 @@ rowcodec_change(RowCodec *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (r == FALLBACK)
         Py_RETURN_NONE;
-    PyObject *pair = PyTuple_New(2);
-    if (pair == NULL) {
-        Py_DECREF(key);
-        Py_DECREF(value);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(pair, 0, key);
-    PyTuple_SET_ITEM(pair, 1, value);
-    return pair;
+    return native_pair(key, value);
 }
 
 static PyMethodDef rowcodec_methods[] = {
-    {"row", (PyCFunction)(void (*)(void))rowcodec_row, METH_FASTCALL,
-     "row(values, skip_nulls=False) -> bytes | None: the row object's JSON"},
+    FASTCALL("row", rowcodec_row,
+     "row(values, skip_nulls=False) -> bytes | None: the row object's JSON"),
     {"key", (PyCFunction)rowcodec_key, METH_O, "key(values) -> bytes | None: the key's JSON"},
-    {"change", (PyCFunction)(void (*)(void))rowcodec_change, METH_FASTCALL,
+    FASTCALL("change", rowcodec_change,
      "change(op, source_head, source_mid, source_tail, lsn, seq, old, old_is_key, new) "
-     "-> (key, value) | None"},
+     "-> (key, value) | None"),
     {NULL}};
 
 PyTypeObject RowCodecType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "router._native.RowCodec",
-    .tp_basicsize = sizeof(RowCodec),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RowCodec(width, pick, names, kinds, key_pick, key_names, key_kinds, float_json)",
-    .tp_new = PyType_GenericNew,
+    NATIVE_TYPE("router._native.RowCodec", RowCodec, Py_TPFLAGS_DEFAULT,
+                "RowCodec(width, pick, names, kinds, key_pick, key_names, key_kinds, "
+                "float_json)"),
     .tp_init = (initproc)rowcodec_init,
     .tp_dealloc = (destructor)rowcodec_dealloc,
     .tp_methods = rowcodec_methods,

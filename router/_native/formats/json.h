@@ -89,8 +89,6 @@ out_u64(Out *o, unsigned long long v)
     return out_write(o, tmp + sizeof(tmp) - n, n);
 }
 
-static const char HEX[] = "0123456789abcdef";
-
 /* A JSON string as msgspec writes it, from UTF-8 text. */
 static inline int
 out_json_str(Out *o, const char *s, Py_ssize_t n)
@@ -108,22 +106,7 @@ out_json_str(Out *o, const char *s, Py_ssize_t n)
         memcpy(w, s + run, i - run);
         w += i - run;
         run = i + 1;
-        *w++ = '\\';
-        switch (c) {
-        case '"': *w++ = '"'; break;
-        case '\\': *w++ = '\\'; break;
-        case '\b': *w++ = 'b'; break;
-        case '\t': *w++ = 't'; break;
-        case '\n': *w++ = 'n'; break;
-        case '\f': *w++ = 'f'; break;
-        case '\r': *w++ = 'r'; break;
-        default:
-            *w++ = 'u';
-            *w++ = '0';
-            *w++ = '0';
-            *w++ = HEX[c >> 4];
-            *w++ = HEX[c & 15];
-        }
+        w = json_escape(w, c);
     }
     memcpy(w, s + run, n - run);
     w += n - run;

@@ -78,6 +78,17 @@ check_lsn_header(PyObject *lsn_header)
     return 0;
 }
 
+/* both recorders' fallback (callable) and lsn_header (None or a (str, bytes) pair) */
+static int
+check_fallback_lsn(const char *fallback_error, PyObject *fallback, PyObject *lsn_header)
+{
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, fallback_error);
+        return -1;
+    }
+    return check_lsn_header(lsn_header);
+}
+
 static int
 recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
 {
@@ -85,11 +96,7 @@ recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTuple(args, "O!USSSOOU:Recorder", &RowCodecType, &codec, &topic, &head,
                           &mid, &tail, &fallback, &lsn_header, &seq_name))
         return -1;
-    if (!PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_TypeError, "Recorder: fallback must be callable");
-        return -1;
-    }
-    if (check_lsn_header(lsn_header) < 0)
+    if (check_fallback_lsn("Recorder: fallback must be callable", fallback, lsn_header) < 0)
         return -1;
     Py_XSETREF(self->codec, (RowCodec *)Py_NewRef(codec));
     Py_XSETREF(self->topic, Py_NewRef(topic));
@@ -121,9 +128,9 @@ recorder_rebind(Recorder *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef recorder_methods[] = {
-    {"rebind", (PyCFunction)(void (*)(void))recorder_rebind, METH_FASTCALL,
+    FASTCALL("rebind", recorder_rebind,
      "rebind(mid, tail, lsn_header): the next transaction's source fields and position "
-     "header"},
+     "header"),
     {NULL}};
 
 /* The fallback is a closure over the TableEncoder that caches this Recorder: a cycle, so
@@ -131,9 +138,7 @@ static PyMethodDef recorder_methods[] = {
 static int
 recorder_traverse(Recorder *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->codec);
-    Py_VISIT(self->fallback);
-    Py_VISIT(self->lsn_header);
+    VISIT_ALL((PyObject *)self->codec, self->fallback, self->lsn_header);
     return 0;
 }
 
@@ -141,33 +146,17 @@ static int
 recorder_clear(Recorder *self)
 {
     Py_CLEAR(self->codec);
-    Py_CLEAR(self->topic);
-    Py_CLEAR(self->head);
-    Py_CLEAR(self->mid);
-    Py_CLEAR(self->tail);
-    Py_CLEAR(self->fallback);
-    Py_CLEAR(self->lsn_header);
-    Py_CLEAR(self->seq_name);
+    CLEAR_ALL(&self->topic, &self->head, &self->mid, &self->tail, &self->fallback,
+              &self->lsn_header, &self->seq_name);
     return 0;
 }
 
-static void
-recorder_dealloc(Recorder *self)
-{
-    PyObject_GC_UnTrack(self);
-    recorder_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
 static PyTypeObject RecorderType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "router._native.Recorder",
-    .tp_basicsize = sizeof(Recorder),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Recorder(codec, topic, head, mid, tail, fallback, lsn_header, seq_name)",
-    .tp_new = PyType_GenericNew,
+    NATIVE_TYPE("router._native.Recorder", Recorder,
+                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+                "Recorder(codec, topic, head, mid, tail, fallback, lsn_header, seq_name)"),
     .tp_init = (initproc)recorder_init,
-    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_dealloc = native_gc_dealloc,
     .tp_traverse = (traverseproc)recorder_traverse,
     .tp_clear = (inquiry)recorder_clear,
     .tp_call = PyVectorcall_Call,
@@ -222,15 +211,11 @@ outbox_headers(OutboxRecorder *self, PyObject *row, PyObject *seq)
         PyObject *spec = h < 0 ? NULL : PyTuple_GET_ITEM(self->headers, h);
         PyObject *name = h < 0 ? self->id_name : PyTuple_GET_ITEM(spec, 0);
         Py_ssize_t at = h < 0 ? self->id : PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 1));
-        PyObject *pair = PyTuple_New(2), *value = text_bytes(PyTuple_GET_ITEM(row, at));
-        if (pair == NULL || value == NULL) {
-            Py_XDECREF(pair);
-            Py_XDECREF(value);
+        PyObject *pair = native_pair(Py_NewRef(name), text_bytes(PyTuple_GET_ITEM(row, at)));
+        if (pair == NULL) {
             Py_DECREF(headers);
             return NULL;
         }
-        PyTuple_SET_ITEM(pair, 0, Py_NewRef(name));
-        PyTuple_SET_ITEM(pair, 1, value);
         PyObject_GC_UnTrack(pair);
         PyList_SET_ITEM(headers, h + 1, pair);
     }
@@ -322,11 +307,8 @@ outbox_init(OutboxRecorder *self, PyObject *args, PyObject *kwds)
                           &key, &payload, &id, &PyTuple_Type, &headers, &lsn_header,
                           &seq_name, &fallback))
         return -1;
-    if (!PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_TypeError, "OutboxRecorder: fallback must be callable");
-        return -1;
-    }
-    if (check_lsn_header(lsn_header) < 0)
+    if (check_fallback_lsn("OutboxRecorder: fallback must be callable", fallback, lsn_header) <
+        0)
         return -1;
     Py_ssize_t width = 0, at[4] = {one, key, payload, id};
     for (int i = 0; i < 4; i++) {
@@ -368,43 +350,25 @@ outbox_init(OutboxRecorder *self, PyObject *args, PyObject *kwds)
 static int
 outbox_traverse(OutboxRecorder *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->topics);
-    Py_VISIT(self->headers);
-    Py_VISIT(self->lsn_header);
-    Py_VISIT(self->fallback);
+    VISIT_ALL(self->topics, self->headers, self->lsn_header, self->fallback);
     return 0;
 }
 
 static int
 outbox_clear(OutboxRecorder *self)
 {
-    Py_CLEAR(self->topics);
-    Py_CLEAR(self->headers);
-    Py_CLEAR(self->lsn_header);
-    Py_CLEAR(self->seq_name);
-    Py_CLEAR(self->fallback);
-    Py_CLEAR(self->id_name);
+    CLEAR_ALL(&self->topics, &self->headers, &self->lsn_header, &self->seq_name,
+              &self->fallback, &self->id_name);
     return 0;
 }
 
-static void
-outbox_dealloc(OutboxRecorder *self)
-{
-    PyObject_GC_UnTrack(self);
-    outbox_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
 static PyTypeObject OutboxRecorderType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "router._native.OutboxRecorder",
-    .tp_basicsize = sizeof(OutboxRecorder),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "OutboxRecorder(topics, one, key, payload, id, headers, lsn_header, seq_name, "
-              "fallback)",
-    .tp_new = PyType_GenericNew,
+    NATIVE_TYPE("router._native.OutboxRecorder", OutboxRecorder,
+                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+                "OutboxRecorder(topics, one, key, payload, id, headers, lsn_header, "
+                "seq_name, fallback)"),
     .tp_init = (initproc)outbox_init,
-    .tp_dealloc = (destructor)outbox_dealloc,
+    .tp_dealloc = native_gc_dealloc,
     .tp_traverse = (traverseproc)outbox_traverse,
     .tp_clear = (inquiry)outbox_clear,
     .tp_call = PyVectorcall_Call,
@@ -425,12 +389,11 @@ static PyObject *str_relation, *str_op, *str_lsn, *str_old, *str_old_is_key, *st
 static PyObject *
 native_record_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[3]) ||
-        !PyDict_CheckExact(args[4]) || !PyList_CheckExact(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "record_run(changes: list, i, relation, ops: dict, "
-                                         "kinds: dict, seq, records: list, limit)");
+    if (native_usage(nargs == 8 && PyList_CheckExact(args[0]) && PyDict_CheckExact(args[3]) &&
+                         PyDict_CheckExact(args[4]) && PyList_CheckExact(args[6]),
+                     "record_run(changes: list, i, relation, ops: dict, kinds: dict, seq, "
+                     "records: list, limit)") < 0)
         return NULL;
-    }
     PyObject *changes = args[0], *rel = args[2], *ops = args[3], *kinds = args[4];
     PyObject *records = args[6];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
@@ -502,8 +465,8 @@ error:
 }
 
 static PyMethodDef records_methods[] = {
-    {"record_run", (PyCFunction)(void (*)(void))native_record_run, METH_FASTCALL,
-     "record_run(changes, i, relation, ops, kinds, seq, records, limit) -> (next, seq)"},
+    FASTCALL("record_run", native_record_run,
+     "record_run(changes, i, relation, ops, kinds, seq, records, limit) -> (next, seq)"),
     {NULL}};
 
 int

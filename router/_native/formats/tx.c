@@ -98,9 +98,9 @@ native_tx_bits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef tx_methods[] = {
-    {"tx_bits", (PyCFunction)(void (*)(void))native_tx_bits, METH_FASTCALL,
+    FASTCALL("tx_bits", native_tx_bits,
      "tx_bits(commit_lsn, xid, commit_time, origin, origin_lsn, route_part) -> (mid, tail) "
-     "| None"},
+     "| None"),
     {NULL}};
 
 int

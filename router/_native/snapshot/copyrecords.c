@@ -318,11 +318,11 @@ copy_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef copyrecords_methods[] = {
-    {"copy_records", (PyCFunction)(void (*)(void))copy_records, METH_FASTCALL,
+    FASTCALL("copy_records", copy_records,
      "copy_records(data, codec, topic, head, mid, tail, lsn, first_seq, lsn_header, "
      "seq_name, packed=False) -> list[record] | (bytes, bytes) | None: a snapshot's COPY "
      "text as one route's records (packed: their bytes and offsets), encoded without the "
-     "GIL (router.snapshot.rows)"},
+     "GIL (router.snapshot.rows)"),
     {NULL}};
 
 int

@@ -76,10 +76,8 @@ error:
 static PyObject *
 native_read_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "read_tuple(data, pos)");
+    if (native_usage(nargs == 2, "read_tuple(data, pos)") < 0)
         return NULL;
-    }
     PyObject *data = args[0];
     if (!PyBytes_CheckExact(data) || unchanged_toast == NULL || !PyLong_CheckExact(args[1]))
         Py_RETURN_NONE;
@@ -95,17 +93,7 @@ native_read_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *out = PyTuple_New(2);
-    PyObject *end_pos = PyLong_FromSsize_t(pos);
-    if (out == NULL || end_pos == NULL) {
-        Py_XDECREF(out);
-        Py_XDECREF(end_pos);
-        Py_DECREF(values);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(out, 0, values);
-    PyTuple_SET_ITEM(out, 1, end_pos);
-    return out;
+    return native_pair(values, PyLong_FromSsize_t(pos));
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -332,10 +320,8 @@ static PyObject *str_payload, *str_data_start;
 static PyObject *
 native_drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "drain(read_message, max_messages, max_bytes)");
+    if (native_usage(nargs == 3, "drain(read_message, max_messages, max_bytes)") < 0)
         return NULL;
-    }
     PyObject *read = args[0];
     Py_ssize_t max_messages = PyLong_AsSsize_t(args[1]);
     Py_ssize_t max_bytes = PyLong_AsSsize_t(args[2]);
@@ -389,16 +375,16 @@ error:
 }
 
 static PyMethodDef pgoutput_methods[] = {
-    {"read_tuple", (PyCFunction)(void (*)(void))native_read_tuple, METH_FASTCALL,
-     "read_tuple(data, pos) -> (tuple, end) | None (None: use the Python reader)"},
+    FASTCALL("read_tuple", native_read_tuple,
+     "read_tuple(data, pos) -> (tuple, end) | None (None: use the Python reader)"),
     {"decode_row", (PyCFunction)native_decode_row, METH_O,
      "decode_row(data) -> Insert | Update | Delete | None (None: use the Python decoder)"},
-    {"feed_rows", (PyCFunction)(void (*)(void))native_feed_rows, METH_FASTCALL,
+    FASTCALL("feed_rows", native_feed_rows,
      "feed_rows(messages, start, changes, relations, Change, overhead, value_overhead, "
      "budget[, skip]) -> "
-     "(next, bytes, count)"},
-    {"drain", (PyCFunction)(void (*)(void))native_drain, METH_FASTCALL,
-     "drain(read_message, max_messages, max_bytes) -> (batch, exhausted)"},
+     "(next, bytes, count)"),
+    FASTCALL("drain", native_drain,
+     "drain(read_message, max_messages, max_bytes) -> (batch, exhausted)"),
     {NULL}};
 
 int

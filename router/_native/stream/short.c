@@ -125,9 +125,9 @@ native_take_short(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef short_methods[] = {
-    {"take_short", (PyCFunction)(void (*)(void))native_take_short, METH_FASTCALL,
+    FASTCALL("take_short", native_take_short,
      "take_short(messages, start, relations, budget, events, Transaction, Changes, Change, "
-     "overhead, value_overhead, max_rows) -> next"},
+     "overhead, value_overhead, max_rows) -> next"),
     {NULL}};
 
 int

@@ -97,12 +97,10 @@ row_digests(PyObject *const *key, Py_ssize_t nk, const char *head, Py_ssize_t he
 PyObject *
 native_verify_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyBytes_Check(args[1]) ||
-        !PyTuple_Check(args[2]) || !PyLong_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "verify_row(key: tuple, head: bytes, values: tuple, "
-                                         "buckets: int)");
+    if (native_usage(nargs == 4 && PyTuple_Check(args[0]) && PyBytes_Check(args[1]) &&
+                         PyTuple_Check(args[2]) && PyLong_Check(args[3]),
+                     "verify_row(key: tuple, head: bytes, values: tuple, buckets: int)") < 0)
         return NULL;
-    }
     long long buckets = PyLong_AsLongLong(args[3]);
     if (buckets <= 0) {
         if (!PyErr_Occurred())

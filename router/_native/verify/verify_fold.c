@@ -29,8 +29,7 @@ typedef struct {
 static void
 layout_clear(Layout *l)
 {
-    Py_CLEAR(l->names);
-    Py_CLEAR(l->head);
+    CLEAR_ALL(&l->names, &l->head);
     PyMem_Free(l->joined);
     l->joined = NULL;
     l->jlen = 0;
@@ -279,11 +278,7 @@ typedef struct {
 static void
 methods_clear(Methods *c)
 {
-    Py_CLEAR(c->error);
-    Py_CLEAR(c->partition);
-    Py_CLEAR(c->offset);
-    Py_CLEAR(c->key);
-    Py_CLEAR(c->value);
+    CLEAR_ALL(&c->error, &c->partition, &c->offset, &c->key, &c->value);
     c->type = NULL;
 }
 
