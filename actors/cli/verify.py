@@ -20,9 +20,7 @@ import trio
 
 from router.errors import ConfigError, PgRouterError
 
-from ..services.retry import primary
 from ..verify.metrics import VerifyMetrics, serve
-from ..runner.source import Source
 from ..verify.run import MAX_KEYS, SPLIT_ROWS, ProgressLine, verify
 from .config_file import load
 
@@ -75,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             results = trio.run(_verify, cfg, args, progress, warn, metrics)
         except BaseExceptionGroup as group:  # trio-asyncio's loop wraps what escapes it
+            from ..services.retry import primary  # its logging and console: only here
+
             raise primary(group) from None
     except ConfigError as exc:
         print(f"pgrouter verify: configuration error: {exc}", file=sys.stderr)
@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _verify(cfg, args, progress, warn, metrics):
     repairs: list | None = [] if args.repair else None
-    slot = Source(cfg.source).slot
+    slot = cfg.source.slot  # as the router's Source takes it (not imported: a tenth of a
+    # second of modules verify does not use)
     results = await verify(cfg, slot, args.route, args.table, wait=args.wait,
                            examples=args.examples, progress=progress, warn=warn,
                            repairs=repairs, max_keys=args.max_keys,
