@@ -41,7 +41,6 @@ from ..console.web import Console
 from ..services.http import Endpoint, Health
 from ..services.retry import run_with_retries
 from ..services.sql import SqlSession
-from .metrics import registry_for
 from .status import apply_status
 from .target import setup_session
 from ..kafka.consumers import TopicReader, client_name, open_reader
@@ -160,6 +159,9 @@ class Applier:
     async def run(self) -> int:
         endpoint = None
         if self.cfg.metrics.listen:
+            # prometheus_client (and the HTTP server modules under it) only with an endpoint
+            from .metrics import registry_for
+
             host, port = parse_listen(self.cfg.metrics.listen)
             console = Console(self.cfg.console, lambda: apply_status(self))
             endpoint = Endpoint(host, port, registry_for(self), self.health, console=console,

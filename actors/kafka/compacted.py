@@ -13,6 +13,9 @@ Rules:
   librdkafka never imports kafka-python (a tenth of a second at every start).
   ``committed=True`` reads what a ``read_committed`` consumer sees, up to the last stable
   offset (kafka-python: its end offsets are that offset).
+* ``key_has``: only the records whose key holds these bytes are kept (the others are read
+  and dropped at once): a reader that wants one slot's records of a topic many routers
+  share neither keeps nor decodes the rest.
 * Failures are ``SinkUnavailable`` naming the topic; blocking: run it in a worker thread.
 """
 
@@ -30,12 +33,15 @@ READ_TIMEOUT = 30.0
 
 
 def read_topic(bootstrap_servers, settings: dict, topic: str, *, library: str = KAFKA_PYTHON,
-               timeout: float = READ_TIMEOUT, committed: bool = False) -> list[tuple]:
-    """Every ``(key, value)`` of ``topic``, partition after partition, in offset order."""
+               timeout: float = READ_TIMEOUT, committed: bool = False,
+               key_has: bytes | None = None) -> list[tuple]:
+    """Every ``(key, value)`` of ``topic`` (whose key holds ``key_has``, if given),
+    partition after partition, in offset order."""
     try:
         if library == LIBRDKAFKA and not committed:
-            return _read_rdkafka(bootstrap_servers, settings, topic, timeout)
-        return _read_kafka_python(bootstrap_servers, settings, topic, timeout, committed)
+            return _read_rdkafka(bootstrap_servers, settings, topic, timeout, key_has)
+        return _read_kafka_python(bootstrap_servers, settings, topic, timeout, committed,
+                                  key_has)
     except SinkUnavailable:
         raise
     except TimeoutError as exc:
@@ -44,7 +50,8 @@ def read_topic(bootstrap_servers, settings: dict, topic: str, *, library: str = 
         raise SinkUnavailable(f"cannot read {topic}: {exc}") from exc
 
 
-def _read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float) -> list:
+def _read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float,
+                  key_has: bytes | None) -> list:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from .admin import connection_conf
@@ -67,12 +74,13 @@ def _read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float)
         while left:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the end was not reached in {timeout} s")
-            for m in consumer.consume(500, 0.05):
+            for m in consumer.consume(5000, 0.05):
                 p = m.partition()
-                if m.error() is not None or p not in left:
+                if m.error() is not None or p not in left or m.offset() >= ends[p]:
                     continue
-                if m.offset() < ends[p]:
-                    read[p].append((m.key(), m.value()))
+                key = m.key()
+                if key_has is None or (key is not None and key_has in key):
+                    read[p].append((key, m.value()))
             for tp in consumer.position([TopicPartition(topic, p) for p in left]):
                 if tp.offset >= ends[tp.partition]:
                     left.discard(tp.partition)
@@ -89,7 +97,7 @@ def kafka_python_conf(settings: dict) -> dict:
 
 
 def _read_kafka_python(bootstrap_servers, settings: dict, topic: str, timeout: float,
-                       committed: bool) -> list:
+                       committed: bool, key_has: bytes | None) -> list:
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
@@ -113,7 +121,9 @@ def _read_kafka_python(bootstrap_servers, settings: dict, topic: str, timeout: f
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the end was not reached in {timeout} s")
             for tp, msgs in consumer.poll(timeout_ms=500).items():
-                read[tp.partition].extend((m.key, m.value) for m in msgs if m.offset < ends[tp])
+                read[tp.partition].extend(
+                    (m.key, m.value) for m in msgs if m.offset < ends[tp]
+                    and (key_has is None or (m.key is not None and key_has in m.key)))
         return [kv for p in sorted(read) for kv in read[p]]
     finally:
         consumer.close()

@@ -20,9 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from router.errors import SinkError, SinkRejected, SinkUnavailable
 
@@ -62,9 +60,15 @@ def _shown(location: str | None) -> str:
         return "an invalid URL"
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
+def _opener(context):
+    """urllib's opener that follows no redirect (imported here: ``urllib.request`` and the
+    HTTP and e-mail modules it loads are a router start's only for a route writing Avro)."""
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None
+    return urllib.request.build_opener(NoRedirect, urllib.request.HTTPSHandler(context=context))
 
 
 class RegistryClient:
@@ -89,13 +93,15 @@ class RegistryClient:
         self._configured: set[str] = set()
         # redirects are answers, never followed: urllib would send the Authorization header
         # on to whatever host the answer names (a login page's, a proxy's)
-        self._opener = urllib.request.build_opener(
-            _NoRedirect, urllib.request.HTTPSHandler(context=self._context))
+        self._opener = _opener(self._context)
 
     # -- HTTP -------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: dict | None = None):
         """(status, decoded JSON body or None)."""
+        import urllib.error
+        import urllib.request
+
         url = self.base + path
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method, headers=self._headers)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Protocol
 
-from router.formats.connect import ConnectFormat
 from router.formats.record_format import FORMATS
 from router.formats.record_format import record_format as format_of
 from router.routing.change_router import RoutedChunk
@@ -29,7 +28,7 @@ from router.routing.change_router import RoutedChunk
 from ..kafka.registry import RegistryClient, SchemaIncompatible
 from ..services import log
 
-if TYPE_CHECKING:  # Avro's modules load when a route writes Avro, not before
+if TYPE_CHECKING:  # Avro's and Connect's modules load when a route writes them, not before
     from router.formats.avro import Subject
 
 _log = log.get("sink")
@@ -83,6 +82,7 @@ class ConnectRecords:
     name, registers, packs = FORMATS["connect"]
 
     def __init__(self):
+        from router.formats.connect import ConnectFormat
         self.format = ConnectFormat()
 
     def __call__(self, chunk: RoutedChunk) -> list:

@@ -56,8 +56,10 @@ where {_USER_TABLES} and a.attnum > 0 and not a.attisdropped and a.attgenerated 
 order by a.attrelid, a.attnum
 """
 
+# the key's column numbers as text[]: asyncpg decodes text[] with a codec it has, an int
+# array only after asking the server for the type (four more queries on every connection)
 _KEYS = """
-select i.indrelid, i.indkey::int2[] as keys, i.indisprimary, i.indisreplident
+select i.indrelid, i.indkey::int2[]::text[] as keys, i.indisprimary, i.indisreplident
 from pg_index i where (i.indisprimary or i.indisreplident) and i.indisvalid
 """
 
@@ -124,10 +126,11 @@ async def load_tables(sql: SqlSession) -> dict[tuple[str, str], TableInfo]:
     pk: dict[int, set] = {}
     ri: dict[int, set] = {}
     for r in await sql.fetch(_KEYS):
+        keys = set(map(int, r["keys"]))
         if r["indisprimary"]:
-            pk[r["indrelid"]] = set(r["keys"])
+            pk[r["indrelid"]] = keys
         if r["indisreplident"]:
-            ri[r["indrelid"]] = set(r["keys"])
+            ri[r["indrelid"]] = keys
     parent: dict[int, int] = {}
     children: dict[int, list[int]] = {}
     for r in await sql.fetch(_INHERITS):

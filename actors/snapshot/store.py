@@ -11,6 +11,9 @@ Rules:
   is done is in Kafka, and at most the chunk in flight is written again.
 * Records are keyed (``router.snapshot.core.state_key``): the topic is compacted and read from
   the beginning at start, the last record of a key wins.
+* A store holds the records of its router's slot (``[source] slot``) only: routers of other
+  slots may share the topic, and their records are dropped as read, before decoding (every
+  reader of ``records`` looks at its own slot's).
 * The blocking methods run in a worker thread.
 """
 
@@ -43,15 +46,18 @@ class StateStore:
         self.created = False
 
     def load(self, timeout: float = READ_TIMEOUT) -> dict[bytes, SnapshotState]:
-        """Every state record (last per key), read from the beginning to the end (with
-        the library the router produces with)."""
+        """Every state record of the slot (last per key), read from the beginning to the end
+        (with the library the router produces with)."""
         self._ensure()
-        k = self.cfg.kafka
+        k, slot = self.cfg.kafka, self.cfg.source.slot
         out = {}
+        # a key names its slot as a JSON string (``state_key``): keys without that string
+        # are other slots' and are not decoded
+        needle = b'"' + slot.encode() + b'"'
         for key, value in read_topic(k.bootstrap_servers, dict(k.settings), self.topic,
-                                     library=k.client, timeout=timeout):
+                                     library=k.client, timeout=timeout, key_has=needle):
             p = decode_state(value)
-            if p is not None and key:
+            if p is not None and key and p.slot == slot:
                 out[key] = p
         self.records = out
         self.loaded = True

@@ -1,0 +1,66 @@
+"""A start of ``pgrouter run`` loads what its config uses: a router writing JSON with
+librdkafka, on an initial snapshot of an empty table, never imports the schema registry's
+HTTP client (``urllib.request`` and the HTTP and e-mail modules under it), kafka-python, the
+applier, verify or the materializer. Each is a part of every start's time that the config
+does not ask for. The modules are read from the real command's process at its exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, Pg, drop_source, unique, write_config
+
+pytestmark = pytest.mark.services
+
+#: prints the process's modules at exit, then runs ``pgrouter`` as ``python -m actors.cli``
+PROBE = """
+import atexit, runpy, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write("\\n".join(sorted(sys.modules))))
+sys.argv[0] = "pgrouter"
+runpy.run_module("actors.cli", run_name="__main__")
+"""
+NOT_USED = ("urllib.request", "http.client", "email.parser", "kafka", "actors.apply",
+            "actors.verify", "actors.materialize", "router.verify", "router.apply")
+
+
+def test_a_json_router_on_librdkafka_imports_only_what_it_uses(pg_dsn, kafka_bootstrap,
+                                                                 tmp_path):
+    pg = Pg(pg_dsn)
+    name = unique("imp")
+    pg.run(f"create table {name} (id int primary key, v text)")
+    pg.run(f"create publication {name} for table {name}")
+    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
+                       bootstrap=kafka_bootstrap, kafka_extra='client = "librdkafka"',
+                       extra='[snapshot]\nmode = "initial"\n',
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}.{{schema}}.{{table}}"\n')
+    modules = tmp_path / "modules.txt"
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE, str(modules), "run", "-c",
+                               str(cfg), "--until-caught-up"], capture_output=True, text=True,
+                              timeout=180, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "initial snapshot: done" in proc.stderr, proc.stderr[-3000:]
+        loaded = set(modules.read_text().split())
+        assert "confluent_kafka" in loaded and "actors.runner.supervisor" in loaded
+        assert sorted(m for m in loaded if m in NOT_USED or m.startswith(
+            tuple(f"{n}." for n in NOT_USED))) == []
+    finally:
+        drop_source(pg, name, kafka_bootstrap, (f"{name}.public.{name}",))
+
+
+def test_the_applier_loads_prometheus_only_for_its_endpoint():
+    """``pgrouter apply`` without ``[metrics] listen``: its modules load neither
+    prometheus_client (with the HTTP server and e-mail modules under it) nor the registry's
+    HTTP client."""
+    probe = ("import sys, actors.cli.apply, actors.apply.applier; "
+             "print(' '.join(m for m in ('prometheus_client', 'urllib.request', 'http.server') "
+             "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == []
