@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _verify(cfg, args, progress, warn, metrics):
     repairs: list | None = [] if args.repair else None
-    slot = cfg.source.slot  # as the router's Source takes it (not imported: a tenth of a
-    # second of modules verify does not use)
+    slot = cfg.source.slot  # as the router's Source takes it (not imported: tens of
+    # milliseconds of modules verify does not use)
     results = await verify(cfg, slot, args.route, args.table, wait=args.wait,
                            examples=args.examples, progress=progress, warn=warn,
                            repairs=repairs, max_keys=args.max_keys,
