@@ -54,13 +54,13 @@ from ..kafka.versions import known_api_version
 from ..services.preflight import probe_kafka
 from .presence import READY, await_topic, kafka_python_state, rdkafka_marks
 
-BATCH = 10_000  # messages a consume() call returns at most
-#: messages folded by one call of the C fold, which holds the GIL throughout: the event
-#: loop's thread meanwhile reads PostgreSQL's COPY for the digests (``copy_sums``) and needs
-#: the GIL for every chunk it receives; a whole batch (tens of milliseconds) kept it waiting
-#: that long each time, and PostgreSQL waited for it (measured at 200,000 rows: the COPY's
-#: 3.5 s became 2.1 s, and the fold no slower)
-SLICE = 1_000
+#: messages a consume() call returns at most, folded by one call of the C fold, which holds
+#: the GIL throughout: the event loop's thread, reading the COPY for the digests meanwhile,
+#: waits for it and still finishes before the fold. Slices of 1,000 records let the COPY
+#: finish sooner but made the fold, the longer of the two, slower (comparison 2.59 s
+#: against 2.13 s, CPU 1.72 s against 1.56 s: medians of 5 interleaved rounds of
+#: bench/verify.py at 200,000 rows, load 6-10)
+BATCH = 10_000
 #: librdkafka stops fetching while its queue holds ``queued.min.messages`` (100,000) and, by
 #: default, looks again only a second later (``fetch.queue.backoff.ms``, 1000 since 2.4):
 #: the fold is slower than the fetches, so every 100,000 records it waited for most of that
@@ -164,14 +164,10 @@ class Decoder:
             rows, cut = fold.rows, fold.cut
 
             def batch(msgs: list, ends: dict) -> int:
-                total = 0
-                for i in range(0, len(msgs), SLICE):  # the GIL handed over between slices
-                    read, after_cut, folded = fast(msgs[i:i + SLICE], ends, rows, cut,
-                                                   buckets, tools)
-                    fold.after_cut += after_cut
-                    fold.records += folded
-                    total += read
-                return total
+                read, after_cut, folded = fast(msgs, ends, rows, cut, buckets, tools)
+                fold.after_cut += after_cut
+                fold.records += folded
+                return read
 
             return batch
 
