@@ -45,23 +45,15 @@ from statistics import median
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from configs import toml  # noqa: E402  (bench/configs.py)
 from machine import cpu_of  # noqa: E402  (bench/machine.py)
 
 import psycopg2  # noqa: E402
 
+from devstack.process import query as sql  # noqa: E402
+
 TABLE = ("create table t (id int primary key, a int not null, b text, c numeric(14,2), "
          "d timestamptz, e boolean)")
-
-
-def sql(dsn: str, query: str, *args, fetch: bool = False):
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, args or None)
-            return cur.fetchall() if fetch else None
-    finally:
-        conn.close()
 
 
 def with_db(server: str, db: str) -> str:
@@ -165,18 +157,10 @@ def run_pgrouter(server: str, bootstrap: str, tx_topic: str, prefix: str, a_end:
     dsn = with_db(server, db)
     origin = f"bench_{tag}"
     cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    cfg.write(f"""
-[kafka]
-bootstrap_servers = "{bootstrap}"
-transactions_topic = "{tx_topic}"
-topics = ["{prefix}.*"]
-[target]
-dsn = "{dsn}"
-origin = "{origin}"
-{f"group_rows = {group_rows}" if group_rows else ""}
-[log]
-progress_interval = 600
-""")
+    cfg.write(toml({"kafka": {"bootstrap_servers": bootstrap, "transactions_topic": tx_topic,
+                              "topics": [f"{prefix}.*"]},
+                    "target": {"dsn": dsn, "origin": origin, "group_rows": group_rows or None},
+                    "log": {"progress_interval": 600}}))
     cfg.close()
     try:
         sql(dsn, TABLE)
@@ -271,20 +255,11 @@ def main() -> None:
             update t set a = a + 1, b = b || '+' where id = 1 + (i * 7919) % {args.rows};
             commit; end loop; end $$""")
         print(f"workload written in {time.monotonic() - t:.1f}s", file=sys.stderr)
-        cfg.write(f"""
-[source]
-dsn = "{src}"
-slot = "{router_slot}"
-publications = ["pub"]
-[kafka]
-bootstrap_servers = "{info.kafka_bootstrap}"
-client = "librdkafka"
-transactions_topic = "{tx_topic}"
-[[routes]]
-name = "r"
-tables = ["public.t"]
-topic = "{prefix}.{{schema}}.{{table}}"
-""")
+        cfg.write(toml({"source": {"dsn": src, "slot": router_slot, "publications": ["pub"]},
+                        "kafka": {"bootstrap_servers": info.kafka_bootstrap,
+                                  "client": "librdkafka", "transactions_topic": tx_topic},
+                        "routes": [{"name": "r", "tables": ["public.t"],
+                                    "topic": f"{prefix}.{{schema}}.{{table}}"}]}))
         cfg.close()
         t = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", cfg.name,

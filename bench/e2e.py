@@ -63,6 +63,8 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg2  # noqa: E402
 
+from devstack.kafka import delete_topics  # noqa: E402
+
 RECV = "pg_recvlogical"
 CLIENTS = ("librdkafka", "kafka-python")
 #: pgrouter with a client that acknowledges every record at once, without Kafka: what the
@@ -260,18 +262,6 @@ def run_recvlogical(dsn: str, slot: str, pub: str, endpos: str) -> float:
     return time.perf_counter() - start
 
 
-def delete_topics(bootstrap: str, topics: list[str]) -> None:
-    from kafka import KafkaAdminClient
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="pgrouter-bench")
-    try:
-        existing = set(admin.list_topics())
-        gone = [t for t in topics if t in existing]
-        if gone:
-            admin.delete_topics(gone)
-    finally:
-        admin.close()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--changes", type=int, default=500_000)
@@ -349,7 +339,8 @@ def main() -> None:
         if trigger:
             from actors.services.publication_trigger import uninstall_sql
             sql(args.dsn, *uninstall_sql())
-        delete_topics(args.bootstrap, topics + [f"bench.e2e.{tag}.definitions"])
+        delete_topics(args.bootstrap, topics + [f"bench.e2e.{tag}.definitions"],
+                      client_id="pgrouter-bench")
     report(runs, rounds, results, args.txn_rows)
 
 

@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg2  # noqa: E402
 
+from devstack.kafka import delete_topics  # noqa: E402
+
 CLIENTS = ("librdkafka", "kafka-python")
 _ACKED = re.compile(r"records_acked=(\d+)")
 
@@ -127,18 +129,7 @@ def measure_one(dsn: str, bootstrap: str, client: str, rows: int,
         sql(dsn, "select pg_drop_replication_slot(slot_name) from pg_replication_slots "
                  f"where slot_name = '{slot}'",
             f"drop publication if exists {pub}", f"drop table if exists {table}")
-        _delete_topics(bootstrap, topics)
-
-
-def _delete_topics(bootstrap: str, topics: list[str]) -> None:
-    from kafka import KafkaAdminClient
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="pgrouter-bench")
-    try:
-        gone = [t for t in topics if t in set(admin.list_topics())]
-        if gone:
-            admin.delete_topics(gone)
-    finally:
-        admin.close()
+        delete_topics(bootstrap, topics, client_id="pgrouter-bench")
 
 
 def idle_rss() -> int:

@@ -33,22 +33,15 @@ import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg2  # noqa: E402
 
+from configs import toml  # noqa: E402  (bench/configs.py)
+from devstack.process import run_sql as sql  # noqa: E402
+
 POLICIES = {"any": "", "lists": '[origin]\ndeny = ["no_such_origin*"]\n',
             "none": 'origin = "none"\n'}
-
-
-def sql(dsn: str, *statements):
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            for st in statements:
-                cur.execute(st)
-    finally:
-        conn.close()
 
 
 def workload(dsn: str, table: str, origin: str, txns: int, rows: int) -> None:
@@ -74,20 +67,11 @@ def workload(dsn: str, table: str, origin: str, txns: int, rows: int) -> None:
 
 
 def config(dsn: str, bootstrap: str, slot: str, table: str, topic: str, policy: str) -> str:
-    return f"""{POLICIES[policy]}
-[source]
-dsn = "{dsn}"
-slot = "{slot}"
-publications = ["{table}"]
-[kafka]
-bootstrap_servers = "{bootstrap}"
-[[routes]]
-name = "b"
-tables = ["public.{table}"]
-topic = "{topic}"
-[log]
-progress_interval = 600
-"""
+    return POLICIES[policy] + toml({
+        "source": {"dsn": dsn, "slot": slot, "publications": [table]},
+        "kafka": {"bootstrap_servers": bootstrap},
+        "routes": [{"name": "b", "tables": [f"public.{table}"], "topic": topic}],
+        "log": {"progress_interval": 600}})
 
 
 def filter_cost(n: int = 200_000) -> float:

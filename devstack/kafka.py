@@ -27,6 +27,54 @@ def cluster_id() -> str:
             return text
 
 
+def delete_topics(bootstrap: str, topics: list[str] | tuple[str, ...], *,
+                  client_id: str = "pgrouter-dev") -> None:
+    """Those of ``topics`` that exist, deleted (kafka-python's admin client)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
+    try:
+        present = set(admin.list_topics())
+        gone = [t for t in topics if t in present]
+        if gone:
+            admin.delete_topics(gone)
+    finally:
+        admin.close()
+
+
+def kraft_properties(node, *, node_id: int, quorum: str, replicas: int, min_isr: int,
+                     tail: list[str]) -> str:
+    """server.properties of a KRaft node (broker and controller) with ``node``'s ports and
+    folder: ``quorum`` the line naming the controllers, ``replicas`` and ``min_isr`` what
+    topics get, ``tail`` the lines that follow the shared ones."""
+    return "\n".join([
+        "process.roles=broker,controller",
+        f"node.id={node_id}",
+        quorum,
+        f"listeners=PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{node.port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={node.root / 'data'}",
+        "num.partitions=1",
+        f"default.replication.factor={replicas}",
+        f"min.insync.replicas={min_isr}",
+        f"offsets.topic.replication.factor={replicas}",
+        "offsets.topic.num.partitions=4",
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={min_isr}",
+        "transaction.state.log.num.partitions=4",
+        f"share.coordinator.state.topic.replication.factor={replicas}",
+        f"share.coordinator.state.topic.min.isr={min_isr}",
+        "group.initial.rebalance.delay.ms=0",
+        "auto.create.topics.enable=true",
+        "message.max.bytes=10485760",
+        *tail,
+        "",
+    ])
+
+
 class Kafka:
     def __init__(self, root: pathlib.Path, port: int, controller_port: int, cache: pathlib.Path):
         self.root = root / "kafka"
@@ -56,32 +104,10 @@ class Kafka:
         return f"127.0.0.1:{self.port}"
 
     def properties(self) -> str:
-        return "\n".join([
-            "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            f"log.dirs={self.root / 'data'}",
-            "num.partitions=1",
-            "default.replication.factor=1",
-            "min.insync.replicas=1",
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=4",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "transaction.state.log.num.partitions=4",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
-            "group.initial.rebalance.delay.ms=0",
-            "auto.create.topics.enable=true",
-            "message.max.bytes=10485760",
-            "log.retention.hours=168",
-            "",
-        ])
+        return kraft_properties(
+            self, node_id=1,
+            quorum=f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+            replicas=1, min_isr=1, tail=["log.retention.hours=168"])
 
     def pid(self) -> int | None:
         return read_pid(self.pidfile)

@@ -22,7 +22,7 @@ import time
 
 import msgspec
 
-from .kafka import Kafka, cluster_id
+from .kafka import Kafka, cluster_id, kraft_properties
 from .process import (StackError, locked, pick_port, pid_alive, port_free, port_open,
                       wait_until, write_atomic)
 
@@ -62,38 +62,13 @@ class Node(Kafka):
         n = len(self.state.ports)
         rf, isr = min(n, 3), max(1, min(n, 3) - 1)
         voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(self.state.ports))
-        return "\n".join([
-            "process.roles=broker,controller",
-            f"node.id={self.node_id}",
-            f"controller.quorum.voters={voters}",
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            f"log.dirs={self.root / 'data'}",
-            "num.partitions=1",
-            f"default.replication.factor={rf}",
-            f"min.insync.replicas={isr}",
-            f"offsets.topic.replication.factor={rf}",
-            "offsets.topic.num.partitions=4",
-            f"transaction.state.log.replication.factor={rf}",
-            f"transaction.state.log.min.isr={isr}",
-            "transaction.state.log.num.partitions=4",
-            f"share.coordinator.state.topic.replication.factor={rf}",
-            f"share.coordinator.state.topic.min.isr={isr}",
-            "group.initial.rebalance.delay.ms=0",
-            "auto.create.topics.enable=true",
-            "message.max.bytes=10485760",
-            "broker.session.timeout.ms=3000",
-            "broker.heartbeat.interval.ms=500",
-            "controller.quorum.election.timeout.ms=1000",
-            "controller.quorum.fetch.timeout.ms=2000",
-            "replica.lag.time.max.ms=5000",
-            "unclean.leader.election.enable=false",
-            "log.retention.hours=168",
-            "",
-        ])
+        tail = ["broker.session.timeout.ms=3000", "broker.heartbeat.interval.ms=500",
+                "controller.quorum.election.timeout.ms=1000",
+                "controller.quorum.fetch.timeout.ms=2000", "replica.lag.time.max.ms=5000",
+                "unclean.leader.election.enable=false", "log.retention.hours=168"]
+        return kraft_properties(self, node_id=self.node_id,
+                                quorum=f"controller.quorum.voters={voters}", replicas=rf,
+                                min_isr=isr, tail=tail)
 
     def start(self, jars: pathlib.Path) -> None:
         """Start without waiting: a node alone has no quorum; the cluster waits for all."""

@@ -32,6 +32,55 @@ def port_free(port: int) -> bool:
         return not port_open(port)
 
 
+@contextlib.contextmanager
+def autocommit_cursor(dsn: str):
+    """A cursor of a new autocommit connection to ``dsn``, closed on leaving."""
+    import psycopg2
+
+    conn = psycopg2.connect(dsn, connect_timeout=10)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.close()
+
+
+def run_sql(dsn: str, *statements: str) -> None:
+    """Each statement, in order, on one autocommit connection to ``dsn``."""
+    with autocommit_cursor(dsn) as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+def query(dsn: str, sql: str, *args, fetch: bool = False):
+    """``sql`` with ``args`` on its own autocommit connection; its rows when ``fetch``."""
+    with autocommit_cursor(dsn) as cur:
+        cur.execute(sql, args or None)
+        return cur.fetchall() if fetch else None
+
+
+def pip_target(target: pathlib.Path, wheel: tuple[str, str], gives: pathlib.Path,
+               what: str) -> None:
+    """``wheel`` (name, version) installed by pip into ``target`` once: a ``.complete`` mark
+    says a former install is whole, a partial one is removed first; StackError naming
+    ``what`` when pip fails or ``gives`` is not there after it."""
+    import shutil
+    import sys
+
+    if (target / ".complete").exists():
+        return
+    if target.exists():
+        shutil.rmtree(target)
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--target", str(target), f"{wheel[0]}=={wheel[1]}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not gives.exists():
+        raise StackError(f"pip could not install {wheel[0]}=={wheel[1]} ({what}):\n"
+                         f"{(proc.stdout + proc.stderr)[-1500:]}")
+    (target / ".complete").write_text(wheel[1])
+
+
 def pick_port(requested: str | int, default: int, *, what: str, flag: str,
               taken: set[int] | frozenset[int] = frozenset()) -> int:
     """``requested`` is a number or ``auto`` (first free port from ``default`` upwards that

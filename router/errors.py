@@ -14,6 +14,8 @@ never by message text.
 
 from __future__ import annotations
 
+import contextlib
+
 
 class PgRouterError(Exception):
     """Base of every error pgrouter raises on purpose."""
@@ -132,6 +134,18 @@ class SinkError(PgRouterError):
 
 class SinkUnavailable(SinkError):
     """Broker unreachable, leader changing, request timed out. Transient."""
+
+
+@contextlib.contextmanager
+def kafka_unusable(prefix: str):
+    """Inside: a failure that is not a ``PgRouterError`` (whatever a Kafka client raises)
+    becomes ``SinkUnavailable(prefix + its text)``: Kafka is not usable."""
+    try:
+        yield
+    except PgRouterError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — any client failure
+        raise SinkUnavailable(f"{prefix}{exc}") from exc
 
 
 class RecordTooLarge(SinkError):

@@ -37,7 +37,7 @@ import asyncpg
 import trio
 from router.config.router import Config
 from router.errors import (ConfigError, PgRouterError, PrivilegeMissing, PublicationMissing,
-                           SinkError, SinkUnavailable, SlotMissing)
+                           SinkError, SinkUnavailable, SlotMissing, kafka_unusable)
 from router.postgres.identifiers import quote_ident
 from router.config.kafka_settings import KAFKA_PYTHON, parse_bootstrap_servers, translate
 from router.routing.publications import Catalog
@@ -329,22 +329,18 @@ def kafka_findings(cfg: Config, topics: list[Topic]) -> list[Finding]:
     with (``actors.kafka.admin``)."""
     admin = _admin(cfg)
     try:
-        existing = admin.topics([t.name for t in topics])
-        out = []
-        new = [t for t in topics if t.name not in existing]
-        if cfg.kafka.create_topics and new:
-            by_name = {t.name: t for t in new}
-            for name, reason in admin.refusals(new):
-                t = by_name.get(name)
-                out.append(Finding(t.path if t else "kafka",
-                                   f"Kafka refuses topic {name!r}: {reason}"))
-        out += _compare_existing(admin, [t for t in topics if t.name in existing])
-        return out
-    except PgRouterError:
-        raise
-    except Exception as exc:  # noqa: BLE001 — a failed admin request: Kafka is not usable
-        raise SinkUnavailable(f"kafka.bootstrap_servers: Kafka admin request failed: "
-                              f"{exc}") from exc
+        with kafka_unusable("kafka.bootstrap_servers: Kafka admin request failed: "):
+            existing = admin.topics([t.name for t in topics])
+            out = []
+            new = [t for t in topics if t.name not in existing]
+            if cfg.kafka.create_topics and new:
+                by_name = {t.name: t for t in new}
+                for name, reason in admin.refusals(new):
+                    t = by_name.get(name)
+                    out.append(Finding(t.path if t else "kafka",
+                                       f"Kafka refuses topic {name!r}: {reason}"))
+            out += _compare_existing(admin, [t for t in topics if t.name in existing])
+            return out
     finally:
         admin.close()
 

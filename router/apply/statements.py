@@ -17,6 +17,8 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..errors import ApplyError
 
 
@@ -40,23 +42,24 @@ def to_text(value) -> str | None:
     return str(value)
 
 
+@dataclasses.dataclass(eq=False)
 class TargetTable:
     """A target table's columns (name -> SQL type) and key, read from its catalog."""
 
-    def __init__(self, schema: str, name: str, columns: dict[str, str], key: tuple[str, ...],
-                 json_columns: frozenset[str] = frozenset(), plain: bool = False):
-        self.schema = schema
-        self.name = name
-        self.columns = columns
-        self.key = key
-        #: columns of type json or jsonb (or a domain over them): records hold their text,
-        #: which ``json_populate_recordset`` would store as a JSON string
-        self.json_columns = json_columns
-        #: no trigger (foreign keys and constraint triggers are triggers that check at the
-        #: end of a statement) and no rule, not partitioned: a one-row statement on it may
-        #: carry the origin setup (``router.apply.batches.with_origin``)
-        self.plain = plain
-        self.sql_name = f"{quote_ident(schema)}.{quote_ident(name)}"
+    schema: str
+    name: str
+    columns: dict[str, str]
+    key: tuple[str, ...]
+    #: columns of type json or jsonb (or a domain over them): records hold their text,
+    #: which ``json_populate_recordset`` would store as a JSON string
+    json_columns: frozenset[str] = frozenset()
+    #: no trigger (foreign keys and constraint triggers are triggers that check at the
+    #: end of a statement) and no rule, not partitioned: a one-row statement on it may
+    #: carry the origin setup (``router.apply.batches.with_origin``)
+    plain: bool = False
+
+    def __post_init__(self):
+        self.sql_name = f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
 
     def _param(self, column: str, index: int) -> str:
         typ = self.columns.get(column)

@@ -199,8 +199,8 @@ class BeginPrepare(msgspec.Struct, **_opts):
     gid: str
 
 
-class Prepare(msgspec.Struct, **_opts):
-    """``P`` (v3)."""
+class _Prepared(msgspec.Struct, **_opts):
+    """The fields of ``Prepare`` and ``StreamPrepare`` (the same message, ``P`` or ``p``)."""
 
     flags: int
     prepare_lsn: int
@@ -208,6 +208,10 @@ class Prepare(msgspec.Struct, **_opts):
     prepare_time: int
     xid: int
     gid: str
+
+
+class Prepare(_Prepared, **_opts):
+    """``P`` (v3)."""
 
 
 class CommitPrepared(msgspec.Struct, **_opts):
@@ -233,15 +237,8 @@ class RollbackPrepared(msgspec.Struct, **_opts):
     gid: str
 
 
-class StreamPrepare(msgspec.Struct, **_opts):
+class StreamPrepare(_Prepared, **_opts):
     """``p`` (v3): a streamed transaction was prepared."""
-
-    flags: int
-    prepare_lsn: int
-    end_lsn: int
-    prepare_time: int
-    xid: int
-    gid: str
 
 
 #: Everything ``Decoder.decode`` can return.
