@@ -45,11 +45,11 @@ from statistics import median
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from configs import toml  # noqa: E402  (bench/configs.py)
 from machine import cpu_of  # noqa: E402  (bench/machine.py)
 
 import psycopg2  # noqa: E402
 
+from devstack.configs import toml  # noqa: E402
 from devstack.process import query as sql  # noqa: E402
 
 TABLE = ("create table t (id int primary key, a int not null, b text, c numeric(14,2), "

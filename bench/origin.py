@@ -33,11 +33,10 @@ import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg2  # noqa: E402
 
-from configs import toml  # noqa: E402  (bench/configs.py)
+from devstack.configs import toml  # noqa: E402
 from devstack.process import run_sql as sql  # noqa: E402
 
 POLICIES = {"any": "", "lists": '[origin]\ndeny = ["no_such_origin*"]\n',

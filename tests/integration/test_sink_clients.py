@@ -220,16 +220,22 @@ def test_record_too_large_for_topic(client_name, kafka_bootstrap, topics):
         client.produce_sync(topic, b"null", b"{}")
         with pytest.raises(RecordTooLarge):
             client.produce_sync(topic, b"null", b"x" * 20_000, timeout=DEADLINE)
-        reports = Reports(1)
-        try:
-            client.produce([(topic, b"null", b"y" * 20_000, [])], 3, reports)
-        except SinkError as exc:  # refused before sending: also typed
-            assert isinstance(exc, RecordTooLarge)
-        else:
-            reports.wait()
-            assert isinstance(failure(reports.error, client), RecordTooLarge)
+        _assert_too_large(client, [(topic, b"null", b"y" * 20_000, [])], 3)
     finally:
         client.close(5.0)
+
+
+def _assert_too_large(client, records: list, ticket: int) -> None:
+    """``records`` handed over fail as RecordTooLarge: refused before sending (also typed) or
+    reported failed."""
+    reports = Reports(1)
+    try:
+        client.produce(records, ticket, reports)
+    except SinkError as exc:
+        assert isinstance(exc, RecordTooLarge)
+    else:
+        reports.wait()
+        assert isinstance(failure(reports.error, client), RecordTooLarge)
 
 
 def test_record_too_large_for_client(client_name, kafka_bootstrap, topics):
@@ -237,14 +243,7 @@ def test_record_too_large_for_client(client_name, kafka_bootstrap, topics):
     try:
         topic = new_topic(topics, "limit")
         client.ensure_topics([TopicSpec(topic)])
-        reports = Reports(1)
-        try:
-            client.produce([(topic, b"null", b"z" * 10_000, [])], 1, reports)
-        except SinkError as exc:
-            assert isinstance(exc, RecordTooLarge)
-        else:
-            reports.wait()
-            assert isinstance(failure(reports.error, client), RecordTooLarge)
+        _assert_too_large(client, [(topic, b"null", b"z" * 10_000, [])], 1)
     finally:
         client.close(5.0)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from actors.cli.config_file import load
+from devstack.configs import toml
 from actors.snapshot.store import StateStore
 from router.snapshot.core import SnapshotState, encode_state
 from tests.helpers import unique
@@ -17,21 +18,12 @@ pytestmark = pytest.mark.services
 
 def _config(tmp_path, bootstrap: str, slot: str, topic: str, client: str):
     path = tmp_path / "router.toml"
-    path.write_text(f"""
-[source]
-dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
-slot = "{slot}"
-publications = ["p"]
-[kafka]
-bootstrap_servers = "{bootstrap}"
-client = "{client}"
-create_topics = false
-[snapshot]
-state_topic = "{topic}"
-[[routes]]
-name = "r"
-tables = ["public.t"]
-""")
+    path.write_text(toml({
+        "source": {"dsn": "postgresql://postgres@127.0.0.1:5432/postgres", "slot": slot,
+                   "publications": ["p"]},
+        "kafka": {"bootstrap_servers": bootstrap, "client": client, "create_topics": False},
+        "snapshot": {"state_topic": topic},
+        "routes": [{"name": "r", "tables": ["public.t"]}]}))
     return load(str(path), "run")
 
 

@@ -15,6 +15,7 @@ import pytest
 from actors.console.overview import MAX_BODY, TIMEOUT, fetch
 from tests.actors.console.test_overview_redirect import DOC, _server
 from tests.helpers import ROOT
+from tests.http_kit import send_head
 
 
 @pytest.fixture
@@ -67,10 +68,7 @@ def test_a_huge_answer_is_refused_not_read_into_memory(router):
 
 def test_a_router_dripping_its_answer_is_cut_at_the_timeout(router):
     def drip(req):
-        req.send_response(200)
-        req.send_header("Content-Type", "application/json")
-        req.send_header("Content-Length", str(len(DOC)))
-        req.end_headers()
+        send_head(req, 200, len(DOC), "application/json")
         try:
             for b in DOC:  # one byte each 0.3 s: no single read waits the timeout
                 req.wfile.write(bytes([b]))

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.helpers import ROOT
+from tests.http_kit import send_head
 
 TOKEN = "s3cret-t0ken"
 #: what a router answers: a status document (the overview would show it healthy)
@@ -107,15 +108,10 @@ def test_a_proxy_from_the_environment_never_sees_the_token(tmp_path):
 
     def proxy(req):
         proxied.append({"path": req.path, "headers": dict(req.headers)})
-        req.send_response(502)
-        req.send_header("Content-Length", "0")
-        req.end_headers()
+        send_head(req, 502, 0)
 
     def router(req):
-        req.send_response(200)
-        req.send_header("Content-Type", "application/json")
-        req.send_header("Content-Length", str(len(DOC)))
-        req.end_headers()
+        send_head(req, 200, len(DOC), "application/json")
         req.wfile.write(DOC)
 
     servers = [_server(proxy), _server(router)]

@@ -11,6 +11,7 @@ import pytest
 from actors.kafka.registry import RegistryClient, RegistryRejected
 from router.config.router import RegistryConfig
 from tests.actors.console.test_overview_redirect import _server
+from tests.http_kit import answer
 
 PASSWORD = "reg-s3cret"
 
@@ -29,26 +30,16 @@ def servers():
         s.server_close()
 
 
-def _answer(req, status: int, body: bytes, content_type: str, **headers):
-    req.send_response(status)
-    req.send_header("Content-Type", content_type)
-    req.send_header("Content-Length", str(len(body)))
-    for k, v in headers.items():
-        req.send_header(k, v)
-    req.end_headers()
-    req.wfile.write(body)
-
-
 def test_a_redirect_to_a_login_page_keeps_the_credentials_home(servers):
     seen: list[dict] = []
 
     def login(req):
         seen.append(dict(req.headers))
-        _answer(req, 200, b"<html><title>Sign in</title></html>", "text/html")
+        answer(req, 200, b"<html><title>Sign in</title></html>", "text/html")
 
     # "localhost" rather than 127.0.0.1: another host as far as a URL's origin goes
     sso = f"http://localhost:{servers(login)}/login?next=/subjects"
-    port = servers(lambda req: _answer(req, 302, b"", "text/plain", Location=sso))
+    port = servers(lambda req: answer(req, 302, b"", "text/plain", Location=sso))
     client = RegistryClient(RegistryConfig(url=f"http://127.0.0.1:{port}/apis/ccompat/v7",
                                            username="u", password=PASSWORD))
     with pytest.raises(RegistryRejected) as info:
@@ -61,7 +52,7 @@ def test_a_redirect_to_a_login_page_keeps_the_credentials_home(servers):
 
 @pytest.mark.parametrize("body", [b'{"subjects": []}', b'"subjects"', b"null"])
 def test_200_json_that_is_not_a_list_fails_the_ping(servers, body):
-    port = servers(lambda req: _answer(req, 200, body, "application/json"))
+    port = servers(lambda req: answer(req, 200, body, "application/json"))
     client = RegistryClient(RegistryConfig(url=f"http://127.0.0.1:{port}"))
     with pytest.raises(RegistryRejected) as info:
         client.ping()

@@ -1,5 +1,5 @@
-"""Config files for the benches: TOML text from tables of keys, so a bench names its settings
-instead of writing the file's lines again.
+"""Config files for the benches and the tests: TOML text from tables of keys, so a caller
+names its settings instead of writing the file's lines again.
 
     toml({"source": {"dsn": dsn, "slot": slot}, "routes": [{"name": "r", "tables": [t]}]})
 
