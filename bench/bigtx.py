@@ -21,8 +21,8 @@ so the server streams it to the router (protocol ≥ 2) and the router goes past
   included.
 * a router run named with ``/nostream`` (``librdkafka/nostream``, ``librdkafka+eo/nostream``)
   sets ``[source] streaming = false``: the server decodes the whole transaction first, as
-  for ``pg_recvlogical``, and sends it at commit (the router then buffers it like any
-  other transaction and routes it after its Commit).
+  for ``pg_recvlogical``, and sends it at commit (the router then routes and produces it
+  in parts while it arrives, and confirms it after its Commit: docs/delivery.md).
 
 It prints each run's seconds, records acknowledged and peak resident set size (``ru_maxrss``
 from ``wait4``), then each run's time over pg_recvlogical's of the same round and the median

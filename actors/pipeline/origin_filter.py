@@ -7,7 +7,9 @@ according to ``OriginRules.decide``:
 
 * published by every route → passed as it is;
 * by no route → a ``FilteredTransaction`` (its changes are released here), so the router actor
-  still registers its end LSN and the slot confirms past it in commit order;
+  still registers its end LSN and the slot confirms past it in commit order; a part of a
+  transaction released before its Commit (``Transaction.partial``) is dropped, its end is
+  the last part's;
 * by some routes only (per-route overrides) → a ``RestrictedTransaction`` naming them.
 
 Everything else passes untouched. Counts of dropped transactions go to the log at the end
@@ -41,23 +43,27 @@ class OriginFilterActor:
     def filter(self, events: list) -> list:
         """The event list with every transaction replaced by what the rules decide."""
         decide = self.rules.decide
+        gaps = False  # parts dropped: their places to close
         for i, ev in enumerate(events):
             if type(ev) is not Transaction:
                 continue
             decision = decide(ev.origin_name)
             if decision is ALL_ROUTES:
-                self.passed += 1
+                self.passed += not ev.partial
                 continue
             if decision is NO_ROUTE:
                 ev.changes.close()
+                if ev.partial:
+                    events[i], gaps = None, True
+                    continue
                 events[i] = FilteredTransaction(ev.xid, ev.commit_lsn, ev.end_lsn, ev.origin_name)
                 self.dropped += 1
                 if self.dropped % LOG_EVERY == 0:
                     self._report()
             else:
                 events[i] = RestrictedTransaction(ev, decision)
-                self.restricted += 1
-        return events
+                self.restricted += not ev.partial
+        return [ev for ev in events if ev is not None] if gaps else events
 
     def _report(self) -> None:
         log.event(_log, "origin filter", passed=self.passed, dropped=self.dropped,

@@ -1,5 +1,7 @@
 """The router actor: committed transactions in, Kafka-ready record chunks out, route by
 route (``router.routing.change_router``). Keepalives and holds pass through in order.
+A large transaction may come in parts (``Transaction.partial``: ``router.stream.transactions``),
+each routed as it comes; only the chunks of the part Commit released end it (``last``).
 
 Origin filtering (``actors.pipeline.origin_filter``) arrives as ``FilteredTransaction`` (an empty
 final chunk: nothing is published, the end LSN is still registered and confirmed in order)
@@ -109,7 +111,11 @@ class RouterActor:
                             group, size = [], 0
                 finally:
                     txn.changes.close()
-                if metrics is not None:
+                if metrics is None:
+                    pass
+                elif txn.partial:  # a part of a transaction still arriving
+                    metrics.changes.inc(txn.change_count)
+                else:
                     metrics.routed(txn.end_lsn, txn.commit_time, txn.change_count)
             elif kind is NonTransactionalMessage:
                 group.append(self.router.route_message(ev))

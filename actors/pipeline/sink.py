@@ -42,42 +42,36 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
-from time import perf_counter
 
 import trio
 
-from router.formats.avro import SchemasNeeded
-from router.delivery.tally import record_too_large
-from router.errors import LeadershipLost, RecordTooLarge, SinkError
+from router.errors import SinkError
 from router.routing.change_router import RoutedChunk
 from router.routing.topics import TopicFolds, TopicSpec
 
-from ..kafka.contracts import InlineProducer, Producer, Rest
+from ..kafka.contracts import InlineProducer, Producer
 from ..services import log
 from .formats import JsonRecords, RecordFormat
 from .mailbox import Registered, Acked, Hold, Keepalive
+from .sink_handover import HandOver
 from .sink_schemas import Schemas
 
 _log = log.get("sink")
 #: channel items taken together at most (each a chunk of at most CHUNK_RECORDS records)
 MAX_GROUP = 64
-#: a hand-over of at most this many records runs on trio's thread when the client can hand
-#: over without waiting (``produce_now``): a trickle of small transactions pays no thread
-#: round trip; what the local queue cannot take at once still waits in a worker thread
-INLINE_RECORDS = 256
 
 
 class _Txn:
-    __slots__ = ("sent", "acked", "sealed")
+    __slots__ = ("sent", "acked", "sealed", "end")
 
-    def __init__(self):
+    def __init__(self, end: int):
         self.sent = 0
         self.acked = 0
         self.sealed = False
+        self.end = end  # the end LSN registered
 
 
-class SinkActor:
+class SinkActor(HandOver):
     #: a chunk that needs no topic and no schema made ready is queued by ``_plain_chunk``
     #: (the exactly-once sink looks at every chunk in ``_chunk``)
     queues_plain_chunks = True
@@ -135,7 +129,9 @@ class SinkActor:
             self._token.run_sync_soon(self._fail, error)
             return
         with self._lock:
-            txn = self._txns[ticket]
+            txn = self._txns.get(ticket)
+            if txn is None:  # abandoned: the input ended inside its transaction
+                return
             txn.acked += count
             complete = txn.sealed and txn.acked == txn.sent
             if self.stats is not None:  # counted as batches arrive, not per transaction
@@ -161,6 +157,8 @@ class SinkActor:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._forward_completions)
                 await self._consume()
+                if self._in_txn:
+                    self._abandon()
                 # drained: every record handed over; wait until all are durable
                 await trio.to_thread.run_sync(self.client.flush)
                 while self._txns and self._error is None:
@@ -244,94 +242,18 @@ class SinkActor:
                 await self._flush_completions()
                 await self._group_done()
 
+    def _abandon(self) -> None:
+        """The input ended inside a source transaction produced in parts (a drain while it
+        arrived): it is never reported done, so the slot is not confirmed past it and the
+        next run sends it again (its records here are duplicates then)."""
+        log.event(_log, "input ended inside a source transaction: its records are not "
+                  "confirmed and are sent again by the next run", ticket=self._current)
+        with self._lock:
+            self._txns.pop(self._current, None)
+        self._current, self._in_txn = None, False
+
     async def _group_done(self) -> None:
         """After each group: where the exactly-once sink commits (transactional_sink)."""
-
-    def _described(self, error: BaseException) -> BaseException:
-        """A record-too-large error for an outbox topic names its route and table (its
-        record has no envelope to name the table)."""
-        record, limits = getattr(error, "record", None), getattr(error, "limits", {})
-        owner = self.owners.owner(record[0]) if record and self.owners else None
-        if record is None or owner is None:
-            return error
-        described = record_too_large(*record[:3], headers=record[3], owner=owner, **limits)
-        described.__cause__ = error.__cause__
-        return described
-
-    async def _produce(self, batch: list) -> None:
-        await self._flush_tickets()
-        if not batch:
-            return
-        try:
-            await self._hand_over(batch)
-        except RecordTooLarge as exc:
-            raise self._described(exc) from exc.__cause__
-
-    async def _hand_over(self, batch: list) -> None:
-        started = perf_counter()
-        if self._defer:
-            await self.schemas.produce_converted(batch, self._convert_produce)
-        elif self._now is not None and sum(len(r) for r, _ in batch) <= INLINE_RECORDS:
-            await self._produce_now(self._now, batch)
-        elif len(batch) == 1 and self.holds is None:
-            records, ticket = batch[0]
-            await trio.to_thread.run_sync(self.client.produce, records, ticket, self._on_delivery)
-        else:
-            await trio.to_thread.run_sync(self._produce_all, batch)
-        if self.metrics is not None:
-            self.metrics.stage_seconds.labels("produce").observe(perf_counter() - started)
-            for records, _ in batch:
-                self.metrics.produced(records)
-        if self.stats is not None:
-            self.stats.sent_records += self._sent_records
-        self._sent_records = 0
-        batch.clear()
-
-    def _check_lease(self) -> None:
-        """With ``[ha]``, in the producing thread right before records go: a router whose
-        leadership lease expired hands nothing more over (router.delivery.ha)."""
-        if self.holds is not None and not self.holds():
-            raise LeadershipLost("leadership lost: records not produced")
-
-    def _produce_all(self, batch: list, start: int = 0) -> None:
-        self._check_lease()
-        produce, on_delivery = self.client.produce, self._on_delivery
-        for i in range(start, len(batch)):
-            records, ticket = batch[i]
-            produce(records, ticket, on_delivery)
-
-    def _convert_produce(self, batch: list, start: int) -> tuple | None:
-        """``_produce_all`` from ``batch[start]`` on, each entry's records converted first
-        (producing thread): None when all are handed over, or (index, subjects) of the first
-        entry whose schemas have no id yet (nothing of it handed over). A conversion that
-        makes more records than the router's (a key change is two) counts them into its
-        ticket before they go, so the ticket cannot complete early."""
-        self._check_lease()
-        convert, produce, on_delivery = self.fmt.convert, self.client.produce, self._on_delivery
-        for i in range(start, len(batch)):
-            raw, ticket = batch[i]
-            try:
-                records = convert(raw)
-            except SchemasNeeded as need:
-                return i, need.subjects
-            extra = len(records) - len(raw)
-            if extra:
-                with self._lock:
-                    self._txns[ticket].sent += extra
-                self._sent_records += extra
-            batch[i] = (records, ticket)
-            produce(records, ticket, on_delivery)
-        return None
-
-    async def _produce_now(self, now: Callable[..., Rest | None], batch: list) -> None:
-        self._check_lease()
-        on_delivery = self._on_delivery
-        for i, (records, ticket) in enumerate(batch):
-            rest = now(records, ticket, on_delivery)
-            if rest is not None:  # the local queue is full: wait for room in a thread
-                await trio.to_thread.run_sync(rest)
-                await trio.to_thread.run_sync(self._produce_all, batch, i + 1)
-                return
 
     async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
         """Registers the chunk's transaction and queues its records in ``batch``; topics and
@@ -361,13 +283,14 @@ class SinkActor:
                 # joins the current ticket, whose registration is not sent yet
                 end = max(self._begin.end_lsn, chunk.end_lsn)
                 self._begin = self._outbox[-1] = Registered(self._begin.ticket, end)
+                self._txns[self._begin.ticket].end = end
             else:
                 if self._current is not None:  # a keepalive or hold follows its Registered
                     self._to_seal.append(self._current)
                 ticket = self._next_ticket
                 self._next_ticket += 1
                 with self._lock:
-                    self._txns[ticket] = _Txn()
+                    self._txns[ticket] = _Txn(chunk.end_lsn)
                 self._current = ticket
                 self._begin = Registered(ticket, chunk.end_lsn)
                 self._outbox.append(self._begin)
@@ -415,6 +338,24 @@ class SinkActor:
             self._joinable = whole  # says what batch[-1] holds
         if chunk.last:
             self._in_txn = False
-            if self._begin is None:  # registered mid-transaction: sealed now
+            if chunk.end_lsn > self._txns[ticket].end:
+                self._end_known(ticket, chunk.end_lsn)
+            elif self._begin is None:  # registered mid-transaction: sealed now
                 self._seal(ticket)
                 self._current = None
+
+    def _end_known(self, ticket: int, end: int) -> None:
+        """A transaction produced in parts was registered before its end LSN was known:
+        registered again with it (the confirm actor moves the entry's position) before the
+        ticket is sealed, or, while its registration is not sent yet, that one carries it."""
+        self._txns[ticket].end = end
+        begin, outbox = self._begin, self._outbox
+        if begin is None:
+            outbox.append(Registered(ticket, end))
+            self._to_seal.append(ticket)  # sealed once that is sent
+            self._current = None
+            return
+        for i in range(len(outbox) - 1, -1, -1):
+            if outbox[i] is begin:
+                self._begin = outbox[i] = Registered(ticket, end)
+                return

@@ -10,7 +10,8 @@ Rules (on top of ``SinkActor``'s):
   and once one Kafka transaction of them committed (every ``interval``) the rest would look
   delivered — they were dropped and the snapshot never finished (their tickets never added
   up).
-* The Kafka transaction is committed only between source transactions (none half sent),
+* The Kafka transaction is committed only between source transactions (none half sent: not
+  between the parts of one produced while it arrives, ``router.stream.transactions``),
   once ``interval`` seconds passed since its first record (what arrives before joins it): a
   stream of small transactions shares one Kafka transaction, a large one has its own.
 * Records are reported durable (``Acked``, then the slot is confirmed) only by the commit.
@@ -25,7 +26,6 @@ from typing import cast
 import msgspec
 import trio
 
-from router.errors import SinkUnavailable
 from router.delivery.exactly_once import Stream, already_in_kafka, transactional_id
 from router.postgres.lsn import format_lsn
 from router.routing.change_router import RoutedChunk
@@ -54,9 +54,12 @@ class TransactionalSinkActor(SinkActor):
         self.resumed_at = client.committed_lsn
 
     async def _chunk(self, chunk: RoutedChunk, batch: list) -> None:
-        # end LSN 0: a non-transactional logical message, which confirms nothing
-        if (chunk.records and chunk.end_lsn
-                and already_in_kafka(chunk.end_lsn, self.resumed_at)):
+        # end LSN 0: a non-transactional logical message, which confirms nothing, or a part
+        # of a transaction still arriving, held by Kafka when its commit record starts before
+        # the progress Kafka holds (no other transaction ends inside that record)
+        resumed = self.resumed_at
+        if chunk.records and (already_in_kafka(chunk.end_lsn, resumed) if chunk.end_lsn
+                              else not chunk.last and chunk.commit_lsn < resumed):
             if chunk.last:
                 if not self.skipped:
                     log.event(_log, "skipping source transactions Kafka already holds",
@@ -69,6 +72,14 @@ class TransactionalSinkActor(SinkActor):
         await super()._chunk(chunk, batch)
         if chunk.last:
             self._sealed_end = chunk.end_lsn
+
+    def _abandon(self) -> None:
+        log.event(_log, "input ended inside a source transaction: the open Kafka transaction "
+                  "is not committed; its source transactions are sent again by the next run",
+                  level=logging.WARNING)
+        with self._lock:
+            self._txns.clear()
+        self._current, self._in_txn, self._sealed_end = None, False, None
 
     async def _group_done(self) -> None:
         if self._in_txn or self._sealed_end is None:
@@ -99,9 +110,9 @@ class TransactionalSinkActor(SinkActor):
         if not self._in_txn:
             if self._sealed_end is not None:
                 await self._commit()
-        else:  # cannot happen with whole transactions upstream; never commit half of one
-            self._fail(SinkUnavailable("input ended inside a source transaction; its Kafka "
-                                       "transaction is left to be aborted"))
+        # else the input ended (a drain) inside a source transaction produced in parts: the
+        # open Kafka transaction is never committed (the next producer with this id aborts
+        # it), and every source transaction in it is sent again (``_abandon``)
         if self.skipped:
             log.event(_log, "skipped transactions Kafka already held", count=self.skipped)
 

@@ -34,7 +34,7 @@ from router.stream.relations import RelationCache
 from router.stream.origins import rules_from_config
 from router.routing.change_router import ChangeRouter
 from router.routing.transaction_meta import TransactionMeta
-from router.stream.transactions import TransactionAssembler
+from router.stream.transactions import PART_CHANGES, TransactionAssembler
 from router.routing.publications import Catalog
 from router.routing.topics import TopicFolds, TopicSpec, own_topics
 
@@ -95,7 +95,7 @@ def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stat
     decoder = DecoderActor(
         decoder=Decoder(info.proto_version),
         assembler=TransactionAssembler(relations, memory_limit=src.memory_limit,
-                                       spill_dir=src.spill_dir),
+                                       spill_dir=src.spill_dir, part_changes=_parts(cfg)),
         out=None, metrics=metrics, keys=keys,
         lookup=functools.partial(_primary_keys, source.dsn))
     # backfills (watermark windows) see the decoder's output before anything is dropped
@@ -154,6 +154,12 @@ def build(cfg: Config, source: Source, client, *, confirmed: Latest, stats: Stat
                     confirm=confirm, monitor=monitor, watch=DeliveryWatch(stats),
                     inbox=inbox, tickets=tickets, confirmed=confirmed, done=done, state=state,
                     routers=routers)
+
+
+def _parts(cfg: Config) -> int | None:
+    """Changes after which a transaction sent at its commit is produced in parts while it
+    arrives; None (whole) when a transaction record counts the whole transaction."""
+    return None if cfg.kafka.transactions_topic else PART_CHANGES
 
 
 def topic_specs(cfg: Config) -> dict[str, TopicSpec]:

@@ -6,6 +6,8 @@ Rules (docs/architecture.md "The pipeline of `pgrouter run`", docs/delivery.md):
   transaction's end LSN only when every record of it *and of every earlier transaction* has
   been acknowledged by Kafka (on every topic it went to — one counter per transaction covers
   all topics, so the position is the minimum over topics).
+* A transaction produced in parts is registered at its first record, before its end LSN is
+  known, and registered again with it at its last: not done before that.
 * A transaction with no records (everything filtered out) is done as soon as it is sealed,
   but still waits for the earlier ones.
 * A keepalive position enters the same queue: it is confirmed once everything before it is
@@ -45,7 +47,12 @@ class ConfirmationTracker:
         self.hold: int | None = None
 
     def begin(self, ticket: object, end_lsn: int) -> None:
-        """Register a transaction, in commit order."""
+        """Register a transaction, in commit order. A ticket registered again (a transaction
+        produced in parts, registered before its end LSN was known) gets the later end."""
+        entry = self._by_ticket.get(ticket)
+        if entry is not None:
+            entry.lsn = max(entry.lsn, end_lsn)
+            return
         entry = _Entry(end_lsn, done=False)
         self._queue.append(entry)
         self._by_ticket[ticket] = entry

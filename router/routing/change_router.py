@@ -167,7 +167,7 @@ class ChangeRouter:
 
     def route_short(self, txn):
         changes = txn.changes.in_memory()
-        if changes is None or self._pending_routes is not None:
+        if changes is None or self._pending_routes is not None or txn.first_seq or txn.partial:
             return None
         self._check_definitions()
         dispatch = self._dispatch
@@ -224,7 +224,8 @@ class ChangeRouter:
         self._pending_routes = routes
 
     def route(self, txn: Transaction) -> Iterator[RoutedChunk]:
-        if self._pending_routes is not None:
+        # a part (``Transaction.partial``): no chunk last, seq from first_seq, routes kept
+        if self._pending_routes is not None and not txn.first_seq:
             self.routes, self._pending_routes = self._pending_routes, None
             self.forget_plans()
         self._check_definitions()
@@ -234,7 +235,7 @@ class ChangeRouter:
         records: list = []
         schemas: list[TableSchema] = []
         limit = self.chunk_records
-        seq = 0
+        seq = txn.first_seq
         # one tuple for the whole transaction
         lsn_header = (_H_LSN, b"%d" % txn.commit_lsn) if self._headers is _position else None
         # hot path: changes every plan publishes as they are (see _dispatch_for), each
@@ -288,7 +289,7 @@ class ChangeRouter:
                     records, schemas = [], []
         if truncates.marks:
             truncates.flush(tx, records, schemas)
-        yield self._chunk(txn, records, schemas, True)
+        yield self._chunk(txn, records, schemas, not txn.partial)
 
     def _recorders(self, rel: Relation, op: str, tx: TxContext, lsn_header: tuple,
                    schemas: list) -> tuple | None:

@@ -161,7 +161,8 @@ class ChangeBuffer:
 
     __slots__ = ("xid", "final_lsn", "origin_name", "origin_lsn", "gid", "streamed",
                  "changes", "subxids", "memory", "file", "relations", "relation_index",
-                 "aborted", "subxid_counts", "count", "raw", "epochs")
+                 "aborted", "subxid_counts", "count", "raw", "epochs", "commit_time",
+                 "released", "parts")
 
     def __init__(self, xid: int, final_lsn: int = 0, gid: str | None = None,
                  streamed: bool = False):
@@ -181,6 +182,9 @@ class ChangeBuffer:
         self.raw: list[tuple[int, bytes]] = []
         #: relation maps raw spill frames are decoded with
         self.epochs: list[dict] = []
+        #: Begin's commit time; changes released before in parts; whether it may still be
+        #: (``TransactionAssembler._part``)
+        self.commit_time, self.released, self.parts = 0, 0, False
 
     def materialize(self, relations: dict) -> int:
         """Decode the raw messages into ``changes``; returns the change of the estimate."""

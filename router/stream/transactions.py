@@ -6,7 +6,16 @@
 
 Rules:
 
-* Begin … Commit is a normal transaction; its changes are released at Commit.
+* Begin … Commit is a normal transaction; its changes are released at Commit. A large one
+  (``part_changes`` changes buffered, or some spilled) is released in parts by ``feed_batch``
+  while it arrives, at the end of each batch: ``Transaction``s with ``partial=True``,
+  ``end_lsn`` 0 and ``first_seq`` the count of its changes released before, then the rest at
+  Commit (``partial=False``, ``first_seq`` likewise). Sent at its commit (Begin carries the
+  commit LSN and time), such a transaction can no longer abort, so its parts are final.
+  Only row changes go in parts: from its first Truncate or logical message on (a TRUNCATE
+  marker, a definitions message, a signal: things that belong with the commit's end LSN or
+  with each other) the rest is held until Commit. Begin Prepare (two-phase) and streamed
+  transactions are never released in parts: they can still be rolled back.
 * Relation and Type messages update the ``RelationCache`` wherever they appear. Each
   ``Change`` keeps the ``Relation`` in effect when it was decoded, so a relation altered in
   the middle of a transaction is described correctly on both sides of the change.
@@ -34,57 +43,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-import msgspec
-
 from ..errors import ProtocolViolation
 from ..native import NATIVE
 from ..pgoutput import messages as m
-from .changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, ChangeBuffer, Changes
+from .changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, ChangeBuffer
+from .events import NonTransactionalMessage, PreparedOutcome, Transaction  # noqa: F401 — theirs
 from .changes import change_size, row_change, take_raw
 from .relations import RelationCache
 from .short_transactions import bind_short, feed_row
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
-
-
-class Transaction(msgspec.Struct, frozen=True):
-    """A finished transaction. For two-phase transactions ``gid`` is set; released at
-    Prepare (``prepared=True``) ``commit_lsn``/``end_lsn``/``commit_time`` are the prepare's."""
-
-    xid: int
-    final_lsn: int
-    commit_lsn: int
-    end_lsn: int
-    commit_time: int
-    origin_name: str | None
-    origin_lsn: int | None
-    gid: str | None
-    changes: Changes
-    change_count: int
-    streamed: bool = False
-    prepared: bool = False
-
-
-class NonTransactionalMessage(msgspec.Struct, frozen=True, gc=False):
-    lsn: int
-    message: m.Message
-
-
-class PreparedOutcome(msgspec.Struct, frozen=True, gc=False):
-    """``emit_prepared_at="prepare"`` only: the fate of a transaction released at Prepare."""
-
-    xid: int
-    gid: str
-    committed: bool
-    lsn: int  # commit_lsn of Commit Prepared, rollback_end_lsn of Rollback Prepared
-    end_lsn: int
-    time: int
+#: changes buffered after which a non-streamed transaction is released in parts
+PART_CHANGES = 8192
+_ROWS = frozenset(("insert", "update", "delete"))
 
 
 class TransactionAssembler:
     def __init__(self, relations: RelationCache, *, memory_limit: int = DEFAULT_MEMORY_LIMIT,
                  spill_dir: str | None = None,
-                 emit_prepared_at: Literal["commit", "prepare"] = "commit"):
+                 emit_prepared_at: Literal["commit", "prepare"] = "commit",
+                 part_changes: int | None = PART_CHANGES):
         if emit_prepared_at not in ("commit", "prepare"):
             raise ValueError(f"emit_prepared_at must be 'commit' or 'prepare', "
                              f"not {emit_prepared_at!r}")
@@ -92,6 +70,7 @@ class TransactionAssembler:
         self.memory_limit = memory_limit
         self.spill_dir = spill_dir
         self.emit_prepared_at = emit_prepared_at
+        self.part_changes = part_changes  # None: every transaction released whole
         self._current: ChangeBuffer | None = None  # Begin or Begin Prepare … not yet finished
         self._streams: dict[int, ChangeBuffer] = {}
         self._stream_xid: int | None = None  # inside Stream Start … Stop of this xid
@@ -196,7 +175,23 @@ class TransactionAssembler:
                 feed_rows = NATIVE.feed_rows if row_decoder() else None
             if released:
                 events.extend(released)
+        buf = self._current
+        if buf is not None and buf.parts and buf.count and (
+                buf.released or buf.count >= self.part_changes or buf.file is not None):
+            events.append(self._part(buf))
         return events
+
+    def _part(self, buf: ChangeBuffer) -> Transaction:
+        """What ``buf`` holds, released as a part; the rest of it is buffered anew."""
+        changes = buf.release(self.relations.by_id)
+        self._forget(buf)
+        rest = self._current = ChangeBuffer(buf.xid, buf.final_lsn)
+        rest.origin_name, rest.origin_lsn = buf.origin_name, buf.origin_lsn
+        rest.commit_time, rest.released, rest.parts = (
+            buf.commit_time, buf.released + buf.count, True)
+        return Transaction(buf.xid, buf.final_lsn, buf.final_lsn, 0, buf.commit_time,
+                           buf.origin_name, buf.origin_lsn, None, changes, buf.count,
+                           first_seq=buf.released, partial=True)
 
     def _violation(self, text: str) -> ProtocolViolation:
         return ProtocolViolation(text)
@@ -212,6 +207,8 @@ class TransactionAssembler:
         buf, default_subxid = self._target(what)
         if buf.raw:  # the raw rows before it decoded first: the order
             self._memory += buf.materialize(self.relations.by_id)
+        if change.op not in _ROWS:  # the rest of it is released at Commit
+            buf.parts = False
         size = change_size(change)
         buf.add(change, default_subxid if subxid is None else subxid, size)
         self._memory += size
@@ -266,7 +263,8 @@ class TransactionAssembler:
 
     def _on_begin(self, lsn: int, msg: m.Begin) -> list:
         self._check_idle("Begin")
-        self._current = ChangeBuffer(msg.xid, msg.final_lsn)
+        buf = self._current = ChangeBuffer(msg.xid, msg.final_lsn)
+        buf.commit_time, buf.parts = msg.commit_time, self.part_changes is not None
         return []
 
     def _on_commit(self, lsn: int, msg: m.Commit) -> list:
@@ -285,7 +283,7 @@ class TransactionAssembler:
         changes = buf.release(self.relations.by_id)
         return Transaction(buf.xid, buf.final_lsn or commit_lsn, commit_lsn, end_lsn, time,
                            buf.origin_name, buf.origin_lsn, buf.gid, changes, len(changes),
-                           buf.streamed, prepared)
+                           buf.streamed, prepared, buf.released)
 
     # streaming (v2)
     def _on_stream_start(self, lsn: int, msg: m.StreamStart) -> list:

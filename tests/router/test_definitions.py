@@ -39,6 +39,8 @@ def message(lsn, snap):
 
 
 class _Txn:
+    first_seq, partial = 0, False  # a whole transaction (Transaction's fields)
+
     def __init__(self, changes, commit_lsn=100):
         self.xid, self.commit_lsn, self.end_lsn, self.commit_time = 5, commit_lsn, commit_lsn + 1, 0
         self.origin_name = self.origin_lsn = None

@@ -170,6 +170,8 @@ def test_plain_rows_with_many_columns_and_no_struct_fallback():
 
 
 class _Txn:
+    first_seq, partial = 0, False  # a whole transaction (Transaction's fields)
+
     def __init__(self, changes):
         self.changes, self.xid, self.commit_lsn, self.end_lsn = changes, 7, 900, 950
         self.commit_time, self.origin_name, self.origin_lsn = 123_456_789, None, None

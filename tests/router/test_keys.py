@@ -53,6 +53,7 @@ def test_default_relation_teaches_the_primary_key():
 class Txn:
     xid, commit_lsn, end_lsn, commit_time = 5, 100, 101, 0
     origin_name = origin_lsn = None
+    first_seq, partial = 0, False  # a whole transaction
 
 
 def route_each(router: ChangeRouter, changes: list) -> list[tuple[bytes, str]]:

@@ -312,10 +312,11 @@ class CountingNative:
         return out
 
 
-def assemble(rows, version, python_path, memory_limit, cuts, spill_dir):
+def assemble(rows, version, python_path, memory_limit, cuts, spill_dir, part_changes=None):
     """Events (changes read back) and the assembler's memory state after every batch; the
-    error of a batch that raised ends the run."""
-    a = TransactionAssembler(RelationCache(), memory_limit=memory_limit, spill_dir=spill_dir)
+    error of a batch that raised ends the run. Transactions whole unless ``part_changes``."""
+    a = TransactionAssembler(RelationCache(), memory_limit=memory_limit, spill_dir=spill_dir,
+                             part_changes=part_changes)
     decoder = Decoder(version)
     decode = (lambda data: decoder.decode(data)) if python_path else decoder.decode
     events, trace = [], []
@@ -328,18 +329,21 @@ def assemble(rows, version, python_path, memory_limit, cuts, spill_dir):
         buf = a._current
         trace.append((a.memory, a.spill_count, buf and (buf.memory, buf.count, len(buf.changes))))
     summary = [(e.xid, e.final_lsn, e.commit_lsn, e.end_lsn, e.commit_time, e.origin_name,
-                e.origin_lsn, e.gid, e.change_count, e.changes.spilled, list(e.changes))
+                e.origin_lsn, e.gid, e.change_count, e.changes.spilled, list(e.changes),
+                e.first_seq, e.partial)
                if isinstance(e, Transaction) else e for e in events]
     return summary, trace
 
 
-def check_feed_batch(monkeypatch, tmp_path, rows, version, memory_limit, cuts):
+def check_feed_batch(monkeypatch, tmp_path, rows, version, memory_limit, cuts,
+                     part_changes=None):
     runs = []
     for python_path in (True, False):
         counting = CountingNative()
         monkeypatch.setattr("router.stream.transactions.NATIVE", counting)
         monkeypatch.setattr("router.stream.short_transactions.NATIVE", counting)
-        runs.append(assemble(rows, version, python_path, memory_limit, cuts, str(tmp_path)))
+        runs.append(assemble(rows, version, python_path, memory_limit, cuts, str(tmp_path),
+                             part_changes))
         assert (counting.rows == 0) is python_path, "the path under test was not taken"
         shorts = counting.short
     assert runs[0] == runs[1]

@@ -84,6 +84,8 @@ def test_insert_delete_filters_and_actions():
 
 
 class _Txn:
+    first_seq, partial = 0, False  # a whole transaction (Transaction's fields)
+
     def __init__(self, changes):
         self.xid, self.commit_lsn, self.end_lsn, self.commit_time = 5, 100, 101, 0
         self.origin_name = self.origin_lsn = None

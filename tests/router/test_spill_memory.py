@@ -54,7 +54,7 @@ def _traced(fn) -> tuple[object, int, int]:
 
 def test_buffered_changes_are_counted_at_what_they_cost():
     msgs = _messages(40_000, commit=False)
-    a = TransactionAssembler(RelationCache(), memory_limit=1 << 40)
+    a = TransactionAssembler(RelationCache(), memory_limit=1 << 40, part_changes=None)
     decode = Decoder(1).decode
     _, held, _ = _traced(lambda: a.feed_batch(msgs, decode))
     # every change is still buffered (no commit): the estimate must not undercount them
