@@ -280,15 +280,9 @@ def drop_source(pg: "Pg", name: str, bootstrap: str, topics: tuple[str, ...] = (
     pg.run(f"drop publication if exists {name}")
     pg.run(f"drop table if exists {name}")
     pg.close()
-    from kafka import KafkaAdminClient
+    from devstack.kafka import delete_topics
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="pgrouter-test")
-    try:
-        gone = [t for t in topics if t in set(admin.list_topics())]
-        if gone:
-            admin.delete_topics(gone)
-    finally:
-        admin.close()
+    delete_topics(bootstrap, topics, client_id="pgrouter-test")
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 60,

@@ -17,7 +17,8 @@ import pytest
 
 from devstack.connect import ConnectStandalone, apicurio_api
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import ROOT, Pg, kill9, start_router, unique, write_config
+from tests.e2e.sources import source_config
+from tests.helpers import ROOT, Pg, kill9, start_router, unique
 
 pytestmark = pytest.mark.services
 
@@ -129,14 +130,11 @@ def test_debezium_jdbc_sink_reads_avro_into_a_target_equal_to_the_source(
     pg.run(f"create database {target_db}")
     target = pg_dsn.rsplit("/", 1)[0] + f"/{target_db}"
     host_port = pg_dsn.split("@", 1)[1].split("/", 1)[0]
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'client = "librdkafka"\nformat = "avro"\n'
-                                   f'schema_topic = "{name}.schemas"\n'
-                                   f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n'
-                                   f'[kafka.registry]\nurl = "{registry_url}"\n',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "librdkafka"\nformat = "avro"\n'
+                                    f'schema_topic = "{name}.schemas"\n'
+                                    f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n'
+                                    f'[kafka.registry]\nurl = "{registry_url}"\n')
     connect = ConnectStandalone(ROOT / ".devstack" / "cache", tmp_path / "connect",
                                 bootstrap=kafka_bootstrap, topics=[name],
                                 jdbc_url=f"jdbc:postgresql://{host_port}/{target_db}",

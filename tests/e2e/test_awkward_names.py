@@ -16,7 +16,8 @@ import pytest
 
 from router.routing.topics import escape
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import ROOT, Pg, fold_rows, kill9, read_topic, start_router, unique
+from tests.e2e.sources import own_database
+from tests.helpers import ROOT, fold_rows, kill9, read_topic, start_router
 
 pytestmark = pytest.mark.services
 
@@ -50,15 +51,7 @@ def route_of(pub: str) -> str:
 
 @pytest.fixture
 def database(pg_dsn):
-    name = unique("awk")
-    admin = Pg(pg_dsn)
-    admin.conn.autocommit = True
-    admin.run(f"create database {name}")
-    yield name, pg_dsn.rsplit("/", 1)[0] + "/" + name
-    admin.run("select pg_drop_replication_slot(slot_name) from pg_replication_slots "
-              "where database = %s and not active", name)
-    admin.run(f"drop database {name} with (force)")
-    admin.close()
+    yield from own_database(pg_dsn, "awk")
 
 
 def expected(cur, pub: str, schema: str, table: str) -> dict:

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from router.postgres.lsn import parse_lsn
-from tests.helpers import ROOT, Pg, read_topic, router_cmd, run_router, unique, write_config
+from tests.e2e.sources import drop_made, new_table, source_config, table_route
+from tests.helpers import ROOT, Pg, read_topic, router_cmd, run_router
 
 pytestmark = pytest.mark.services
 TIMEOUT = 90
@@ -31,16 +32,13 @@ def ids(bootstrap: str, topic: str) -> list[int]:
 
 
 def test_prepared_transaction_does_not_hang_until_caught_up(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("prep")
+    pg, name = new_table(pg_dsn, "prep", "id int primary key, v text")
     gid = f"{name}_gid"
     topic = f"{name}.public.{name}"
-    pg.run(f"create table {name} (id int primary key, v text)")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, source_extra="two_phase = true",
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{topic}"\n')
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        source_extra="two_phase = true",
+                        routes=table_route(name, topic))
     try:
         run_router(cfg, timeout=TIMEOUT)  # creates the slot (with two-phase decoding)
         pg.run(f"insert into {name} values (1, 'before')")
@@ -75,10 +73,7 @@ def test_prepared_transaction_does_not_hang_until_caught_up(pg_dsn, kafka_bootst
     finally:
         if pg.run("select 1 from pg_prepared_xacts where gid = %s", gid):
             pg.run(f"rollback prepared '{gid}'")
-        pg.drop_slot(name)
-        pg.run(f"drop publication if exists {name}")
-        pg.run(f"drop table if exists {name}")
-        pg.close()
+        drop_made(pg, name)
         _delete_topic(kafka_bootstrap, topic)
 
 

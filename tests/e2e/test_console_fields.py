@@ -21,7 +21,8 @@ import pytest
 from router.snapshot.signals import SETUP_SQL
 from tests.e2e.console_browser import TOKEN, free_port, http, stop, wait_for
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import ROOT, Pg, start_router, unique, write_config
+from tests.e2e.sources import new_table, source_config
+from tests.helpers import ROOT, start_router
 
 pytestmark = pytest.mark.services
 
@@ -123,9 +124,7 @@ def test_the_table_is_read_as_documented():
 
 @pytest.fixture
 def router(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("cf")
-    pg.run(f"create table {name} (id int primary key, v int)")
+    pg, name = new_table(pg_dsn, "cf", "id int primary key, v int")
     pg.run(f"insert into {name} select i, i from generate_series(1, 50) i")
     pg.run(f"create publication {name} for table {name}")
     pg.run(f"create publication {name}_f for table {name} (id, v) where (v > 10)")
@@ -135,8 +134,7 @@ def router(pg_dsn, kafka_bootstrap, tmp_path):
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.create_topics([NewTopic(topics[0], 1, 1)])[topics[0]].result(timeout=30)
     port = free_port()
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=f"""
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name, routes=f"""
 [[routes]]
 name = "{name}_t"
 tables = ["public.{name}"]

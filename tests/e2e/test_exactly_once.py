@@ -23,6 +23,7 @@ import psycopg2
 import pytest
 
 from tests.e2e.guarantee import ConfirmSampler
+from tests.e2e.sources import drop_made, new_table
 from tests.helpers import (Pg, assign_from_beginning, kill9, run_router, start_router, unique,
                            write_config)
 
@@ -132,9 +133,7 @@ def oracle(pg: Pg, slot: str, table: str) -> list[tuple[int, set[int]]]:
 
 @pytest.fixture
 def table(pg_dsn, kafka_bootstrap, tmp_path, request):
-    pg = Pg(pg_dsn)
-    name = unique("eo")
-    pg.run(f"create table {name} (id bigint primary key, n int, payload text)")
+    pg, name = new_table(pg_dsn, "eo", "id bigint primary key, n int, payload text")
     pg.run(f"insert into {name} select g, 0, 'hot' from generate_series(0, {HOT - 1}) g")
     pg.run(f"create publication {name} for table {name}")
     made = [name]
@@ -461,10 +460,7 @@ def test_broker_restart_leaves_each_change_once(fault_stack, tmp_path):
                       if r["op"] == "u" and r["after"]["id"] == key]
             assert counts == list(range(1, rows // BATCH + 1)), f"key {key}: {counts[:20]}…"
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
 
 
 def second_waits_for_the_frozen_first(pg: Pg, name: str, cfg, bootstrap: str, logs: list,

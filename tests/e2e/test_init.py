@@ -14,7 +14,8 @@ import psycopg2
 import pytest
 
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import ROOT, Pg, read_topic, unique
+from tests.e2e.sources import own_database
+from tests.helpers import ROOT, Pg, read_topic
 
 pytestmark = pytest.mark.services
 
@@ -27,15 +28,7 @@ def pgrouter(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 @pytest.fixture
 def database(pg_dsn):
     """A database of its own: init describes every publication of the database it is given."""
-    name = unique("init")
-    admin = Pg(pg_dsn)
-    admin.conn.autocommit = True
-    admin.run(f"create database {name}")
-    yield name, pg_dsn.rsplit("/", 1)[0] + "/" + name
-    admin.run("select pg_drop_replication_slot(slot_name) from pg_replication_slots "
-              "where database = %s and not active", name)
-    admin.run(f"drop database {name} with (force)")
-    admin.close()
+    yield from own_database(pg_dsn, "init")
 
 
 def test_init_writes_a_config_that_checks_and_runs(database, kafka_bootstrap, tmp_path):

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.helpers import Pg, drop_source, peak_rss, router_cmd, unique, write_config
+from tests.e2e.sources import new_table, source_config, table_route
+from tests.helpers import drop_source, peak_rss, router_cmd
 
 pytestmark = pytest.mark.services
 ROWS = 300_000
@@ -26,17 +27,14 @@ MAX_GROWTH = {"librdkafka": 130 * MIB, "kafka-python": 75 * MIB}
 
 @pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
 def test_huge_transaction_runs_in_bounded_memory(client, pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("mem")
+    pg, name = new_table(pg_dsn, "mem", "id bigint primary key, n int")
     topic = f"{name}.public.{name}"
-    pg.run(f"create table {name} (id bigint primary key, n int)")
     pg.run(f"create publication {name} for table {name}")
     pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", name)
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra=f'client = "{client}"',
-                       source_extra=f'memory_limit = {MEMORY_LIMIT}\nspill_dir = "{tmp_path}"',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{topic}"\n')
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "{client}"',
+                        source_extra=f'memory_limit = {MEMORY_LIMIT}\nspill_dir = "{tmp_path}"',
+                        routes=table_route(name, topic))
     try:
         pg.run(f"insert into {name} select g, g % 1000 from generate_series(1, {ROWS}) g")
         # the same process doing nothing but importing what the router imports

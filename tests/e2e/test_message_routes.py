@@ -14,8 +14,9 @@ import time
 import psycopg2
 import pytest
 
+from tests.e2e.sources import drop_made, new_table, source_config
 from tests.e2e.test_exactly_once import read_committed
-from tests.helpers import Pg, kill9, run_router, start_router, unique, write_config
+from tests.helpers import kill9, run_router, start_router
 
 pytestmark = pytest.mark.services
 
@@ -51,17 +52,14 @@ class Writer(threading.Thread):
 
 @pytest.mark.parametrize("exactly_once", [False, True])
 def test_messages_by_prefix_across_a_kill(pg_dsn, kafka_bootstrap, tmp_path, exactly_once):
-    pg = Pg(pg_dsn)
-    name = unique("mroute")
-    pg.run(f"create table {name} (id int primary key, v int not null default 0)")
+    pg, name = new_table(pg_dsn, "mroute", "id int primary key, v int not null default 0")
     pg.run(f"create publication {name} for table {name}")
     routes = (f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
               f'[[message_routes]]\nname = "{name}_m"\nprefix = "{name}.*"\n'
               f'topic = "{{prefix}}.ev"\nkey = "id"\ntopic_settings = {{partitions = 3}}\n')
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=routes,
-                       kafka_extra=("exactly_once = true\ntransaction_interval_ms = 20\n"
-                                    if exactly_once else ""))
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name, routes=routes,
+                        kafka_extra=("exactly_once = true\ntransaction_interval_ms = 20\n"
+                                     if exactly_once else ""))
     topics = [f"{name}.o{j}.ev" for j in range(3)] + [f"{name}.nt.ev"]
     log = tmp_path / "router.log"
     try:
@@ -81,10 +79,7 @@ def test_messages_by_prefix_across_a_kill(pg_dsn, kafka_bootstrap, tmp_path, exa
                for t in topics}
         assert "Traceback" not in log.read_text()
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
     for j in range(3):
         events = got[f"{name}.o{j}.ev"]
         ns = [e["n"] for _, _, e in events]

@@ -14,25 +14,24 @@ import sys
 import pytest
 
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import ROOT, Pg, read_topic, run_router, unique, write_config
+from tests.e2e.sources import drop_made, new_table, source_config
+from tests.helpers import ROOT, read_topic, run_router
 
 pytestmark = pytest.mark.services
 
 
 def test_outbox_inserts_are_events_and_nothing_else(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("obx")
+    pg, name = new_table(pg_dsn, "obx", "id uuid primary key default gen_random_uuid(), "
+                         "aggregatetype text not null, aggregateid text, type text, payload jsonb")
     orders, users = f"{name}_Order", f"{name}_User"
-    pg.run(f"create table {name} (id uuid primary key default gen_random_uuid(), "
-           "aggregatetype text not null, aggregateid text, type text, payload jsonb)")
     pg.run(f"insert into {name} (aggregatetype, aggregateid, type, payload) "
            f"values ('{orders}', 'old', 'Old', '{{}}')")  # before the slot: never sent
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra="position_headers = true",
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              '[routes.outbox]\ntopic = "{aggregatetype}.events"\n'
-                              'headers = ["type"]\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra="position_headers = true",
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               '[routes.outbox]\ntopic = "{aggregatetype}.events"\n'
+                               'headers = ["type"]\n')
     topics = [f"{orders}.events", f"{users}.events"]
     try:
         run_router(cfg, timeout=300)  # the slot; the snapshot leaves the outbox out
@@ -66,10 +65,9 @@ def test_outbox_inserts_are_events_and_nothing_else(pg_dsn, kafka_bootstrap, tmp
                                  "--json"], capture_output=True, text=True, timeout=120,
                                 cwd=ROOT)
         assert sorted(t["topic"] for t in json.loads(status.stdout)["routes"][name]) == topics
-        bad = write_config(tmp_path / "bad.toml", dsn=pg_dsn, slot=name, publications=[name],
-                           bootstrap=kafka_bootstrap,
-                           routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                                  '[routes.outbox]\nkey = "aggregate_id"\n')
+        bad = source_config(tmp_path / "bad.toml", pg_dsn, kafka_bootstrap, name,
+                            routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                                   '[routes.outbox]\nkey = "aggregate_id"\n')
         checked = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c", str(bad)],
                                  capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert checked.returncode != 0 and "routes[0].outbox.key" in checked.stdout + \
@@ -79,8 +77,5 @@ def test_outbox_inserts_are_events_and_nothing_else(pg_dsn, kafka_bootstrap, tmp
             "select %s::jsonb::text", json.dumps({"n": 0, "note": "é"}))
     finally:
         pg.conn.autocommit = True
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
         delete_topics(kafka_bootstrap, topics)

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import ROOT, Pg, read_topic, router_cmd, unique, write_config
+from tests.e2e.sources import drop_made, new_table, source_config
+from tests.helpers import ROOT, read_topic, router_cmd, write_config
 
 pytestmark = pytest.mark.services
 
@@ -37,10 +38,8 @@ def _shown(records: list[dict], side: str, name: str) -> list:
 @pytest.mark.parametrize("payload_type", ["jsonb", "json"])
 def test_odd_rows_make_the_same_bytes_in_c_and_in_python(pg_dsn, kafka_bootstrap, tmp_path,
                                                          payload_type):
-    pg = Pg(pg_dsn)
-    name = unique("obxb")
-    pg.run(f"create table {name} (seq bigserial primary key, id text, aggregatetype text, "
-           f"aggregateid text, payload {payload_type}, kind text)")
+    pg, name = new_table(pg_dsn, "obxb", "seq bigserial primary key, id text, aggregatetype text, "
+                         f"aggregateid text, payload {payload_type}, kind text")
     pg.run(f"create publication {name} for table {name}")
     prefix_len = len(f"c{name}.")
     fill = 249 - prefix_len
@@ -108,16 +107,13 @@ def test_a_topic_colliding_in_dot_and_underscore_goes_to_the_dead_letter_topic(
     without, the router stops at it with one line naming route, table, id and both topics,
     confirming nothing past it (it stopped with Kafka's bare line at every start, even with
     dead_letter)."""
-    pg = Pg(pg_dsn)
-    name = unique("obxk")
-    pg.run(f"create table {name} (id serial primary key, aggregatetype text, "
-           "aggregateid text, payload jsonb)")
+    pg, name = new_table(pg_dsn, "obxk", "id serial primary key, aggregatetype text, "
+                         "aggregateid text, payload jsonb")
     pg.run(f"create publication {name} for table {name}")
     route = f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n' \
             f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n'
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=route + f'dead_letter = "{name}.dead"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        routes=route + f'dead_letter = "{name}.dead"\n')
     bare = write_config(tmp_path / "b.toml", dsn=pg_dsn, slot=f"{name}b", publications=[name],
                         bootstrap=kafka_bootstrap, routes=route)
     topics = [f"{name}.a_b", f"{name}.a.b", f"{name}.dead"]
@@ -187,18 +183,15 @@ def test_dead_letters_under_exactly_once_survive_kill9_once(pg_dsn, kafka_bootst
     from tests.e2e.test_outbox_kill9 import debezium_outbox_consumer
     from tests.helpers import kill9, run_router, start_router
 
-    pg = Pg(pg_dsn)
-    name = unique("obxx")
+    pg, name = new_table(pg_dsn, "obxx", "id uuid primary key default gen_random_uuid(), "
+                         "aggregatetype text, aggregateid text, payload jsonb")
     good, dead = f"order-{name[-8:]}", f"dead-{name[-8:]}"
-    pg.run(f"create table {name} (id uuid primary key default gen_random_uuid(), "
-           "aggregatetype text, aggregateid text, payload jsonb)")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
-                                   f'committed_lsn_topic = "{name}.progress"\n',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'[routes.outbox]\ndead_letter = "outbox.event.{dead}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
+                                    f'committed_lsn_topic = "{name}.progress"\n',
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'[routes.outbox]\ndead_letter = "outbox.event.{dead}"\n')
     cfg.write_text(cfg.read_text().replace("status_interval = 0.5", "status_interval = 3"))
     committed: list[tuple[str | None, int, str]] = []
     stop, errors = threading.Event(), []
@@ -251,8 +244,5 @@ def test_dead_letters_under_exactly_once_survive_kill9_once(pg_dsn, kafka_bootst
             kill9(proc)
         stop.set()
         writer.join(timeout=60)
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
         delete_topics(kafka_bootstrap, topics)

@@ -12,23 +12,21 @@ import subprocess
 import pytest
 
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import ROOT, Pg, read_topic, router_cmd, run_router, unique, write_config
+from tests.e2e.sources import drop_made, new_table, source_config
+from tests.helpers import ROOT, Pg, read_topic, router_cmd, run_router, unique
 
 pytestmark = pytest.mark.services
 
 
 def test_bytea_payload_and_a_null_topic_column(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("obxh")
+    pg, name = new_table(pg_dsn, "obxh", "id serial primary key, aggregatetype text, "
+                         "aggregateid text, payload bytea")
     topic = f"{name}.Order"
-    pg.run(f"create table {name} (id serial primary key, aggregatetype text, "
-           "aggregateid text, payload bytea)")
     pg.run(f"alter table {name} replica identity full")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n')
     try:
         run_router(cfg, timeout=300)
         pg.run(f"insert into {name} (aggregatetype, aggregateid, payload) "
@@ -52,28 +50,22 @@ def test_bytea_payload_and_a_null_topic_column(pg_dsn, kafka_bootstrap, tmp_path
         # the NULL row's transaction is not confirmed: the slot still holds its insert
         assert "I" in pg.pending_changes(name, name)
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
         delete_topics(kafka_bootstrap, [topic, f"{name}."])
 
 
 @pytest.mark.parametrize("exactly_once", [False, True])
 def test_a_dead_letter_topic_takes_the_rows_that_make_no_event(pg_dsn, kafka_bootstrap,
                                                                tmp_path, exactly_once):
-    pg = Pg(pg_dsn)
-    name = unique("obxd")
+    pg, name = new_table(pg_dsn, "obxd", "id serial primary key, aggregatetype text, "
+                         "aggregateid text, payload text")
     topic, dead = f"{name}.Order", f"{name}.dead"
-    pg.run(f"create table {name} (id serial primary key, aggregatetype text, "
-           "aggregateid text, payload text)")
     pg.run(f"create publication {name} for table {name}")
     kafka = 'client = "librdkafka"\nexactly_once = true\n' if exactly_once else ""
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra=kafka,
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n'
-                              f'dead_letter = "{dead}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name, kafka_extra=kafka,
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n'
+                               f'dead_letter = "{dead}"\n')
     try:
         run_router(cfg, timeout=300)
         pg.run(f"insert into {name} (aggregatetype, aggregateid, payload) values "
@@ -94,10 +86,7 @@ def test_a_dead_letter_topic_takes_the_rows_that_make_no_event(pg_dsn, kafka_boo
         assert [r["headers"]["id"] for r in letters] == [b"2", b"3", b"4"]
         assert pg.pending_changes(name, name) == ""  # all of it confirmed
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
         delete_topics(kafka_bootstrap, [topic, dead])
 
 
@@ -119,13 +108,13 @@ def test_an_event_too_large_for_kafka_names_route_table_and_event_id(client, cas
            "aggregateid text, payload text)")
     pg.run(f"alter table {name} alter column payload set storage external")  # no compression
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra=f'client = "{client}"\n'
-                       "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
-                       "request_timeout_ms = 10000\n",
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'{settings}\n'
-                              f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "{client}"\n'
+                        "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
+                        "request_timeout_ms = 10000\n",
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'{settings}\n'
+                               f'[routes.outbox]\ntopic = "{name}.{{aggregatetype}}"\n')
     try:
         run_router(cfg, timeout=300)
         pg.run(f"insert into {name} (aggregatetype, aggregateid, payload) values "
@@ -144,8 +133,5 @@ def test_an_event_too_large_for_kafka_names_route_table_and_event_id(client, cas
         assert "(none)" not in last, last
         assert pg.pending_changes(name, name) == "II", "confirmed past an event not in Kafka"
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
         delete_topics(kafka_bootstrap, [topic])

@@ -23,8 +23,8 @@ import psycopg2
 import pytest
 
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import (Pg, assign_from_beginning, kill9, run_router, start_router, unique,
-                           write_config)
+from tests.e2e.sources import source_config
+from tests.helpers import Pg, assign_from_beginning, kill9, run_router, start_router, unique
 
 pytestmark = pytest.mark.services
 
@@ -124,13 +124,12 @@ def test_outbox_events_survive_kill9_in_commit_order_once(pg_dsn, kafka_bootstra
            f"generate_series(0, {AGGREGATES - 1}) g", types)
     pg.run(f"create publication {name} for table {name}")
     topics = [f"outbox.event.{kind}" for kind in types]
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
-                                   f'committed_lsn_topic = "{name}.progress"\n',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic_settings = {{ partitions = {PARTITIONS} }}\n'
-                              '[routes.outbox]\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "librdkafka"\nexactly_once = true\n'
+                                    f'committed_lsn_topic = "{name}.progress"\n',
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'topic_settings = {{ partitions = {PARTITIONS} }}\n'
+                               '[routes.outbox]\n')
     # the slot is confirmed seconds after the Kafka commit: kills land in between
     cfg.write_text(cfg.read_text().replace("status_interval = 0.5", "status_interval = 3"))
     writer, proc = Writer(pg_dsn, name, types), None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.sources import drop_made, new_table, source_config
 from tests.helpers import (Pg, fold_rows, pg_text, read_topic, run_router, unique,
                            write_config)
 
@@ -185,13 +186,11 @@ def test_rerun_sends_nothing_new_once_confirmed(env, kafka_bootstrap):
 
 @pytest.mark.pg_matrix
 def test_logical_decoding_messages_go_to_the_messages_topic(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("msg")
-    pg.run(f"create table {name} (id int primary key)")
+    pg, name = new_table(pg_dsn, "msg", "id int primary key")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra=f'messages_topic = "{name}.msgs"',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'messages_topic = "{name}.msgs"',
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n')
     try:
         run_router(cfg)
         prefix = f"audit_{name}"  # every slot of the database decodes a non-transactional one
@@ -213,22 +212,14 @@ def test_logical_decoding_messages_go_to_the_messages_topic(pg_dsn, kafka_bootst
                for m in msgs]
         assert got == [("m", False, "outside", True), ("m", True, "inside é", False)]
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
 
 
 def test_toasted_key_that_did_not_change_keeps_the_record_key(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("tkey")
-    pg.run(f"create table {name} (k text primary key, v int)")
+    pg, name = new_table(pg_dsn, "tkey", "k text primary key, v int")
     pg.run(f"alter table {name} alter column k set storage external")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name)
     try:
         run_router(cfg)
         big = "".join(f"{i:04d}" for i in range(600))  # 2,400 bytes, stored out of line
@@ -239,7 +230,4 @@ def test_toasted_key_that_did_not_change_keeps_the_record_key(pg_dsn, kafka_boot
         assert [r["key"] for r in records] == [{"k": big}, {"k": big}]
         assert records[1]["value"]["after"]["v"] == 2
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)

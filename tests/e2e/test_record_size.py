@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, Pg, drop_source, router_cmd, unique, write_config
+from tests.e2e.sources import new_table, source_config
+from tests.helpers import ROOT, Pg, drop_source, router_cmd, unique
 
 pytestmark = pytest.mark.services
 TIMEOUT = 120
@@ -29,19 +30,17 @@ CASES = {
 def test_record_too_large_names_topic_table_key_size_and_setting(client, case, pg_dsn,
                                                                   kafka_bootstrap, tmp_path):
     size, topic_settings, settings = CASES[case]
-    pg = Pg(pg_dsn)
-    name = unique("big")
+    pg, name = new_table(pg_dsn, "big", "id int primary key, v text")
     topic = f"{name}.public.{name}"
-    pg.run(f"create table {name} (id int primary key, v text)")
     pg.run(f"alter table {name} alter column v set storage external")  # no compression
     pg.run(f"create publication {name} for table {name}")
     pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", name)
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra=f'client = "{client}"\n'
-                       "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
-                       "request_timeout_ms = 10000\n",
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{topic}"\n{topic_settings}\n')
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "{client}"\n'
+                        "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
+                        "request_timeout_ms = 10000\n",
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'topic = "{topic}"\n{topic_settings}\n')
     try:
         pg.run(f"insert into {name} values (1, 'small'), (7, repeat('x', {size}))")
         proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
@@ -89,12 +88,12 @@ def test_record_too_large_in_the_backfill_finishing_an_initial_snapshot(client, 
     producer.send("pgrouter.snapshots", key=key, value=value).get(timeout=30)
     producer.close()
     pg.run("select pg_create_logical_replication_slot(%s, 'pgoutput')", name)
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra=f'client = "{client}"\n',
-                       routes=f'[[routes]]\nname = "r"\n'
-                              f'tables = ["public.{name}_a", "public.{name}_b"]\n'
-                              f'topic = "{name}.{{table}}"\n',
-                       extra="[snapshot]\nchunk_rows = 500\nparallel = 2\n")
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "{client}"\n',
+                        routes=f'[[routes]]\nname = "r"\n'
+                               f'tables = ["public.{name}_a", "public.{name}_b"]\n'
+                               f'topic = "{name}.{{table}}"\n',
+                        extra="[snapshot]\nchunk_rows = 500\nparallel = 2\n")
     stop = threading.Event()
 
     def write():
@@ -134,10 +133,8 @@ def test_record_too_large_in_the_initial_snapshot(case, pg_dsn, kafka_bootstrap,
     from tests.e2e.test_backfill import progress
 
     size, topic_settings, settings = CASES[case]
-    pg = Pg(pg_dsn)
-    name = unique("bigs")
+    pg, name = new_table(pg_dsn, "bigs", "id int primary key, v text")
     topic = f"{name}.public.{name}"
-    pg.run(f"create table {name} (id int primary key, v text)")
     pg.run(f"alter table {name} alter column v set storage external")  # no compression
     # the broker refuses a whole producer batch above the topic's limit, so against a 4 kB
     # topic a few rows; else two batches of the snapshot (about 2000 rows each)
@@ -145,12 +142,12 @@ def test_record_too_large_in_the_initial_snapshot(case, pg_dsn, kafka_bootstrap,
     pg.run(f"insert into {name} select g, 'small' from generate_series(1, {rows}) g")
     pg.run(f"update {name} set v = repeat('x', {size}) where id = {big}")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra='client = "librdkafka"\n'
-                       "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
-                       "request_timeout_ms = 10000\n",
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{topic}"\n{topic_settings}\n')
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra='client = "librdkafka"\n'
+                        "[kafka.settings]\ndelivery_timeout_ms = 30000\n"
+                        "request_timeout_ms = 10000\n",
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'topic = "{topic}"\n{topic_settings}\n')
     try:
         proc = subprocess.run(router_cmd(cfg, "--until-caught-up"), capture_output=True,
                               text=True, timeout=TIMEOUT, cwd=ROOT)

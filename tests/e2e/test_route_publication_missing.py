@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, Pg, unique, write_config
+from tests.e2e.sources import drop_made, source_config
+from tests.helpers import ROOT, Pg, unique
 
 pytestmark = pytest.mark.services
 
@@ -22,10 +23,9 @@ def test_a_route_on_a_missing_publication_is_one_line(pg_dsn, kafka_bootstrap, t
     pg.run(f"create table {name} (a int primary key)")
     pg.run(f"create publication {name} for table {name}")
     try:
-        cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                           bootstrap=kafka_bootstrap,
-                           routes=f'[[routes]]\nname = "r_{name}"\npublication = "{name}_nosuch"\n'
-                                  f'topic = "{name}"\n')
+        cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                            routes=f'[[routes]]\nname = "r_{name}"\npublication = "{name}_nosuch"\n'
+                                   f'topic = "{name}"\n')
         done = subprocess.run([sys.executable, "-m", "actors.cli", *command[:1], "-c", str(cfg),
                                *command[1:]], capture_output=True, text=True, timeout=120,
                               cwd=ROOT)
@@ -38,7 +38,4 @@ def test_a_route_on_a_missing_publication_is_one_line(pg_dsn, kafka_bootstrap, t
         assert pg.one("select count(*) from pg_replication_slots where slot_name = %s",
                       name) == 0
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)

@@ -17,7 +17,7 @@ import pytest
 from tests.e2e.guarantee import delete_topics
 from tests.e2e.test_backfill import progress, snapshot_cmd
 from tests.e2e.test_snapshot import _initial_done
-from tests.e2e.test_snapshot_ranges import _SlowSource
+from tests.e2e.test_snapshot_ranges import _SlowSource, _caught_up, _wait
 from tests.helpers import (Pg, kill9, start_router, table_rows, topic_rows, unique,
                            write_config)
 
@@ -38,24 +38,6 @@ DDL = {
     "vacuum_full": ["vacuum full {t}"],
     "cluster": ["cluster {t} using {t}_pkey"],
 }
-
-
-def _wait(what, check, proc, log, deadline):
-    while True:
-        got = check()
-        if got:
-            return got
-        assert proc.poll() is None, f"router exited:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" \
-                                            f"{log.read_text()[-3000:]}"
-        time.sleep(0.05)
-
-
-def _caught_up(pg, slot, proc, log, deadline):
-    lsn = pg.one("select pg_current_wal_lsn()::text")
-    _wait("the router to catch up", lambda: pg.one(
-        "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
-        "slot_name = %s", lsn, slot), proc, log, deadline)
 
 
 def _start_for_backfills(tmp_path, dsn, bootstrap, slot, publication, routes, snapshot):

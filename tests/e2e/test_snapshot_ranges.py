@@ -79,20 +79,6 @@ class _SlowSource:
         self.proxy.close()
 
 
-def _wait(what, check, proc, log, deadline):
-    while not check():
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"{what}:\n{log.read_text()[-3000:]}"
-        time.sleep(0.05)
-
-
-def _caught_up(pg, slot, proc, log, deadline):
-    lsn = pg.one("select pg_current_wal_lsn()::text")
-    _wait("the router to catch up", lambda: pg.one(
-        "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
-        "slot_name = %s", lsn, slot), proc, log, deadline)
-
-
 def _folded(bootstrap, topic):
     records = read_topic(bootstrap, topic, timeout=120)
     folded = fold_rows(records, ["id"])
@@ -102,6 +88,24 @@ def _folded(bootstrap, topic):
 
 def _range_of(record) -> int:
     return (record["value"]["source"]["seq"] >> RANGE_SHIFT) & ((1 << (TABLE_SHIFT - RANGE_SHIFT)) - 1)
+
+
+def _wait(what, check, proc, log, deadline):
+    while True:
+        got = check()
+        if got:
+            return got
+        assert proc.poll() is None, f"router exited:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" \
+                                            f"{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def _caught_up(pg, slot, proc, log, deadline):
+    lsn = pg.one("select pg_current_wal_lsn()::text")
+    _wait("the router to catch up", lambda: pg.one(
+        "select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where "
+        "slot_name = %s", lsn, slot), proc, log, deadline)
 
 
 def test_a_table_read_by_two_sessions_is_the_table(big, pg_dsn, kafka_bootstrap, tmp_path):

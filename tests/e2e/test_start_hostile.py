@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.e2e.sources import drop_made, new_table, source_config, table_route
 from tests.helpers import (ROOT, Pg, fold_rows, kill9, read_topic, run_router, start_router,
                            unique, write_config)
 
@@ -24,18 +25,12 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def source(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("sth")
-    pg.run(f"create table {name} (id int primary key, v text)")
+    pg, name = new_table(pg_dsn, "sth", "id int primary key, v text")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\ntopic = "{{route}}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        routes=table_route(name, "{route}"))
     yield pg, name, cfg
-    pg.drop_slot(name)
-    pg.run(f"drop publication if exists {name}")
-    pg.run(f"drop table if exists {name}")
-    pg.close()
+    drop_made(pg, name)
 
 
 def _one_line_refusal(proc: subprocess.CompletedProcess, *words: str) -> str:
@@ -199,9 +194,8 @@ def two_tables(pg_dsn, kafka_bootstrap, tmp_path):
     pg.run(f"create publication {name} for table {a}, {b}")
     routes = "".join(f'[[routes]]\nname = "{t}"\ntables = ["public.{t}"]\ntopic = "{{route}}"\n'
                      for t in (a, b))
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=routes,
-                       extra='[snapshot]\nmode = "initial"\nparallel = 1\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name, routes=routes,
+                        extra='[snapshot]\nmode = "initial"\nparallel = 1\n')
     yield pg, name, a, b, cfg
     pg.drop_slot(name)
     pg.run(f"drop publication if exists {name}")

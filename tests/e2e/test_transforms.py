@@ -17,10 +17,11 @@ import pytest
 
 from tests.e2e.console_browser import TOKEN, free_port, http, stop, wait_for
 from tests.e2e.guarantee import delete_topics
+from tests.e2e.sources import drop_made, new_table, source_config
 from tests.e2e.test_avro_format import avro_kafka, registry_client, registry_get
 from tests.e2e.test_exactly_once import read_committed
 from tests.e2e.verify_stack import verify
-from tests.helpers import ROOT, Pg, run_router, start_router, unique, write_config
+from tests.helpers import ROOT, run_router, start_router
 
 pytestmark = pytest.mark.services
 
@@ -54,22 +55,19 @@ def test_transforms_equal_postgresqls_own_hashes(pg_dsn, kafka_bootstrap, regist
                                                 tmp_path, monkeypatch):
     salt = f"s4lt-{uuid.uuid4().hex}-é"
     monkeypatch.setenv(SALT_ENV, salt)  # the routers and check started below inherit it
-    pg = Pg(pg_dsn)
-    name = unique("xform")
+    pg, name = new_table(pg_dsn, "xform", "id int primary key, age int, email text, name text, "
+                         "note text")
     topic, schemas = f"{name}.t", f"{name}.schemas"
-    pg.run(f"create table {name} (id int primary key, age int, email text, name text, "
-           "note text)")
     pg.run(f"insert into {name} select g, nullif(g % 20, 7), 'p' || g || '@example.org', "
            f"'Person ' || g, case when g % 3 = 0 then null else 'note ü ' || g end "
            "from generate_series(1, 60) g")
     pg.run(f"create publication {name} for table {name}")
     port = free_port()
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'schema_topic = "{schemas}"\n' + avro_kafka(registry_url),
-                       routes=_routes(name, topic, TRANSFORMS),
-                       extra=f'[metrics]\nlisten = "127.0.0.1:{port}"\n\n'
-                             f'[console]\ntoken = "{TOKEN}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'schema_topic = "{schemas}"\n' + avro_kafka(registry_url),
+                        routes=_routes(name, topic, TRANSFORMS),
+                        extra=f'[metrics]\nlisten = "127.0.0.1:{port}"\n\n'
+                              f'[console]\ntoken = "{TOKEN}"\n')
     log = tmp_path / "router.log"
     # the slot (creating it waits for transactions running on the server) and the snapshot
     first = run_router(cfg, timeout=300)
@@ -142,10 +140,9 @@ def test_transforms_equal_postgresqls_own_hashes(pg_dsn, kafka_bootstrap, regist
         for where, data in places.items():
             assert salt.encode() not in data and salt.encode("unicode_escape") not in data, where
         # a transformed key column is refused by check unless transform_keys = true
-        keyed = write_config(tmp_path / "k.toml", dsn=pg_dsn, slot=name, publications=[name],
-                             bootstrap=kafka_bootstrap,
-                             routes=_routes(name, topic, TRANSFORMS.replace(
-                                 '["age", "email"]', '["age", "email", "id"]')))
+        keyed = source_config(tmp_path / "k.toml", pg_dsn, kafka_bootstrap, name,
+                              routes=_routes(name, topic, TRANSFORMS.replace(
+                                  '["age", "email"]', '["age", "email", "id"]')))
         refused = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c",
                                   str(keyed)], capture_output=True, text=True, timeout=120,
                                  cwd=ROOT)
@@ -153,9 +150,9 @@ def test_transforms_equal_postgresqls_own_hashes(pg_dsn, kafka_bootstrap, regist
         assert refused.returncode != 0 and "transform_keys" in out and ".id is part of the " \
             "record key" in out, out
         assert salt not in out
-        misspelt = write_config(tmp_path / "m.toml", dsn=pg_dsn, slot=name, publications=[name],
-                                bootstrap=kafka_bootstrap, routes=_routes(
-                                    name, topic, TRANSFORMS.replace('"email"', '"e_mail"')))
+        misspelt = source_config(tmp_path / "m.toml", pg_dsn, kafka_bootstrap, name,
+                                 routes=_routes(
+                                     name, topic, TRANSFORMS.replace('"email"', '"e_mail"')))
         refused = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c",
                                   str(misspelt)], capture_output=True, text=True, timeout=120,
                                  cwd=ROOT)
@@ -163,10 +160,7 @@ def test_transforms_equal_postgresqls_own_hashes(pg_dsn, kafka_bootstrap, regist
         assert refused.returncode != 0 and "routes[0].transforms[0].columns" in out and \
             "'e_mail'" in out, out
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
         delete_topics(kafka_bootstrap, [topic, schemas])
 
 

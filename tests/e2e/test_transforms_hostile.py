@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.guarantee import delete_topics
-from tests.helpers import Pg, read_topic, run_router, unique, write_config
+from tests.e2e.sources import drop_made, new_table, source_config
+from tests.helpers import Pg, read_topic, run_router, unique
 
 pytestmark = pytest.mark.services
 
@@ -36,8 +37,7 @@ def test_partition_root_types_toast_and_multibyte(pg_dsn, kafka_bootstrap, tmp_p
               f'"n", "ts", "b", "a", "f", "j", "big"]\nsalt_env = "{SALT_ENV}"\n'
               '[[routes.transforms]]\nkind = "truncate"\ncolumns = ["note"]\nchars = 2\n'
               '[[routes.transforms]]\nkind = "mask"\ncolumns = ["code"]\nchars = 3\n')
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=routes)
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name, routes=routes)
     try:
         run_router(cfg, timeout=300)
         pg.run(f"insert into {name} values (1, 'a@b', 1.50, '2024-01-02 03:04:05.6+02', "
@@ -61,10 +61,7 @@ def test_partition_root_types_toast_and_multibyte(pg_dsn, kafka_bootstrap, tmp_p
         assert "z" * 20 not in str(update) and expected[0][-1] not in str(update)
         assert rows[2]["note"] == "ab"
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
         delete_topics(kafka_bootstrap, [topic])
 
 
@@ -80,9 +77,7 @@ def test_an_unusable_salt_is_one_line(case, pg_dsn, kafka_bootstrap, tmp_path):
 
     from tests.helpers import ROOT, router_cmd
 
-    pg = Pg(pg_dsn)
-    name = unique("xfs")
-    pg.run(f"create table {name} (id int primary key, email text)")
+    pg, name = new_table(pg_dsn, "xfs", "id int primary key, email text")
     pg.run(f"create publication {name} for table {name}")
     path = tmp_path / "salt"
     env = {k: v for k, v in os.environ.items() if k != SALT_ENV}
@@ -98,8 +93,7 @@ def test_an_unusable_salt_is_one_line(case, pg_dsn, kafka_bootstrap, tmp_path):
         path.write_bytes({"empty": b"", "newline": b"\n", "not-utf8-file": b"s\xffx\n"}[case])
     routes = (f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
               f'[[routes.transforms]]\nkind = "hash"\ncolumns = ["email"]\n{where}\n')
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=routes)
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name, routes=routes)
     try:
         for cmd in ([sys.executable, "-m", "actors.cli", "check", "-c", str(cfg)],
                     router_cmd(cfg, "--until-caught-up")):
@@ -113,7 +107,4 @@ def test_an_unusable_salt_is_one_line(case, pg_dsn, kafka_bootstrap, tmp_path):
         assert pg.one("select count(*) from pg_replication_slots where slot_name = %s",
                       name) == 0
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
