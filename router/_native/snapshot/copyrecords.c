@@ -88,6 +88,24 @@ write_span(Out *o, Span s)
     return out_write(o, s.p, s.n) < 0 ? NOMEM : DONE;
 }
 
+/* the members of n columns of the row f (each one's JSON name, the field it takes, its
+ * kind), comma separated, appended to o */
+static int
+write_members(Out *o, const Span *f, Py_ssize_t n, const Span *names, const Py_ssize_t *pick,
+              const char *kinds)
+{
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if ((j && OUT_LIT(o, ",") < 0) || write_span(o, names[j]) < 0)
+            return NOMEM;
+        Span v = f[pick[j]];
+        int r = v.p == NULL ? (OUT_LIT(o, "null") < 0 ? NOMEM : DONE)
+                            : out_text_value(o, kinds[j], v.p, v.n);
+        if (r != DONE)
+            return r;
+    }
+    return DONE;
+}
+
 /* key and value of one row appended to o */
 static int
 write_record(const Layout *l, Out *o, const Span *f, unsigned long long seq,
@@ -101,30 +119,18 @@ write_record(const Layout *l, Out *o, const Span *f, unsigned long long seq,
     else {
         if (OUT_LIT(o, "{") < 0)
             return NOMEM;
-        for (Py_ssize_t j = 0; j < l->nkey; j++) {
-            if ((j && OUT_LIT(o, ",") < 0) || write_span(o, l->key_names[j]) < 0)
-                return NOMEM;
-            Span v = f[l->key_pick[j]];
-            r = v.p == NULL ? (OUT_LIT(o, "null") < 0 ? NOMEM : DONE)
-                            : out_text_value(o, l->key_kinds[j], v.p, v.n);
-            if (r != DONE)
-                return r;
-        }
+        r = write_members(o, f, l->nkey, l->key_names, l->key_pick, l->key_kinds);
+        if (r != DONE)
+            return r;
         if (OUT_LIT(o, "}") < 0)
             return NOMEM;
     }
     *value_at = o->len;
     if (OUT_LIT(o, "{\"op\":\"r\",\"before\":null,\"after\":{") < 0)
         return NOMEM;
-    for (Py_ssize_t j = 0; j < l->n; j++) {
-        if ((j && OUT_LIT(o, ",") < 0) || write_span(o, l->names[j]) < 0)
-            return NOMEM;
-        Span v = f[l->pick[j]];
-        r = v.p == NULL ? (OUT_LIT(o, "null") < 0 ? NOMEM : DONE)
-                        : out_text_value(o, l->kinds[j], v.p, v.n);
-        if (r != DONE)
-            return r;
-    }
+    r = write_members(o, f, l->n, l->names, l->pick, l->kinds);
+    if (r != DONE)
+        return r;
     if (OUT_LIT(o, "}") < 0 || write_span(o, l->head) < 0 || out_u64(o, l->lsn) < 0 ||
         write_span(o, l->mid) < 0 || out_u64(o, seq) < 0 || write_span(o, l->tail) < 0)
         return NOMEM;
