@@ -113,13 +113,13 @@ def rewrite_topic(bootstrap: str, topic: str, change) -> int:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
     try:
         admin.delete_topics([topic])
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a loaded broker takes its time
         while True:
             try:
                 admin.create_topics([NewTopic(topic, parts, 1)])
                 break
-            except Exception:  # still being deleted
-                assert time.monotonic() < deadline, f"{topic} was not deleted"
+            except Exception as exc:  # still being deleted
+                assert time.monotonic() < deadline, f"{topic} was not deleted: {exc!r}"
                 time.sleep(0.3)
     finally:
         admin.close()
