@@ -24,6 +24,7 @@ import uuid
 
 import pytest
 
+from devstack.configs import toml
 from tests.e2e.test_multimaster import ROOT, sql, until_caught_up
 
 pytestmark = pytest.mark.services
@@ -126,17 +127,10 @@ def native_outcome(src: str, dst: str, sub: str, last_lsn: str, kinds_seen: set)
 def pgrouter_outcome(tmp_path, kafka: str, prefix: str, dst: str, policy: str,
                      origin: str) -> tuple:
     cfg = tmp_path / f"apply-{policy}.toml"
-    cfg.write_text(f"""
-[kafka]
-bootstrap_servers = "{kafka}"
-transactions_topic = "{prefix}.tx"
-topics = ["{prefix}.public.*"]
-poll_timeout = 0.1
-[target]
-dsn = "{dst}"
-origin = "{origin}"
-conflict = "{policy}"
-""")
+    cfg.write_text(toml({
+        "kafka": {"bootstrap_servers": kafka, "transactions_topic": f"{prefix}.tx",
+                  "topics": [f"{prefix}.public.*"], "poll_timeout": 0.1},
+        "target": {"dsn": dst, "origin": origin, "conflict": policy}}))
     proc = subprocess.run([sys.executable, "-m", "actors.cli", "apply", "-c", str(cfg),
                            "--until-caught-up", "--retry-timeout", "20"], cwd=ROOT,
                           capture_output=True, text=True, timeout=DEADLINE)
@@ -173,19 +167,11 @@ def test_conflict_policies_against_the_native_apply_worker(node_db, kafka_bootst
         sql(src, stmt)
     last = sql(src, "select pg_current_wal_lsn()::text", fetch=True)[0][0]
     router = tmp_path / "router.toml"
-    router.write_text(f"""
-[source]
-dsn = "{src}"
-slot = "{prefix}"
-publications = ["pubu"]
-[kafka]
-bootstrap_servers = "{kafka_bootstrap}"
-transactions_topic = "{prefix}.tx"
-[[routes]]
-name = "r"
-tables = ["public.users"]
-topic = "{prefix}.{{schema}}.{{table}}"
-""")
+    router.write_text(toml({
+        "source": {"dsn": src, "slot": prefix, "publications": ["pubu"]},
+        "kafka": {"bootstrap_servers": kafka_bootstrap, "transactions_topic": f"{prefix}.tx"},
+        "routes": [{"name": "r", "tables": ["public.users"],
+                    "topic": f"{prefix}.{{schema}}.{{table}}"}]}))
     until_caught_up("run", router)
     got = {"native": native_outcome(src, targets["native"], f"sub{tag}", last,
                                     set(EXPECTED[kind]["native"][2]))}

@@ -18,6 +18,7 @@ from decimal import Decimal
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e.sources import drop_made, new_table, source_config
 from tests.helpers import Pg, kill9, run_router, start_router, unique, write_config
 from tests.e2e.test_exactly_once import read_committed
 
@@ -106,9 +107,15 @@ def registry_put(url, path, body):
         return json.loads(r.read())
 
 
-def avro_kafka(url, extra=""):
+def avro_kafka(url, extra="", registry=""):
+    """``[kafka]`` keys of the Avro format with the registry at ``url``; ``extra``: more
+    ``[kafka]`` keys, ``registry``: more ``[kafka.registry]`` keys."""
     return (f'client = "librdkafka"\nformat = "avro"\n{extra}\n'
-            f'[kafka.registry]\nurl = "{url}"\n')
+            f'[kafka.registry]\n{registry}url = "{url}"\n')
+
+
+#: ``avro_kafka``'s ``registry`` for subjects checked under BACKWARD compatibility
+BACKWARD = 'compatibility = "BACKWARD"\n'
 
 
 def route(name, topic):
@@ -217,18 +224,14 @@ def test_schema_evolution_while_running(pg_dsn, kafka_bootstrap, registry_url, t
     refuses under BACKWARD stops the router with one line naming table, column, subject and
     level, confirming nothing past the last delivered record; once the subject is relaxed,
     the next start delivers the row (nothing lost)."""
-    pg = Pg(pg_dsn)
-    name = unique("ave")
+    pg, name = new_table(pg_dsn, "ave", "id int primary key, n int")
     topic = f"{name}.t"
     subject = f"{topic}-value"
-    pg.run(f"create table {name} (id int primary key, n int)")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'schema_topic = "{name}.schemas"\n' + avro_kafka(
-                           registry_url).replace("[kafka.registry]\n",
-                                                 '[kafka.registry]\ncompatibility = "BACKWARD"\n'),
-                       routes=route(name, topic))
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'schema_topic = "{name}.schemas"\n' + avro_kafka(
+                            registry_url, registry=BACKWARD),
+                        routes=route(name, topic))
     log = tmp_path / "router.log"
     proc = start_router(cfg, log)
     try:
@@ -275,10 +278,7 @@ def test_schema_evolution_while_running(pg_dsn, kafka_bootstrap, registry_url, t
                                                          "note": "retyped"}]
     finally:
         kill9(proc)
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
 
 
 def test_initial_snapshot_and_exactly_once_in_avro(pg_dsn, kafka_bootstrap, registry_url,
@@ -286,18 +286,15 @@ def test_initial_snapshot_and_exactly_once_in_avro(pg_dsn, kafka_bootstrap, regi
     """The initial snapshot's rows and the stream, in Kafka transactions, all Avro: a
     read_committed consumer decodes each once; their keys match the key's schema id; status
     reads the newest commit time of the Avro topic."""
-    pg = Pg(pg_dsn)
-    name = unique("avs")
+    pg, name = new_table(pg_dsn, "avs", "id int primary key, v text, at timestamptz")
     topic = f"{name}.t"
-    pg.run(f"create table {name} (id int primary key, v text, at timestamptz)")
     pg.run(f"insert into {name} select g, 'v' || g, now() from generate_series(1, 500) g")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=(f'schema_topic = "{name}.schemas"\n' + avro_kafka(
-                           registry_url, f'exactly_once = true\ncommitted_lsn_topic = '
-                                         f'"{name}.p"\n')),
-                       routes=route(name, topic))
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=(f'schema_topic = "{name}.schemas"\n' + avro_kafka(
+                            registry_url, f'exactly_once = true\ncommitted_lsn_topic = '
+                                          f'"{name}.p"\n')),
+                        routes=route(name, topic))
     try:
         run_router(cfg)
         pg.run(f"update {name} set v = 'changed' where id <= 10")
@@ -328,22 +325,16 @@ def test_initial_snapshot_and_exactly_once_in_avro(pg_dsn, kafka_bootstrap, regi
         assert all(ln["value"]["after"]["v"] == "changed" and ln["key"] == {
             "id": ln["value"]["after"]["id"]} for ln in lines), lines
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
 
 
 def test_unreachable_registry_is_one_line_and_confirms_nothing(pg_dsn, kafka_bootstrap,
                                                                tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("avu")
-    pg.run(f"create table {name} (id int primary key)")
+    pg, name = new_table(pg_dsn, "avu", "id int primary key")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=avro_kafka("http://127.0.0.1:9/apis/ccompat/v7"),
-                       routes=route(name, f"{name}.t"))
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=avro_kafka("http://127.0.0.1:9/apis/ccompat/v7"),
+                        routes=route(name, f"{name}.t"))
     try:
         proc = subprocess.run([sys.executable, "-m", "actors.cli", "check", "-c", str(cfg)],
                               capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -429,16 +420,13 @@ def test_a_registry_down_mid_stream_is_retried_and_confirms_nothing(
     """The registry answers 503 when the first record of a table needs its schema: the sink
     retries in place with a warning line within seconds; the slot is not confirmed past the
     record while it waits; once the registry is back the record arrives and the slot moves."""
-    pg = Pg(pg_dsn)
-    name = unique("avd")
+    pg, name = new_table(pg_dsn, "avd", "id int primary key")
     topic = f"{name}.t"
     gate = RegistryGate(registry_url)
-    pg.run(f"create table {name} (id int primary key)")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'schema_topic = "{name}.schemas"\n' + avro_kafka(gate.url),
-                       routes=route(name, topic), extra='[snapshot]\nmode = "never"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'schema_topic = "{name}.schemas"\n' + avro_kafka(gate.url),
+                        routes=route(name, topic), extra='[snapshot]\nmode = "never"\n')
     log = tmp_path / "router.log"
     proc = start_router(cfg, log)
     try:
@@ -462,10 +450,7 @@ def test_a_registry_down_mid_stream_is_retried_and_confirms_nothing(
     finally:
         kill9(proc)
         gate.close()
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
 
 
 def test_registry_behind_basic_auth_and_tls(pg_dsn, kafka_bootstrap, registry_url, tmp_path):
@@ -478,10 +463,8 @@ def test_registry_behind_basic_auth_and_tls(pg_dsn, kafka_bootstrap, registry_ur
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     gate = RegistryGate(registry_url, auth="pgr:s3cret-pw", tls=ca)
-    pg = Pg(pg_dsn)
-    name = unique("ava")
+    pg, name = new_table(pg_dsn, "ava", "id int primary key")
     topic = f"{name}.t"
-    pg.run(f"create table {name} (id int primary key)")
     pg.run(f"create publication {name} for table {name}")
 
     def config(password):
@@ -507,10 +490,7 @@ def test_registry_behind_basic_auth_and_tls(pg_dsn, kafka_bootstrap, registry_ur
         assert gate.refused >= 1
     finally:
         gate.close()
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
 
 
 def test_auto_register_off_needs_the_schemas_registered(pg_dsn, kafka_bootstrap, registry_url,
@@ -518,10 +498,8 @@ def test_auto_register_off_needs_the_schemas_registered(pg_dsn, kafka_bootstrap,
     """With auto_register = false a subject without pgrouter's schema stops the router with
     one line (nothing confirmed past it); once the schema is registered the same changes
     are delivered, under the ids the registry already holds."""
-    pg = Pg(pg_dsn)
-    name = unique("avn")
+    pg, name = new_table(pg_dsn, "avn", "id int primary key")
     topic = f"{name}.t"
-    pg.run(f"create table {name} (id int primary key)")
     pg.run(f"create publication {name} for table {name}")
 
     def config(auto):
@@ -548,7 +526,4 @@ def test_auto_register_off_needs_the_schemas_registered(pg_dsn, kafka_bootstrap,
         assert [v["after"]["id"] for _, v in avro_records(kafka_bootstrap, topic,
                                                            registry_url)] == [1, 2]
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)

@@ -10,7 +10,8 @@ from decimal import Decimal
 
 import pytest
 
-from tests.helpers import Pg, run_router, unique, write_config
+from tests.e2e.sources import drop_made, new_table, source_config
+from tests.helpers import Pg, run_router, unique
 from tests.e2e.test_exactly_once import read_committed
 
 pytestmark = pytest.mark.services
@@ -26,18 +27,15 @@ def unscaled(b64: str) -> int:
 
 @pytest.mark.parametrize("exactly_once", [False, True])
 def test_connect_records_carry_debezium_types(pg_dsn, kafka_bootstrap, tmp_path, exactly_once):
-    pg = Pg(pg_dsn)
-    name = unique("cx")
-    pg.run(f"create table {name} ({COLUMNS})")
+    pg, name = new_table(pg_dsn, "cx", f"{COLUMNS}")
     pg.run(f"alter table {name} alter column big set storage external")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra='client = "librdkafka"\nformat = "connect"\n'
-                                   + (f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n'
-                                      if exactly_once else ""),
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\ntopic_settings = {{ partitions = 1 }}\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra='client = "librdkafka"\nformat = "connect"\n'
+                                    + (f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n'
+                                       if exactly_once else ""),
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'topic = "{name}"\ntopic_settings = {{ partitions = 1 }}\n')
     try:
         run_router(cfg)
         pg.run(f"""insert into {name} values (1, -12.34, 1.500, '2024-01-02 03:04:05.123456',
@@ -100,10 +98,7 @@ def test_connect_records_carry_debezium_types(pg_dsn, kafka_bootstrap, tmp_path,
         assert delete["op"] == "d" and delete["after"] is None
         assert json.loads(k3)["payload"] == {"id": 2}
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)
 
 
 @pytest.mark.parametrize("fmt", ["json", "connect", "avro", "json+eo", "connect+eo",
@@ -133,10 +128,10 @@ def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, 
     if fmt == "avro":
         registry_url = request.getfixturevalue("registry_url")
         extra += f'[kafka.registry]\nurl = "{registry_url}"\n'
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra=f'format = "{fmt}"\n' + extra,
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\ntopic_settings = {{ partitions = 4 }}\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'format = "{fmt}"\n' + extra,
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'topic = "{name}"\ntopic_settings = {{ partitions = 4 }}\n')
     try:
         run_router(cfg)  # the initial snapshot
         pg.run(f"update {name} set v = 'changed' where id <= 20")
@@ -187,7 +182,4 @@ def test_one_encoding_for_snapshot_records_and_changes(pg_dsn, kafka_bootstrap, 
             assert len({part for _, part in ops}) == 1, ops
         assert len(schema_ids) == 1, f"one table layout, several schemas: {schema_ids}"
     finally:
-        pg.drop_slot(name)
-        pg.run(f"drop publication {name}")
-        pg.run(f"drop table {name}")
-        pg.close()
+        drop_made(pg, name, if_exists=False)

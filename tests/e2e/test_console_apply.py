@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from devstack.configs import toml
 from tests.e2e.console_browser import free_port, http, stop, wait_for, with_token
 from tests.e2e.guarantee import delete_topics
 from tests.helpers import ROOT, Pg, database_dsn, run_router, unique, write_config
@@ -35,19 +36,11 @@ def test_the_applier_page(pg_dsn, kafka_bootstrap, browser, tmp_path):
         extra='[snapshot]\nmode = "never"\n')
     port = free_port()
     apply_cfg = tmp_path / "apply.toml"
-    apply_cfg.write_text(f"""
-[kafka]
-bootstrap_servers = "{kafka_bootstrap}"
-transactions_topic = "{n}.tx"
-topics = ["{n}.public.*"]
-poll_timeout = 0.1
-[target]
-dsn = "{database_dsn(pg_dsn, target_db)}"
-origin = "{n}"
-conflict = "skip"
-[metrics]
-listen = "127.0.0.1:{port}"
-""")
+    apply_cfg.write_text(toml({
+        "kafka": {"bootstrap_servers": kafka_bootstrap, "transactions_topic": f"{n}.tx",
+                  "topics": [f"{n}.public.*"], "poll_timeout": 0.1},
+        "target": {"dsn": database_dsn(pg_dsn, target_db), "origin": n, "conflict": "skip"},
+        "metrics": {"listen": f"127.0.0.1:{port}"}}))
     proc = None
     try:
         run_router(router)  # makes the slot

@@ -20,8 +20,10 @@ from decimal import Decimal
 
 import pytest
 
-from tests.e2e.test_avro_format import avro_kafka, registry_client, registry_get, route
-from tests.helpers import Pg, read_topic, run_router, unique, write_config
+from tests.e2e.sources import source_config
+from tests.e2e.test_avro_format import (BACKWARD, avro_kafka, registry_client, registry_get,
+                                        route)
+from tests.helpers import Pg, read_topic, run_router, unique
 from tests.router.test_avro_fastavro import ref_days
 
 pytestmark = pytest.mark.services
@@ -178,11 +180,9 @@ def test_avro_edge_values_in_snapshot_and_stream(pg_dsn, kafka_bootstrap, regist
     pg = Pg(pg_dsn)
     name = unique("edav")
     topic, dom = f"{name}.t", f"{name}_dom"
-    backward = avro_kafka(registry_url).replace(
-        "[kafka.registry]\n", '[kafka.registry]\ncompatibility = "BACKWARD"\n')
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=route(name, topic),
-                       kafka_extra=f'schema_topic = "{name}.schemas"\n' + backward)
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        routes=route(name, topic), kafka_extra=f'schema_topic = "{name}.schemas"\n'
+                        + avro_kafka(registry_url, registry=BACKWARD))
     try:
         make_table(pg, name, dom)
         snapshot_then_stream(pg, name, cfg)
@@ -238,9 +238,9 @@ def test_connect_edge_values_in_snapshot_and_stream(pg_dsn, kafka_bootstrap, tmp
     pg = Pg(pg_dsn)
     name = unique("edcx")
     topic, dom = f"{name}.t", f"{name}_dom"
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=route(name, topic),
-                       kafka_extra=f'schema_topic = "{name}.schemas"\nformat = "connect"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        routes=route(name, topic),
+                        kafka_extra=f'schema_topic = "{name}.schemas"\nformat = "connect"\n')
     try:
         make_table(pg, name, dom)
         snapshot_then_stream(pg, name, cfg)

@@ -25,10 +25,12 @@ from decimal import Decimal
 
 import pytest
 
-from tests.e2e.test_avro_format import avro_kafka, registry_client, registry_get, route
+from tests.e2e.sources import source_config
+from tests.e2e.test_avro_format import (BACKWARD, avro_kafka, registry_client, registry_get,
+                                        route)
 from tests.e2e.test_format_edges import (connect_decimal, decimal_or_none, iso_micros,
                                          micros_sql, plain_logical, row_fields, scaled)
-from tests.helpers import Pg, read_topic, run_router, unique, write_config
+from tests.helpers import Pg, read_topic, run_router, unique
 
 pytestmark = pytest.mark.services
 
@@ -205,11 +207,9 @@ def test_avro_hostile_types(pg_dsn, kafka_bootstrap, registry_url, tmp_path, mon
     pg = Pg(pg_dsn)
     name = unique("hsav")
     topic = f"{name}.t"
-    backward = avro_kafka(registry_url).replace(
-        "[kafka.registry]\n", '[kafka.registry]\ncompatibility = "BACKWARD"\n')
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=route(name, topic),
-                       kafka_extra=f'schema_topic = "{name}.schemas"\n' + backward)
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        routes=route(name, topic), kafka_extra=f'schema_topic = "{name}.schemas"\n'
+                        + avro_kafka(registry_url, registry=BACKWARD))
     try:
         want = run_corpus(pg, name, cfg)
         client, schemas, rows = registry_client(registry_url), {}, []
@@ -236,9 +236,9 @@ def test_connect_hostile_types(pg_dsn, kafka_bootstrap, tmp_path):
     pg = Pg(pg_dsn)
     name = unique("hscx")
     topic = f"{name}.t"
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, routes=route(name, topic),
-                       kafka_extra=f'schema_topic = "{name}.schemas"\nformat = "connect"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        routes=route(name, topic),
+                        kafka_extra=f'schema_topic = "{name}.schemas"\nformat = "connect"\n')
     try:
         want = run_corpus(pg, name, cfg)
         records = [r["value"] for r in read_topic(kafka_bootstrap, topic, settle=0)]

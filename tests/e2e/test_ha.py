@@ -33,8 +33,9 @@ from tests.e2e.console_schema import RunStatus
 from tests.e2e.guarantee import (TOPIC_CONFIGS, ConfirmSampler, Load, delete_topics, lsn_int,
                                  topic_size, verify, wait_for)
 from tests.e2e.ha_routers import Group
+from tests.e2e.sources import new_table
 from tests.e2e.test_exactly_once import read_committed
-from tests.helpers import ROOT, Pg, fold_rows, read_topic, unique, write_config
+from tests.helpers import ROOT, Pg, fold_rows, read_topic, write_config
 
 pytestmark = pytest.mark.services
 
@@ -56,9 +57,7 @@ def _confs() -> str:
 
 @pytest.fixture
 def slot_table(pg_dsn, kafka_bootstrap, tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("ha")
-    pg.run(f"create table {name} (id bigint primary key, batch int, payload text)")
+    pg, name = new_table(pg_dsn, "ha", "id bigint primary key, batch int, payload text")
     pg.run(f"create publication {name} for table {name}")
     pg.run("select pg_create_logical_replication_slot(%s, 'test_decoding')", f"{name}_oracle")
 
@@ -202,6 +201,17 @@ def _report(mode: str, times: dict[str, list[float]]) -> None:
     assert max(every) < BOUND, times
 
 
+def _drain_and_stop(load, pg, name: str, group) -> int:
+    """The load stopped, the leader caught up with the slot (all delivered), the routers
+    stopped: the rows the load wrote."""
+    rows = load.stop()
+    wait_for(lambda: pg.one("select confirmed_flush_lsn >= pg_current_wal_lsn() from "
+                            "pg_replication_slots where slot_name = %s", name),
+             timeout=120, what="the leader to catch up")
+    group.stop()
+    return rows
+
+
 def test_leader_faults_under_load_lose_nothing(slot_table, pg_dsn, kafka_bootstrap, tmp_path):
     pg, name, config = slot_table
     group = Group(config(), tmp_path, pg_dsn, name)
@@ -220,11 +230,7 @@ def test_leader_faults_under_load_lose_nothing(slot_table, pg_dsn, kafka_bootstr
                  what="records before the first fault")
         times = _faults(group, kafka_bootstrap, name)
         handover = _sigterm(group)
-        rows = load.stop()
-        wait_for(lambda: pg.one("select confirmed_flush_lsn >= pg_current_wal_lsn() from "
-                                "pg_replication_slots where slot_name = %s", name),
-                 timeout=120, what="the leader to catch up")
-        group.stop()
+        rows = _drain_and_stop(load, pg, name, group)
     except BaseException:
         group.kill_all()
         raise
@@ -248,11 +254,7 @@ def test_exactly_once_failover_shows_each_change_once(slot_table, pg_dsn, kafka_
                  what="records before the first fault")
         # kill -9 in exactly-once mode is test_exactly_once's; here the frozen leader
         times = {"kill": [], "stop": [_stop(group, kafka_bootstrap, name)]}
-        rows = load.stop()
-        wait_for(lambda: pg.one("select confirmed_flush_lsn >= pg_current_wal_lsn() from "
-                                "pg_replication_slots where slot_name = %s", name),
-                 timeout=120, what="the leader to catch up")
-        group.stop()
+        rows = _drain_and_stop(load, pg, name, group)
     except BaseException:
         group.kill_all()
         raise

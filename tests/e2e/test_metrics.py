@@ -16,6 +16,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devstack.configs import toml
+from tests.e2e.console_browser import wait_for
+from tests.e2e.sources import new_table, source_config
 from tests.helpers import (ROOT, Pg, kill9, read_topic, router_cmd, start_router, unique,
                            write_config)
 
@@ -50,16 +53,6 @@ def status_of(port: int, path: str) -> int | None:
         return None
 
 
-def wait_for(check, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def metrics_setup(pg_dsn, kafka_bootstrap, tmp_path):
     pg = Pg(pg_dsn)
@@ -72,20 +65,10 @@ def metrics_setup(pg_dsn, kafka_bootstrap, tmp_path):
     cfg = write_config(
         tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[f"{name}_all"],
         bootstrap=kafka_bootstrap, source_extra="two_phase = true",
-        routes=f"""
-[[routes]]
-name = "{name}_all"
-tables = ["public.{name}_t"]
-
-[[routes]]
-name = "{name}_big"
-publication = "{name}_big"
-""", extra=f"""
-[metrics]
-listen = "127.0.0.1:{port}"
-sample_interval = 0.3
-lag_warning_bytes = 100000
-""")
+        routes=toml({"routes": [{"name": f"{name}_all", "tables": [f"public.{name}_t"]},
+                                {"name": f"{name}_big", "publication": f"{name}_big"}]}),
+        extra=toml({"metrics": {"listen": f"127.0.0.1:{port}", "sample_interval": 0.3,
+                                "lag_warning_bytes": 100000}}))
     yield pg, name, cfg, port
     for (gid,) in pg.run("select gid from pg_prepared_xacts where gid like %s", f"{name}%"):
         pg.run(f"rollback prepared '{gid}'")
@@ -262,16 +245,13 @@ def test_status_of_exactly_once_topics(pg_dsn, kafka_bootstrap, tmp_path, fmt):
     time behind them (pgrouter's format and Connect's), and counts offsets as at most records."""
     from tests.helpers import run_router
 
-    pg = Pg(pg_dsn)
-    name = unique("st")
-    pg.run(f"create table {name} (id int primary key, v text)")
+    pg, name = new_table(pg_dsn, "st", "id int primary key, v text")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n'
-                                   f'format = "{fmt}"\n',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\ntopic_settings = {{ partitions = 2 }}\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'exactly_once = true\ncommitted_lsn_topic = "{name}.p"\n'
+                                    f'format = "{fmt}"\n',
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'topic = "{name}"\ntopic_settings = {{ partitions = 2 }}\n')
     try:
         run_router(cfg)
         for i in range(3):

@@ -24,6 +24,9 @@ import psycopg2
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from devstack.configs import toml
+from devstack.process import query as sql
+
 pytestmark = pytest.mark.services
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -34,17 +37,6 @@ BIG = "x" * 5000  # stored out of line: updates that leave it alone send it as u
 
 
 # -- harness ----------------------------------------------------------------------------------
-
-def sql(dsn: str, query: str, *args, fetch: bool = False):
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, args or None)
-            return cur.fetchall() if fetch else None
-    finally:
-        conn.close()
-
 
 def rows(dsn: str) -> list[tuple]:
     return sql(dsn, "select id, v, n, md5(doc) from t order by id", fetch=True)
@@ -95,20 +87,12 @@ progress_interval = 60
                      group_rows: int = 1) -> pathlib.Path:
         """Applier config: ``source``'s topics into this node."""
         path = self.tmp / f"apply-{source.name}-to-{self.name}.toml"
-        path.write_text(f"""
-[kafka]
-bootstrap_servers = "{self.kafka}"
-transactions_topic = "{source.tx_topic}"
-topics = ["{source.prefix}.public.*"]
-poll_timeout = 0.1
-[target]
-dsn = "{self.dsn}"
-origin = "{source.origin_name}"
-conflict = "{conflict}"
-group_rows = {group_rows}
-[log]
-progress_interval = 60
-""")
+        path.write_text(toml({
+            "kafka": {"bootstrap_servers": self.kafka, "transactions_topic": source.tx_topic,
+                      "topics": [f"{source.prefix}.public.*"], "poll_timeout": 0.1},
+            "target": {"dsn": self.dsn, "origin": source.origin_name, "conflict": conflict,
+                       "group_rows": group_rows},
+            "log": {"progress_interval": 60}}))
         self._register.append((self.server, source.origin_name))
         return path
 

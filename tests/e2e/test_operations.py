@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tests.e2e.guarantee import delete_topics, wait_for
-from tests.helpers import (ROOT, Pg, read_topic, run_router, start_router, unique,
-                           write_config)
+from tests.e2e.sources import new_table, source_config
+from tests.helpers import ROOT, read_topic, run_router, start_router, write_config
 
 pytestmark = pytest.mark.services
 
@@ -24,9 +24,7 @@ def pgrouter(*args, timeout=120):
 
 @pytest.fixture
 def table(pg_dsn, kafka_bootstrap):
-    pg = Pg(pg_dsn)
-    name = unique("ops")
-    pg.run(f"create table {name} (id int primary key, grp int, v text)")
+    pg, name = new_table(pg_dsn, "ops", "id int primary key, grp int, v text")
     pg.run(f"create publication {name} for table {name}")
     yield pg, name
     pg.drop_slot(name)
@@ -38,9 +36,8 @@ def table(pg_dsn, kafka_bootstrap):
 
 def test_check_passes_a_good_config(table, kafka_bootstrap, tmp_path):
     pg, name = table
-    cfg = write_config(tmp_path / "ok.toml", dsn=pg.dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
+    cfg = source_config(tmp_path / "ok.toml", pg.dsn, kafka_bootstrap, name,
+                        routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
     proc = pgrouter("check", "-c", str(cfg))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok" in proc.stdout.lower()
@@ -61,10 +58,9 @@ def test_check_finds_what_run_refuses_in_metrics_listen(table, kafka_bootstrap, 
                                ("no-such-host.invalid:9187", "host not found"),
                                ("192.0.2.77:9187", "Cannot assign requested address"),
                                ("[::1]:0", None)]:
-            cfg = write_config(tmp_path / "m.toml", dsn=pg.dsn, slot=name, publications=[name],
-                               bootstrap=kafka_bootstrap,
-                               routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n',
-                               extra=f'[metrics]\nlisten = "{listen}"\n')
+            cfg = source_config(tmp_path / "m.toml", pg.dsn, kafka_bootstrap, name,
+                                routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n',
+                                extra=f'[metrics]\nlisten = "{listen}"\n')
             proc = pgrouter("check", "-c", str(cfg))
             lines = [line for line in proc.stdout.splitlines() if "metrics.listen" in line]
             if expect is None:
@@ -138,9 +134,8 @@ def test_missing_publication_stops_with_a_clear_message(table, kafka_bootstrap, 
 
 def test_slot_in_use_by_another_process_is_reported(table, kafka_bootstrap, tmp_path, monkeypatch):
     pg, name = table
-    cfg = write_config(tmp_path / "c.toml", dsn=pg.dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
+    cfg = source_config(tmp_path / "c.toml", pg.dsn, kafka_bootstrap, name,
+                        routes=f'[[routes]]\nname = "r"\ntables = ["public.{name}"]\n')
     first = start_router(cfg, tmp_path / "first.log")
     try:
         wait_for(lambda: pg.run("select 1 from pg_replication_slots where slot_name = %s "
@@ -176,11 +171,10 @@ def test_sighup_rereads_publications(table, kafka_bootstrap, tmp_path):
     pg, name = table
     pg.run(f"alter table {name} replica identity full")
     pg.run(f"create publication {name}_f for table {name} where (grp = 1)")
-    cfg = write_config(tmp_path / "c.toml", dsn=pg.dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "{name}"\npublication = "{name}_f"\n'
-                              f'topic = "{name}"\n',
-                       source_extra='publication_changes = "poll"')  # what SIGHUP is for
+    cfg = source_config(tmp_path / "c.toml", pg.dsn, kafka_bootstrap, name,
+                        routes=f'[[routes]]\nname = "{name}"\npublication = "{name}_f"\n'
+                               f'topic = "{name}"\n',
+                        source_extra='publication_changes = "poll"')  # what SIGHUP is for
     run_router(cfg)
     proc = start_router(cfg, tmp_path / "r.log")
     def topic_ids():
@@ -220,12 +214,11 @@ def test_config_routes_take_a_table_with_a_stored_generated_column(table, kafka_
     pg.run(f"insert into {name}_s.g (id, a) values (1, 1)")
     pg.run(f"alter publication {name} add table {name}_s.g")
     try:
-        cfg = write_config(tmp_path / "g.toml", dsn=pg.dsn, slot=name, publications=[name],
-                           bootstrap=kafka_bootstrap,
-                           routes=f'[[routes]]\nname = "t"\ntables = ["{name}_s.g"]\n'
-                                  f'topic = "{name}.t"\n'
-                                  f'[[routes]]\nname = "s"\nschemas = ["{name}_s"]\n'
-                                  f'topic = "{name}.s"\n')
+        cfg = source_config(tmp_path / "g.toml", pg.dsn, kafka_bootstrap, name,
+                            routes=f'[[routes]]\nname = "t"\ntables = ["{name}_s.g"]\n'
+                                   f'topic = "{name}.t"\n'
+                                   f'[[routes]]\nname = "s"\nschemas = ["{name}_s"]\n'
+                                   f'topic = "{name}.s"\n')
         proc = pgrouter("check", "-c", str(cfg))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         run_router(cfg)  # the initial snapshot

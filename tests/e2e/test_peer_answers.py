@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.helpers import ROOT, Pg, unique, write_config
+from tests.http_kit import answer
 
 pytestmark = pytest.mark.services
 
@@ -64,11 +65,7 @@ def login_page():
     """An HTTP server answering every request with ``200 text/html`` (a login page)."""
     class Handler(BaseHTTPRequestHandler):
         def _page(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(LOGIN)))
-            self.end_headers()
-            self.wfile.write(LOGIN)
+            answer(self, 200, LOGIN, "text/html; charset=utf-8")
 
         do_GET = do_POST = do_PUT = _page  # noqa: N815 — the stdlib's names
 

@@ -12,8 +12,9 @@ import time
 import pytest
 
 from router.snapshot.signals import SETUP_SQL
+from tests.e2e.sources import source_config
 from tests.helpers import (ROOT, Pg, read_topic, router_cmd, run_router, start_router, unique,
-                           wait_line, write_config)
+                           wait_line)
 
 pytestmark = pytest.mark.services
 
@@ -27,11 +28,16 @@ def setup(pg_dsn, kafka_bootstrap, tmp_path, name):
     pg.run(f"create table {name} (id int primary key, v text)")
     pg.run(f"insert into {name} select g, 'v' || g from generate_series(1, {ROWS}) g")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, extra='[snapshot]\nmode = "never"\n',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        extra='[snapshot]\nmode = "never"\n')
     return pg, cfg
+
+
+def signal_source(pg_dsn, kafka_bootstrap, tmp_path, prefix):
+    """``setup`` under a unique name ``<prefix>_…``: (pg, name, config)."""
+    name = unique(prefix)
+    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    return pg, name, cfg
 
 
 def teardown(pg, name):
@@ -57,8 +63,7 @@ def signal_states(bootstrap, slot):
 
 
 def test_a_signal_inserted_while_the_router_streams(pg_dsn, kafka_bootstrap, tmp_path):
-    name = unique("sig")
-    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg, name, cfg = signal_source(pg_dsn, kafka_bootstrap, tmp_path, "sig")
     log = tmp_path / "router.log"
     router = None
     try:
@@ -89,8 +94,7 @@ def test_a_signal_inserted_while_the_router_streams(pg_dsn, kafka_bootstrap, tmp
 
 
 def test_a_signal_inserted_while_the_router_was_down(pg_dsn, kafka_bootstrap, tmp_path):
-    name = unique("sigd")
-    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg, name, cfg = signal_source(pg_dsn, kafka_bootstrap, tmp_path, "sigd")
     try:
         run_router(cfg)  # the slot, no snapshot
         pg.run("insert into pgrouter.signals (route, \"table\", slot) values "
@@ -114,8 +118,7 @@ def test_a_signal_inserted_while_the_router_was_down(pg_dsn, kafka_bootstrap, tm
 
 def test_a_signal_with_a_where_backfills_only_the_rows_it_matches(pg_dsn, kafka_bootstrap,
                                                                   tmp_path):
-    name = unique("sigw")
-    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg, name, cfg = signal_source(pg_dsn, kafka_bootstrap, tmp_path, "sigw")
     try:
         run_router(cfg)  # the slot, no snapshot
         insert = ("insert into pgrouter.signals (route, \"table\", slot, \"where\") values "
@@ -156,8 +159,7 @@ def test_many_signals_in_one_transaction_are_recorded_together(pg_dsn, kafka_boo
                                                                tmp_path):
     """400 signals of one transaction: each recorded accepted, merged into one backfill (their
     records go out in one batch: bench figures, not this test, say what that saves)."""
-    name = unique("sigm")
-    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg, name, cfg = signal_source(pg_dsn, kafka_bootstrap, tmp_path, "sigm")
     try:
         run_router(cfg)  # the slot, no snapshot
         pg.run("insert into pgrouter.signals (route, \"table\", slot) select %s, %s, %s "
@@ -186,8 +188,7 @@ def test_a_signal_for_a_table_being_backfilled_runs_after_it(pg_dsn, kafka_boots
                                                              tmp_path):
     """A signal for a table whose backfill runs waits and is copied after it (it was recorded
     accepted and copied nothing); one for the same rows as a waiting one is merged into it."""
-    name = unique("sigq")
-    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg, name, cfg = signal_source(pg_dsn, kafka_bootstrap, tmp_path, "sigq")
     try:
         run_router(cfg)  # the slot, no snapshot
         pg.run(SIGNAL, name, f"public.{name}", name, None)  # the whole table: runs first
@@ -215,8 +216,7 @@ def test_a_queued_signal_outlives_a_restart(pg_dsn, kafka_bootstrap, tmp_path):
 
     import psycopg2
 
-    name = unique("sigr")
-    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg, name, cfg = signal_source(pg_dsn, kafka_bootstrap, tmp_path, "sigr")
     log = tmp_path / "router.log"
     locker = psycopg2.connect(pg_dsn)
     router = None
@@ -270,11 +270,10 @@ def test_a_signal_merges_into_an_earlier_transactions_job_not_started(pg_dsn, ka
         pg.run(f"create table {table} (id int primary key, v text)")
         pg.run(f"insert into {table} select g, 'v' || g from generate_series(1, {ROWS}) g")
     pg.run(f"create publication {name} for table {name}, {held}")
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       extra='[snapshot]\nmode = "never"\nparallel = 1\n',
-                       routes=f'[[routes]]\nname = "{name}"\n'
-                              f'tables = ["public.{name}", "public.{held}"]\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        extra='[snapshot]\nmode = "never"\nparallel = 1\n',
+                        routes=f'[[routes]]\nname = "{name}"\n'
+                               f'tables = ["public.{name}", "public.{held}"]\n')
     locker = psycopg2.connect(pg_dsn)
     proc = None
     try:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_signals import (SIGNAL, setup, signal_states, signal_summary, snapshot_ids,
-                                    teardown)
+from tests.e2e.sources import source_config
+from tests.e2e.test_signals import (SIGNAL, setup, signal_source, signal_states, signal_summary,
+                                    snapshot_ids, teardown)
 from tests.helpers import read_topic, run_router, unique, wait_line
 
 pytestmark = pytest.mark.services
@@ -18,8 +19,7 @@ pytestmark = pytest.mark.services
 
 def test_a_where_postgres_cannot_evaluate_fails_its_backfill_alone(pg_dsn, kafka_bootstrap,
                                                                   tmp_path):
-    name = unique("sgw")
-    pg, cfg = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
+    pg, name, cfg = signal_source(pg_dsn, kafka_bootstrap, tmp_path, "sgw")
     try:
         run_router(cfg)  # the slot, no snapshot
         pg.run(SIGNAL, name, f"public.{name}", name, "id / 0 > 1")
@@ -54,16 +54,16 @@ def test_a_queued_signal_whose_table_is_dropped_while_the_router_is_down(
 
     import psycopg2
 
-    from tests.helpers import start_router, write_config
+    from tests.helpers import start_router
 
     name = unique("sgd")
     pg, _ = setup(pg_dsn, kafka_bootstrap, tmp_path, name)
     pg.run(f"create table {name}_b (id int primary key)")
     pg.run(f"alter publication {name} add table {name}_b")
-    cfg = write_config(tmp_path / "p.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, extra='[snapshot]\nmode = "never"\n',
-                       routes=f'[[routes]]\nname = "{name}"\npublication = "{name}"\n'
-                              f'topic = "{name}.{{table}}"\n')
+    cfg = source_config(tmp_path / "p.toml", pg_dsn, kafka_bootstrap, name,
+                        extra='[snapshot]\nmode = "never"\n',
+                        routes=f'[[routes]]\nname = "{name}"\npublication = "{name}"\n'
+                               f'topic = "{name}.{{table}}"\n')
     log = tmp_path / "router.log"
     locker = psycopg2.connect(pg_dsn)
     router = None

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, Pg, drop_source, unique, write_config
+from tests.e2e.sources import new_table, source_config, table_route
+from tests.helpers import ROOT, drop_source
 
 pytestmark = pytest.mark.services
 
@@ -29,15 +30,12 @@ NOT_USED = ("urllib.request", "http.client", "email.parser", "kafka", "actors.ap
 
 def test_a_json_router_on_librdkafka_imports_only_what_it_uses(pg_dsn, kafka_bootstrap,
                                                                  tmp_path):
-    pg = Pg(pg_dsn)
-    name = unique("imp")
-    pg.run(f"create table {name} (id int primary key, v text)")
+    pg, name = new_table(pg_dsn, "imp", "id int primary key, v text")
     pg.run(f"create publication {name} for table {name}")
-    cfg = write_config(tmp_path / "router.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap, kafka_extra='client = "librdkafka"',
-                       extra='[snapshot]\nmode = "initial"\n',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}.{{schema}}.{{table}}"\n')
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra='client = "librdkafka"',
+                        extra='[snapshot]\nmode = "initial"\n',
+                        routes=table_route(name, f"{name}.{{schema}}.{{table}}"))
     modules = tmp_path / "modules.txt"
     try:
         proc = subprocess.run([sys.executable, "-c", PROBE, str(modules), "run", "-c",

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, Pg, read_topic, run_router, unique, write_config
+from tests.e2e.sources import source_config
+from tests.helpers import ROOT, Pg, read_topic, run_router, unique
 
 pytestmark = pytest.mark.services
 
@@ -39,9 +40,8 @@ def odd_tables(pg_dsn):
 
 def test_odd_identifiers_get_distinct_legal_topics(odd_tables, kafka_bootstrap, tmp_path):
     pg, name = odd_tables
-    cfg = write_config(tmp_path / "router.toml", dsn=pg.dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "r"\npublication = "{name}"\n')
+    cfg = source_config(tmp_path / "router.toml", pg.dsn, kafka_bootstrap, name,
+                        routes=f'[[routes]]\nname = "r"\npublication = "{name}"\n')
     proc = pgrouter("check", "-c", str(cfg))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_router(cfg)
@@ -60,12 +60,11 @@ def test_topic_kafka_would_refuse_is_reported_and_refused(odd_tables, kafka_boot
     pg, name = odd_tables
     long = "é" * 31  # 62 bytes: 186 characters escaped, four times over 249
     pg.run(f'create table "{name}"."{long}" (id int primary key)')
-    cfg = write_config(tmp_path / "router.toml", dsn=pg.dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "r"\npublication = "{name}"\n'
-                              f'topic = "{{route}}.{{schema}}.{{table}}.{{table}}"\n'
-                              f'[[routes]]\nname = "s"\nschemas = ["{name}", "{name}_x"]\n'
-                              f'topic = "{{route}}.{{schema}}_{{table}}"\n')
+    cfg = source_config(tmp_path / "router.toml", pg.dsn, kafka_bootstrap, name,
+                        routes=f'[[routes]]\nname = "r"\npublication = "{name}"\n'
+                               f'topic = "{{route}}.{{schema}}.{{table}}.{{table}}"\n'
+                               f'[[routes]]\nname = "s"\nschemas = ["{name}", "{name}_x"]\n'
+                               f'topic = "{{route}}.{{schema}}_{{table}}"\n')
     # "<name>"."x_y" and "<name>_x"."y": one topic under {schema}_{table}
     pg.run(f'create table "{name}"."x_y" (id int primary key)')
     pg.run(f'create schema "{name}_x"')
@@ -87,10 +86,9 @@ def test_table_created_later_with_a_topic_kafka_would_refuse_stops_the_router(
     from tests.helpers import start_router
 
     pg, name = odd_tables
-    cfg = write_config(tmp_path / "router.toml", dsn=pg.dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "r"\nschemas = ["{name}"]\n'
-                              f'topic = "{{route}}.{{schema}}.{{table}}.{{table}}"\n')
+    cfg = source_config(tmp_path / "router.toml", pg.dsn, kafka_bootstrap, name,
+                        routes=f'[[routes]]\nname = "r"\nschemas = ["{name}"]\n'
+                               f'topic = "{{route}}.{{schema}}.{{table}}.{{table}}"\n')
     log = tmp_path / "router.log"
     run_router(cfg)
     proc = start_router(cfg, log)
