@@ -11,7 +11,22 @@ from __future__ import annotations
 from router.pgoutput import Decoder
 from router.pgoutput.messages import (COLUMN_FLAG_KEY, Delete, Insert, Relation, Truncate,
                                       Update)
+from router.stream.relations import RelationCache
+from router.stream.transactions import Transaction, TransactionAssembler
 from tests.helpers import Pg, pg_text
+
+
+def slot_changes(pg: Pg, slot: str, publications: str):
+    """The changes of the committed transactions ``slot`` holds for ``publications`` (comma
+    separated), in commit order, as the router assembles them; the slot is consumed."""
+    rows = pg.run("select lsn::text, data from pg_logical_slot_get_binary_changes(%s, null, "
+                  "null, 'proto_version', '1', 'publication_names', %s)", slot, publications)
+    decoder, assembler = Decoder(1), TransactionAssembler(RelationCache())
+    for lsn, data in rows:
+        hi, lo = lsn.split("/")
+        for ev in assembler.feed((int(hi, 16) << 32) | int(lo, 16), decoder.decode(bytes(data))):
+            if type(ev) is Transaction:
+                yield from ev.changes
 
 
 def _text(v) -> str | None:

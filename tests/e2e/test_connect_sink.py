@@ -16,8 +16,9 @@ import pytest
 
 from devstack.connect import ConnectStandalone
 from tests.e2e.guarantee import delete_topics
+from tests.e2e.sources import source_config
 from tests.e2e.test_exactly_once import read_committed
-from tests.helpers import ROOT, Pg, run_router, unique, write_config
+from tests.helpers import ROOT, Pg, run_router, unique
 
 pytestmark = pytest.mark.services
 
@@ -64,14 +65,13 @@ def test_debezium_jdbc_sink_makes_the_target_equal_the_source(pg_dsn, kafka_boot
     pg.run(f"create database {target_db}")
     target = pg_dsn.rsplit("/", 1)[0] + f"/{target_db}"
     host_port = pg_dsn.split("@", 1)[1].split("/", 1)[0]
-    cfg = write_config(tmp_path / "r.toml", dsn=pg_dsn, slot=name, publications=[name],
-                       bootstrap=kafka_bootstrap,
-                       kafka_extra=f'client = "librdkafka"\nformat = "connect"\n'
-                                   f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n',
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\n'
-                              f'[[routes]]\nname = "{tomb}"\ntables = ["public.{tomb}"]\n'
-                              f'topic = "{tomb}"\ntombstones = true\n')
+    cfg = source_config(tmp_path / "r.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra=f'client = "librdkafka"\nformat = "connect"\n'
+                                    f'exactly_once = true\ncommitted_lsn_topic = "{name}.progress"\n',
+                        routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                               f'topic = "{name}"\n'
+                               f'[[routes]]\nname = "{tomb}"\ntables = ["public.{tomb}"]\n'
+                               f'topic = "{tomb}"\ntombstones = true\n')
     connect = ConnectStandalone(ROOT / ".devstack" / "cache", tmp_path / "connect",
                                 bootstrap=kafka_bootstrap, topics=[name, tomb],
                                 jdbc_url=f"jdbc:postgresql://{host_port}/{target_db}")

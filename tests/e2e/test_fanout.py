@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.pgoutput import UNCHANGED_TOAST, Decoder
-from router.stream.relations import RelationCache
-from router.stream.transactions import Transaction, TransactionAssembler
+from router.pgoutput import UNCHANGED_TOAST
+from tests.e2e.pgoutput_oracle import slot_changes
 from tests.helpers import (Pg, fold_rows, pg_text, read_topic, run_router, unique,
                            write_config)
 
@@ -38,34 +37,25 @@ ROUTES = {f"r{k}": [k] for k in PUBLICATIONS} | {"rf0f3": ["f0", "f3"], "rf2f6":
 def oracle(pg: Pg, slot: str, pubs: list[str], key_names: dict) -> dict:
     """table -> {key: row} from PostgreSQL's own pgoutput for ``pubs`` (rows keyed by the
     primary key columns ``key_names[table]``)."""
-    rows = pg.run("select lsn::text, data from pg_logical_slot_get_binary_changes(%s, null, "
-                  "null, 'proto_version', '1', 'publication_names', %s)", slot, ",".join(pubs))
-    decoder, relations = Decoder(1), RelationCache()
-    assembler = TransactionAssembler(relations)
     out: dict = {}
-    for lsn, data in rows:
-        hi, lo = lsn.split("/")
-        for ev in assembler.feed((int(hi, 16) << 32) | int(lo, 16), decoder.decode(bytes(data))):
-            if type(ev) is not Transaction:
-                continue
-            for ch in ev.changes:
-                if ch.op == "truncate":
-                    for rel in ch.relations:
-                        out.get(rel.name, {}).clear()
-                    continue
-                rel = ch.relation
-                table = out.setdefault(rel.name, {})
-                names = [c.name for c in rel.columns]
-                keys = [names.index(k) for k in key_names[rel.name]]
-                if ch.old is not None:
-                    table.pop(tuple(ch.old[i] for i in keys), None)
-                if ch.op == "delete":
-                    table.pop(tuple(ch.new[i] for i in keys), None) if ch.new else None
-                    continue
-                key = tuple(ch.new[i] for i in keys)
-                prev = table.get(key, {})
-                table[key] = {n: (prev.get(n) if v is UNCHANGED_TOAST else v)
-                              for n, v in zip(names, ch.new)}
+    for ch in slot_changes(pg, slot, ",".join(pubs)):
+        if ch.op == "truncate":
+            for rel in ch.relations:
+                out.get(rel.name, {}).clear()
+            continue
+        rel = ch.relation
+        table = out.setdefault(rel.name, {})
+        names = [c.name for c in rel.columns]
+        keys = [names.index(k) for k in key_names[rel.name]]
+        if ch.old is not None:
+            table.pop(tuple(ch.old[i] for i in keys), None)
+        if ch.op == "delete":
+            table.pop(tuple(ch.new[i] for i in keys), None) if ch.new else None
+            continue
+        key = tuple(ch.new[i] for i in keys)
+        prev = table.get(key, {})
+        table[key] = {n: (prev.get(n) if v is UNCHANGED_TOAST else v)
+                      for n, v in zip(names, ch.new)}
     return out
 
 

@@ -27,9 +27,7 @@ import time
 import pytest
 
 from router.routing.definitions import PREFIX
-from router.pgoutput import Decoder
-from router.stream.relations import RelationCache
-from router.stream.transactions import Transaction, TransactionAssembler
+from tests.e2e.pgoutput_oracle import slot_changes
 from tests.helpers import (ROOT, Pg, database_dsn, kill9, pg_text, read_topic, run_router, start_router,
                            unique, write_config)
 
@@ -114,24 +112,16 @@ def run_step(pg: Pg, kind: str, statements: list[str]) -> None:
 def oracle(pg: Pg, slot: str, pub: str) -> list[tuple]:
     """The operations pgoutput sends for ``pub``: (table, op, old tuple's non-NULL columns —
     the key, or the whole old row with REPLICA IDENTITY FULL —, new row), as text."""
-    rows = pg.run("select lsn::text, data from pg_logical_slot_get_binary_changes(%s, null, "
-                  "null, 'proto_version', '1', 'publication_names', %s)", slot, pub)
-    decoder, assembler = Decoder(1), TransactionAssembler(RelationCache())
     out = []
-    for lsn, data in rows:
-        hi, lo = lsn.split("/")
-        for ev in assembler.feed((int(hi, 16) << 32) | int(lo, 16), decoder.decode(bytes(data))):
-            if type(ev) is not Transaction:
-                continue
-            for ch in ev.changes:
-                rel = ch.relation
-                names = [c.name for c in rel.columns]
-                old = None if ch.old is None else tuple(sorted(
-                    (n, v) for n, v in zip(names, ch.old) if v is not None))
-                new = None if ch.new is None else tuple(sorted(zip(names, ch.new)))
-                if ch.op == "delete":
-                    new = None
-                out.append((rel.name, OPS[ch.op], old, new))
+    for ch in slot_changes(pg, slot, pub):
+        rel = ch.relation
+        names = [c.name for c in rel.columns]
+        old = None if ch.old is None else tuple(sorted(
+            (n, v) for n, v in zip(names, ch.old) if v is not None))
+        new = None if ch.new is None else tuple(sorted(zip(names, ch.new)))
+        if ch.op == "delete":
+            new = None
+        out.append((rel.name, OPS[ch.op], old, new))
     return out
 
 
