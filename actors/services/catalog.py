@@ -56,8 +56,7 @@ where {_USER_TABLES} and a.attnum > 0 and not a.attisdropped and a.attgenerated 
 order by a.attrelid, a.attnum
 """
 
-# the key's column numbers as text[]: asyncpg decodes text[] with a codec it has, an int
-# array only after asking the server for the type (four more queries on every connection)
+# text[]: an int2[] makes asyncpg ask the server for its type (four more queries a session)
 _KEYS = """
 select i.indrelid, i.indkey::int2[]::text[] as keys, i.indisprimary, i.indisreplident
 from pg_index i where (i.indisprimary or i.indisreplident) and i.indisvalid
@@ -126,11 +125,9 @@ async def load_tables(sql: SqlSession) -> dict[tuple[str, str], TableInfo]:
     pk: dict[int, set] = {}
     ri: dict[int, set] = {}
     for r in await sql.fetch(_KEYS):
-        keys = set(map(int, r["keys"]))
-        if r["indisprimary"]:
-            pk[r["indrelid"]] = keys
-        if r["indisreplident"]:
-            ri[r["indrelid"]] = keys
+        for wanted, into in ((r["indisprimary"], pk), (r["indisreplident"], ri)):
+            if wanted:
+                into[r["indrelid"]] = set(map(int, r["keys"]))
     parent: dict[int, int] = {}
     children: dict[int, list[int]] = {}
     for r in await sql.fetch(_INHERITS):
