@@ -20,6 +20,7 @@ import trio
 
 from router.errors import ConfigError, PgRouterError
 
+from ..runner.source import Source
 from ..verify.metrics import VerifyMetrics, serve
 from ..verify.run import MAX_KEYS, SPLIT_ROWS, ProgressLine, verify
 from .config_file import load
@@ -99,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _verify(cfg, args, progress, warn, metrics):
     repairs: list | None = [] if args.repair else None
-    slot = cfg.source.slot  # as the router's Source takes it (not imported: tens of
-    # milliseconds of modules verify does not use)
+    slot = Source(cfg.source).slot
     results = await verify(cfg, slot, args.route, args.table, wait=args.wait,
                            examples=args.examples, progress=progress, warn=warn,
                            repairs=repairs, max_keys=args.max_keys,

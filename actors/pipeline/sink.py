@@ -248,8 +248,9 @@ class SinkActor(HandOver):
         next run sends it again (its records here are duplicates then)."""
         log.event(_log, "input ended inside a source transaction: its records are not "
                   "confirmed and are sent again by the next run", ticket=self._current)
-        with self._lock:
-            self._txns.pop(self._current, None)
+        if self._current is not None:
+            with self._lock:
+                self._txns.pop(self._current, None)
         self._current, self._in_txn = None, False
 
     async def _group_done(self) -> None:

@@ -66,7 +66,7 @@ class BackfillActor:
         self.db = db
         self.slot = slot
         self.confirmed = confirmed
-        self.store = StateStore(cfg, client)
+        self.store = StateStore(cfg, client, slot)
         self.resume_initial = resume_initial
         #: where the events go on (a channel, or the next actor's ``mailbox.Inline``)
         self.out = None

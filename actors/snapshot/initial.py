@@ -95,7 +95,7 @@ class InitialSnapshot:
         self.cfg = cfg
         #: the start's ``Source`` (``actors.runner.source``): the slot, its creation
         self.source = source
-        self.store = StateStore(cfg, client)
+        self.store = StateStore(cfg, client, source.slot)
         #: the sink's client produces packed records in C (plain sink, a format that keeps
         #: the router's records: pgrouter's JSON)
         self.packed = (record_format(cfg.kafka).packs and isinstance(client, PackedProducer)
@@ -189,7 +189,7 @@ async def interrupted(cfg: Config, client, slot: str) -> list[str]:
     no table done — ``started`` recorded first, so a later start finishes it too."""
     if cfg.snapshot.mode != "initial" or not cfg.source.create_slot:
         return []
-    store = StateStore(cfg, client)
+    store = StateStore(cfg, client, slot)
     await store.aload()
     if store.created:
         log.event(_log, "the snapshot state topic was missing: whether the initial snapshot "

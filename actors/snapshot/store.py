@@ -32,8 +32,9 @@ from ..kafka.compacted import READ_TIMEOUT, read_topic
 
 
 class StateStore:
-    def __init__(self, cfg: Config, client):
+    def __init__(self, cfg: Config, client, slot: str):
         self.cfg = cfg
+        self.slot = slot  # the start's ``Source`` slot: only its records are kept
         self.topic = cfg.snapshot.state_topic
         self.client = client  # the sink's Kafka client (produce_sync, ensure_topics)
         self.records: dict[bytes, SnapshotState] = {}
@@ -49,7 +50,7 @@ class StateStore:
         """Every state record of the slot (last per key), read from the beginning to the end
         (with the library the router produces with)."""
         self._ensure()
-        k, slot = self.cfg.kafka, self.cfg.source.slot
+        k, slot = self.cfg.kafka, self.slot
         out = {}
         # a key names its slot as a JSON string (``state_key``): keys without that string
         # are other slots' and are not decoded

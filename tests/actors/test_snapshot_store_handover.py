@@ -40,7 +40,7 @@ class Backfill(Actor):
 
     def __init__(self):
         super().__init__()
-        self.store = StateStore(CFG, client=None)
+        self.store = StateStore(CFG, client=None, slot="s")
         self.seen = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -87,7 +87,7 @@ async def _started_backfill(snapshot) -> Backfill:
 
 
 def test_the_backfill_actor_starts_from_the_snapshots_progress_records():
-    store = StateStore(CFG, client=None)
+    store = StateStore(CFG, client=None, slot="s")
     key, _ = encode_state(SnapshotState("backfill", "s", "done", route="r", table="public.t",
                                         request="initial"))
     store.records, store.loaded = {key: SnapshotState("backfill", "s", "done")}, True

@@ -53,7 +53,7 @@ def test_a_store_holds_its_own_slots_records(kafka_bootstrap, tmp_path, client):
             producer.produce(topic, value, key,
                              on_delivery=lambda err, _m: err and failed.append(err))
         assert producer.flush(60) == 0 and not failed, failed
-        store = StateStore(_config(tmp_path, kafka_bootstrap, mine, topic, client), None)
+        store = StateStore(_config(tmp_path, kafka_bootstrap, mine, topic, client), None, mine)
         got = store.load()
         assert sorted((p.kind, p.slot, p.state) for p in got.values()) == [
             ("backfill", mine, "running"), ("initial", mine, "done")]
