@@ -33,7 +33,7 @@ from tests.helpers import (ROOT, Pg, database_dsn, kill9, pg_text, read_topic, r
 
 pytestmark = pytest.mark.services
 
-DEADLINE = 60
+DEADLINE = 120  # a start and a confirm on a loaded machine
 OPS = {"insert": "c", "update": "u", "delete": "d"}
 
 # route name -> (publication definition, ALTERs applied at each step, by step)
