@@ -11,6 +11,8 @@ import socket
 import subprocess
 import time
 
+from actors.services.pids import pid_alive  # noqa: F401  (devstack.process.pid_alive)
+
 
 class StackError(Exception):
     """The dev stack cannot be brought up; the message says what to do."""
@@ -95,21 +97,6 @@ def pick_port(requested: str | int, default: int, *, what: str, flag: str,
         raise StackError(f"port {port} for {what} is taken by another process; "
                          f"choose another with {flag} PORT (or {flag} auto)")
     return port
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as dead
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
 
 
 def read_pid(path: pathlib.Path) -> int | None:

@@ -21,6 +21,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from ..services.pids import pid_alive
+
 
 @dataclass
 class Archive:
@@ -51,16 +53,6 @@ def fingerprint(jars, java_options: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def plan(directory: str, jars, java_options: str) -> Archive:
     """The archive for a driver started with ``java_options`` and ``jars``: map it if it
     exists, else have this run's JVM write it."""
@@ -70,7 +62,7 @@ def plan(directory: str, jars, java_options: str) -> Archive:
         return Archive(path, f"-XX:SharedArchiveFile={path}")
     for stale in glob.glob(f"{path}.*.tmp"):  # a first run killed before its rename
         pid = stale.rsplit(".", 2)[-2]
-        if not pid.isdigit() or not _alive(int(pid)):
+        if not pid.isdigit() or not pid_alive(int(pid)):
             try:
                 os.unlink(stale)
             except OSError:
