@@ -1,8 +1,6 @@
 """The streaming query and its micro-batches: records parsed against their schema (JSON, or Avro
 decoded by ``avro``), deduplicated and ordered by position, and merged (``state``) or appended
-(``changelog``) into one Delta table per routed table. The rules it keeps are listed in
-``job``'s docstring.
-"""
+(``changelog``) into one table per routed table. The rules are in ``job``'s docstring."""
 
 from __future__ import annotations
 
@@ -122,9 +120,8 @@ class Materializer:
         JSON, or a value not of its column's JSON type) keeps its text in ``CORRUPT`` and its
         Kafka position in ``_pgr_at``, for ``_process`` to stop on. An Avro record is kept as
         it is (``avro.AVRO``, with its schema's id ``avro.RID`` and its position), for
-        ``_decode_avro``. Other records are cached too and left out by ``_kept``: Spark
-        pushes a filter on the parsed ``op`` under the parse, which then runs twice per record
-        (4.4 against 2.8 CPU s per 250k records, docs/materializer.md)."""
+        ``_decode_avro``. Others are left out by ``_kept``, above the cache (below it Spark
+        pushes the filter under the parse, run 3 times a record then: docs/materializer.md)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -144,9 +141,9 @@ class Materializer:
     @staticmethod
     def _kept(env):
         """Of the cached ``env``: change records, records that do not parse, Avro records."""
-        from pyspark.sql import functions as F
-        return env.filter(F.col("op").isin(*OPS) | F.col(CORRUPT).isNotNull()
-                          | F.col(avro.RID).isNotNull())
+        from pyspark.sql.functions import col
+        return env.filter(col("op").isin(*OPS) | col(CORRUPT).isNotNull()
+                          | col(avro.RID).isNotNull())
 
     def _decode_avro(self, env, rids: dict) -> tuple[dict, list]:
         """The Avro records of ``env`` decoded, one persisted frame per registry id of
