@@ -11,22 +11,7 @@ that into one line.
 
 from __future__ import annotations
 
-from router.config.kafka_settings import LIBRDKAFKA, translate
-
-
-def connection_conf(bootstrap_servers, settings: dict) -> dict:
-    """librdkafka's settings for a connection beside the producer (admin client, reader):
-    the producer's connection, security and timeout defaults (``librdkafka.DEFAULTS``), the
-    config's ``[kafka.settings]`` of those kinds over them, the brokers, and its logger."""
-    from .librdkafka import _ADMIN_KEYS, _LOGGER, DEFAULTS
-
-    conf = {k: v for k, v in DEFAULTS.items() if k.startswith(_ADMIN_KEYS)}
-    conf.update({k: v for k, v in translate(dict(settings), LIBRDKAFKA).items()
-                 if k.startswith(_ADMIN_KEYS)})
-    conf["bootstrap.servers"] = (bootstrap_servers if isinstance(bootstrap_servers, str)
-                                 else ",".join(bootstrap_servers))
-    conf["logger"] = _LOGGER  # librdkafka's log lines through Python logging, as the producer's
-    return conf
+from .rdkafka_conf import connection_conf  # noqa: F401  (the admin client's, re-exported)
 
 
 def held(admin, names, timeout: float) -> dict[str, int]:

@@ -26,10 +26,8 @@ Rules:
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -46,36 +44,8 @@ from . import native_producer
 from .admin import held
 from .contracts import InlineProducer, PackedProducer
 from .native_producer import NativeProducer
+from .rdkafka_conf import _ADMIN_KEYS, _LOGGER, DEFAULTS
 
-#: batch sizes and buffers match KafkaPythonClient's; no Nagle on the broker sockets (a small
-#: produce request may wait for the TCP acknowledgement of the previous one; kafka-python
-#: sets TCP_NODELAY too). ``linger.ms`` stays 5: 0 made the router's librdkafka send a
-#: request per record at 1,000 one-row transactions/s, +30% CPU (bench/latency.py), which
-#: on a busy machine cost more latency than the linger saved (docs/performance.md)
-DEFAULTS: dict[str, Any] = {
-    "linger.ms": 5,
-    "socket.nagle.disable": True,
-    "batch.size": 1024 * 1024,
-    "batch.num.messages": 10_000,
-    "queue.buffering.max.messages": 100_000,
-    "queue.buffering.max.kbytes": 32 * 1024,
-    "delivery.timeout.ms": 60_000,
-    "request.timeout.ms": 30_000,
-    "max.in.flight.requests.per.connection": 5,
-    # the first backoff before a (re)connection, doubled up to reconnect.backoff.max.ms (10 s)
-    # on every failure: librdkafka's 100 ms held the first metadata request of every start
-    # ~50 ms (it drops the bootstrap connection for the broker's own and waits to reconnect)
-    "reconnect.backoff.ms": 10,
-}
-_ADMIN_KEYS = ("client.id", "security.protocol", "sasl.", "ssl.", "request.timeout.ms",
-               "reconnect.backoff", "socket.")
-#: librdkafka's own log lines (connection retries…) go through Python logging, under the
-#: "kafka" logger that ``actors.services.log`` quiets like kafka-python's: failures that matter reach
-#: the sink as typed delivery errors. Its critical ones are silenced too: a fenced producer
-#: (a woken former ``[ha]`` leader) logged raw "TXNERR"/"FATAL" lines at LOG_CRIT, while the
-#: same error reaches ``error_cb`` as fatal and the router says it in one line of its own
-_LOGGER = logging.getLogger("kafka.librdkafka")
-_LOGGER.setLevel(logging.CRITICAL + 1)
 POLL_INTERVAL = 0.02  # seconds a poll waits when idle (reports wake it at once; close waits for it)
 
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
