@@ -47,7 +47,7 @@ from ..errors import ProtocolViolation
 from ..native import NATIVE
 from ..pgoutput import messages as m
 from .changes import CHANGE_OVERHEAD, VALUE_OVERHEAD, Change, ChangeBuffer
-from .events import NonTransactionalMessage, PreparedOutcome, Transaction  # noqa: F401 — theirs
+from .events import NonTransactionalMessage, PreparedOutcome, Transaction  # noqa: F401  (re-exported)
 from .changes import change_size, row_change, take_raw
 from .relations import RelationCache
 from .short_transactions import bind_short, feed_row
