@@ -20,6 +20,8 @@ class WalBatch(msgspec.Struct):
 
 
 class Keepalive(msgspec.Struct, frozen=True):
+    """The server's WAL position when the reader found nothing more to read."""
+
     lsn: int
 
 
@@ -34,11 +36,17 @@ class Hold(msgspec.Struct, frozen=True):
 
 
 class Registered(msgspec.Struct, frozen=True):
+    """Sink → confirmer: a transaction's records were handed to Kafka under ``ticket``;
+    ``end_lsn`` may be confirmed once this ticket and every earlier one are acked."""
+
     ticket: int
     end_lsn: int
 
 
 class Acked(msgspec.Struct, frozen=True):
+    """Sink → confirmer: Kafka acknowledged every record (``records`` of them) of
+    ``ticket``."""
+
     ticket: int
     records: int
 
