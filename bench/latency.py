@@ -6,7 +6,7 @@ Kafka alone and PostgreSQL's own path alone, in the same run.
                                       [--client auto|librdkafka|kafka-python]
                                       [--setting linger_ms=5 ...] [--dsn …] [--bootstrap …]
                                       [--router-root DIR] [--ha]
-                                      [--transaction-interval-ms N]
+                                      [--transaction-interval-ms N] [--together]
 
 Each of ``--runs`` rounds measures, one after the other, three paths under the same load:
 
@@ -33,19 +33,21 @@ Each of ``--runs`` rounds measures, one after the other, three paths under the s
   COMMIT line's arrival minus its commit timestamp is the latency: the commit, the
   walsender's decoding and its send, with no Kafka.
 
-The first ``--warmup`` seconds of each load are left out. Every path prints p50, p90, p99,
+``--together`` runs Kafka alone and PostgreSQL alone at the same time instead of one after
+the other: the router's path has the writers, the walsender, the broker and the consumer on
+the machine at once, and so does each of the other two then. The first ``--warmup`` seconds
+of each load are left out. Every path prints p50, p90, p99,
 p99.9 and max; the summary gives the median of each over the rounds and the issue's goal
 (router max <= the worse of the two other paths' maxima + 20 ms, router p99 <= Kafka alone's +
 5 ms). ``--trace`` runs the router under ``bench/latency_trace.py`` (long trio task steps,
 late I/O waits and garbage collections, wall-clock stamped) and prints those lines next to
-the router's slowest records. Table, publication, slots and topics are removed afterwards,
-also after a failure.
+the router's slowest records, as it does the Kafka broker's GC pauses (``bench/broker_gc.py``,
+also summed per Kafka path). Table, publication, slots and topics are removed afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import signal
@@ -62,8 +64,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from machine import cpu_of  # noqa: E402  (bench/machine.py)
 
+from bench.broker_gc import BrokerGC, broker_pid, said  # noqa: E402
 from bench.e2e import delete_topics, sql  # noqa: E402
-from bench.latency_paths import kafka_alone, parse_iso, postgres_alone, warm_ids, write  # noqa: E402
+from bench.latency_paths import (  # noqa: E402
+    Consumer, drop_slot, kafka_alone, postgres_alone, warm_ids, write)
 
 def config(dsn: str, bootstrap: str, slot: str, pub: str, table: str, client: str,
            topic: str, prefix: str, settings: dict[str, str], extra_toml: str = "",
@@ -90,79 +94,6 @@ topic = "{topic}"
 [log]
 progress_interval = 5.0
 {extra_toml}"""
-
-
-class Consumer(threading.Thread):
-    """Reads the topic from its beginning; ``seen`` maps row id -> latency in seconds."""
-
-    def __init__(self, bootstrap: str, topic: str):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic = bootstrap, topic
-        self.seen: dict[int, float] = {}
-        self.at: dict[int, float] = {}  # row id -> when the consumer had it (wall clock)
-        #: row id -> (commit -> the router's produce call, produce call -> consumer), seconds:
-        #: the record's CreateTime timestamp is set by the router's producer when it is given
-        #: the record (librdkafka and kafka-python alike), in milliseconds
-        self.split: dict[int, tuple[float, float]] = {}
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def _take(self, value: bytes, created_ms: int | None = None) -> None:
-        now = time.time()
-        doc = json.loads(value)
-        doc = doc.get("payload", doc)  # Connect format wraps the value
-        after = doc.get("after")
-        if after is not None:
-            committed = parse_iso(doc["source"]["commit_time"])
-            self.seen[after["id"]] = now - committed
-            self.at[after["id"]] = now
-            if created_ms is not None and created_ms > 0:
-                self.split[after["id"]] = (created_ms / 1000 - committed,
-                                           now - created_ms / 1000)
-
-    def run(self) -> None:
-        try:
-            try:
-                import confluent_kafka
-            except ImportError:
-                confluent_kafka = None
-            if confluent_kafka is not None:
-                self._run_rdkafka(confluent_kafka)
-            else:
-                self._run_kafka_python()
-        except BaseException as exc:  # reported by the main thread
-            self.error = exc
-
-    def _run_rdkafka(self, ck) -> None:
-        c = ck.Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"lat-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "fetch.wait.max.ms": 5, "topic.metadata.refresh.interval.ms": 500,
-                         "allow.auto.create.topics": False})
-        c.subscribe([self.topic])
-        try:
-            while not self.stop.is_set():
-                # poll: returns with the first record (consume(n, t) waits for n or t)
-                m = c.poll(0.05)
-                if m is not None and m.error() is None and m.value() is not None:
-                    kind, created = m.timestamp()
-                    self._take(m.value(), created if kind == ck.TIMESTAMP_CREATE_TIME else None)
-        finally:
-            c.close()
-
-    def _run_kafka_python(self) -> None:
-        from kafka import KafkaConsumer
-        c = KafkaConsumer(bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
-                          enable_auto_commit=False, fetch_max_wait_ms=5,
-                          metadata_max_age_ms=500)
-        c.subscribe([self.topic])
-        try:
-            while not self.stop.is_set():
-                for records in c.poll(timeout_ms=50).values():
-                    for r in records:
-                        if r.value is not None:
-                            self._take(r.value, r.timestamp if r.timestamp_type == 0 else None)
-        finally:
-            c.close()
 
 
 def pct(values: list[float], p: float) -> float:
@@ -265,29 +196,21 @@ def router_path(args, settings: dict, names: dict, tmp: pathlib.Path, trace) -> 
             "cpu": cpu, "client": client, "rate": len(written) / took}
 
 
-def drop_slot(dsn: str, slot: str) -> None:
-    # the walsender may outlive the router by a moment: drop once it lets go
-    gone = time.time() + 15
-    while time.time() < gone and sql(dsn, "select 1 from pg_replication_slots where "
-                                     f"slot_name = '{slot}' and active", fetch=True):
-        time.sleep(0.2)
-    sql(dsn, "select pg_drop_replication_slot(slot_name) from pg_replication_slots "
-        f"where slot_name = '{slot}'")
-
-
 def clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}"
 
 
-def slowest(result: dict, trace: pathlib.Path | None, count: int = 5) -> None:
+def slowest(result: dict, trace: pathlib.Path | None, gc: BrokerGC | None, count=5) -> None:
     """The router's slowest records: when, split at the produce call, and what the trace
-    recorded from their commit to their arrival."""
+    and the broker's GC pauses recorded from their commit to their arrival."""
     lat, at, split = result["lat"], result["at"], result["split"]
-    events = []
+    events = [(t, f"broker GC pause {s * 1000:.0f} ms (seen by then)")
+              for t, s in (gc.pauses if gc is not None else [])]
     if trace is not None and trace.exists():
         for ln in trace.read_text().splitlines():
             stamp, _, rest = ln.partition(" ")
             events.append((float(stamp), rest))
+    events.sort()
     for rid in sorted(lat, key=lat.get, reverse=True)[:count]:
         arrived = at[rid]
         committed = arrived - lat[rid]
@@ -301,6 +224,39 @@ def slowest(result: dict, trace: pathlib.Path | None, count: int = 5) -> None:
                 print(f"      {stamp - committed:+.3f} s  {text}")
 
 
+def machine_paths(args, settings: dict, names: dict, paths: list[str], gc) -> dict:
+    """Kafka alone and PostgreSQL alone: one after the other, or (``--together``) at the
+    same time, so each runs under the other's load as the router's path runs under both."""
+    out: dict = {}
+
+    def kafka() -> None:
+        alone = kafka_alone(args, settings, f"{names['prefix']}.alone", Consumer)
+        out["kafka"] = {"lat": alone} if alone else None
+        print(line("Kafka alone", figures(alone.values()) if alone else None))
+
+    def postgres() -> None:
+        pg = postgres_alone(args, names["table"], f"{names['slot']}_pg", 500_000_000)
+        out["postgres"] = {"lat": pg[0], "at": pg[1]} if pg else None
+        print(line("PostgreSQL alone", figures(pg[0].values()) if pg else None))
+
+    began = time.time()
+    if args.together and "kafka" in paths:
+        side = threading.Thread(target=kafka)
+        side.start()
+        if "postgres" in paths:
+            postgres()
+        side.join()
+    else:
+        if "kafka" in paths:
+            kafka()
+            said(gc, began)
+        if "postgres" in paths:
+            postgres()
+    if args.together:
+        said(gc, began)
+    return out
+
+
 def one_round(args, settings: dict, paths: list[str]) -> dict:
     tag = uuid.uuid4().hex[:8]
     names = {"table": f"lat_{tag}", "pub": f"lat_{tag}", "slot": f"lat_{tag}",
@@ -309,12 +265,14 @@ def one_round(args, settings: dict, paths: list[str]) -> dict:
     sql(args.dsn, f"create table {names['table']} (id bigint primary key, payload text)",
         f"create publication {names['pub']} for table {names['table']}")
     out: dict = {}
+    gc = BrokerGC.start_for(broker_pid(args.broker_pid))
     try:
         with tempfile.TemporaryDirectory() as tmp:
             trace = pathlib.Path(args.trace).resolve() if args.trace else None
             if trace is not None:
                 trace.write_text("")  # this round's lines only
             if "router" in paths:
+                began = time.time()
                 out["router"] = router_path(args, settings, names, pathlib.Path(tmp), trace)
                 r = out["router"]
                 print(f"  router: client {r['client']}, achieved {r['rate']:.0f} txn/s, "
@@ -324,16 +282,11 @@ def one_round(args, settings: dict, paths: list[str]) -> dict:
                     part = [s[i] for s in r["split"].values()]
                     if part:
                         print(line(name, figures(part)))
-                slowest(r, trace)
-            if "kafka" in paths:
-                alone = kafka_alone(args, settings, f"{names['prefix']}.alone", Consumer)
-                out["kafka"] = {"lat": alone} if alone else None
-                print(line("Kafka alone", figures(alone.values()) if alone else None))
-            if "postgres" in paths:
-                pg = postgres_alone(args, names["table"], f"{names['slot']}_pg", 500_000_000)
-                out["postgres"] = {"lat": pg[0], "at": pg[1]} if pg else None
-                print(line("PostgreSQL alone", figures(pg[0].values()) if pg else None))
+                said(gc, began)
+                slowest(r, trace, gc)
+            out.update(machine_paths(args, settings, names, paths, gc))
     finally:
+        said(gc, None)  # stops it
         sql(args.dsn, f"drop publication if exists {names['pub']}",
             f"drop table if exists {names['table']}")
         p = names["prefix"]
@@ -382,6 +335,12 @@ def main() -> None:
                     help="[ha] enabled (one router: what the producer fence costs, docs/ha.md)")
     ap.add_argument("--transaction-interval-ms", type=int, default=None,
                     help="[kafka] transaction_interval_ms (exactly-once or --ha)")
+    ap.add_argument("--broker-pid", type=int, default=None,
+                    help="the Kafka broker's JVM, whose GC pauses (jstat) are printed next to "
+                         "the paths (default: the dev stack's)")
+    ap.add_argument("--together", action="store_true",
+                    help="Kafka alone and PostgreSQL alone at the same time, each under the "
+                         "other's load (the router's path runs under both)")
     ap.add_argument("--no-ceiling", action="store_true", help="the same as --paths router")
     ap.add_argument("--dsn", default=os.environ.get(
         "PGROUTER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))

@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import subprocess
 import threading
+import uuid
 import time
 
 import psycopg2
@@ -86,6 +87,79 @@ def write(args, table: str, base: int) -> tuple[list[int], float, float]:
     if error:
         raise SystemExit(f"writer failed: {error}")
     return written, start, time.time() - start
+
+
+class Consumer(threading.Thread):
+    """Reads the topic from its beginning; ``seen`` maps row id -> latency in seconds."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.seen: dict[int, float] = {}
+        self.at: dict[int, float] = {}  # row id -> when the consumer had it (wall clock)
+        #: row id -> (commit -> the router's produce call, produce call -> consumer), seconds:
+        #: the record's CreateTime timestamp is set by the router's producer when it is given
+        #: the record (librdkafka and kafka-python alike), in milliseconds
+        self.split: dict[int, tuple[float, float]] = {}
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def _take(self, value: bytes, created_ms: int | None = None) -> None:
+        now = time.time()
+        doc = json.loads(value)
+        doc = doc.get("payload", doc)  # Connect format wraps the value
+        after = doc.get("after")
+        if after is not None:
+            committed = parse_iso(doc["source"]["commit_time"])
+            self.seen[after["id"]] = now - committed
+            self.at[after["id"]] = now
+            if created_ms is not None and created_ms > 0:
+                self.split[after["id"]] = (created_ms / 1000 - committed,
+                                           now - created_ms / 1000)
+
+    def run(self) -> None:
+        try:
+            try:
+                import confluent_kafka
+            except ImportError:
+                confluent_kafka = None
+            if confluent_kafka is not None:
+                self._run_rdkafka(confluent_kafka)
+            else:
+                self._run_kafka_python()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    def _run_rdkafka(self, ck) -> None:
+        c = ck.Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"lat-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "fetch.wait.max.ms": 5, "topic.metadata.refresh.interval.ms": 500,
+                         "allow.auto.create.topics": False})
+        c.subscribe([self.topic])
+        try:
+            while not self.stop.is_set():
+                # poll: returns with the first record (consume(n, t) waits for n or t)
+                m = c.poll(0.05)
+                if m is not None and m.error() is None and m.value() is not None:
+                    kind, created = m.timestamp()
+                    self._take(m.value(), created if kind == ck.TIMESTAMP_CREATE_TIME else None)
+        finally:
+            c.close()
+
+    def _run_kafka_python(self) -> None:
+        from kafka import KafkaConsumer
+        c = KafkaConsumer(bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
+                          enable_auto_commit=False, fetch_max_wait_ms=5,
+                          metadata_max_age_ms=500)
+        c.subscribe([self.topic])
+        try:
+            while not self.stop.is_set():
+                for records in c.poll(timeout_ms=50).values():
+                    for r in records:
+                        if r.value is not None:
+                            self._take(r.value, r.timestamp if r.timestamp_type == 0 else None)
+        finally:
+            c.close()
 
 
 def kafka_alone_process(bootstrap: str, topic: str, settings: dict, rate: float,
@@ -229,12 +303,7 @@ def postgres_alone(args, table: str, slot: str, base: int) -> tuple[dict, dict] 
             time.sleep(0.1)
     finally:
         reader.stop()
-        gone = time.time() + 15
-        while time.time() < gone and sql(args.dsn, "select 1 from pg_replication_slots "
-                                         f"where slot_name = '{slot}' and active", fetch=True):
-            time.sleep(0.2)
-        sql(args.dsn, "select pg_drop_replication_slot(slot_name) from pg_replication_slots "
-            f"where slot_name = '{slot}'")
+        drop_slot(args.dsn, slot)
     missing = [r for r in written if r not in reader.seen]
     if reader.error or missing:
         err = reader.proc.stderr.read().decode()[-500:] if reader.proc.stderr else ""
@@ -244,6 +313,16 @@ def postgres_alone(args, table: str, slot: str, base: int) -> tuple[dict, dict] 
     warm = warm_ids(args, base)
     return ({r: reader.seen[r] for r in written if r not in warm},
             {r: reader.at[r] for r in written if r not in warm})
+
+
+def drop_slot(dsn: str, slot: str) -> None:
+    # the walsender may outlive its reader by a moment: drop once it lets go
+    gone = time.time() + 15
+    while time.time() < gone and sql(dsn, "select 1 from pg_replication_slots where "
+                                     f"slot_name = '{slot}' and active", fetch=True):
+        time.sleep(0.2)
+    sql(dsn, "select pg_drop_replication_slot(slot_name) from pg_replication_slots "
+        f"where slot_name = '{slot}'")
 
 
 def warm_ids(args, base: int) -> set[int]:
