@@ -25,6 +25,7 @@ Rules:
   without it (no key at all) they cannot be told apart: one line, and they are left out
   (``--table`` naming one is an error).
 * Routes, tables and the slot are checked before the snapshot is taken: one line each.
+  Kafka is asked while it is taken (its failure said first, the snapshot let go).
 * Memory: the fold of one topic at a time (a digest of 8 bytes per column and key), in
   passes of at most ``max_keys`` keys (``actors.verify.compare``).
 """
@@ -55,7 +56,7 @@ from ..snapshot.reader import TableReader
 from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
 from .compare import SPLIT_ROWS, compare_target
 from .digests import route_filter
-from .point import VerifyPoint, wait_delivered
+from .point import VerifyPoint, wait_delivered, wal_end_reader
 from .topic import kafka_answers
 
 
@@ -169,15 +170,7 @@ async def verify(cfg: Config, slot: str, routes: list[str], tables: list[str], *
     async with trio_asyncio.open_loop():
         async with await SqlSession.connect(cfg.source.dsn) as sql:
             targets = await plan(sql, cfg, slot, routes, tables, warn)
-            await trio.to_thread.run_sync(_kafka_answers, cfg, targets)
-            name = f"pgrouter_verify_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-            point = await trio.to_thread.run_sync(VerifyPoint, cfg.source.dsn, name)
-            reader = None
-            try:
-                reader = await TableReader.open(cfg.source.dsn)
-                await reader.import_snapshot(point.snapshot)
-            finally:
-                await trio.to_thread.run_sync(point.close)  # drops the temporary slot
+            point, reader = await _prepared(cfg, targets)
             try:
                 progress(f"snapshot at {point.lsn:X}; waiting for the router to deliver "
                          "up to it", force=True)
@@ -186,14 +179,51 @@ async def verify(cfg: Config, slot: str, routes: list[str], tables: list[str], *
                 for target in targets:
                     results.extend(await compare_target(cfg, target, reader, point.lsn,
                                                         examples, progress, repairs, max_keys,
-                                                        split_rows, metrics))
+                                                        split_rows, metrics,
+                                                        wal_end_reader(sql)))
                 return results
             finally:
                 await reader.close()
 
 
+async def _prepared(cfg: Config, targets: list[Target]) -> tuple[VerifyPoint, TableReader]:
+    """Kafka asked (``_kafka_answers``), the verify point taken and the reader connected at
+    once, each a few round trips away; then the reader imports the point's snapshot and
+    the point's connection is closed (its temporary slot dropped). A failure is raised as
+    it is, Kafka's first, after what did open is closed."""
+    name = f"pgrouter_verify_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    ok: dict = {}
+    failed: dict = {}
+
+    async def run(what: str, call, *args) -> None:
+        try:
+            ok[what] = await call(*args)
+        except Exception as exc:  # noqa: BLE001 — raised below, in order
+            failed[what] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "kafka", trio.to_thread.run_sync, _kafka_answers, cfg, targets)
+        nursery.start_soon(run, "point", trio.to_thread.run_sync, VerifyPoint, cfg.source.dsn,
+                           name)
+        nursery.start_soon(run, "reader", TableReader.open, cfg.source.dsn)
+    try:
+        for what in ("kafka", "point", "reader"):
+            if what in failed:
+                raise failed[what]
+        await ok["reader"].import_snapshot(ok["point"].snapshot)
+    except BaseException:
+        if "reader" in ok:
+            await ok["reader"].close()
+        raise
+    finally:
+        if "point" in ok:
+            await trio.to_thread.run_sync(ok["point"].close)  # drops the temporary slot
+    return ok["point"], ok["reader"]
+
+
 def _kafka_answers(cfg: Config, targets: list[Target]) -> None:
-    """Kafka answers (``SinkUnavailable`` in one line otherwise), before the snapshot."""
+    """Kafka answers (``SinkUnavailable`` in one line otherwise), asked while the snapshot
+    is taken (``_prepared``)."""
     if cfg.kafka.client == LIBRDKAFKA:  # the client that reads the topics
         kafka_answers(cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings),
                       [topic for t in targets for topic in t.topics], KAFKA_TIMEOUT)
