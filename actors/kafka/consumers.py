@@ -138,7 +138,16 @@ class RdkafkaReader(TopicReader):
                 "allow.auto.create.topics": False, "enable.partition.eof": False,
                 "fetch.wait.max.ms": 50,
                 # librdkafka's default prefetch: with 16 MiB polls waited for the broker
-                "queued.max.messages.kbytes": 64 * 1024}
+                "queued.max.messages.kbytes": 64 * 1024,
+                # once the queue is full (queued.min.messages, 100,000 records, or the
+                # kbytes above), librdkafka's default postpones every partition's next
+                # fetch by a whole second ("Fetch backoff for 1000ms: Local: Queue full"):
+                # a backlog's BEGIN/END records alone fill it at a start, before the data
+                # topic's first fetch, and this process drains it well within the second
+                "fetch.queue.backoff.ms": 10,
+                # as the producer's (librdkafka.DEFAULTS): the first metadata request of
+                # a start is not held back by the reconnection to the broker's own address
+                "reconnect.backoff.ms": 10, "socket.nagle.disable": True}
         conf.update(cfg.settings)
         try:
             self.consumer = Consumer(conf)
