@@ -47,10 +47,7 @@ SPLIT_ROWS = 10_000
 
 async def compare_target(cfg: Config, target, reader: TableReader, cut: int, examples: int,
                          progress, repairs: list | None, max_keys: int,
-                         split_rows: int = SPLIT_ROWS, metrics=None,
-                         end=None) -> list[Comparison]:
-    """``end()``: the source's WAL end, called from the topic's reader thread
-    (``actors.verify.point.wal_end_reader``; a connection of its own without it)."""
+                         split_rows: int = SPLIT_ROWS, metrics=None) -> list[Comparison]:
     decoder = Decoder(cfg.kafka.registry)
     reshape = record_format(cfg)
     tx = TxContext(xid=0, commit_lsn=cut - 1, end_lsn=cut, commit_time=0)
@@ -60,8 +57,6 @@ async def compare_target(cfg: Config, target, reader: TableReader, cut: int, exa
         result = Comparison(target.route, topic, sorted({t.name for t in tables}))
         job = _Topic(cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
                      split_rows, metrics)
-        if end is not None:
-            job.end = end
         send: list = []
         delete: list = []
         collecting = gc.isenabled()
@@ -87,7 +82,6 @@ class _Topic:
     def __init__(self, cfg, target, topic, tables, reader, decoder, reshape, tx, progress,
                  split_rows: int = SPLIT_ROWS, metrics=None):
         self.metrics = metrics
-        self.end = lambda: wal_end(cfg.source.dsn)  # the source's WAL end (blocking)
         self.result_notes: list[str] = []
         self.cfg, self.target, self.topic, self.tables = cfg, target, topic, tables
         self.reader, self.decoder, self.reshape, self.tx = reader, decoder, reshape, tx
@@ -147,7 +141,7 @@ class _Topic:
         await trio.to_thread.run_sync(lambda: fold_topic(
             cfg.kafka.bootstrap_servers, dict(cfg.kafka.settings), topic, fold, self.decoder,
             report, self.keyless, library=cfg.kafka.client,
-            wal_end=self.end))
+            wal_end=lambda: wal_end(cfg.source.dsn)))
         for partition, first in sorted(fold.starts.items()):
             note = (f"partition {partition} starts at offset {first}: its oldest records were "
                     "deleted (retention or delete-records); compared as a consumer reading "

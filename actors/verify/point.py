@@ -15,12 +15,10 @@ Rules:
   is said in one line after ``IDLE_GRACE`` seconds; a timeout is one line too.
 * ``wal_end``: the source's WAL end, read once a topic's end offsets are taken: a record
   whose commit LSN is past it was not written by the router (``router.verify.fold.TopicFold``).
-  ``wal_end_reader`` reads it through verify's open session.
 """
 
 from __future__ import annotations
 
-import asyncpg
 import psycopg2
 import trio
 
@@ -55,22 +53,6 @@ class VerifyPoint:
             pass
 
 
-WAL_END = ("select (case when pg_is_in_recovery() then pg_last_wal_replay_lsn() "
-           "else pg_current_wal_insert_lsn() end)::text")
-
-
-def wal_end_reader(sql: SqlSession):
-    """``wal_end`` read through ``sql``, an open session of this trio run, when called from
-    a worker thread of it (the topic's reader): no connection of its own to wait for."""
-    async def read() -> int:
-        try:
-            return parse_lsn(await sql.fetchval(WAL_END))
-        except asyncpg.PostgresError as exc:
-            raise SourceError(f"verify: reading the WAL end failed: {exc}".strip()) from exc
-
-    return lambda: trio.from_thread.run(read)
-
-
 def wal_end(dsn: str) -> int:
     """The source's WAL end now (blocking): the insert position of a primary, the replayed one
     of a standby. Every commit the router decoded so far is at or below it."""
@@ -81,7 +63,8 @@ def wal_end(dsn: str) -> int:
                                 f"{exc}".strip()) from exc
     try:
         with conn.cursor() as cur:
-            cur.execute(WAL_END)
+            cur.execute("select (case when pg_is_in_recovery() then pg_last_wal_replay_lsn() "
+                        "else pg_current_wal_insert_lsn() end)::text")
             return parse_lsn(cur.fetchone()[0])
     except psycopg2.Error as exc:
         raise SourceError(f"verify: reading the WAL end failed: {exc}".strip()) from exc

@@ -56,7 +56,7 @@ from ..snapshot.reader import TableReader
 from ..snapshot.tables import SnapshotTable, slot_tables, snapshot_specs
 from .compare import SPLIT_ROWS, compare_target
 from .digests import route_filter
-from .point import VerifyPoint, wait_delivered, wal_end_reader
+from .point import VerifyPoint, wait_delivered
 from .topic import kafka_answers
 
 
@@ -179,8 +179,7 @@ async def verify(cfg: Config, slot: str, routes: list[str], tables: list[str], *
                 for target in targets:
                     results.extend(await compare_target(cfg, target, reader, point.lsn,
                                                         examples, progress, repairs, max_keys,
-                                                        split_rows, metrics,
-                                                        wal_end_reader(sql)))
+                                                        split_rows, metrics))
                 return results
             finally:
                 await reader.close()
