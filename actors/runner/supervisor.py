@@ -19,6 +19,10 @@ Start-up (``_run_once``, again after each restart):
    initial snapshot first, into its sink (returning its ``SnapshotResult``), and the slot
    reader once Kafka holds it.
 
+Steps 1-4 ask PostgreSQL on one session, closed before the pipeline runs. A start that will
+copy an initial snapshot begins before its checks (``InitialSnapshot.begin``): the snapshot
+state topic is read while they run, and the snapshot is planned from the checks' catalog.
+
 Rules:
 
 * A failure is retried when ``router.errors.is_retryable`` says so, with capped exponential
@@ -156,75 +160,81 @@ class Supervisor:
                 await self.gate.release()
 
     async def _run_once(self) -> None:
-        source = self.source
-        snapshot_wanted, client = await self._client(source)
-        snapshot = None
+        source, snapshot, client = self.source, None, None
         try:
-            if snapshot_wanted:
-                snapshot = InitialSnapshot(self.cfg, client, source)
-                await snapshot.create_slot()
-                self.snapshot_pending = []
-            else:
-                self.snapshot_pending = await snapshot_interrupted(self.cfg, client,
-                                                                   source.slot)
-            if await self._prepare(source, snapshot):
+            # one session for the start's queries: the checks, the snapshot's plan, the slot
+            async with await SqlSession.connect(source.dsn) as sql:
+                begun, client = await self._client(sql, source)
+                if begun is not None:
+                    snapshot = InitialSnapshot(self.cfg, client, source, begun)
+                    await snapshot.create_slot(sql)
+                    self.snapshot_pending = []
+                else:
+                    self.snapshot_pending = await snapshot_interrupted(self.cfg, client,
+                                                                       source.slot)
+                ready = await self._prepare(sql, source, snapshot)
+            if ready:
                 await self._pipeline(source, client, snapshot)
         finally:
             if snapshot is not None:  # its exported snapshot's connection, if still open
                 await trio.to_thread.run_sync(snapshot.close)
-            self._streaming(False, "not streaming (starting, restarting or stopped)")
-            leading = self.leadership is None or self.leadership.holds()
-            with trio.move_on_after(15) as scope:
-                scope.shield = True
-                await trio.to_thread.run_sync(client.close, 10.0 if leading else 0.0)
+            if client is not None:
+                self._streaming(False, "not streaming (starting, restarting or stopped)")
+                leading = self.leadership is None or self.leadership.holds()
+                with trio.move_on_after(15) as scope:
+                    scope.shield = True
+                    await trio.to_thread.run_sync(client.close, 10.0 if leading else 0.0)
 
-    async def _client(self, source: Source):
+    async def _client(self, sql: SqlSession, source: Source):
         """The checks before anything is made, then the Kafka client (only a leader's, and
-        with exactly-once and no [ha] only once the slot is free): whether an initial
-        snapshot is wanted, and the client."""
+        with exactly-once and no [ha] only once the slot is free): when an initial snapshot
+        is wanted, what it began before the checks (its state topic read while they run, the
+        tables' shapes) and their catalog; and the client."""
         cfg = self.cfg
-        async with await SqlSession.connect(source.dsn) as sql:
-            await failover.check_resume(sql, source.slot, self._confirmed and self._confirmed.value)
-            # before the slot is made: what `pgrouter check` finds wrong stops the router here
-            await checks.startup_checks(sql, cfg, source.slot, log_warnings=not self._warned)
-            self._warned = True
-            # a slot the router creates starts with a copy of the tables ([snapshot] mode)
-            snapshot_wanted = await InitialSnapshot.wanted(sql, cfg, source)
-            # the stream its exactly-once progress belongs to
-            stream = await source.identity(sql)
-            if self.gate is not None:
-                # registering the transactional id fences the router streaming the slot:
-                # without [ha] to say who leads, a second router waits for the slot instead
-                await self.gate.hold()
-            if self.leadership is None:
-                # in both delivery modes a router streaming the slot or copying its initial
-                # snapshot (the slot shows as free then) is waited for: one would otherwise
-                # run alongside the copy, at-least-once finishing it by backfill
-                await source.wait_free(sql)
-            if self.leadership is not None and not self.leadership.holds():
-                # with [ha] the producer registers the group's transactional id, which
-                # fences whoever leads now: only a leader may make it
-                raise LeadershipLost("leadership lost: no Kafka producer is made")
-            client = await trio.to_thread.run_sync(
-                functools.partial(self.client_factory, cfg, stream, wal_end_reader(sql)))
-        return snapshot_wanted, client
+        await failover.check_resume(sql, source.slot, self._confirmed and self._confirmed.value)
+        # a slot the router creates starts with a copy of the tables ([snapshot] mode)
+        begun = await InitialSnapshot.begin(sql, cfg, source)
+        # before the slot is made: what `pgrouter check` finds wrong stops the router here
+        catalog = await checks.startup_checks(sql, cfg, source.slot,
+                                              log_warnings=not self._warned)
+        self._warned = True
+        if begun is not None:
+            begun.catalog = catalog
+        # the stream its exactly-once progress belongs to
+        stream = await source.identity(sql)
+        if self.gate is not None:
+            # registering the transactional id fences the router streaming the slot:
+            # without [ha] to say who leads, a second router waits for the slot instead
+            await self.gate.hold()
+        if self.leadership is None:
+            # in both delivery modes a router streaming the slot or copying its initial
+            # snapshot (the slot shows as free then) is waited for: one would otherwise
+            # run alongside the copy, at-least-once finishing it by backfill
+            await source.wait_free(sql)
+        if self.leadership is not None and not self.leadership.holds():
+            # with [ha] the producer registers the group's transactional id, which
+            # fences whoever leads now: only a leader may make it
+            raise LeadershipLost("leadership lost: no Kafka producer is made")
+        client = await trio.to_thread.run_sync(
+            functools.partial(self.client_factory, cfg, stream, wal_end_reader(sql)))
+        return begun, client
 
-    async def _prepare(self, source: Source, snapshot: InitialSnapshot | None) -> bool:
+    async def _prepare(self, sql: SqlSession, source: Source,
+                       snapshot: InitialSnapshot | None) -> bool:
         """The slot found or created (``Source.prepare``), the publications and catalog
         read, the "starting" line; False when ``--until-caught-up`` has nothing to do."""
         cfg = self.cfg
-        async with await SqlSession.connect(source.dsn) as sql:
-            info = await source.prepare(sql, self._holds())
-            self.slot_owner.created |= info.created_slot
-            await source.refuse_invalidated(sql)
-            self.publication_mode = await publication_mode.mode(sql, cfg, source.slot)
-            if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
-                self.catalog = await load_catalog(sql, cfg,
-                                                  strict=self.publication_mode != "wal")
-            if self.metrics is not None:
-                self.route_views = await describe_routes(sql, cfg)
-            if self.until_caught_up and self.until_lsn is None:
-                self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
+        info = await source.prepare(sql, self._holds())
+        self.slot_owner.created |= info.created_slot
+        await source.refuse_invalidated(sql)
+        self.publication_mode = await publication_mode.mode(sql, cfg, source.slot)
+        if needs_catalog(cfg):  # with "wal" a route publication may be dropped by now
+            self.catalog = await load_catalog(sql, cfg,
+                                              strict=self.publication_mode != "wal")
+        if self.metrics is not None:
+            self.route_views = await describe_routes(sql, cfg)
+        if self.until_caught_up and self.until_lsn is None:
+            self.until_lsn = parse_lsn(await sql.fetchval(failover.WAL_END))
         source.log_starting(cfg, self.until_lsn)
         if (self.until_lsn is not None and info.confirmed_lsn >= self.until_lsn
                 and not self.snapshot_pending and snapshot is None):

@@ -86,7 +86,6 @@ join pg_class c on c.oid = pr.prrelid join pg_namespace n on n.oid = c.relnamesp
 where p.pubname = any($1::text[])
 """
 
-
 _PRIMARY_KEYS = """
 select n.nspname, c.relname,
        array_agg(a.attname::text order by array_position(i.indkey::int2[], a.attnum)) as cols
@@ -106,9 +105,7 @@ async def load_primary_keys(sql: SqlSession, tables: list[tuple[str, str]] | Non
     names = None if tables is None else [f"{s}.{t}" for s, t in tables]
     found = {(r["nspname"], r["relname"]): tuple(r["cols"])
              for r in await sql.fetch(_PRIMARY_KEYS, names)}
-    for table in tables or ():
-        found.setdefault(table, ())
-    return found
+    return {**found, **{table: () for table in tables or () if table not in found}}
 
 
 async def _publishes_generated(sql: SqlSession) -> bool:
@@ -187,20 +184,22 @@ def route_publication_names(cfg: Config) -> list[str]:
 
 
 async def load_catalog(sql: SqlSession, cfg: Config, *, strict: bool = True) -> Catalog:
-    """Tables plus every publication the config names (the slot's and the routes'). With
-    ``strict`` a route publication that does not exist is a ``PublicationMissing``."""
+    """Tables plus every publication the config names (the slot's and the routes'); with
+    ``strict``, ``require_publications``."""
     names = sorted(set(route_publication_names(cfg)) | set(cfg.source.publications))
     pubs = await load_publications(sql, names)
     if strict:
-        missing = [(i, r, [p for p in r.publication_names() if p not in pubs])
-                   for i, r in enumerate(cfg.routes)]
-        missing = [m for m in missing if m[2]]
-        if missing:
-            raise PublicationMissing("; ".join(
-                f"{_route_path(r, i)}: route {r.name!r} names publication(s) "
-                f"{', '.join(repr(p) for p in names)}, which do not exist"
-                for i, r, names in missing))
+        require_publications(cfg, pubs)
     return Catalog(publications=pubs, tables=await load_tables(sql))
+
+
+def require_publications(cfg: Config, pubs) -> None:
+    """A route publication not in ``pubs`` (a catalog's) is a ``PublicationMissing``."""
+    if missing := [(i, r, names) for i, r in enumerate(cfg.routes)
+                   if (names := [p for p in r.publication_names() if p not in pubs])]:
+        raise PublicationMissing("; ".join(
+            f"{_route_path(r, i)}: route {r.name!r} names publication(s) "
+            f"{', '.join(repr(p) for p in names)}, which do not exist" for i, r, names in missing))
 
 
 def build_route_specs(cfg: Config, catalog: Catalog | None, *,

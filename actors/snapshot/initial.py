@@ -60,19 +60,19 @@ from router.config.router import Config
 from router.postgres.lsn import format_lsn
 from router.formats.record_format import record_format
 from router.routing.change_router import ChangeRouter
+from router.routing.publications import Catalog
 from router.snapshot.core import SnapshotState
 from router.snapshot.rows import SnapshotRows
 
 from ..kafka.contracts import PackedProducer
 from ..services import log
-from ..services.catalog import load_catalog, load_primary_keys
+from ..services.catalog import load_catalog, load_primary_keys, require_publications
 from ..services.sql import SqlSession
 from .column_types import type_names
 from ..services.slots import ExportedSlot
 from .initial_copy import copy_tables
 from .jobs import table_shapes
-from .reader import session
-from .store import StateStore
+from .store import StateRead, StateStore
 from .tables import SnapshotTable, slot_tables, snapshot_specs
 
 _log = log.get("snapshot")
@@ -87,15 +87,26 @@ class SnapshotResult:
     stopped: bool = False  # a drain stopped it: the stream does not start
 
 
+@dataclass
+class Begun:
+    """What a start that will copy an initial snapshot began before its checks
+    (``InitialSnapshot.begin``): the state topic's read, running while they do, the tables'
+    shapes, then the catalog the checks read after them (set by the start)."""
+    read: StateRead
+    shapes: dict
+    catalog: Catalog | None = None
+
+
 class InitialSnapshot:
     """One initial snapshot: its slot created with an exported snapshot, then its tables
     copied into the pipeline's sink."""
 
-    def __init__(self, cfg: Config, client, source):
+    def __init__(self, cfg: Config, client, source, begun: "Begun | None" = None):
         self.cfg = cfg
         #: the start's ``Source`` (``actors.runner.source``): the slot, its creation
         self.source = source
-        self.store = StateStore(cfg, client, source.slot)
+        self.begun = begun
+        self.store = StateStore(cfg, client, source.slot, begun and begun.read)
         #: the sink's client produces packed records in C (plain sink, a format that keeps
         #: the router's records: pgrouter's JSON)
         self.packed = (record_format(cfg.kafka).packs and isinstance(client, PackedProducer)
@@ -112,23 +123,38 @@ class InitialSnapshot:
             return False
         return not await source.exists(sql)
 
-    async def create_slot(self) -> None:
-        """The tables to copy read (a config the catalog refuses stops here, before any
-        slot exists), ``started`` recorded, then the slot created with an exported
-        snapshot."""
+    @staticmethod
+    async def begin(sql: SqlSession, cfg: Config, source) -> "Begun | None":
+        """When ``wanted``, at a start before its checks: the state topic's read begun, the
+        tables' shapes read (before the checks' catalog, ``Begun.catalog``)."""
+        if not await InitialSnapshot.wanted(sql, cfg, source):
+            return None
+        read = StateRead(cfg, source.slot)
+        return Begun(read, await table_shapes(sql))
+
+    async def create_slot(self, sql: SqlSession) -> None:
+        """The tables to copy read on the start's session ``sql`` (a config the catalog
+        refuses stops here, before any slot exists), ``started`` recorded, then the slot
+        created with an exported snapshot."""
         cfg, source = self.cfg, self.source
         async with trio.open_nursery() as reading:
-            # the state topic in a worker thread while PostgreSQL answers
+            # the state topic in a worker thread while PostgreSQL answers (or the read
+            # ``begin`` started, taken)
             reading.start_soon(self.store.aload)
-            async with session(source.dsn) as sql:
+            begun = self.begun
+            if begun is not None and begun.catalog is not None:
+                # the shapes were read before the checks' catalog
+                self.shapes, catalog = begun.shapes, begun.catalog
+                require_publications(cfg, catalog.publications)
+            else:
                 # the columns before the catalog: a table whose columns change after this is
                 # not read with the catalog's (``ShapeCheck``)
                 self.shapes = await table_shapes(sql)
                 catalog = await load_catalog(sql, cfg)
-                db = await sql.fetchval("select current_database()")
-                tables = slot_tables(cfg, catalog)
-                names = await type_names(sql, tables)
-                pks = await load_primary_keys(sql)
+            db = await sql.fetchval("select current_database()")
+            tables = slot_tables(cfg, catalog)
+            names = await type_names(sql, tables)
+            pks = await load_primary_keys(sql)
         # records keyed as the stream keys them (the primary key whenever there is one)
         self.rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
                                               type_names=names, primary_keys=pks),

@@ -15,6 +15,10 @@ Rules:
   slots may share the topic, and their records are dropped as read, before decoding (every
   reader of ``records`` looks at its own slot's).
 * The blocking methods run in a worker thread.
+* The topic holds the records of every slot that ever used it (a tenth of a second and more
+  to read on a topic of many slots): a start that will copy an initial snapshot begins the
+  read (``StateRead``) as soon as it knows, and its checks run while Kafka answers. The
+  store takes that read instead of its own once, at its first ``load``.
 """
 
 from __future__ import annotations
@@ -31,8 +35,46 @@ from router.routing.topics import TopicSpec
 from ..kafka.compacted import READ_TIMEOUT, read_topic
 
 
+class StateRead:
+    """The state topic read whole in a thread of its own, from when it is made until
+    ``records`` is asked for (its slot's records, as ``read_topic`` gives them)."""
+
+    def __init__(self, cfg: Config, slot: str, timeout: float = READ_TIMEOUT):
+        self.slot, self.timeout = slot, timeout
+        self._done = threading.Event()
+        self._records: list = []
+        self._error: BaseException | None = None
+        threading.Thread(target=self._read, args=(cfg,), name="pgrouter-state-read",
+                         daemon=True).start()
+
+    def _read(self, cfg: Config) -> None:
+        k = cfg.kafka
+        try:
+            self._records = read_topic(k.bootstrap_servers, dict(k.settings),
+                                       cfg.snapshot.state_topic, library=k.client,
+                                       timeout=self.timeout, key_has=_needle(self.slot))
+        except BaseException as exc:  # noqa: BLE001 — raised where the records are asked for
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def records(self) -> list:
+        """Blocking: the read's ``(key, value)`` pairs, or its failure raised here."""
+        if not self._done.wait(self.timeout + 5.0):
+            raise SinkUnavailable(f"the snapshot state topic was not read in {self.timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._records
+
+
+def _needle(slot: str) -> bytes:
+    """A key names its slot as a JSON string (``state_key``): keys without it are other
+    slots'."""
+    return b'"' + slot.encode() + b'"'
+
+
 class StateStore:
-    def __init__(self, cfg: Config, client, slot: str):
+    def __init__(self, cfg: Config, client, slot: str, read: StateRead | None = None):
         self.cfg = cfg
         self.slot = slot  # the start's ``Source`` slot: only its records are kept
         self.topic = cfg.snapshot.state_topic
@@ -45,6 +87,8 @@ class StateStore:
         #: the last ``load`` found no state topic in Kafka and created it (``[kafka]
         #: create_topics``): whatever it recorded is gone (``initial.interrupted``)
         self.created = False
+        #: begun before the store was made (``StateRead``): its first ``load`` takes it
+        self._read = read if read is not None and read.slot == slot else None
 
     def load(self, timeout: float = READ_TIMEOUT) -> dict[bytes, SnapshotState]:
         """Every state record of the slot (last per key), read from the beginning to the end
@@ -52,11 +96,11 @@ class StateStore:
         self._ensure()
         k, slot = self.cfg.kafka, self.slot
         out = {}
-        # a key names its slot as a JSON string (``state_key``): keys without that string
-        # are other slots' and are not decoded
-        needle = b'"' + slot.encode() + b'"'
-        for key, value in read_topic(k.bootstrap_servers, dict(k.settings), self.topic,
-                                     library=k.client, timeout=timeout, key_has=needle):
+        read, self._read = self._read, None
+        pairs = (read.records() if read is not None else
+                 read_topic(k.bootstrap_servers, dict(k.settings), self.topic,
+                            library=k.client, timeout=timeout, key_has=_needle(slot)))
+        for key, value in pairs:
             p = decode_state(value)
             if p is not None and key and p.slot == slot:
                 out[key] = p

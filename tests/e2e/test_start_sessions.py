@@ -1,0 +1,68 @@
+"""A start of ``pgrouter run`` that copies an initial snapshot asks PostgreSQL on one session
+until its slot is made, and reads the catalog once: the checks' catalog is the one the
+snapshot is planned from (each connection and each catalog read is part of every start's
+time). What the real command's process opened is read from it at its exit: every
+connection (asyncpg for SQL, psycopg2 for the slot's replication connections) and every
+read of the catalog's tables, in order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.sources import new_table, source_config, table_route
+from tests.helpers import ROOT, drop_source
+
+pytestmark = pytest.mark.services
+
+#: records each connection and each catalog read, prints them at exit, then runs
+#: ``pgrouter`` as ``python -m actors.cli``
+PROBE = """
+import atexit, runpy, sys
+import asyncpg, psycopg2
+import actors.services.catalog as catalog
+out, seen = sys.argv.pop(1), []
+sql, replication, tables = asyncpg.connect, psycopg2.connect, catalog.load_tables
+async def sql_connect(*a, **k):
+    seen.append("sql")
+    return await sql(*a, **k)
+def replication_connect(*a, **k):
+    seen.append("replication")
+    return replication(*a, **k)
+async def load_tables(*a, **k):
+    seen.append("catalog")
+    return await tables(*a, **k)
+asyncpg.connect, psycopg2.connect, catalog.load_tables = sql_connect, replication_connect, load_tables
+atexit.register(lambda: open(out, "w").write("\\n".join(seen)))
+sys.argv[0] = "pgrouter"
+runpy.run_module("actors.cli", run_name="__main__")
+"""
+
+
+def test_an_initial_snapshot_start_uses_one_session_and_one_catalog_read(
+        pg_dsn, kafka_bootstrap, tmp_path):
+    pg, name = new_table(pg_dsn, "ses", "id int primary key, v text")
+    pg.run(f"create publication {name} for table {name}")
+    pg.run(f"insert into {name} values (1, 'a')")
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra='client = "librdkafka"',
+                        extra='[snapshot]\nmode = "initial"\nparallel = 1\n',
+                        routes=table_route(name))
+    seen_file = tmp_path / "seen.txt"
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE, str(seen_file), "run", "-c",
+                               str(cfg), "--until-caught-up"], capture_output=True, text=True,
+                              timeout=180, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "initial snapshot: done tables=1 rows=1" in proc.stderr, proc.stderr[-3000:]
+        seen = seen_file.read_text().split()
+        # the first replication connection creates the slot with its exported snapshot
+        made = seen.index("replication")
+        assert seen[:made] == ["sql", "catalog"], seen
+        assert seen.count("catalog") == 1, seen
+        # after it: the snapshot's own sessions, then the stream's replication connection
+        assert seen[-1] == "replication" and seen.count("replication") == 2, seen
+    finally:
+        drop_source(pg, name, kafka_bootstrap, (name,))
