@@ -215,7 +215,7 @@ def run_pgrouter(server: str, bootstrap: str, tx_topic: str, prefix: str, a_end:
         sql(server, "select pg_replication_origin_drop(%s)", origin)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--txn-rows", type=int, default=1000)
@@ -228,7 +228,11 @@ def main() -> None:
     ap.add_argument("--stack", metavar="DIR", type=pathlib.Path,
                     help="a running dev stack's folder, read only (default: bring up the one "
                          "in .devstack)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     info = stack(args.stack)
     src_server, dst_server = info.extra_pg["pg2"], info.extra_pg["pg3"]
     tag = uuid.uuid4().hex[:6]
@@ -245,52 +249,13 @@ def main() -> None:
         sql(src, "create publication pub for table t")
         for s in slots + [router_slot]:
             sql(src, "select pg_create_logical_replication_slot(%s, 'pgoutput')", s)
-        n_a = args.rows // args.txn_rows
-        t = time.monotonic()
-        sql(src, f"""do $$ begin for i in 0..{n_a - 1} loop
-            insert into t select g, g % 1000, 'row ' || g, g * 1.25, now(), g % 2 = 0
-              from generate_series(i * {args.txn_rows} + 1, (i + 1) * {args.txn_rows}) g;
-            commit; end loop; end $$""")
-        sql(src, f"""do $$ begin for i in 1..{args.updates} loop
-            update t set a = a + 1, b = b || '+' where id = 1 + (i * 7919) % {args.rows};
-            commit; end loop; end $$""")
-        print(f"workload written in {time.monotonic() - t:.1f}s", file=sys.stderr)
-        cfg.write(toml({"source": {"dsn": src, "slot": router_slot, "publications": ["pub"]},
-                        "kafka": {"bootstrap_servers": info.kafka_bootstrap,
-                                  "client": "librdkafka", "transactions_topic": tx_topic},
-                        "routes": [{"name": "r", "tables": ["public.t"],
-                                    "topic": f"{prefix}.{{schema}}.{{table}}"}]}))
-        cfg.close()
-        t = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", cfg.name,
-                               "--until-caught-up"], cwd=ROOT, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"pgrouter run exited {done.returncode}:\n{done.stderr[-3000:]}")
-        print(f"router wrote the topics in {time.monotonic() - t:.1f}s", file=sys.stderr)
+        n_a = write_workload(src, args)
+        route_once(cfg, src, router_slot, info.kafka_bootstrap, tx_topic, prefix)
         ends = transaction_ends(info.kafka_bootstrap, tx_topic)
         assert len(ends) == n_a + args.updates, len(ends)
         last_a, last_b = ends[n_a - 1]["source"], ends[-1]["source"]
-        expected = fingerprint(src)
-        results: dict[str, list[dict]] = {"native": [], "pgrouter": []}
-        grouped = f"pgrouter group_rows={args.group_rows}"
-        if args.group_rows:
-            results[grouped] = []
-        for r in range(args.rounds):
-            order = list(results) if r % 2 == 0 else list(reversed(results))
-            for who in order:
-                rtag = f"{tag}{r}{'g' if who == grouped else ''}"
-                if who == "native":
-                    res = run_native(src, dst_server, slots[r], last_a["end_lsn"],
-                                     last_b["end_lsn"], rtag)
-                else:
-                    res = run_pgrouter(dst_server, info.kafka_bootstrap, tx_topic, prefix,
-                                       last_a["commit_lsn"], last_b["commit_lsn"], rtag,
-                                       args.profile if r == 0 and who == "pgrouter" else None,
-                                       args.group_rows if who == grouped else 0)
-                assert res["fp"] == expected, f"{who} round {r}: target differs from source"
-                results[who].append(res)
-                print(f"round {r} {who}: inserts {res['a'] - res['first']:.2f}s, "
-                      f"updates {res['b'] - res['a']:.2f}s", file=sys.stderr)
+        results = run_rounds(args, src, dst_server, info.kafka_bootstrap, tx_topic, prefix,
+                             slots, tag, last_a, last_b)
         report(args, results)
     finally:
         os.unlink(cfg.name)
@@ -301,6 +266,68 @@ def main() -> None:
                 pass
         sql(src_server, f"drop database {src_db}")
         delete_topics(info.kafka_bootstrap, [tx_topic, f"{prefix}.public.t"])
+
+
+def write_workload(src: str, args) -> int:
+    """The inserts (``--txn-rows``-row transactions) then the one-row updates, written to
+    the source; returns the number of insert transactions."""
+    n_a = args.rows // args.txn_rows
+    t = time.monotonic()
+    sql(src, f"""do $$ begin for i in 0..{n_a - 1} loop
+        insert into t select g, g % 1000, 'row ' || g, g * 1.25, now(), g % 2 = 0
+          from generate_series(i * {args.txn_rows} + 1, (i + 1) * {args.txn_rows}) g;
+        commit; end loop; end $$""")
+    sql(src, f"""do $$ begin for i in 1..{args.updates} loop
+        update t set a = a + 1, b = b || '+' where id = 1 + (i * 7919) % {args.rows};
+        commit; end loop; end $$""")
+    print(f"workload written in {time.monotonic() - t:.1f}s", file=sys.stderr)
+    return n_a
+
+
+def route_once(cfg, src: str, router_slot: str, bootstrap: str, tx_topic: str,
+               prefix: str) -> None:
+    """``pgrouter run --until-caught-up`` (librdkafka, with the transaction topic), untimed:
+    the topics every pgrouter round reads."""
+    cfg.write(toml({"source": {"dsn": src, "slot": router_slot, "publications": ["pub"]},
+                    "kafka": {"bootstrap_servers": bootstrap,
+                              "client": "librdkafka", "transactions_topic": tx_topic},
+                    "routes": [{"name": "r", "tables": ["public.t"],
+                                "topic": f"{prefix}.{{schema}}.{{table}}"}]}))
+    cfg.close()
+    t = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "actors.cli", "run", "-c", cfg.name,
+                           "--until-caught-up"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"pgrouter run exited {done.returncode}:\n{done.stderr[-3000:]}")
+    print(f"router wrote the topics in {time.monotonic() - t:.1f}s", file=sys.stderr)
+
+
+def run_rounds(args, src: str, dst_server: str, bootstrap: str, tx_topic: str, prefix: str,
+               slots: list[str], tag: str, last_a: dict, last_b: dict) -> dict[str, list[dict]]:
+    """The rounds, each contender in alternating order, every target checked equal to the
+    source: each contender's results, round by round."""
+    expected = fingerprint(src)
+    results: dict[str, list[dict]] = {"native": [], "pgrouter": []}
+    grouped = f"pgrouter group_rows={args.group_rows}"
+    if args.group_rows:
+        results[grouped] = []
+    for r in range(args.rounds):
+        order = list(results) if r % 2 == 0 else list(reversed(results))
+        for who in order:
+            rtag = f"{tag}{r}{'g' if who == grouped else ''}"
+            if who == "native":
+                res = run_native(src, dst_server, slots[r], last_a["end_lsn"],
+                                 last_b["end_lsn"], rtag)
+            else:
+                res = run_pgrouter(dst_server, bootstrap, tx_topic, prefix,
+                                   last_a["commit_lsn"], last_b["commit_lsn"], rtag,
+                                   args.profile if r == 0 and who == "pgrouter" else None,
+                                   args.group_rows if who == grouped else 0)
+            assert res["fp"] == expected, f"{who} round {r}: target differs from source"
+            results[who].append(res)
+            print(f"round {r} {who}: inserts {res['a'] - res['first']:.2f}s, "
+                  f"updates {res['b'] - res['a']:.2f}s", file=sys.stderr)
+    return results
 
 
 def stack(folder: pathlib.Path | None):

@@ -236,7 +236,8 @@ def ceiling_drain(spark, cfg) -> None:
         writer.format("delta").start(f"{cfg.warehouse}/ceiling").awaitTermination()
 
 
-def main() -> int:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """The options, checked: -> (args, the backlogs' formats)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=500_000)
     ap.add_argument("--keys", type=int, default=100_000)
@@ -287,7 +288,11 @@ def main() -> int:
         args.compare = [dict(kv.split("=", 1) for kv in c.split(",")) for c in args.compare]
     except ValueError:
         ap.error("--compare: KEY=VALUE[,KEY=VALUE], e.g. spark.sql.shuffle.partitions=4")
+    return args, formats
 
+
+def main() -> int:
+    args, formats = parse_args()
     bootstrap, registry = args.bootstrap, args.registry
     if not bootstrap or (not registry and "avro" in formats):
         info = ensure_up(ROOT / ".devstack")
@@ -298,15 +303,7 @@ def main() -> int:
         backlogs = {"warmup.": (formats[0], args.warmup), **backlogs}
     topics = {}
     try:
-        for name, (fmt, n) in backlogs.items():
-            tag = name + uuid.uuid4().hex[:8]
-            topics[name] = (f"bench.materialize.{tag}", f"bench.schemas.{tag}")
-            t0 = time.perf_counter()
-            produce(bootstrap, *topics[name], n, max(1, args.keys * n // args.records),
-                    registry if fmt == "avro" else None)
-            produced = time.perf_counter() - t0
-            print(f"{name}backlog ({fmt}): {n} records in {produced:.1f}s ({n / produced:,.0f} "
-                  "records/s produced)")
+        produce_backlogs(args, bootstrap, registry, backlogs, topics)
         drains, started, archive = run_drains(args, bootstrap, registry, backlogs, topics,
                                               formats)
     finally:
@@ -315,6 +312,27 @@ def main() -> int:
         if avro:
             delete_subjects(registry, avro)
         delete_topics(bootstrap, [t for pair in topics.values() for t in pair])
+    print_summary(args, drains, started, archive)
+    return 0
+
+
+def produce_backlogs(args, bootstrap: str, registry: str | None, backlogs: dict,
+                     topics: dict) -> None:
+    """Each backlog produced to fresh topics (``topics``: name -> (topic, schema topic), filled
+    as they are created, for the cleanup)."""
+    for name, (fmt, n) in backlogs.items():
+        tag = name + uuid.uuid4().hex[:8]
+        topics[name] = (f"bench.materialize.{tag}", f"bench.schemas.{tag}")
+        t0 = time.perf_counter()
+        produce(bootstrap, *topics[name], n, max(1, args.keys * n // args.records),
+                registry if fmt == "avro" else None)
+        produced = time.perf_counter() - t0
+        print(f"{name}backlog ({fmt}): {n} records in {produced:.1f}s ({n / produced:,.0f} "
+              "records/s produced)")
+
+
+def print_summary(args, drains: dict, started: float, archive) -> None:
+    """Each drain's records/s and CPU, and the drains' ratios to the ceiling."""
     print(f"session start and a first job: {started:.1f}s"
           + ("" if archive is None else " (class archive: written now, for the next runs)"
              if archive.writing else f" (class archive {archive.path})"))
@@ -348,7 +366,6 @@ def main() -> int:
                   f"{c / cpu:.2f}x its CPU (goal: within 1.2x)")
     print(f"load average {os.getloadavg()[0]:.2f} (CPU seconds are steadier than the wall clock "
           "on a shared machine)")
-    return 0
 
 
 def fold_costs(spark, cfg, jvm: int, records: int) -> None:
@@ -381,6 +398,27 @@ def _tag(args, output: str) -> str:
     return "" if args.output == ["delta"] else f" [{output}]"
 
 
+def job_config(args, bootstrap: str, registry: str | None, topics: dict, tmp: str, name: str,
+               run: int = 0, output: str = "delta"):
+    """The job's configuration for one drain of backlog ``name`` (its own table and
+    checkpoint under ``tmp``; with ``output`` iceberg a catalog of its own)."""
+    topic, schema_topic = topics[name]
+    extra = {} if output == "delta" else dict(
+        output_format=job.ICEBERG, iceberg_catalog="hadoop",
+        iceberg_name=f"bench_{name.strip('.')}_{run}",  # a catalog per drain
+        iceberg_warehouse=f"{tmp}/{name}{run}ice", compact_interval=None)
+    return job.JobConfig(**extra, bootstrap_servers=bootstrap, topics=[topic],
+                         schema_topic=schema_topic, warehouse=f"{tmp}/{name}{run}wh",
+                         checkpoint=f"{tmp}/{name}{run}ck", mode=args.mode,
+                         max_offsets_per_trigger=args.batch, master=args.master,
+                         kafka_options=NO_AUTO_CREATE,
+                         spark_conf={"spark.sql.shuffle.partitions": "2",
+                                     "spark.driver.memory": "4g"},
+                         jars=spark_jars(ROOT / ".devstack"),
+                         class_archive=args.class_archive,
+                         registry=RegistrySettings(url=registry) if registry else None)
+
+
 def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topics: dict,
                formats: list):
     """Drain the backlogs in one session: the warm-up backlog first (the fresh JVM), then each
@@ -388,21 +426,8 @@ def run_drains(args, bootstrap: str, registry: str | None, backlogs: dict, topic
     rows)]}, session start seconds, class archive)."""
     with tempfile.TemporaryDirectory(prefix="pgrouter-bench-") as tmp:
         def config(name, run=0, output="delta"):
-            topic, schema_topic = topics[name]
-            extra = {} if output == "delta" else dict(
-                output_format=job.ICEBERG, iceberg_catalog="hadoop",
-                iceberg_name=f"bench_{name.strip('.')}_{run}",  # a catalog per drain
-                iceberg_warehouse=f"{tmp}/{name}{run}ice", compact_interval=None)
-            return job.JobConfig(**extra,bootstrap_servers=bootstrap, topics=[topic],
-                                 schema_topic=schema_topic, warehouse=f"{tmp}/{name}{run}wh",
-                                 checkpoint=f"{tmp}/{name}{run}ck", mode=args.mode,
-                                 max_offsets_per_trigger=args.batch, master=args.master,
-                                 kafka_options=NO_AUTO_CREATE,
-                                 spark_conf={"spark.sql.shuffle.partitions": "2",
-                                             "spark.driver.memory": "4g"},
-                                 jars=spark_jars(ROOT / ".devstack"),
-                                 class_archive=args.class_archive,
-                                 registry=RegistrySettings(url=registry) if registry else None)
+            return job_config(args, bootstrap, registry, topics, tmp, name, run, output)
+
         t0 = time.perf_counter()
         spark = job.build_session(config(next(iter(backlogs))), archive=True)
         archive = spark._pgrouter_archive

@@ -49,6 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import machine  # noqa: E402  (bench/machine.py)
+import snapshot_report  # noqa: E402  (bench/snapshot_report.py)
 COLUMNS = "id, grp, amount, note, created"
 SETTINGS = {"linger_ms": 5}  # the router's [kafka] settings here and the ceiling's
 ROUTER_RSS: list[float] = []  # MB, of each router run
@@ -436,7 +437,7 @@ def one_table(args, cur, tag: str, big: str, slots: list) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--tables", type=int, default=4)
@@ -454,7 +455,11 @@ def main() -> None:
                          "(what actors/kafka/_producer.c buys)")
     ap.add_argument("--baseline", metavar="DIR",
                     help="with --one: also the router of another checkout, in the same rounds")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     tag = f"bs_{uuid.uuid4().hex[:8]}"
     conn = psycopg2.connect(args.dsn)
@@ -463,14 +468,6 @@ def main() -> None:
     big = f"{tag}_big"
     small = [] if args.one or args.ceilings else [f"{tag}_p{i}" for i in range(args.tables)]
     slots = []
-    runs: dict[str, list] = {}
-
-    def note(name: str, value: float) -> None:
-        runs.setdefault(name, []).append(value)
-
-    def med(name: str) -> float:
-        return statistics.median(runs[name])
-
     try:
         for t, n in [(big, args.rows)] + [(s, args.rows // args.tables) for s in small]:
             cur.execute(f"create table {t} (id bigint primary key, grp int, amount numeric(12,2),"
@@ -488,84 +485,7 @@ def main() -> None:
             ceilings["packed"] = make_packed
         if args.ceilings:
             return ceilings_only(args, ceilings, n_records)
-        cur.execute(f"create publication {tag}_many for table {', '.join(small)}")
-        meter = machine.Meter(args.dsn)
-        before = meter.read()
-        time.sleep(3)
-        idle = meter.read() - before  # what the broker and PostgreSQL use with nothing to do
-        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
-        scaling = encode_scaling(args.dsn, big, args.sessions, args.repeat)
-        print(f"the router's per-row work alone (COPY text to records, {args.rows} rows, "
-              f"medians of {args.repeat}): 1 thread, then {args.sessions} threads at once")
-        for path, (one, many, cpu) in scaling.items():
-            print(f"  {path:6} path {one:6.2f} s ({cpu:5.2f} CPU s, {cpu / args.rows * 1e6:.2f} "
-                  f"µs/row)  {many:6.2f} s  ({one / many:.2f}x)", flush=True)
-        for r in range(args.repeat):
-            for name, made in ceilings.items():
-                secs, cpu, used = ceiling_seconds(args.client, args.kafka, made, n_records,
-                                                  meter)
-                note(name, secs)
-                note(f"{name} cpu", cpu)
-                note(f"{name} machine", used)
-            for sessions in sorted({1, args.sessions}):
-                slots.append(f"{tag}_one{r}_{sessions}")
-                before = meter.read()
-                secs, rows, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
-                                                   slots[-1], big, [big], sessions)
-                note(f"snap{sessions} machine", meter.read() - before)
-                assert rows == args.rows, rows
-                note(f"snap{sessions}", secs)
-                note(f"snap{sessions} cpu", cpu)
-                note(f"snap{sessions}/ceiling", secs / runs["ceiling"][-1])
-                if "packed" in ceilings:
-                    note(f"snap{sessions}/packed", secs / runs["packed"][-1])
-            note("copy", copy_seconds(args.dsn, big))
-            note("copy ranges", copy_ranges_seconds(args.dsn, big, args.sessions))
-            note("speedup", runs["snap1"][-1] / runs[f"snap{args.sessions}"][-1])
-            rss_mb = max(ROUTER_RSS)  # of the one-table runs
-            note("copy many", sum(copy_seconds(args.dsn, s) for s in small))
-            slots.append(f"{tag}_many{r}")
-            secs, rows_many, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
-                                                    slots[-1], f"{tag}_many", small,
-                                                    args.tables)
-            note("snap many", secs)
-            note("snap many cpu", cpu)
-            packed = (f", packed {runs['packed'][-1]:.2f} s" if "packed" in ceilings else "")
-            print(f"  round {r + 1}: ceiling {runs['ceiling'][-1]:.2f} s{packed}, snapshot "
-                  f"1 session {runs['snap1'][-1]:.2f} s, {args.sessions} sessions "
-                  f"{runs[f'snap{args.sessions}'][-1]:.2f} s, COPY {runs['copy'][-1]:.2f} s",
-                  flush=True)
-        rows, k = args.rows, args.sessions
-        print(f"one table, {rows} rows ({args.client}), medians of {args.repeat} round(s):")
-        print(f"  COPY to /dev/null        {med('copy'):8.2f} s  {rows / med('copy'):12,.0f} rows/s")
-        print(f"  producer ceiling         {med('ceiling'):8.2f} s  {rows / med('ceiling'):12,.0f}"
-              f" records/s  cpu {med('ceiling cpu'):6.2f} s (bench/sink.py, same records)")
-        if "packed" in ceilings:
-            print(f"  producer ceiling, packed {med('packed'):8.2f} s  "
-                  f"{rows / med('packed'):12,.0f} records/s  cpu {med('packed cpu'):6.2f} s "
-                  "(the same, as the snapshot's C path hands them over)")
-        for s in sorted({1, k}):
-            vs_packed = (f", {med(f'snap{s}/packed'):.2f}x the packed ceiling's"
-                         if "packed" in ceilings else "")
-            print(f"  snapshot, {s} session(s)   {med(f'snap{s}'):8.2f} s  "
-                  f"{rows / med(f'snap{s}'):12,.0f} rows/s  cpu {med(f'snap{s} cpu'):6.2f} s"
-                  f"  ({med(f'snap{s}/ceiling'):.2f}x the ceiling's time{vs_packed})")
-        print("  the rest of the machine (medians) over the ceilings' clocks and the router's "
-              "whole runs (its start and the slot's creation included); with nothing to do, "
-              f"per second: {idle.text(per=3.0)}")
-        for name in [*ceilings, *(f"snap{s}" for s in sorted({1, k}))]:
-            print(f"    {name:8} {machine.Usage.median(runs[f'{name} machine']).text()}")
-        print(f"  {k} sessions / 1 session  {med('speedup'):8.2f}x rows/s")
-        print(f"  COPY of its ranges, {k} sessions at once {med('copy ranges'):6.2f} s "
-              f"({med('copy') / med('copy ranges'):.2f}x one COPY's rows/s)")
-        print(f"  snapshot / COPY          {med('snap1') / med('copy'):8.2f}")
-        print(f"  router max RSS           {rss_mb:8.0f} MB")
-        print(f"{args.tables} tables, {rows_many} rows:")
-        print(f"  sequential COPYs       {med('copy many'):8.2f} s  "
-              f"{rows_many / med('copy many'):12,.0f} rows/s")
-        print(f"  parallel snapshot      {med('snap many'):8.2f} s  "
-              f"{rows_many / med('snap many'):12,.0f} rows/s  cpu {med('snap many cpu'):6.2f} s")
-        print(f"  ratio snapshot/COPYs   {med('snap many') / med('copy many'):8.2f}")
+        all_tables(args, cur, tag, big, small, slots, ceilings, n_records)
     finally:
         for s in slots:
             cur.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots "
@@ -582,6 +502,64 @@ def main() -> None:
             admin.close()
         except Exception as exc:  # the figures are printed; leftover topics are only noise
             print(f"(topics of {tag} not deleted: {exc})")
+
+
+def all_tables(args, cur, tag: str, big: str, small: list, slots: list, ceilings: dict,
+               n_records: int) -> None:
+    """The default run: the per-row work alone (``encode_scaling``), then in each round the
+    producer's ceilings, the big table's snapshot by 1 and ``--sessions`` sessions, its COPYs,
+    and the ``--tables`` small tables' snapshot against their sequential COPYs."""
+    cur.execute(f"create publication {tag}_many for table {', '.join(small)}")
+    meter = machine.Meter(args.dsn)
+    before = meter.read()
+    time.sleep(3)
+    idle = meter.read() - before  # what the broker and PostgreSQL use with nothing to do
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    scaling = encode_scaling(args.dsn, big, args.sessions, args.repeat)
+    print(f"the router's per-row work alone (COPY text to records, {args.rows} rows, "
+          f"medians of {args.repeat}): 1 thread, then {args.sessions} threads at once")
+    for path, (one, many, cpu) in scaling.items():
+        print(f"  {path:6} path {one:6.2f} s ({cpu:5.2f} CPU s, {cpu / args.rows * 1e6:.2f} "
+              f"µs/row)  {many:6.2f} s  ({one / many:.2f}x)", flush=True)
+    runs: dict[str, list] = {}
+
+    def note(name: str, value: float) -> None:
+        runs.setdefault(name, []).append(value)
+
+    for r in range(args.repeat):
+        for name, made in ceilings.items():
+            secs, cpu, used = ceiling_seconds(args.client, args.kafka, made, n_records, meter)
+            note(name, secs)
+            note(f"{name} cpu", cpu)
+            note(f"{name} machine", used)
+        for sessions in sorted({1, args.sessions}):
+            slots.append(f"{tag}_one{r}_{sessions}")
+            before = meter.read()
+            secs, rows, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
+                                               slots[-1], big, [big], sessions)
+            note(f"snap{sessions} machine", meter.read() - before)
+            assert rows == args.rows, rows
+            note(f"snap{sessions}", secs)
+            note(f"snap{sessions} cpu", cpu)
+            note(f"snap{sessions}/ceiling", secs / runs["ceiling"][-1])
+            if "packed" in ceilings:
+                note(f"snap{sessions}/packed", secs / runs["packed"][-1])
+        note("copy", copy_seconds(args.dsn, big))
+        note("copy ranges", copy_ranges_seconds(args.dsn, big, args.sessions))
+        note("speedup", runs["snap1"][-1] / runs[f"snap{args.sessions}"][-1])
+        rss_mb = max(ROUTER_RSS)  # of the one-table runs
+        note("copy many", sum(copy_seconds(args.dsn, s) for s in small))
+        slots.append(f"{tag}_many{r}")
+        secs, rows_many, cpu = snapshot_seconds(args.dsn, args.kafka, args.client,
+                                                slots[-1], f"{tag}_many", small, args.tables)
+        note("snap many", secs)
+        note("snap many cpu", cpu)
+        packed = (f", packed {runs['packed'][-1]:.2f} s" if "packed" in ceilings else "")
+        print(f"  round {r + 1}: ceiling {runs['ceiling'][-1]:.2f} s{packed}, snapshot "
+              f"1 session {runs['snap1'][-1]:.2f} s, {args.sessions} sessions "
+              f"{runs[f'snap{args.sessions}'][-1]:.2f} s, COPY {runs['copy'][-1]:.2f} s",
+              flush=True)
+    snapshot_report.print_all_tables(args, runs, ceilings, idle, rss_mb, rows_many)
 
 
 if __name__ == "__main__":

@@ -27,29 +27,23 @@ from tests.helpers import ROOT, Pg, kill9, run_router, start_router, unique, wri
 FAULTS = ("router-kill", "walsender-terminate", "broker-restart", "server-restart")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rate", type=float, default=10, help="transactions a second (50 rows)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     rng = random.Random(args.seed)
     root = ROOT / ".devstack" / "soak"
     info = devstack.ensure_up(root, registry=False)
     pg = Pg(info.pg_dsn)
     name = unique("soak")
-    pg.run(f"create table {name} (id bigint primary key, batch int, payload text)")
-    pg.run(f"create publication {name} for table {name}")
-    pg.run("select pg_create_logical_replication_slot(%s, 'test_decoding')", f"{name}_oracle")
-    conf = ", ".join(f'"{k}" = "{v}"' for k, v in TOPIC_CONFIGS.items())
     tmp = root / "runs" / name
-    tmp.mkdir(parents=True)
-    cfg = write_config(tmp / "router.toml", dsn=info.pg_dsn, slot=name, publications=[name],
-                       bootstrap=info.kafka_bootstrap,
-                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
-                              f'topic = "{name}"\ntopic_settings = {{ partitions = 3, '
-                              f'configs = {{ {conf} }} }}\n')
-    run_router(cfg)
+    cfg = prepare(pg, info, name, tmp)
     bootstrap = info.kafka_bootstrap
     sampler = ConfirmSampler(info.pg_dsn, name)
     sampler.start()
@@ -72,37 +66,12 @@ def main(argv=None) -> int:
                 kill9(proc)
                 runs += 1
                 proc = start_router(cfg, tmp / f"router-{runs}.log")
-            elif fault == "walsender-terminate":
-                pg.run("select pg_terminate_backend(active_pid) from pg_replication_slots "
-                       "where slot_name = %s and active_pid is not null", name)
             else:
-                service = "kafka" if fault == "broker-restart" else "pg"
-                if service == "pg":
-                    pg.close()
-                devstack.stop_service(root, service)
-                time.sleep(rng.uniform(1, 5))
-                devstack.ensure_up(root, registry=False)
-                if service == "pg":
-                    pg = Pg(info.pg_dsn)
+                pg = disturb(fault, rng, root, info, pg, name)
             wait_for(lambda: topic_size(bootstrap, name) > size, timeout=180,
                      what=f"the stream to resume after {fault}")
             assert proc.poll() is None, f"router exited {proc.returncode}"
-        load.rows = 0  # stop the load after its current batch
-        load.join(timeout=120)
-        inserted = pg.one(f"select count(*) from {name}")
-        wait_for(lambda: pg.one("select confirmed_flush_lsn >= pg_current_wal_lsn() from "
-                                "pg_replication_slots where slot_name = %s", name),
-                 timeout=300, what="the router to catch up")
-        proc.terminate()
-        assert proc.wait(timeout=120) == 0, "the router did not drain cleanly"
-        samples = sampler.stop()
-        figures = verify(pg, bootstrap, name, f"{name}_oracle", samples, rows=inserted)
-        stall = max_stall(figures["all"], started, time.time())
-        print(f"soak {args.minutes:g} min, seed {args.seed}: faults {sum(faults.values())} "
-              f"({', '.join(f'{k} {v}' for k, v in faults.items())}); rows {inserted}; "
-              f"records {figures['records']}; duplicates {figures['duplicates']}; "
-              f"max stall {stall:.1f}s; confirmation readings {figures['samples']} "
-              f"({figures['checked']} checked), none ahead of Kafka; topic = table: ok")
+        finish(args, pg, proc, sampler, load, bootstrap, name, faults, started)
         return 0
     finally:
         if proc.poll() is None:
@@ -116,6 +85,63 @@ def main(argv=None) -> int:
         pg.close()
         delete_topics(bootstrap, [name])
         devstack.down(root)
+
+
+def prepare(pg: Pg, info, name: str, tmp):
+    """The table, its publication, the oracle's slot and the router's slot (a first run):
+    -> the router's configuration file, in ``tmp``."""
+    pg.run(f"create table {name} (id bigint primary key, batch int, payload text)")
+    pg.run(f"create publication {name} for table {name}")
+    pg.run("select pg_create_logical_replication_slot(%s, 'test_decoding')", f"{name}_oracle")
+    conf = ", ".join(f'"{k}" = "{v}"' for k, v in TOPIC_CONFIGS.items())
+    tmp.mkdir(parents=True)
+    cfg = write_config(tmp / "router.toml", dsn=info.pg_dsn, slot=name, publications=[name],
+                       bootstrap=info.kafka_bootstrap,
+                       routes=f'[[routes]]\nname = "{name}"\ntables = ["public.{name}"]\n'
+                              f'topic = "{name}"\ntopic_settings = {{ partitions = 3, '
+                              f'configs = {{ {conf} }} }}\n')
+    run_router(cfg)
+    return cfg
+
+
+def disturb(fault: str, rng: random.Random, root, info, pg: Pg, name: str) -> Pg:
+    """A fault other than the router's kill: the walsender terminated, or the broker or the
+    PostgreSQL server stopped and started. -> the PostgreSQL connection to use next."""
+    if fault == "walsender-terminate":
+        pg.run("select pg_terminate_backend(active_pid) from pg_replication_slots "
+               "where slot_name = %s and active_pid is not null", name)
+        return pg
+    service = "kafka" if fault == "broker-restart" else "pg"
+    if service == "pg":
+        pg.close()
+    devstack.stop_service(root, service)
+    time.sleep(rng.uniform(1, 5))
+    devstack.ensure_up(root, registry=False)
+    if service == "pg":
+        pg = Pg(info.pg_dsn)
+    return pg
+
+
+def finish(args, pg: Pg, proc, sampler, load, bootstrap: str, name: str, faults: dict,
+           started: float) -> None:
+    """The load stopped, the router caught up and drained, the topic checked against the
+    table; the summary printed."""
+    load.rows = 0  # stop the load after its current batch
+    load.join(timeout=120)
+    inserted = pg.one(f"select count(*) from {name}")
+    wait_for(lambda: pg.one("select confirmed_flush_lsn >= pg_current_wal_lsn() from "
+                            "pg_replication_slots where slot_name = %s", name),
+             timeout=300, what="the router to catch up")
+    proc.terminate()
+    assert proc.wait(timeout=120) == 0, "the router did not drain cleanly"
+    samples = sampler.stop()
+    figures = verify(pg, bootstrap, name, f"{name}_oracle", samples, rows=inserted)
+    stall = max_stall(figures["all"], started, time.time())
+    print(f"soak {args.minutes:g} min, seed {args.seed}: faults {sum(faults.values())} "
+          f"({', '.join(f'{k} {v}' for k, v in faults.items())}); rows {inserted}; "
+          f"records {figures['records']}; duplicates {figures['duplicates']}; "
+          f"max stall {stall:.1f}s; confirmation readings {figures['samples']} "
+          f"({figures['checked']} checked), none ahead of Kafka; topic = table: ok")
 
 
 if __name__ == "__main__":

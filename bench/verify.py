@@ -51,7 +51,7 @@ def _sql(dsn: str, statement: str):
         conn.close()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--format", default="json", choices=["json", "connect", "avro"])
@@ -66,7 +66,11 @@ def main() -> None:
     ap.add_argument("--status-interval", type=float, default=None,
                     help="the router's [source] status_interval (default: the config's "
                          "default, what users run with)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     for tree in filter(None, (ROOT, args.old_tree)):
         _compiled(pathlib.Path(tree))
     load = os.getloadavg()
@@ -79,15 +83,36 @@ def main() -> None:
                    f"'2026-01-01'::timestamptz + g * interval '1 second' "
                    f"from generate_series(1, {args.rows}) g")
     _sql(args.dsn, f"create publication {slot} for table {table}")
+    router = None
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = pathlib.Path(tmp) / "router.toml"
+        cfg.write_text(_router_config(args, slot, route, table))
+        try:
+            log = open(pathlib.Path(tmp) / "router.log", "wb")
+            router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c",
+                                       str(cfg)], cwd=ROOT, stdout=log,
+                                      stderr=subprocess.STDOUT)
+            waited, usage, runs, res = _measure(args, cfg, router, slot, table, topic)
+        finally:
+            if router is not None:
+                router.terminate()
+                try:
+                    router.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    router.kill()
+                    router.wait(timeout=30)
+            _drop(args, slot, table, topic)
+    _print_summary(args, runs, res, load, waited, usage)
+
+
+def _router_config(args, slot: str, route: str, table: str) -> str:
+    """The router's configuration: the table's slot and publication, created by the router."""
     kafka = f'format = "{args.format}"\n'
     if args.format == "avro":
         kafka += f'\n[kafka.registry]\nurl = "{args.registry}"\n'
     status = ("" if args.status_interval is None
               else f"status_interval = {args.status_interval}")
-    router = None
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = pathlib.Path(tmp) / "router.toml"
-        cfg.write_text(f"""
+    return f"""
 [source]
 dsn = {json.dumps(args.dsn)}
 slot = {json.dumps(slot)}
@@ -104,56 +129,60 @@ progress_interval = 30
 [[routes]]
 name = "{route}"
 tables = ["{table}"]
-""")
-        try:
-            log = open(pathlib.Path(tmp) / "router.log", "wb")
-            router = subprocess.Popen([sys.executable, "-m", "actors.cli", "run", "-c",
-                                       str(cfg)], cwd=ROOT, stdout=log,
-                                      stderr=subprocess.STDOUT)
-            started = time.monotonic()
-            while not _sql(args.dsn, f"select 1 from pg_replication_slots where slot_name = "
-                                     f"'{slot}' and active"):
-                if router.poll() is not None or time.monotonic() - started > 600:
-                    raise SystemExit("the router did not start: see its log")
-                time.sleep(0.2)
-            proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c", str(cfg),
-                                   "--json", "--wait", "3600"], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=7200)
-            if proc.returncode != 0:  # the first run waits for the initial snapshot
-                raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-            waited = time.monotonic() - started
-            usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            runs = []
-            for _ in range(args.repeat):  # verify (each tree) and the reference, interleaved
-                run, res = _verify(cfg, ROOT)
-                if args.old_tree:
-                    old, _res = _verify(cfg, args.old_tree)
-                    run.update({f"old_{k}": v for k, v in old.items()})
-                copy = copy_seconds(args.dsn, table)
-                read = read_seconds(args.kafka, topic)
-                run.update({"copy": copy, "read": read, "ratio": run["wall"] / (copy + read)})
-                if args.old_tree:
-                    run["old_ratio"] = run["old_wall"] / (copy + read)
-                runs.append(run)
-            usage = max(usage, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-        finally:
-            if router is not None:
-                router.terminate()
-                try:
-                    router.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    router.kill()
-                    router.wait(timeout=30)
-            _sql(args.dsn, f"select pg_drop_replication_slot('{slot}') from "
-                           f"pg_replication_slots where slot_name = '{slot}'")
-            _sql(args.dsn, f"drop publication if exists {slot}")
-            _sql(args.dsn, f"drop table if exists {table}")
-            from kafka import KafkaAdminClient
+"""
 
-            admin = KafkaAdminClient(bootstrap_servers=args.kafka)
-            if topic in admin.list_topics():
-                admin.delete_topics([topic])
-            admin.close()
+
+def _measure(args, cfg: pathlib.Path, router: subprocess.Popen, slot: str, table: str,
+             topic: str) -> tuple[float, int, list[dict], dict]:
+    """Waits for the router's slot and a first verify (the initial snapshot), then the
+    ``--repeat`` rounds: verify (each tree) and the reference, interleaved. Returns the
+    first run's wait, the peak child RSS, each round's figures and the last verify's result."""
+    started = time.monotonic()
+    while not _sql(args.dsn, f"select 1 from pg_replication_slots where slot_name = "
+                             f"'{slot}' and active"):
+        if router.poll() is not None or time.monotonic() - started > 600:
+            raise SystemExit("the router did not start: see its log")
+        time.sleep(0.2)
+    proc = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "-c", str(cfg),
+                           "--json", "--wait", "3600"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=7200)
+    if proc.returncode != 0:  # the first run waits for the initial snapshot
+        raise SystemExit(f"verify exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    waited = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    runs = []
+    for _ in range(args.repeat):  # verify (each tree) and the reference, interleaved
+        run, res = _verify(cfg, ROOT)
+        if args.old_tree:
+            old, _res = _verify(cfg, args.old_tree)
+            run.update({f"old_{k}": v for k, v in old.items()})
+        copy = copy_seconds(args.dsn, table)
+        read = read_seconds(args.kafka, topic)
+        run.update({"copy": copy, "read": read, "ratio": run["wall"] / (copy + read)})
+        if args.old_tree:
+            run["old_ratio"] = run["old_wall"] / (copy + read)
+        runs.append(run)
+    usage = max(usage, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return waited, usage, runs, res
+
+
+def _drop(args, slot: str, table: str, topic: str) -> None:
+    """The slot, publication, table and topic removed."""
+    _sql(args.dsn, f"select pg_drop_replication_slot('{slot}') from "
+                   f"pg_replication_slots where slot_name = '{slot}'")
+    _sql(args.dsn, f"drop publication if exists {slot}")
+    _sql(args.dsn, f"drop table if exists {table}")
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=args.kafka)
+    if topic in admin.list_topics():
+        admin.delete_topics([topic])
+    admin.close()
+
+
+def _print_summary(args, runs: list[dict], res: dict, load: tuple, waited: float,
+                   usage: int) -> None:
+    """The JSON line: the medians, their ratios and each run."""
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     reference = med["copy"] + med["read"]
     print(json.dumps({
