@@ -1,12 +1,14 @@
 """The set-up end-to-end tests share: a new table under a unique name (its slot and its
 publication take the same name), the router config of that slot and publication, a route of
-one table, and their removal."""
+one table, and their removal; a run of the real command under a probe."""
 
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
 
-from tests.helpers import Pg, unique, write_config
+from tests.helpers import ROOT, Pg, unique, write_config
 
 
 def new_table(pg_dsn: str, prefix: str, columns: str) -> tuple[Pg, str]:
@@ -55,3 +57,15 @@ def own_database(pg_dsn: str, prefix: str):
               "where database = %s and not active", name)
     admin.run(f"drop database {name} with (force)")
     admin.close()
+
+
+def run_probed(probe: str, out: pathlib.Path, cfg: pathlib.Path) -> str:
+    """``pgrouter run -c cfg --until-caught-up`` as ``python -c probe out …`` (a probe that
+    records what the process did into ``out``, then runs ``actors.cli``): its stderr, after
+    asserting it exited 0 and copied its initial snapshot."""
+    proc = subprocess.run([sys.executable, "-c", probe, str(out), "run", "-c", str(cfg),
+                           "--until-caught-up"], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "initial snapshot: done" in proc.stderr, proc.stderr[-3000:]
+    return proc.stderr

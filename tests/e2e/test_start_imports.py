@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.e2e.sources import new_table, source_config, table_route
+from tests.e2e.sources import new_table, run_probed, source_config, table_route
 from tests.helpers import ROOT, drop_source
 
 pytestmark = pytest.mark.services
@@ -38,11 +38,7 @@ def test_a_json_router_on_librdkafka_imports_only_what_it_uses(pg_dsn, kafka_boo
                         routes=table_route(name, f"{name}.{{schema}}.{{table}}"))
     modules = tmp_path / "modules.txt"
     try:
-        proc = subprocess.run([sys.executable, "-c", PROBE, str(modules), "run", "-c",
-                               str(cfg), "--until-caught-up"], capture_output=True, text=True,
-                              timeout=180, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "initial snapshot: done" in proc.stderr, proc.stderr[-3000:]
+        run_probed(PROBE, modules, cfg)
         loaded = set(modules.read_text().split())
         assert "confluent_kafka" in loaded and "actors.runner.supervisor" in loaded
         assert sorted(m for m in loaded if m in NOT_USED or m.startswith(

@@ -7,13 +7,10 @@ read of the catalog's tables, in order."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.e2e.sources import new_table, source_config, table_route
-from tests.helpers import ROOT, drop_source
+from tests.e2e.sources import new_table, run_probed, source_config, table_route
+from tests.helpers import drop_source
 
 pytestmark = pytest.mark.services
 
@@ -52,11 +49,8 @@ def test_an_initial_snapshot_start_uses_one_session_and_one_catalog_read(
                         routes=table_route(name))
     seen_file = tmp_path / "seen.txt"
     try:
-        proc = subprocess.run([sys.executable, "-c", PROBE, str(seen_file), "run", "-c",
-                               str(cfg), "--until-caught-up"], capture_output=True, text=True,
-                              timeout=180, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "initial snapshot: done tables=1 rows=1" in proc.stderr, proc.stderr[-3000:]
+        stderr = run_probed(PROBE, seen_file, cfg)
+        assert "initial snapshot: done tables=1 rows=1" in stderr, stderr[-3000:]
         seen = seen_file.read_text().split()
         # the first replication connection creates the slot with its exported snapshot
         made = seen.index("replication")
