@@ -94,13 +94,13 @@ class SlotGate:
         self.key = int.from_bytes(digest[:8], "big") >> 1
         self.session: SqlSession | None = None
 
-    async def hold(self) -> None:
+    async def hold(self) -> bool:
         """The lock held (kept from the last start if its session is still alive), else
-        ``SlotInUse`` after ``SLOT_BUSY_WAIT``."""
+        ``SlotInUse`` after ``SLOT_BUSY_WAIT``: whether it waited for another router."""
         if self.session is not None:
             try:
                 await self.session.fetchval("select 1")
-                return
+                return False
             except SourceError:
                 await self.release()
         session = await SqlSession.connect(self.dsn)
@@ -123,6 +123,7 @@ class SlotGate:
             await session.close()
             raise
         self.session = session
+        return waiting
 
     async def release(self) -> None:
         if self.session is not None:
@@ -160,14 +161,15 @@ class Source:
         db = await sql.fetchval("select current_database()")
         return Stream(system_id=system_id, db=db, slot=self.slot)
 
-    async def wait_free(self, sql: SqlSession) -> None:
+    async def wait_free(self, sql: SqlSession) -> bool:
         """Until no consumer streams the slot and no router copies its initial snapshot (up
         to ``SLOT_BUSY_WAIT``), else ``SlotInUse``; asked by every start without [ha], in
         both delivery modes. With exactly-once the transactional id is registered only after
         this: a second router on a busy slot waits for it and never fences the router
         streaming it. A slot being copied is not streamed yet (it shows as free): the
         copying router's connection is found by its name (``slots.copy_name``); at-least-once
-        a second router would otherwise stream beside the copy and finish it by backfill."""
+        a second router would otherwise stream beside the copy and finish it by backfill.
+        Whether it waited."""
         deadline = time.monotonic() + SLOT_BUSY_WAIT
         waiting = False
         while (pid := await slots.busy_pid(sql, self.slot)) is not None:
@@ -179,6 +181,7 @@ class Source:
                 log.event(_log, "waiting for the slot: another consumer streams it",
                           slot=self.slot, active_pid=pid, wait_s=SLOT_BUSY_WAIT)
             await trio.sleep(0.2)
+        return waiting
 
     def export(self) -> slots.ExportedSlot:
         """The slot created with an exported snapshot, for the initial snapshot (blocking: a

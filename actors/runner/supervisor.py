@@ -202,15 +202,22 @@ class Supervisor:
             begun.catalog = catalog
         # the stream its exactly-once progress belongs to
         stream = await source.identity(sql)
+        waited = False
         if self.gate is not None:
             # registering the transactional id fences the router streaming the slot:
             # without [ha] to say who leads, a second router waits for the slot instead
-            await self.gate.hold()
+            waited = await self.gate.hold()
         if self.leadership is None:
             # in both delivery modes a router streaming the slot or copying its initial
             # snapshot (the slot shows as free then) is waited for: one would otherwise
             # run alongside the copy, at-least-once finishing it by backfill
-            await source.wait_free(sql)
+            waited = await source.wait_free(sql) or waited
+        if begun is not None and waited:
+            # what was begun may be stale after a wait: the router waited for may have made
+            # the slot, tables may have joined the publications (their rows, committed
+            # before the slot, would be in no snapshot); the slot looked for again, the
+            # state topic read again and the snapshot planned from a new catalog
+            begun = await InitialSnapshot.begin(sql, cfg, source)
         if self.leadership is not None and not self.leadership.holds():
             # with [ha] the producer registers the group's transactional id, which
             # fences whoever leads now: only a leader may make it
