@@ -11,7 +11,15 @@ that into one line.
 
 from __future__ import annotations
 
+import time
+
 from .rdkafka_conf import connection_conf  # noqa: F401  (the admin client's, re-exported)
+
+LED_POLL = 0.01  # seconds between the questions of ``wait_led``
+#: librdkafka's answers while no leader serves a partition just created yet: no leader in
+#: the metadata (_NOENT, _UNKNOWN_TOPIC, _UNKNOWN_PARTITION), or the broker's
+#: UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
+_NOT_LED_YET = frozenset({-156, -188, -190, 3, 5, 6})
 
 
 def held(admin, names, timeout: float) -> dict[str, int]:
@@ -35,6 +43,60 @@ def held(admin, names, timeout: float) -> dict[str, int]:
                                           KafkaError.TOPIC_AUTHORIZATION_FAILED):
                 raise
     return found
+
+
+def wait_led(admin, partitions: dict[str, int], timeout: float) -> None:
+    """Return once the leader of every partition of ``partitions`` (topic -> partition count)
+    answers a ListOffsets for it, through ``admin`` (confluent-kafka's); ``TimeoutError`` after
+    ``timeout`` seconds. A topic just created is written to only then: CreateTopics returns
+    once the controller made it, before its leader serves it, and an idempotent producer's
+    first request that the leader refuses meanwhile (NOT_LEADER_OR_FOLLOWER) while the next
+    one is already on its way loses its records silently: the broker takes the next
+    request's sequence as the first of an empty partition, the retry is out of order
+    (KAFKA-15591, fixed in Kafka 4.5)."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    left = {(t, p) for t, n in partitions.items() for p in range(n)}
+    deadline = time.monotonic() + timeout
+    while True:
+        for topic in sorted({t for t, _ in left}):  # the client's metadata of it, fresh
+            admin.list_topics(topic, timeout=timeout)
+        futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
+                                      for t, p in sorted(left)}, request_timeout=timeout)
+        for tp, future in futures.items():
+            try:
+                future.result(timeout=timeout * 2)
+                left.discard((tp.topic, tp.partition))
+            except KafkaException as exc:
+                if not (exc.args[0].retriable() or exc.args[0].code() in _NOT_LED_YET):
+                    raise
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no leader serves {sorted(left)} yet")
+        time.sleep(LED_POLL)
+
+
+def wait_led_kafka_python(admin, partitions: dict[str, int], timeout: float) -> None:
+    """``wait_led`` through kafka-python's admin client (it asks again itself while a
+    partition's leader is not known yet)."""
+    import kafka.errors as kerr
+    from kafka import TopicPartition
+    from kafka.admin import OffsetSpec
+
+    specs = {TopicPartition(t, p): OffsetSpec.LATEST
+             for t, n in partitions.items() for p in range(n)}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_partition_offsets(specs, timeout_ms=int(timeout * 1000))
+            return
+        except (kerr.UnknownTopicOrPartitionError, kerr.NotLeaderForPartitionError,
+                kerr.LeaderNotAvailableError) as exc:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no leader serves {sorted(partitions)} yet") from exc
+        time.sleep(LED_POLL)
 
 
 class RdKafkaAdmin:

@@ -46,6 +46,7 @@ from router.routing.topics import collision, twin_of
 from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, SinkUnavailable
 from router.config.kafka_settings import KAFKA_PYTHON, translate
 
+from .admin import wait_led_kafka_python
 from .contracts import Producer
 
 DEFAULTS: dict[str, Any] = {
@@ -335,6 +336,9 @@ class KafkaPythonClient(Producer):
                     created.update(t.name for t in new)
                 except kerr.TopicAlreadyExistsError:
                     pass
+                # their first records wait for their leaders (``admin.wait_led``: else lost)
+                wait_led_kafka_python(admin, {t.name: t.num_partitions for t in new},
+                                      self.producer.config["request_timeout_ms"] / 1000)
         except Exception as exc:
             raise map_error(exc) from exc
         finally:

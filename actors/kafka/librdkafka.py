@@ -41,7 +41,7 @@ from router.errors import ConfigError, RecordTooLarge, SinkError, SinkRejected, 
 from router.config.kafka_settings import LIBRDKAFKA, translate
 
 from . import native_producer
-from .admin import held
+from .admin import held, wait_led
 from .contracts import InlineProducer, PackedProducer
 from .native_producer import NativeProducer
 from .rdkafka_conf import _ADMIN_KEYS, _LOGGER, DEFAULTS
@@ -350,6 +350,8 @@ class RdKafkaClient(InlineProducer, PackedProducer):
                         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                             twin = twin_named(str(exc))
                             raise exc if twin is None else collision(name, twin, self._listed)
+            # their first records wait for their leaders (``admin.wait_led``: else lost)
+            wait_led(self._admin, {t.topic: t.num_partitions for t in new}, self._timeout)
         except KafkaException as exc:
             raise map_error(exc) from exc
         except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11

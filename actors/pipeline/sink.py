@@ -14,7 +14,9 @@ Rules (the delivery contract, whichever Kafka client is behind it):
 * A table schema is made durable on the schema topic before the first record naming it is
   sent (consumers can always find the schema of a record they read).
 * Topics are created (when ``create_topics``) before their first record, with the route's
-  partitions, replication factor and configs; the schema topic is compacted.
+  partitions, replication factor and configs; the schema topic is compacted. The client's
+  ``ensure_topics`` returns once every new partition's leader serves it
+  (``actors.kafka.admin.wait_led``): records sent before that could be lost silently.
 * A failed delivery fails the sink with a typed ``SinkError`` (the supervisor decides on a
   retry); nothing after it is reported done.
 * Records are encoded by the ``RecordFormat`` the sink is given (``formats.record_format``).
