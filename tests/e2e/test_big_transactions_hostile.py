@@ -121,15 +121,20 @@ def eo_records(bootstrap, topic):
             for _, k, v in read_committed(bootstrap, topic, timeout=180)]
 
 
+def wait_streaming(pg, name, proc) -> None:
+    """Until the router ``proc`` streams the slot ``name`` (or has exited)."""
+    wait_for(lambda: pg.run("select 1 from pg_replication_slots where slot_name = %s "
+                            "and active", name) or proc.poll() is not None,
+             timeout=120, what="the router to stream")
+
+
 def kill_mid_parts(pg, name, config_path, bootstrap, tmp_path, sql: str) -> None:
     """The router started, ``sql`` committed as one transaction, the router killed once
     records of it are in Kafka (mostly before its Commit was handled)."""
     log = tmp_path / "killed.log"
     proc = start_router(config_path, log)
     try:
-        wait_for(lambda: pg.run("select 1 from pg_replication_slots where slot_name = %s "
-                                "and active", name) or proc.poll() is not None,
-                 timeout=120, what="the router to stream")
+        wait_streaming(pg, name, proc)
         assert proc.poll() is None, log.read_text()[-3000:]
         pg.run("begin;" + sql + "commit;")
         wait_for(lambda: topic_size(bootstrap, name) or proc.poll() is not None,
@@ -183,9 +188,7 @@ def test_exactly_once_back_to_back_transactions_past_the_threshold(source, kafka
     log = tmp_path / "b2b.log"
     proc = start_router(cfg, log)
     try:
-        wait_for(lambda: pg.run("select 1 from pg_replication_slots where slot_name = %s "
-                                "and active", name) or proc.poll() is not None,
-                 timeout=120, what="the router to stream")
+        wait_streaming(pg, name, proc)
         pg.run(sql)
         wait_for(lambda: topic_size(kafka_bootstrap, name) > 20_000 or proc.poll() is not None,
                  timeout=300, interval=0.02, what="records of several transactions")
@@ -207,9 +210,7 @@ def test_exactly_once_stopped_mid_parts_and_a_second_router(source, kafka_bootst
     log = tmp_path / "stopped.log"
     proc = start_router(cfg, log)
     try:
-        wait_for(lambda: pg.run("select 1 from pg_replication_slots where slot_name = %s "
-                                "and active", name) or proc.poll() is not None,
-                 timeout=120, what="the router to stream")
+        wait_streaming(pg, name, proc)
         pg.run("begin;" + mixed_transaction(name, other, 30_000) + "commit;")
         end = pg.one("select pg_current_wal_lsn()::text")
         wait_for(lambda: topic_size(kafka_bootstrap, name) or proc.poll() is not None,
