@@ -60,3 +60,63 @@ def test_an_initial_snapshot_start_uses_one_session_and_one_catalog_read(
         assert seen[-1] == "replication" and seen.count("replication") == 2, seen
     finally:
         drop_source(pg, name, kafka_bootstrap, (name,))
+
+
+#: records each connection (as ``PROBE``), when the snapshot state topic's read is begun and
+#: when trio is first imported (the pipeline's modules import it), then runs ``pgrouter``
+ORDER_PROBE = """
+import atexit, runpy, sys
+import asyncpg, psycopg2
+out, seen = sys.argv.pop(1), []
+sql, replication = asyncpg.connect, psycopg2.connect
+async def sql_connect(*a, **k):
+    seen.append("sql")
+    return await sql(*a, **k)
+def replication_connect(*a, **k):
+    seen.append("replication")
+    return replication(*a, **k)
+asyncpg.connect, psycopg2.connect = sql_connect, replication_connect
+import actors.snapshot.state_read as state_read
+begun = state_read.StateRead.__init__
+def begin(self, *a, **k):
+    seen.append("state read")
+    begun(self, *a, **k)
+state_read.StateRead.__init__ = begin
+class Trio:
+    def find_spec(self, name, path=None, target=None):
+        if name == "trio" and "trio" not in seen:
+            seen.append("trio")
+assert "trio" not in sys.modules
+sys.meta_path.insert(0, Trio())
+atexit.register(lambda: open(out, "w").write("\\n".join(seen)))
+sys.argv[0] = "pgrouter"
+runpy.run_module("actors.cli", run_name="__main__")
+"""
+
+
+def test_the_copy_plans_on_the_session_of_its_shape_checks_and_the_state_read_comes_first(
+        pg_dsn, kafka_bootstrap, tmp_path):
+    """Once the slot is made, an initial snapshot of one table read by two sessions
+    (``parallel = 2``) opens three SQL sessions: the slot monitor's, the plan's (which then
+    asks the shape checks: it was a session of its own) and the reader's. The snapshot state
+    topic's read is begun before trio, the first of the pipeline's slow imports, is
+    imported."""
+    pg, name = new_table(pg_dsn, "sesp", "id int primary key, v text")
+    pg.run(f"create publication {name} for table {name}")
+    pg.run(f"insert into {name} values (1, 'a')")
+    cfg = source_config(tmp_path / "router.toml", pg_dsn, kafka_bootstrap, name,
+                        kafka_extra='client = "librdkafka"',
+                        extra='[snapshot]\nmode = "initial"\nparallel = 2\n',
+                        routes=table_route(name))
+    seen_file = tmp_path / "seen.txt"
+    try:
+        stderr = run_probed(ORDER_PROBE, seen_file, cfg)
+        assert "initial snapshot: done tables=1 rows=1" in stderr, stderr[-3000:]
+        seen = seen_file.read_text().splitlines()
+        assert seen.index("state read") < seen.index("trio"), seen
+        made = seen.index("replication")
+        after = seen[made + 1:]
+        assert after[-1] == "replication" and after[:-1].count("replication") == 0, seen
+        assert after.count("sql") == 3, seen
+    finally:
+        drop_source(pg, name, kafka_bootstrap, (name,))
