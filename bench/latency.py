@@ -21,7 +21,9 @@ Each of ``--runs`` rounds measures, one after the other, three paths under the s
   router's producer when it is handed the record, in milliseconds) splits that into
   *commit -> the router's produce call* (PostgreSQL's walsender and the router) and
   *produce call -> consumer* (the producer's ``linger.ms``, the broker and the consumer).
-  The run fails unless every row written arrived.
+  The run fails unless every row written arrived. The router's CPU and wake-ups (voluntary
+  context switches) per transaction while the writers ran are printed by thread kind (its
+  trio thread, librdkafka's threads, the rest), its start and drain left out.
 * **kafka** (Kafka alone, librdkafka only): the same rate of records of the same shape and
   size produced to a new topic by a process of its own with the router's librdkafka settings
   (``actors.kafka.librdkafka.DEFAULTS`` and the ``--setting`` entries, acks=all,
@@ -62,7 +64,7 @@ import uuid
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from machine import cpu_of  # noqa: E402  (bench/machine.py)
+from machine import cpu_of, threads_of  # noqa: E402  (bench/machine.py)
 
 from bench.broker_gc import BrokerGC, broker_pid, said  # noqa: E402
 from bench.e2e import delete_topics, sql  # noqa: E402
@@ -168,7 +170,10 @@ def router_path(args, settings: dict, names: dict, tmp: pathlib.Path, trace) -> 
         with open(tmp / "router.log", "w+") as log:
             router = start_router(args, cfg, log, trace)
             client = wait_started(args, router, log, names["slot"], names["table"], consumer)
+            before = threads_of(router.pid)
             written, _, took = write(args, names["table"], 0)
+            loaded = per_transaction(router.pid, before, threads_of(router.pid),
+                                     len(written))
             deadline = time.time() + 60
             while any(r not in consumer.seen for r in written[-200:]) or \
                     len(consumer.seen) < len(written) + 1:
@@ -193,7 +198,26 @@ def router_path(args, settings: dict, names: dict, tmp: pathlib.Path, trace) -> 
     return {"lat": {r: consumer.seen[r] for r in keep},
             "at": {r: consumer.at[r] for r in keep},
             "split": {r: consumer.split[r] for r in keep if r in consumer.split},
-            "cpu": cpu, "client": client, "rate": len(written) / took}
+            "cpu": cpu, "client": client, "rate": len(written) / took, "loaded": loaded}
+
+
+def per_transaction(pid: int, before: dict, after: dict, txns: int) -> str:
+    """The router's CPU and wake-ups per transaction while the writers ran (its start and
+    its drain left out), by thread kind: the trio thread (its id is the pid), librdkafka's
+    threads (``rdk:``), the rest (the delivery poll thread, worker threads)."""
+    kinds: dict[str, list[float]] = {}
+    for tid, (name, cpu, switches) in after.items():
+        _, cpu0, switches0 = before.get(tid, (name, 0.0, 0))
+        kind = ("trio" if tid == pid else "librdkafka" if name.startswith("rdk:")
+                else "other")
+        k = kinds.setdefault(kind, [0.0, 0])
+        k[0] += cpu - cpu0
+        k[1] += switches - switches0
+    total = sum(k[0] for k in kinds.values())
+    parts = ", ".join(f"{kind} {cpu / txns * 1000:.3f} ms and {n / txns:.2f} wake-ups"
+                      for kind, (cpu, n) in sorted(kinds.items()))
+    return (f"{total:.1f} CPU s under load, {total / max(txns, 1) * 1000:.3f} ms per "
+            f"transaction ({parts} per transaction)")
 
 
 def clock(t: float) -> str:
@@ -276,7 +300,7 @@ def one_round(args, settings: dict, paths: list[str]) -> dict:
                 out["router"] = router_path(args, settings, names, pathlib.Path(tmp), trace)
                 r = out["router"]
                 print(f"  router: client {r['client']}, achieved {r['rate']:.0f} txn/s, "
-                      f"{r['cpu']:.1f} CPU s (its whole run)")
+                      f"{r['cpu']:.1f} CPU s (its whole run); {r['loaded']}")
                 print(line("router", figures(r["lat"].values())))
                 for i, name in enumerate(("commit->produce", "produce->consumer")):
                     part = [s[i] for s in r["split"].values()]

@@ -39,6 +39,28 @@ def cpu_of(pid: int, *, children: bool = False) -> float:
     return ticks / TICK
 
 
+def threads_of(pid: int) -> dict[int, tuple[str, float, int]]:
+    """Each thread of process ``pid``: tid -> (its name, user + system CPU seconds, voluntary
+    context switches: how often it blocked, i.e. woke up again). {} when the process is
+    gone."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = pathlib.Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = pathlib.Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue
+        name = stat.split("(", 1)[1].rsplit(")", 1)[0]
+        f = stat.rsplit(")", 1)[1].split()
+        switches = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        out[int(tid)] = (name, (int(f[11]) + int(f[12])) / TICK, switches)
+    return out
+
+
 def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
