@@ -96,11 +96,6 @@ DEFAULT_CONF = {
     # a micro-batch generates ~50 classes (the job's and Delta's MERGE); Spark's default cache
     # of 100 evicted them by the next batch, which compiled them all again
     "spark.sql.codegen.cache.maxEntries": "1000",
-    # a micro-batch's parsed records are cached once and read by its summary and each table's
-    # write; encoding the cache's columns (run-length, dictionary…) cost more CPU than it
-    # saved: a steady Iceberg drain 16.4 -> 13.5 CPU s per 500k records (bench/materialize.py,
-    # docs/materializer.md), for a bigger cache (MEMORY_AND_DISK: it spills beyond memory)
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
     "spark.driver.defaultJavaOptions": JVM_OPTIONS,
     "spark.executor.defaultJavaOptions": JVM_OPTIONS,
 }

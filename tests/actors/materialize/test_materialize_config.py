@@ -118,8 +118,6 @@ def test_session_defaults_yield_to_spark_submit_and_config():
     cfg = config_from_dict(tomllib.loads(BASE))
     conf = session_conf(cfg, _Given())
     assert conf["spark.sql.codegen.cache.maxEntries"] == "1000"
-    # the batch's cache is not encoded (docs/materializer.md "Iceberg: speed")
-    assert conf["spark.sql.inMemoryColumnarStorage.compressed"] == "false"
     assert conf["spark.driver.defaultJavaOptions"] == JVM_OPTIONS
     assert conf["spark.executor.defaultJavaOptions"] == JVM_OPTIONS
     # a cluster's own JVM options (spark-submit --conf, spark-defaults.conf) are kept
