@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import gc
 
+import trio
+
 from router.errors import ConfigError
 
 from ..services import log
-from ..snapshot.state_read import read_at_start
 from .config_file import load
 
 #: seconds of transient failures after which ``--until-caught-up`` gives up by default
@@ -49,19 +50,15 @@ def retry_timeout(args: argparse.Namespace) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg, timeout = load(args.config, "run"), retry_timeout(args)
-    log.setup(cfg.log.level, cfg.log.format)
-    # the snapshot state topic is fetched from now on, by the Kafka client's threads, while
-    # the pipeline's modules load (they take a third of a second: imported here, as every
-    # command imports this module, ``pgrouter apply`` for the retry timeout)
-    state_read = read_at_start(cfg)
-    import trio
-
+    # imported here: every command imports this module (``pgrouter apply`` for the retry
+    # timeout), and the pipeline's modules take a third of a second to import
     from ..runner.supervisor import Supervisor
 
+    cfg = load(args.config, "run")
+    log.setup(cfg.log.level, cfg.log.format)
     tune_gc()
     return trio.run(Supervisor(cfg, until_caught_up=args.until_caught_up,
-                               retry_timeout=timeout, state_read=state_read).run)
+                               retry_timeout=retry_timeout(args)).run)
 
 
 def tune_gc() -> None:

@@ -34,17 +34,12 @@ READ_TIMEOUT = 30.0
 
 def read_topic(bootstrap_servers, settings: dict, topic: str, *, library: str = KAFKA_PYTHON,
                timeout: float = READ_TIMEOUT, committed: bool = False,
-               key_has: bytes | None = None, held=None) -> list[tuple]:
+               key_has: bytes | None = None) -> list[tuple]:
     """Every ``(key, value)`` of ``topic`` (whose key holds ``key_has``, if given),
-    partition after partition, in offset order. ``held`` (a ``threading.Event``): the
-    records are taken from the client only once it is set — librdkafka fetches them into
-    its queue meanwhile, in its own threads — so a read begun early leaves the interpreter
-    to the caller's other work until then."""
+    partition after partition, in offset order."""
     try:
         if library == LIBRDKAFKA and not committed:
-            return _read_rdkafka(bootstrap_servers, settings, topic, timeout, key_has, held)
-        if held is not None:
-            held.wait(timeout)
+            return _read_rdkafka(bootstrap_servers, settings, topic, timeout, key_has)
         return _read_kafka_python(bootstrap_servers, settings, topic, timeout, committed,
                                   key_has)
     except SinkUnavailable:
@@ -56,7 +51,7 @@ def read_topic(bootstrap_servers, settings: dict, topic: str, *, library: str = 
 
 
 def _read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float,
-                  key_has: bytes | None, held) -> list:
+                  key_has: bytes | None) -> list:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from .admin import connection_conf
@@ -75,20 +70,16 @@ def _read_rdkafka(bootstrap_servers, settings: dict, topic: str, timeout: float,
         left = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
         read: dict[int, list] = {p: [] for p in sorted(left)}
-        if held is not None:
-            held.wait(timeout)
         deadline = time.monotonic() + timeout
         while left:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the end was not reached in {timeout} s")
             for m in consumer.consume(5000, 0.05):
-                # the key first: of a topic many routers share, most records are dropped
-                # on it (one call a record, not four: a start reads tens of thousands)
-                key = m.key()
-                if key_has is not None and (key is None or key_has not in key):
-                    continue
                 p = m.partition()
-                if m.error() is None and p in left and m.offset() < ends[p]:
+                if m.error() is not None or p not in left or m.offset() >= ends[p]:
+                    continue
+                key = m.key()
+                if key_has is None or (key is not None and key_has in key):
                     read[p].append((key, m.value()))
             for tp in consumer.position([TopicPartition(topic, p) for p in left]):
                 if tp.offset >= ends[tp.partition]:

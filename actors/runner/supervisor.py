@@ -21,9 +21,7 @@ Start-up (``_run_once``, again after each restart):
 
 Steps 1-4 ask PostgreSQL on one session, closed before the pipeline runs. A start that will
 copy an initial snapshot begins before its checks (``InitialSnapshot.begin``): the snapshot
-state topic is read while they run (the first start takes the read ``pgrouter run`` began
-with the config loaded, ``actors.snapshot.state_read``; a start after a wait for the slot
-reads it again), and the snapshot is planned from the checks' catalog.
+state topic is read while they run, and the snapshot is planned from the checks' catalog.
 
 Rules:
 
@@ -60,7 +58,6 @@ from router.routing.publications import Catalog
 
 from ..services import failover, log, preflight as checks, publication_mode
 from ..snapshot.initial import InitialSnapshot, interrupted as snapshot_interrupted
-from ..snapshot.state_read import StateRead
 from ..services.catalog import load_catalog, needs_catalog, route_problems
 from ..pipeline import definitions_state
 from ..pipeline.mailbox import Latest
@@ -82,11 +79,8 @@ _log = log.get("supervisor")
 
 class Supervisor:
     def __init__(self, cfg: Config, *, until_caught_up: bool = False, client_factory=None,
-                 retry_timeout: float | None = None, state_read: StateRead | None = None):
+                 retry_timeout: float | None = None):
         self.cfg = cfg
-        #: the snapshot state topic's read the command began with the config loaded
-        #: (``actors.snapshot.state_read.read_at_start``): the first start's, taken once
-        self.state_read = state_read
         self.until_caught_up = until_caught_up
         self.retry_timeout = retry_timeout
         #: the source and its slot, read from the config once; its server facts anew at
@@ -167,21 +161,17 @@ class Supervisor:
 
     async def _run_once(self) -> None:
         source, snapshot, client = self.source, None, None
-        # a read begun before a failed start is not taken by the next one (stale by then)
-        read, self.state_read = self.state_read, None
-        if read is not None:
-            read.take()  # the modules are loaded: its records are made while PostgreSQL answers
         try:
             # one session for the start's queries: the checks, the snapshot's plan, the slot
             async with await SqlSession.connect(source.dsn) as sql:
-                begun, client, read = await self._client(sql, source, read)
+                begun, client = await self._client(sql, source)
                 if begun is not None:
                     snapshot = InitialSnapshot(self.cfg, client, source, begun)
                     await snapshot.create_slot(sql)
                     self.snapshot_pending = []
                 else:
                     self.snapshot_pending = await snapshot_interrupted(self.cfg, client,
-                                                                       source.slot, read)
+                                                                       source.slot)
                 ready = await self._prepare(sql, source, snapshot)
             if ready:
                 await self._pipeline(source, client, snapshot)
@@ -195,16 +185,15 @@ class Supervisor:
                     scope.shield = True
                     await trio.to_thread.run_sync(client.close, 10.0 if leading else 0.0)
 
-    async def _client(self, sql: SqlSession, source: Source, read: StateRead | None):
+    async def _client(self, sql: SqlSession, source: Source):
         """The checks before anything is made, then the Kafka client (only a leader's, and
         with exactly-once and no [ha] only once the slot is free): when an initial snapshot
-        is wanted, what it began before the checks (its state topic read while they run —
-        ``read``, begun before, taken —, the tables' shapes) and their catalog; the client;
-        and ``read`` when no snapshot took it and no wait made it stale."""
+        is wanted, what it began before the checks (its state topic read while they run, the
+        tables' shapes) and their catalog; and the client."""
         cfg = self.cfg
         await failover.check_resume(sql, source.slot, self._confirmed and self._confirmed.value)
         # a slot the router creates starts with a copy of the tables ([snapshot] mode)
-        begun = await InitialSnapshot.begin(sql, cfg, source, read)
+        begun = await InitialSnapshot.begin(sql, cfg, source)
         # before the slot is made: what `pgrouter check` finds wrong stops the router here
         catalog = await checks.startup_checks(sql, cfg, source.slot,
                                               log_warnings=not self._warned)
@@ -229,15 +218,13 @@ class Supervisor:
             # before the slot, would be in no snapshot); the slot looked for again, the
             # state topic read again and the snapshot planned from a new catalog
             begun = await InitialSnapshot.begin(sql, cfg, source)
-        if waited or begun is not None:
-            read = None  # stale after a wait (read again by ``interrupted``), or taken
         if self.leadership is not None and not self.leadership.holds():
             # with [ha] the producer registers the group's transactional id, which
             # fences whoever leads now: only a leader may make it
             raise LeadershipLost("leadership lost: no Kafka producer is made")
         client = await trio.to_thread.run_sync(
             functools.partial(self.client_factory, cfg, stream, wal_end_reader(sql)))
-        return begun, client, read
+        return begun, client
 
     async def _prepare(self, sql: SqlSession, source: Source,
                        snapshot: InitialSnapshot | None) -> bool:

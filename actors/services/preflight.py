@@ -31,8 +31,6 @@ import logging
 import os
 import socket
 import tempfile
-import threading
-from concurrent.futures import Future
 from typing import NamedTuple
 
 import asyncpg
@@ -85,45 +83,18 @@ async def startup_checks(sql: SqlSession, cfg: Config, slot: str, *,
     one dropped by now is a warning: the slot's backlog may still use it."""
     from .publication_mode import mode
 
-    # Kafka's admin client connects while PostgreSQL answers (its bootstrap, in the
-    # client's own threads); a failure to make it is raised after the source's findings
-    admin = _admin_soon(cfg)
-    try:
-        followed = await mode(sql, cfg, slot, install=False) == "wal"
-        findings, catalog = await source_findings(sql, cfg, slot, slot_busy=False,
-                                                  followed_publications=followed)
-        # the listener is the router's own by now (bound before the checks): not checked again
-        findings += local_findings(cfg, listen=False)
-        refuse(findings)  # before asking Kafka about topics that may not even have legal names
-    except BaseException:
-        _drop(admin)
-        raise
-    topics = planned_topics(cfg, catalog)
-    findings += await trio.to_thread.run_sync(lambda: kafka_findings(cfg, topics, admin.result()))
+    followed = await mode(sql, cfg, slot, install=False) == "wal"
+    findings, catalog = await source_findings(sql, cfg, slot, slot_busy=False,
+                                              followed_publications=followed)
+    # the listener is the router's own by now (bound before the checks): not checked again
+    findings += local_findings(cfg, listen=False)
+    refuse(findings)  # before asking Kafka about topics that may not even have legal names
+    findings += await trio.to_thread.run_sync(kafka_findings, cfg, planned_topics(cfg, catalog))
     findings += await trio.to_thread.run_sync(registry_findings, cfg)
     refuse(findings)
     for f in findings if log_warnings else ():
         log.event(_log, "warning", level=logging.WARNING, path=f.path, problem=f.message)
     return catalog
-
-
-def _admin_soon(cfg: Config) -> Future:
-    """The admin client ``kafka_findings`` asks (``_admin``), made in a thread of its own
-    from now on (its error kept for ``result``)."""
-    soon: Future = Future()
-
-    def make() -> None:
-        try:
-            soon.set_result(_admin(cfg))
-        except BaseException as exc:  # noqa: BLE001 — raised where the admin is asked for
-            soon.set_exception(exc)
-    threading.Thread(target=make, name="pgrouter-kafka-admin", daemon=True).start()
-    return soon
-
-
-def _drop(soon: Future) -> None:
-    """The admin client closed once made (a start refused before asking Kafka)."""
-    soon.add_done_callback(lambda f: f.exception() is None and f.result().close())
 
 
 def refuse(findings: list[Finding]) -> None:
@@ -352,12 +323,11 @@ def registry_findings(cfg: Config) -> list[Finding]:
     return []
 
 
-def kafka_findings(cfg: Config, topics: list[Topic], admin=None) -> list[Finding]:
+def kafka_findings(cfg: Config, topics: list[Topic]) -> list[Finding]:
     """Blocking (run it in a thread): the broker's verdict on the topics to create, and how
     existing topics differ from their settings; asked with the library the router produces
-    with (``actors.kafka.admin``), through ``admin`` when made before (``_admin``)."""
-    if admin is None:
-        admin = _admin(cfg)
+    with (``actors.kafka.admin``)."""
+    admin = _admin(cfg)
     try:
         with kafka_unusable("kafka.bootstrap_servers: Kafka admin request failed: "):
             existing = admin.topics([t.name for t in topics])

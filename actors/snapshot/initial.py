@@ -72,8 +72,7 @@ from .column_types import type_names
 from ..services.slots import ExportedSlot
 from .initial_copy import copy_tables
 from .jobs import table_shapes
-from .state_read import StateRead
-from .store import StateStore
+from .store import StateRead, StateStore
 from .tables import SnapshotTable, slot_tables, snapshot_specs
 
 _log = log.get("snapshot")
@@ -125,35 +124,23 @@ class InitialSnapshot:
         return not await source.exists(sql)
 
     @staticmethod
-    async def begin(sql: SqlSession, cfg: Config, source,
-                    read: StateRead | None = None) -> "Begun | None":
-        """When ``wanted``, at a start before its checks: the state topic's read begun (or
-        ``read``, begun by the start before, taken), the tables' shapes read (before the
-        checks' catalog, ``Begun.catalog``)."""
+    async def begin(sql: SqlSession, cfg: Config, source) -> "Begun | None":
+        """When ``wanted``, at a start before its checks: the state topic's read begun, the
+        tables' shapes read (before the checks' catalog, ``Begun.catalog``)."""
         if not await InitialSnapshot.wanted(sql, cfg, source):
             return None
-        if read is None or read.slot != source.slot:
-            read = StateRead(cfg, source.slot)
+        read = StateRead(cfg, source.slot)
         return Begun(read, await table_shapes(sql))
 
     async def create_slot(self, sql: SqlSession) -> None:
         """The tables to copy read on the start's session ``sql`` (a config the catalog
-        refuses stops here, before anything is recorded or any slot exists), ``started``
-        recorded (while PostgreSQL answers the last questions), then the slot created with
-        an exported snapshot."""
+        refuses stops here, before any slot exists), ``started`` recorded, then the slot
+        created with an exported snapshot."""
         cfg, source = self.cfg, self.source
-        planned = trio.Event()  # the catalog did not refuse the config
-
-        async def record_started() -> None:
-            # the state topic in a worker thread (or the read ``begin`` started, taken)
-            await self.store.aload()
-            await self.store.forget_initial(source.slot)
-            await planned.wait()
-            # a name of this snapshot for its range records (``router.snapshot.ranges``)
-            await self.store.aput(SnapshotState("initial", source.slot, "started",
-                                                request=uuid.uuid4().hex))
-        async with trio.open_nursery() as recording:
-            recording.start_soon(record_started)
+        async with trio.open_nursery() as reading:
+            # the state topic in a worker thread while PostgreSQL answers (or the read
+            # ``begin`` started, taken)
+            reading.start_soon(self.store.aload)
             begun = self.begun
             if begun is not None and begun.catalog is not None:
                 # the shapes were read before the checks' catalog
@@ -164,7 +151,6 @@ class InitialSnapshot:
                 # not read with the catalog's (``ShapeCheck``)
                 self.shapes = await table_shapes(sql)
                 catalog = await load_catalog(sql, cfg)
-            planned.set()
             db = await sql.fetchval("select current_database()")
             tables = slot_tables(cfg, catalog)
             names = await type_names(sql, tables)
@@ -175,6 +161,10 @@ class InitialSnapshot:
                                  position_headers=cfg.kafka.position_headers,
                                  packed=self.packed)
         self.tables = [t for t in tables if self.rows.routed(t.relation)]
+        await self.store.forget_initial(source.slot)
+        # a name of this snapshot for its range records (``router.snapshot.ranges``)
+        await self.store.aput(SnapshotState("initial", source.slot, "started",
+                                            request=uuid.uuid4().hex))
         self.slot = await trio.to_thread.run_sync(source.export)
         log.event(_log, "replication slot created with an exported snapshot", slot=source.slot,
                   consistent_point=format_lsn(self.slot.consistent_point),
@@ -217,17 +207,15 @@ class InitialSnapshot:
         return result
 
 
-async def interrupted(cfg: Config, client, slot: str,
-                      read: StateRead | None = None) -> list[str]:
+async def interrupted(cfg: Config, client, slot: str) -> list[str]:
     """``["*"]`` when the initial snapshot of ``slot`` was started and not done (to be
     finished by backfill), else none. The slot exists (``InitialSnapshot.wanted`` said no).
-    ``read``: the state topic's read the start began before, if any (``StateStore``).
     A state topic Kafka did not hold at all (deleted, or a new cluster and a slot made by
     hand) cannot say whether the snapshot finished: it is taken as started and not done, with
     no table done — ``started`` recorded first, so a later start finishes it too."""
     if cfg.snapshot.mode != "initial" or not cfg.source.create_slot:
         return []
-    store = StateStore(cfg, client, slot, read)
+    store = StateStore(cfg, client, slot)
     await store.aload()
     if store.created:
         log.event(_log, "the snapshot state topic was missing: whether the initial snapshot "

@@ -5,9 +5,7 @@ Rules:
 
 * Readers (``[snapshot] parallel`` sessions) import the snapshot (REPEATABLE READ) and take
   (table, block range) entries from a shared queue: the ranges of one table follow each
-  other, so every session reads a big table when it comes. Their first sessions (one a
-  table, up to ``parallel``) open while the copy is planned, on a session of its own that
-  then asks the shape checks (``ShapeCheck``). A table is split in block
+  other, so every session reads a big table when it comes. A table is split in block
   ranges only from PostgreSQL 14 (TID range scans) and with more than one session.
 * Rows go through the same route semantics as changes (``router.snapshot.rows``), with
   positions before the consistent point (``router.snapshot.core.initial_position``); a range
@@ -40,8 +38,7 @@ from router.snapshot.rows import SnapshotRows
 from ..pipeline.mailbox import Acked, Keepalive, Registered
 from ..services import log
 from ..services.slots import ExportedSlot
-from ..services.sql import SqlSession
-from .reader import ShapeCheck, TableReader, close_session, encode_chunk
+from .reader import ShapeCheck, TableReader, encode_chunk, session
 from .report import Reporter
 from .store import StateStore
 from .tables import SnapshotTable
@@ -65,18 +62,7 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
     their columns changed since ``shapes`` were read (``ShapeCheck``), or None when
     ``stop`` left some unread; and the tables whose records Kafka holds, recorded done."""
     copy = _Copy(cfg, tables, rows, slot, store)
-    try:
-        # the readers' first sessions open and import the snapshot while the copy is planned
-        async with trio.open_nursery() as opening:
-            for _ in range(min(cfg.snapshot.parallel, len(tables))):
-                opening.start_soon(copy.open_reader)
-            await copy.plan(shapes)
-    except BaseException:
-        for r in copy.opened:
-            await r.close()
-        if copy.check is not None:
-            await copy.check.close()
-        raise
+    await copy.plan(shapes)
 
     async def await_acks() -> None:
         await copy.await_acks(acks)
@@ -88,8 +74,6 @@ async def copy_tables(cfg: Config, out: trio.MemorySendChannel,
     finally:
         if copy.check is not None:
             await copy.check.close()
-        for r in copy.opened:  # a reader that never started (a drain, another's failure)
-            await r.close()
     copy.report.summary()
     done = sorted(name for name, n in copy.undone.items() if not n)
     if cancelled or any(n for name, n in copy.unread.items() if name not in copy.rewritten):
@@ -108,25 +92,11 @@ class _Copy:
         self.tx = TxContext(xid=0, commit_lsn=initial_position(cp, 0, 0)[0], end_lsn=cp,
                             commit_time=int((time.time() - _PG_EPOCH) * 1_000_000))
         self.report = Reporter("initial snapshot", cfg.log.progress_interval)
-        self.opened: list[TableReader] = []  # readers' sessions on the snapshot, not yet used
-        self.check: ShapeCheck | None = None  # made by ``plan``
 
     async def plan(self, shapes: dict | None) -> None:
         """The block ranges to read, queued."""
         cfg, tables, store = self.cfg, self.tables, self.store
-        # one session for the plan and then the shape checks (``ShapeCheck``): a connection
-        # fewer at every start
-        sql = (await SqlSession.connect(cfg.source.dsn)
-               if tables and (shapes is not None or cfg.snapshot.parallel > 1) else None)
-        try:
-            split, self.estimates, self.filenodes = await _block_ranges(cfg, tables, sql)
-        except BaseException:
-            if sql is not None:
-                await close_session(sql)
-            raise
-        self.check = ShapeCheck(self.slot.dsn, shapes, sql) if shapes is not None else None
-        if self.check is None and sql is not None:
-            await close_session(sql)
+        split, self.estimates, self.filenodes = await _block_ranges(cfg, tables)
         self.split = split
         started = store.get(SnapshotState("initial", self.slot.name, ""))
         self.snapshot = started.request if started is not None else ""
@@ -142,6 +112,7 @@ class _Copy:
         self.unread = {t.name: len(split[t.name]) for t in tables}  # ranges not read whole
         self.undone = dict(self.unread)  # ranges whose records are not all durable
         self.rewritten: set[str] = set()  # not readable on the snapshot: left to a backfill
+        self.check = ShapeCheck(self.slot.dsn, shapes) if shapes is not None else None
         self.routes_of = {t.name: sorted({p.route for p in self.rows.router.plans_for(t.relation)})
                           for t in tables}
 
@@ -164,24 +135,11 @@ class _Copy:
             await store.aput(SnapshotState("backfill", self.slot.name, "done", request="initial",
                                       route=route, table=name))
 
-    async def open_reader(self) -> None:
-        """A reader's session on the exported snapshot, opened before the readers start
-        (``opened``: at most one a reader, as the plan makes a reader for every table)."""
-        self.opened.append(await self._imported())
-
-    async def _imported(self) -> TableReader:
+    async def reader(self, out: trio.MemorySendChannel) -> None:
+        """One session: ranges from the queue until it is empty."""
         r = await TableReader.open(self.slot.dsn)
         try:
             await r.import_snapshot(self.slot.snapshot)
-        except BaseException:
-            await r.close()
-            raise
-        return r
-
-    async def reader(self, out: trio.MemorySendChannel) -> None:
-        """One session: ranges from the queue until it is empty."""
-        r = self.opened.pop() if self.opened else await self._imported()
-        try:
             with out:
                 while self.queue:
                     await self._range(r, out, *self.queue.pop())
@@ -310,23 +268,25 @@ async def _run(*, readers_of, sessions: int, out: trio.MemorySendChannel, cp: in
 TID_RANGE_SCANS = 140000
 
 
-async def _block_ranges(cfg: Config, tables: list[SnapshotTable],
-                        sql: SqlSession | None) -> tuple[dict, dict, dict]:
+async def _block_ranges(cfg: Config, tables: list[SnapshotTable]) -> tuple[dict, dict, dict]:
     """The block ranges each table is read in (``router.snapshot.core.block_ranges``): a big
     table is read by every session at once. Not split before PostgreSQL 14 (a ``ctid``
     range would scan the whole table) or with one session. And, of the tables split, the
     planner's row estimate (progress lines: the ranges start at once) and
-    ``pg_relation_filenode`` (``router.snapshot.core.done_blocks``), asked on ``sql``."""
+    ``pg_relation_filenode`` (``router.snapshot.core.done_blocks``)."""
     whole = {t.name: [(0, None)] for t in tables}
-    if cfg.snapshot.parallel <= 1 or not tables or sql.server_version < TID_RANGE_SCANS:
+    if cfg.snapshot.parallel <= 1 or not tables:
         return whole, {}, {}
-    sizes = await sql.fetch(
-        "select n.nspname || '.' || c.relname as name, greatest(c.reltuples, 0)::int8 "
-        "as estimate, pg_relation_filenode(c.oid)::int8 as filenode, "
-        "pg_relation_size(c.oid) / current_setting('block_size')::int8 as blocks "
-        "from pg_class c join pg_namespace n on n.oid = c.relnamespace "
-        "where (n.nspname, c.relname) in (select * from unnest($1::text[], $2::text[]))",
-        [t.table[0] for t in tables], [t.table[1] for t in tables])
+    async with session(cfg.source.dsn) as sql:
+        if sql.server_version < TID_RANGE_SCANS:
+            return whole, {}, {}
+        sizes = await sql.fetch(
+            "select n.nspname || '.' || c.relname as name, greatest(c.reltuples, 0)::int8 "
+            "as estimate, pg_relation_filenode(c.oid)::int8 as filenode, "
+            "pg_relation_size(c.oid) / current_setting('block_size')::int8 as blocks "
+            "from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+            "where (n.nspname, c.relname) in (select * from unnest($1::text[], $2::text[]))",
+            [t.table[0] for t in tables], [t.table[1] for t in tables])
     blocks = {r["name"]: int(r["blocks"]) for r in sizes}
     estimate = {r["name"]: int(r["estimate"]) for r in sizes}
     return ({t.name: block_ranges(blocks.get(t.name, 0), cfg.snapshot.parallel,

@@ -219,10 +219,9 @@ class ShapeCheck:
     (no ALTER TABLE commits after it), in a session of its own: the reader's transaction
     sees the catalog as of its snapshot, not as it is now."""
 
-    def __init__(self, dsn: str, before: dict, sql: SqlSession | None = None):
+    def __init__(self, dsn: str, before: dict):
         self.dsn, self.before = dsn, before
-        #: its session: ``sql`` (the copy's plan's, taken over), else made when first asked
-        self.sql: SqlSession | None = sql
+        self.sql: SqlSession | None = None
         self.lock = trio.Lock()  # one session for every reader
 
     async def changed(self, tables: tuple[tuple[str, str], ...]) -> bool:

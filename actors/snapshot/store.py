@@ -16,8 +16,8 @@ Rules:
   reader of ``records`` looks at its own slot's).
 * The blocking methods run in a worker thread.
 * The topic holds the records of every slot that ever used it (a tenth of a second and more
-  to read on a topic of many slots): a start begins the read (``actors.snapshot.state_read``)
-  as soon as its config is loaded, and its imports and checks run while Kafka answers. The
+  to read on a topic of many slots): a start that will copy an initial snapshot begins the
+  read (``StateRead``) as soon as it knows, and its checks run while Kafka answers. The
   store takes that read instead of its own once, at its first ``load``.
 """
 
@@ -33,7 +33,44 @@ from router.snapshot.core import SnapshotState, decode_state, encode_state, stat
 from router.routing.topics import TopicSpec
 
 from ..kafka.compacted import READ_TIMEOUT, read_topic
-from .state_read import StateRead, slot_needle
+
+
+class StateRead:
+    """The state topic read whole in a thread of its own, from when it is made until
+    ``records`` is asked for (its slot's records, as ``read_topic`` gives them)."""
+
+    def __init__(self, cfg: Config, slot: str, timeout: float = READ_TIMEOUT):
+        self.slot, self.timeout = slot, timeout
+        self._done = threading.Event()
+        self._records: list = []
+        self._error: BaseException | None = None
+        threading.Thread(target=self._read, args=(cfg,), name="pgrouter-state-read",
+                         daemon=True).start()
+
+    def _read(self, cfg: Config) -> None:
+        k = cfg.kafka
+        try:
+            self._records = read_topic(k.bootstrap_servers, dict(k.settings),
+                                       cfg.snapshot.state_topic, library=k.client,
+                                       timeout=self.timeout, key_has=_needle(self.slot))
+        except BaseException as exc:  # noqa: BLE001 — raised where the records are asked for
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def records(self) -> list:
+        """Blocking: the read's ``(key, value)`` pairs, or its failure raised here."""
+        if not self._done.wait(self.timeout + 5.0):
+            raise SinkUnavailable(f"the snapshot state topic was not read in {self.timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._records
+
+
+def _needle(slot: str) -> bytes:
+    """A key names its slot as a JSON string (``state_key``): keys without it are other
+    slots'."""
+    return b'"' + slot.encode() + b'"'
 
 
 class StateStore:
@@ -62,7 +99,7 @@ class StateStore:
         read, self._read = self._read, None
         pairs = (read.records() if read is not None else
                  read_topic(k.bootstrap_servers, dict(k.settings), self.topic,
-                            library=k.client, timeout=timeout, key_has=slot_needle(slot)))
+                            library=k.client, timeout=timeout, key_has=_needle(slot)))
         for key, value in pairs:
             p = decode_state(value)
             if p is not None and key and p.slot == slot:

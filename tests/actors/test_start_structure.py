@@ -76,11 +76,9 @@ def test_the_scan_finds_a_long_function(tmp_path):
     assert long_functions(tmp_path) == ["long.py:1 f (81 lines)"]
 
 
-#: the modules that read the slot's name from the config: ``Source`` is built in the first
-#: and hands the name to whoever needs it; the second begins the snapshot state topic's read
-#: as soon as the config is loaded, before ``Source``'s modules are imported (a start takes
-#: that read only for the slot its ``Source`` names)
-SLOT_NAME_HOMES = {"runner/source.py", "snapshot/state_read.py"}
+#: the one module that reads the slot's name from the config: ``Source`` is built there and
+#: hands the name to whoever needs it
+SLOT_NAME_HOME = "runner/source.py"
 _CONFIGS = {"cfg", "config", "conf"}
 
 
@@ -118,12 +116,12 @@ def _aliases(tree: ast.AST) -> set[str]:
 
 def slot_name_reads(root: pathlib.Path) -> list[str]:
     """``file:line`` of every read of the slot's name from the config (``cfg.source.slot``,
-    ``src.slot`` with ``src = cfg.source``, ``getattr(cfg.source, "slot")``) outside its
-    homes (``SLOT_NAME_HOMES``)."""
+    ``src.slot`` with ``src = cfg.source``, ``getattr(cfg.source, "slot")``) outside the
+    module that builds ``Source``."""
     found = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if rel in SLOT_NAME_HOMES or "__pycache__" in rel:
+        if rel == SLOT_NAME_HOME or "__pycache__" in rel:
             continue
         tree = ast.parse(path.read_text())
         aliases = _aliases(tree)
