@@ -100,7 +100,7 @@ class ConsumerActor:
                 while not await trio.to_thread.run_sync(reader.wait_for_transactions_topic):
                     if self.stop.is_set():
                         return
-            add_txs, add_records = ra.add_transaction_records, ra.add_records
+            add_tx, add_records = ra.add_transaction_record, ra.add_records
             clock = time.perf_counter
             while not self.stop.is_set():
                 # checked before each poll: a start with nothing new (the stored offsets
@@ -126,7 +126,8 @@ class ConsumerActor:
                         if start:
                             await trio.lowlevel.checkpoint()
                         if topic == tx_topic:
-                            new_topics += add_txs(part)
+                            for offset, value in part:
+                                new_topics += add_tx(value, offset)
                         else:
                             if self.decoder is not None:
                                 part = await self._from_avro(part)

@@ -192,21 +192,20 @@ class RdkafkaReader(TopicReader):
              ) -> list[tuple[str, int, list[tuple[int, bytes | None]]]]:
         msgs = self.consumer.consume(POLL_RECORDS, self._timeout if timeout is None else timeout)
         out: list = []
-        append = None
-        last_topic = last_partition = None
-        for m in msgs:  # a few calls a record: three records a one-row transaction
+        run: list = []
+        last = None
+        for m in msgs:
             err = m.error()
             if err is not None:
                 if err.fatal() or not err.retriable():
                     raise SinkUnavailable(f"Kafka consumer failed: {err.str()}")
                 continue
-            topic, partition = m.topic(), m.partition()
-            if partition != last_partition or topic != last_topic:
-                run: list = []
-                append = run.append
-                out.append((topic, partition, run))
-                last_topic, last_partition = topic, partition
-            append((m.offset(), m.value()))
+            tp = (m.topic(), m.partition())
+            if tp != last:
+                run = []
+                out.append((tp[0], tp[1], run))
+                last = tp
+            run.append((m.offset(), m.value()))
         self.fetched += len(msgs)
         return out
 

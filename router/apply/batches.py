@@ -46,7 +46,6 @@ Rules:
 from __future__ import annotations
 
 import json
-from itertools import chain
 from typing import Iterable, Iterator
 
 from ..errors import ApplyError
@@ -182,11 +181,8 @@ class _Run:
 def _key(table: TargetTable, row: dict | None) -> tuple | None:
     if row is None:
         return None
-    key = table.key
     try:
-        if len(key) == 1:  # the common key: no list made
-            return (row[key[0]],)
-        return tuple([row[k] for k in key])
+        return tuple([row[k] for k in table.key])
     except KeyError:
         return None
 
@@ -235,8 +231,8 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
             if before and not all(k in before for k in table.key):
                 before = None
             shape = (tuple(after), bool(before))
+            k_old = _key(table, before or after)
             k_new = _key(table, after)
-            k_old = _key(table, before) if before else k_new
             if k_old is None or k_new is None:
                 raise ApplyError(f"a change of {table.schema}.{table.name} lacks key columns "
                                  f"{list(table.key)}")
@@ -263,8 +259,7 @@ def statements(records: Iterable, tables: dict[tuple[str, str], TargetTable],
         if op == "u":
             run.decoded.append((before or after, after))
             run.keys.add(k_old)
-            if k_new is not k_old:
-                run.keys.add(k_new)
+            run.keys.add(k_new)
         elif op == "c" and type(shape) is str:
             held = _more_inserts(it, run.rows, rec.op, shape, last_schema, last_name)
     if run is not None:
@@ -318,15 +313,11 @@ def _statement(run: _Run, prepared: Prepared, upsert: bool = False) -> str:
     types = [t.columns[k] for k in t.key] + [t.columns[c] for c in cols]
     rows = []
     key = t.key
-    k0 = key[0] if len(key) == 1 else None
     for src, after in run.decoded:
-        if rows:  # the rows after the first: no casts, one join
-            keys = (src[k0],) if k0 is not None else [src[k] for k in key]
-            rows.append("(" + ", ".join(map(literal, chain(keys, after.values()))) + ")")
-            continue
         vals = [literal(src[k]) for k in key]
         vals += map(literal, after.values())
-        vals = [f"{v}::{typ}" for v, typ in zip(vals, types)]
+        if not rows:
+            vals = [f"{v}::{typ}" for v, typ in zip(vals, types)]
         rows.append("(" + ", ".join(vals) + ")")
     names = [f"_k{i}" for i in range(len(t.key))] + [f"_c{i}" for i in range(len(cols))]
     sets = ", ".join(f"{quote_ident(c)} = _d._c{i}" for i, c in enumerate(cols))

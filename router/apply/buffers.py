@@ -91,8 +91,7 @@ class Records:
 
     def __init__(self, parts: list[_Part]):
         self._parts = parts
-        self.spilled = (parts[0].file is not None if len(parts) == 1
-                        else any(p.file is not None for p in parts))
+        self.spilled = any(p.file is not None for p in parts)
 
     def __iter__(self) -> Iterator[tuple[str, DataRecord]]:
         if len(self._parts) == 1:

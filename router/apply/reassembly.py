@@ -94,7 +94,6 @@ class Reassembler:
         self._buffers: dict[int, _Buffer] = {}
         self._lsns: list[int] = []  # heap of the buffers' commit LSNs
         self._topics: set[str] = set()
-        self._wanted: dict[str, bool] = {}  # ``wants``, asked once a topic
         self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition
         for key, offset in (positions or {}).items():
             topic, _, part = key.rpartition("/")
@@ -123,49 +122,29 @@ class Reassembler:
     def add_transaction_record(self, value: bytes | None, offset: int = 0) -> list[str]:
         """Feed one transaction-topic record; returns wanted topics it names for the first
         time (the caller starts reading them)."""
-        return self.add_transaction_records([(offset, value)])
-
-    def add_transaction_records(self, records: list[tuple[int, bytes | None]]) -> list[str]:
-        """Feed consecutive transaction-topic records ``(offset, value)``; returns wanted
-        topics they name for the first time. One loop for a slice: a one-row transaction's
-        BEGIN and END cost it no more than a check and a decode."""
-        new: list[str] = []
-        if not records:
-            return new
-        wanted, topics, queue = self._wanted, self._topics, self._queue
-        for offset, value in records:
-            # BEGIN as the router writes it: nothing to do
-            if value is None or value.startswith(b'{"status":"BEGIN"'):
-                continue
-            try:
-                meta = _decode_meta(value)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self._next[(self.transactions_topic, 0)] = offset + 1
-                raise DecodeError(f"not a pgrouter transaction record: {exc}") from exc
-            if meta.status != "END":
-                continue
-            lsn = meta.source.commit_lsn
-            if lsn <= self._last_queued:
-                if self._skipped_lsn < lsn <= self._start_lsn:
-                    self.skipped += 1
-                    self._skipped_lsn = lsn
-                else:
-                    self.duplicates += 1
-                continue
-            self._last_queued = lsn
-            expected = {}
-            for dc in meta.data_collections or ():
-                name = dc.data_collection
-                want = wanted.get(name)
-                if want is None:
-                    want = wanted[name] = self.wants(name)
-                if want:
-                    expected[name] = dc.event_count
-                    if name not in topics:
-                        topics.add(name)
-                        new.append(name)
-            queue.append(_Pending(meta, expected, offset))
-        self._next[(self.transactions_topic, 0)] = records[-1][0] + 1
+        self._next[(self.transactions_topic, 0)] = offset + 1
+        if value is None or value.startswith(b'{"status":"BEGIN"'):  # how the router writes them: nothing to do
+            return []
+        try:
+            meta = _decode_meta(value)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise DecodeError(f"not a pgrouter transaction record: {exc}") from exc
+        if meta.status != "END":
+            return []
+        lsn = meta.source.commit_lsn
+        if lsn <= self._last_queued:
+            if self._skipped_lsn < lsn <= self._start_lsn:
+                self.skipped += 1
+                self._skipped_lsn = lsn
+            else:
+                self.duplicates += 1
+            return []
+        self._last_queued = lsn
+        expected = {dc.data_collection: dc.event_count for dc in meta.data_collections or ()
+                    if self.wants(dc.data_collection)}
+        self._queue.append(_Pending(meta, expected, offset))
+        new = [t for t in expected if t not in self._topics]
+        self._topics.update(new)
         return new
 
     def add_record(self, topic: str, value: bytes | None, partition: int = 0,

@@ -59,22 +59,6 @@ def test_duplicates_and_applied_transactions_are_skipped():
     assert list(ra.ready()) == [] and ra.pending == 0
 
 
-def test_a_slice_of_the_transaction_topic_at_once_as_record_by_record():
-    begin = b'{"status":"BEGIN","id":"7:1","source":{"commit_lsn":1,"xid":7,"commit_time":""}}'
-    values = [begin, end(100, {"x": 1}), None, end(100, {"x": 1}), end(200, {"x": 1, "y": 2}),
-              end(300, {"skip": 1, "y": 1}), end(400, {})]
-    one, many = (Reassembler(lambda t: t != "skip", applied_lsn=150) for _ in range(2))
-    named = [t for offset, v in enumerate(values, 10)
-             for t in one.add_transaction_record(v, offset)]
-    assert many.add_transaction_records(list(enumerate(values, 10))) == named == ["x", "y"]
-    for ra in (one, many):
-        assert (ra.pending, ra.skipped, ra.duplicates) == (3, 1, 1)
-        assert [p.expected for p in ra._queue] == [{"x": 1, "y": 2}, {"y": 1}, {}]
-        assert ra.resume_offsets() == {"/0": 14}  # the oldest END not released
-        ra.add_record("y", rec(400, 0))
-    assert many.add_transaction_records([]) == []
-
-
 def test_begin_records_and_garbage():
     ra = Reassembler(lambda t: True)
     begin = json.loads(end(100, {}))
