@@ -18,8 +18,9 @@ from .rdkafka_conf import connection_conf  # noqa: F401  (the admin client's, re
 LED_POLL = 0.01  # seconds between the questions of ``wait_led``
 #: librdkafka's answers while no leader serves a partition just created yet: no leader in
 #: the metadata (_NOENT, _UNKNOWN_TOPIC, _UNKNOWN_PARTITION), or the broker's
-#: UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
-_NOT_LED_YET = frozenset({-156, -188, -190, 3, 5, 6})
+#: UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
+#: UNKNOWN_LEADER_EPOCH (the client's metadata names an epoch the leader does not serve yet)
+_NOT_LED_YET = frozenset({-156, -188, -190, 3, 5, 6, 74, 75})
 
 
 def held(admin, names, timeout: float) -> dict[str, int]:
@@ -53,15 +54,16 @@ def wait_led(admin, partitions: dict[str, int], timeout: float) -> None:
     first request that the leader refuses meanwhile (NOT_LEADER_OR_FOLLOWER) while the next
     one is already on its way loses its records silently: the broker takes the next
     request's sequence as the first of an empty partition, the retry is out of order
-    (KAFKA-15591, fixed in Kafka 4.5)."""
+    (KAFKA-15591, fixed in Kafka 4.5). A topic found, not made, is asked about too: made by
+    someone else a moment ago, it is as new. The partitions are asked about in one question
+    (topics already served cost one round trip); the client's metadata of those not served
+    yet is refreshed before each next question."""
     from confluent_kafka import KafkaException, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
     left = {(t, p) for t, n in partitions.items() for p in range(n)}
     deadline = time.monotonic() + timeout
-    while True:
-        for topic in sorted({t for t, _ in left}):  # the client's metadata of it, fresh
-            admin.list_topics(topic, timeout=timeout)
+    while left:
         futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
                                       for t, p in sorted(left)}, request_timeout=timeout)
         for tp, future in futures.items():
@@ -76,6 +78,8 @@ def wait_led(admin, partitions: dict[str, int], timeout: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no leader serves {sorted(left)} yet")
         time.sleep(LED_POLL)
+        for topic in sorted({t for t, _ in left}):  # the client's metadata of it, fresh
+            admin.list_topics(topic, timeout=timeout)
 
 
 def wait_led_kafka_python(admin, partitions: dict[str, int], timeout: float) -> None:
@@ -88,12 +92,13 @@ def wait_led_kafka_python(admin, partitions: dict[str, int], timeout: float) -> 
     specs = {TopicPartition(t, p): OffsetSpec.LATEST
              for t, n in partitions.items() for p in range(n)}
     deadline = time.monotonic() + timeout
-    while True:
+    while specs:
         try:
             admin.list_partition_offsets(specs, timeout_ms=int(timeout * 1000))
             return
         except (kerr.UnknownTopicOrPartitionError, kerr.NotLeaderForPartitionError,
-                kerr.LeaderNotAvailableError) as exc:
+                kerr.LeaderNotAvailableError, kerr.FencedLeaderEpochError,
+                kerr.UnknownLeaderEpochError) as exc:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no leader serves {sorted(partitions)} yet") from exc
         time.sleep(LED_POLL)

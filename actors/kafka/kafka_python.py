@@ -316,6 +316,8 @@ class KafkaPythonClient(Producer):
             admin.close()
 
     def ensure_topics(self, specs) -> set[str]:
+        """As ``RdKafkaClient.ensure_topics``: made when missing, and every one, made or
+        found, served by its leader before it is written to (asked once per topic and client)."""
         missing = [s for s in specs if s.name not in self._known_topics]
         created: set[str] = set()
         if not missing:
@@ -336,9 +338,12 @@ class KafkaPythonClient(Producer):
                     created.update(t.name for t in new)
                 except kerr.TopicAlreadyExistsError:
                     pass
-                # their first records wait for their leaders (``admin.wait_led``: else lost)
-                wait_led_kafka_python(admin, {t.name: t.num_partitions for t in new},
-                                      self.producer.config["request_timeout_ms"] / 1000)
+            found = [s.name for s in missing if s.name in existing]
+            led = {d["name"]: len(d.get("partitions") or ())
+                   for d in (admin.describe_topics(found) if found else ())}
+            led.update((t.name, t.num_partitions) for t in new)
+            # their first records wait for their leaders (``admin.wait_led``: else lost)
+            wait_led_kafka_python(admin, led, self.producer.config["request_timeout_ms"] / 1000)
         except Exception as exc:
             raise map_error(exc) from exc
         finally:

@@ -324,11 +324,14 @@ class RdKafkaClient(InlineProducer, PackedProducer):
             names = frozenset(self.producer.list_topics(timeout=self._timeout).topics)
         except KafkaException as exc:
             raise map_error(exc) from exc
-        self._known_topics.update(names)  # ensure_topics asks no more about these
-        self._listed = names
+        self._listed = names  # listed, not yet served (ensure_topics asks their leaders)
         return names
 
     def ensure_topics(self, specs) -> set[str]:
+        """The topics of ``specs`` made when missing, and every one of them, made or found,
+        served by its partitions' leader before it is written to (``admin.wait_led``: one
+        question for all of them, asked once per topic and client): a topic made by someone
+        else just before (an operator, a script, a broker's auto-creation) is as new."""
         missing = [s for s in specs if s.name not in self._known_topics]
         created: set[str] = set()
         if not missing:
@@ -351,7 +354,8 @@ class RdKafkaClient(InlineProducer, PackedProducer):
                             twin = twin_named(str(exc))
                             raise exc if twin is None else collision(name, twin, self._listed)
             # their first records wait for their leaders (``admin.wait_led``: else lost)
-            wait_led(self._admin, {t.topic: t.num_partitions for t in new}, self._timeout)
+            wait_led(self._admin, {**existing, **{t.topic: t.num_partitions for t in new}},
+                     self._timeout)
         except KafkaException as exc:
             raise map_error(exc) from exc
         except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11

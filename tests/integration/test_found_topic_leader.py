@@ -1,0 +1,78 @@
+"""A topic the router finds, not makes, is served by its leader before its first record.
+
+An operator or a script may make a route's topic a moment before the router starts (or
+between the router's listing of the cluster's topics and its first record to it), or the
+broker makes it on a first metadata request (``auto.create.topics.enable``). Such a topic is
+as new as one the router makes (``tests/integration/test_new_topic_leader.py``): its leader
+may still refuse the first request with NOT_LEADER_OR_FOLLOWER, and an idempotent producer
+whose next request is already on the way then loses the first records silently
+(KAFKA-15591). So ``ensure_topics`` asks the leader of every partition of a topic it finds
+too, once per client, listed by ``topic_names`` or not: right after it returns the leader
+answers for every partition.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from kafka import KafkaAdminClient
+
+from actors.kafka.kafka_python import KafkaPythonClient
+from actors.kafka.librdkafka import RdKafkaClient
+from router.routing.topics import TopicSpec
+from tests.helpers import unique
+from tests.integration.test_new_topic_leader import PARTITIONS
+
+pytestmark = pytest.mark.services
+
+ROUNDS = 3  # each: AT_ONCE topics made by another client, then the router's call for them
+AT_ONCE = 30
+
+
+def unserved(probe: AdminClient, topics: list[str]) -> list[str]:
+    """The partitions of ``topics`` whose leader does not answer a ListOffsets (one question
+    for them all, asked once)."""
+    futures = probe.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
+                                  for t in topics for p in range(PARTITIONS)},
+                                 request_timeout=10)
+    out = []
+    for tp, future in futures.items():
+        try:
+            future.result(timeout=20)
+        except KafkaException as exc:
+            out.append(f"{tp.topic}[{tp.partition}]: {exc.args[0].name()}")
+    return out
+
+
+@pytest.mark.parametrize("client_name,listed", [
+    ("librdkafka", False), ("librdkafka", True),  # listed by ``topic_names`` before, or not
+    ("kafka-python", False)], ids=["librdkafka-found", "librdkafka-listed", "kafka-python"])
+def test_a_topic_made_by_another_client_is_served_when_ensure_topics_returns(
+        client_name, listed, kafka_bootstrap):
+    client = (RdKafkaClient if client_name == "librdkafka" else KafkaPythonClient)(
+        kafka_bootstrap)
+    other = AdminClient({"bootstrap.servers": kafka_bootstrap})  # an operator's, no wait
+    probe = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    probe.list_topics(timeout=10)  # connected before the first question
+    made: list[str] = []
+    try:
+        failures = []
+        for _ in range(ROUNDS):
+            topics = [unique("found") for _ in range(AT_ONCE)]
+            made += topics
+            for future in other.create_topics([NewTopic(t, PARTITIONS, 1)
+                                               for t in topics]).values():
+                future.result(timeout=20)
+            if listed:  # the router's listing at its start (the outbox routes')
+                client.topic_names()
+            assert client.ensure_topics([TopicSpec(t, PARTITIONS, 1) for t in topics]) == set()
+            failures += unserved(probe, topics)
+        assert failures == [], failures
+    finally:
+        client.close()
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
+        try:
+            admin.delete_topics([t for t in made if t in set(admin.list_topics())])
+        finally:
+            admin.close()
