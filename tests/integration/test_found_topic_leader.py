@@ -14,35 +14,18 @@ answers for every partition.
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
-from kafka import KafkaAdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from actors.kafka.kafka_python import KafkaPythonClient
 from actors.kafka.librdkafka import RdKafkaClient
 from router.routing.topics import TopicSpec
 from tests.helpers import unique
-from tests.integration.test_new_topic_leader import PARTITIONS
+from tests.integration.test_new_topic_leader import PARTITIONS, drop_topics, unserved
 
 pytestmark = pytest.mark.services
 
 ROUNDS = 3  # each: AT_ONCE topics made by another client, then the router's call for them
 AT_ONCE = 30
-
-
-def unserved(probe: AdminClient, topics: list[str]) -> list[str]:
-    """The partitions of ``topics`` whose leader does not answer a ListOffsets (one question
-    for them all, asked once)."""
-    futures = probe.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
-                                  for t in topics for p in range(PARTITIONS)},
-                                 request_timeout=10)
-    out = []
-    for tp, future in futures.items():
-        try:
-            future.result(timeout=20)
-        except KafkaException as exc:
-            out.append(f"{tp.topic}[{tp.partition}]: {exc.args[0].name()}")
-    return out
 
 
 @pytest.mark.parametrize("client_name,listed", [
@@ -71,8 +54,4 @@ def test_a_topic_made_by_another_client_is_served_when_ensure_topics_returns(
         assert failures == [], failures
     finally:
         client.close()
-        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="pgrouter-test")
-        try:
-            admin.delete_topics([t for t in made if t in set(admin.list_topics())])
-        finally:
-            admin.close()
+        drop_topics(kafka_bootstrap, made)
