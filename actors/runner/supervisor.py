@@ -188,8 +188,8 @@ class Supervisor:
     async def _client(self, sql: SqlSession, source: Source):
         """The checks before anything is made, then the Kafka client (only a leader's, and
         with exactly-once and no [ha] only once the slot is free): when an initial snapshot
-        is wanted, what it began before the checks (its state topic read while they run, the
-        tables' shapes) and their catalog; and the client."""
+        is wanted, what it began before the checks (its state topic read while they run)
+        and their catalog; and the client."""
         cfg = self.cfg
         await failover.check_resume(sql, source.slot, self._confirmed and self._confirmed.value)
         # a slot the router creates starts with a copy of the tables ([snapshot] mode)
@@ -214,9 +214,9 @@ class Supervisor:
             waited = await source.wait_free(sql) or waited
         if begun is not None and waited:
             # what was begun may be stale after a wait: the router waited for may have made
-            # the slot, tables may have joined the publications (their rows, committed
-            # before the slot, would be in no snapshot); the slot looked for again, the
-            # state topic read again and the snapshot planned from a new catalog
+            # the slot, or changed the publications; the slot looked for again, the state
+            # topic read again and the publications checked again (the tables to copy are
+            # read in the slot's exported snapshot: ``InitialSnapshot.create_slot``)
             begun = await InitialSnapshot.begin(sql, cfg, source)
         if self.leadership is not None and not self.leadership.holds():
             # with [ha] the producer registers the group's transactional id, which

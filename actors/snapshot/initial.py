@@ -14,6 +14,13 @@ Rules:
   point and the exported snapshot describe the same instant — every transaction committed
   before it is in the snapshot, every later one is streamed. That connection stays open (and
   idle) until every reader imported the snapshot and finished (``close``).
+* The tables to copy are planned in the exported snapshot (a session that imported it reads
+  the publications, their row filters and column lists, the tables' columns, keys and
+  shapes): the publications as of the consistent point. The start's checks read the
+  catalog before the slot exists; a table added to a publication between that read and the
+  consistent point (the slot's creation waits for the transactions running when it
+  begins) has its rows in the snapshot and none in the stream, so it is copied; a table
+  dropped from it meanwhile is not.
 * ``run`` (the coordinator calls it after the sink started and before the slot reader
   does) copies the tables (``actors.snapshot.initial_copy``): readers
   (``[snapshot] parallel`` sessions) import the snapshot (REPEATABLE READ) and take tables
@@ -42,9 +49,9 @@ Rules:
   read on the exported snapshot (its rows are invisible to it, or moved): it is not copied
   (one warning line), and once the other tables are in Kafka the stream starts and that
   table is copied by backfill, as after an interrupted snapshot (``left``). So is a table
-  dropped or renamed since, and one whose columns or partition parents changed since they
-  were read before the catalog (``ShapeCheck``: ADD/DROP/RENAME COLUMN keep the file, but
-  the read would name the planned columns). Tables being read hold their lock until the
+  dropped or renamed since, and one whose columns or partition parents changed since the
+  consistent point (``ShapeCheck``: ADD/DROP/RENAME COLUMN keep the file, but the read
+  would name the planned columns). Tables being read hold their lock until the
   copy ends, so a rewrite of one waits for it.
 """
 
@@ -71,6 +78,7 @@ from ..services.sql import SqlSession
 from .column_types import type_names
 from ..services.slots import ExportedSlot
 from .initial_copy import copy_tables
+from .reader import import_snapshot
 from .jobs import table_shapes
 from .store import StateRead, StateStore
 from .tables import SnapshotTable, slot_tables, snapshot_specs
@@ -90,10 +98,9 @@ class SnapshotResult:
 @dataclass
 class Begun:
     """What a start that will copy an initial snapshot began before its checks
-    (``InitialSnapshot.begin``): the state topic's read, running while they do, the tables'
-    shapes, then the catalog the checks read after them (set by the start)."""
+    (``InitialSnapshot.begin``): the state topic's read, running while they do, then the
+    catalog the checks read (set by the start)."""
     read: StateRead
-    shapes: dict
     catalog: Catalog | None = None
 
 
@@ -125,17 +132,16 @@ class InitialSnapshot:
 
     @staticmethod
     async def begin(sql: SqlSession, cfg: Config, source) -> "Begun | None":
-        """When ``wanted``, at a start before its checks: the state topic's read begun, the
-        tables' shapes read (before the checks' catalog, ``Begun.catalog``)."""
+        """When ``wanted``, at a start before its checks: the state topic's read begun."""
         if not await InitialSnapshot.wanted(sql, cfg, source):
             return None
-        read = StateRead(cfg, source.slot)
-        return Begun(read, await table_shapes(sql))
+        return Begun(StateRead(cfg, source.slot))
 
     async def create_slot(self, sql: SqlSession) -> None:
-        """The tables to copy read on the start's session ``sql`` (a config the catalog
-        refuses stops here, before any slot exists), ``started`` recorded, then the slot
-        created with an exported snapshot."""
+        """The publications checked on the start's session ``sql`` (a config the catalog
+        refuses stops here, before any slot exists), ``started`` recorded, the slot created
+        with an exported snapshot, then the tables to copy planned in that snapshot
+        (``_plan``)."""
         cfg, source = self.cfg, self.source
         async with trio.open_nursery() as reading:
             # the state topic in a worker thread while PostgreSQL answers (or the read
@@ -143,24 +149,9 @@ class InitialSnapshot:
             reading.start_soon(self.store.aload)
             begun = self.begun
             if begun is not None and begun.catalog is not None:
-                # the shapes were read before the checks' catalog
-                self.shapes, catalog = begun.shapes, begun.catalog
-                require_publications(cfg, catalog.publications)
+                require_publications(cfg, begun.catalog.publications)
             else:
-                # the columns before the catalog: a table whose columns change after this is
-                # not read with the catalog's (``ShapeCheck``)
-                self.shapes = await table_shapes(sql)
-                catalog = await load_catalog(sql, cfg)
-            db = await sql.fetchval("select current_database()")
-            tables = slot_tables(cfg, catalog)
-            names = await type_names(sql, tables)
-            pks = await load_primary_keys(sql)
-        # records keyed as the stream keys them (the primary key whenever there is one)
-        self.rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
-                                              type_names=names, primary_keys=pks),
-                                 position_headers=cfg.kafka.position_headers,
-                                 packed=self.packed)
-        self.tables = [t for t in tables if self.rows.routed(t.relation)]
+                await load_catalog(sql, cfg)
         await self.store.forget_initial(source.slot)
         # a name of this snapshot for its range records (``router.snapshot.ranges``)
         await self.store.aput(SnapshotState("initial", source.slot, "started",
@@ -170,6 +161,34 @@ class InitialSnapshot:
                   consistent_point=format_lsn(self.slot.consistent_point),
                   snapshot=self.slot.snapshot,
                   records="packed, produced in C" if self.packed else "produced by the client")
+        await self._plan(sql)
+
+    async def _plan(self, sql: SqlSession) -> None:
+        """The tables to copy, their routes, columns and keys read in the exported snapshot
+        (imported by the start's session ``sql``, in a transaction of its own): the
+        publications' tables as of the consistent point.
+        A table added to a publication after the start's catalog and before the slot's
+        consistent point is copied (its rows are in the snapshot, the stream never carries
+        them); one dropped from it then is not. The tables' shapes too (``ShapeCheck``: a
+        table altered after the consistent point is left to a backfill)."""
+        cfg, slot = self.cfg, self.slot
+        await import_snapshot(sql, slot.snapshot)
+        try:
+            self.shapes = await table_shapes(sql)
+            catalog = await load_catalog(sql, cfg)
+            db = await sql.fetchval("select current_database()")
+            tables = slot_tables(cfg, catalog)
+            names = await type_names(sql, tables)
+            pks = await load_primary_keys(sql)
+        finally:
+            if sql.in_transaction:
+                await sql.execute("ROLLBACK")  # read only: nothing to keep
+        # records keyed as the stream keys them (the primary key whenever there is one)
+        self.rows = SnapshotRows(ChangeRouter(snapshot_specs(cfg, catalog), db=db,
+                                              type_names=names, primary_keys=pks),
+                                 position_headers=cfg.kafka.position_headers,
+                                 packed=self.packed)
+        self.tables = [t for t in tables if self.rows.routed(t.relation)]
 
     def close(self) -> None:
         if self.slot is not None:

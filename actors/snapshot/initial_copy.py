@@ -15,7 +15,7 @@ Rules:
   once every range is — finishing an interrupted snapshot by backfill leaves those alone.
 * A table is locked before it is read; one rewritten, truncated, dropped or renamed after
   the consistent point (``TableReader.rewritten``), or whose columns or partition parents
-  changed since they were read before the catalog (``ShapeCheck``), is not read: it is
+  changed since the catalog it was planned from (``ShapeCheck``), is not read: it is
   returned, to be copied by backfill once streaming.
 * ``stop`` (a drain) stops the reading where it is; what was read is still delivered and
   acknowledged before the copy returns.

@@ -58,11 +58,7 @@ class TableReader:
                                             application_name="pgrouter-snapshot"))
 
     async def import_snapshot(self, snapshot: str) -> None:
-        try:
-            await self.sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            await self.sql.execute(f"SET TRANSACTION SNAPSHOT '{snapshot.replace(chr(39), '')}'")
-        except asyncpg.PostgresError as exc:
-            raise SourceError(f"cannot import snapshot {snapshot}: {exc}") from exc
+        await import_snapshot(self.sql, snapshot)
 
     async def begin_read(self, table: tuple[str, str], shape: str, of: tuple = ()
                          ) -> tuple[frozenset[int], int, tuple]:
@@ -200,6 +196,15 @@ async def encode_chunk(rows: SnapshotRows, relation: Relation, batch: list | Cop
     return rows.chunk(relation, batch, tx, first_seq)
 
 
+async def import_snapshot(sql: SqlSession, snapshot: str) -> None:
+    """A REPEATABLE READ transaction begun on ``sql`` that sees the exported ``snapshot``."""
+    try:
+        await sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        await sql.execute(f"SET TRANSACTION SNAPSHOT '{snapshot.replace(chr(39), '')}'")
+    except asyncpg.PostgresError as exc:
+        raise SourceError(f"cannot import snapshot {snapshot}: {exc}") from exc
+
+
 async def close_session(sql: SqlSession) -> None:
     with trio.move_on_after(CLOSE_TIMEOUT) as scope:
         scope.shield = True
@@ -212,8 +217,8 @@ def _qualified(table: tuple[str, str]) -> str:
 
 class ShapeCheck:
     """Whether a table's columns (``jobs.SHAPE``: names, types, modifiers; and partition
-    parents) are still those read before the catalog the initial snapshot was planned from
-    (``before``: ``jobs.table_shapes``). An ALTER TABLE that keeps the file (ADD, DROP or RENAME COLUMN,
+    parents) are still those of the catalog the initial snapshot was planned from
+    (``before``: ``jobs.table_shapes``, read in the exported snapshot with that catalog). An ALTER TABLE that keeps the file (ADD, DROP or RENAME COLUMN,
     a wider varchar) is invisible to ``TableReader.rewritten``, but the snapshot's read
     would name the columns the catalog had. Asked once the reader holds the table's lock
     (no ALTER TABLE commits after it), in a session of its own: the reader's transaction
