@@ -17,8 +17,8 @@ Rules:
 * Snapshot rows (``op: "r"``) are upserts under every policy.
 * Any other error (a type, a constraint, a trigger…) is an ``ApplyError`` of one line
   naming the table, key and transaction: the transaction is rolled back.
-* The origin setup is the last statement before COMMIT (``actors.apply.target``); a COMMIT
-  that fails after it puts the origin back.
+* The progress row and the origin setup are the last statement before COMMIT
+  (``actors.apply.target``); a COMMIT that fails after it puts the origin back.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from router.apply.statements import TargetTable, affected, key_of
 
 from ..services import log
 from ..services.sql import SqlSession
-from .target import progress_statement, rewind_origin
+from .target import offsets_json, progress_statement, progress_upsert, rewind_origin
 
 _log = log.get("applier")
 
@@ -78,15 +78,15 @@ class ChangeByChange:
         try:
             for topic, rec in txn.records:
                 await self._change(txn, rec)
-            lsn = progress_lsn if txn.snapshot else txn.commit_lsn
-            tail = ""
-            if txn.resume is not None:
-                tail = progress_statement(self.cfg.target, lsn, txn.resume) + ";"
-            if deferrable:
-                tail += "set constraints all immediate;"
-            if not txn.snapshot:
-                tail += (f"select pg_replication_origin_xact_setup({literal(format_lsn(lsn))}, "
-                         f"{literal(txn.commit_time)});")
+            tail = "set constraints all immediate;" if deferrable else ""
+            if txn.snapshot:  # the origin stays where it is
+                if txn.resume is not None:
+                    tail += progress_statement(self.cfg.target, progress_lsn, txn.resume) + ";"
+            else:  # the progress row, then the origin setup (``actors.apply.target``)
+                lsn = literal(format_lsn(txn.commit_lsn))
+                row = progress_upsert(self.cfg.target, lsn, literal(offsets_json(txn.resume)))
+                tail += (f"with _p as ({row}) select pg_replication_origin_xact_setup({lsn}, "
+                         f"{literal(txn.commit_time)}) from _p;")
             try:
                 await sql.execute(tail + "commit")
             except asyncpg.PostgresError as exc:

@@ -14,11 +14,17 @@ Rules:
   folded into the last change's statement and evaluated after it (``with_origin``): a
   change that fails never reaches it. Only COMMIT itself can fail after it (a deferrable
   constraint added while applying, a commit-time hook): the writer then puts the origin
-  back (``rewind_origin``).
-* The progress table (``target.progress_table``, one row per origin) holds the Kafka
-  offsets a restart reads from, written in the same transaction as the changes it covers.
-  It is a seek hint, the origin is the truth: a row ahead of the origin's progress (the
-  origin was dropped and made again) is ignored and the topics are read from the beginning.
+  back (``rewind_origin``). A client that dies between the setup and COMMIT (killed, its
+  connection lost) leaves the backend to abort the transaction with the origin moved
+  past it: the progress row says where the target is.
+* The progress table (``target.progress_table``, one row per origin) holds the source
+  commit LSN of the last transaction committed and the Kafka offsets a restart reads from:
+  every target transaction with an origin setup upserts it (in the setup's statement), so
+  it commits with the changes it covers or not at all; the offsets are rewritten when the
+  transaction carries them, kept otherwise (a seek hint: reading from older ones skips
+  what is applied). At start, an origin ahead of the row is put back to the row's LSN (an
+  aborted transaction moved it); a row ahead of the origin's progress (the origin was
+  dropped and made again) is ignored and the topics are read from the beginning.
 * The session plans without hash and merge joins (``PLANNER``): the statements join their
   rows to a table on its key, whose index every target table has (its primary key or
   replica identity), so each row is found by one index lookup, never by reading the table.
@@ -60,13 +66,22 @@ def progress_table_sql(cfg: ApplyTarget) -> str:
     return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 
-def progress_statement(cfg: ApplyTarget, commit_lsn: int, resume: dict[str, int]) -> str:
-    """Upsert of this origin's row: the offsets to restart from after ``commit_lsn``."""
-    return (f"insert into {progress_table_sql(cfg)} (origin, commit_lsn, offsets) values "
-            f"({literal(cfg.origin)}, {literal(format_lsn(commit_lsn))}, "
-            f"{literal(json.dumps(resume, sort_keys=True))}) on conflict (origin) do update "
-            "set commit_lsn = excluded.commit_lsn, offsets = excluded.offsets, "
-            "updated_at = now()")
+def progress_upsert(cfg: ApplyTarget, lsn: str, offsets: str) -> str:
+    """Upsert of this origin's row to ``lsn`` and the restart ``offsets`` (SQL expressions
+    of text; offsets NULL: the row keeps its own), ``returning 1``."""
+    return (f"insert into {progress_table_sql(cfg)} as p (origin, commit_lsn, offsets) values "
+            f"({literal(cfg.origin)}, {lsn}::pg_lsn, coalesce({offsets}::jsonb, '{{}}')) "
+            "on conflict (origin) do update set commit_lsn = excluded.commit_lsn, "
+            f"offsets = coalesce({offsets}::jsonb, p.offsets), updated_at = now() returning 1")
+
+
+def offsets_json(resume: dict[str, int] | None) -> str | None:
+    return None if resume is None else json.dumps(resume, sort_keys=True)
+
+
+def progress_statement(cfg: ApplyTarget, commit_lsn: int, resume: dict[str, int] | None) -> str:
+    """The progress row's upsert: the offsets to restart from after ``commit_lsn``."""
+    return progress_upsert(cfg, literal(format_lsn(commit_lsn)), literal(offsets_json(resume)))
 
 
 async def setup_session(sql: SqlSession, cfg: ApplyTarget) -> tuple[int, dict[str, int] | None]:
@@ -117,7 +132,11 @@ async def setup_session(sql: SqlSession, cfg: ApplyTarget) -> tuple[int, dict[st
         log.event(_log, "progress table ahead of the replication origin: reading the topics "
                   "from the beginning", stored=format_lsn(stored), origin_progress=progress)
         return applied, None
-    return applied, json.loads(row[0][1])
+    if stored < applied:
+        # a transaction aborted after its origin setup (its client gone before COMMIT)
+        await rewind_origin(sql, origin, stored, "to the progress table's")
+        applied = stored
+    return applied, json.loads(row[0][1]) or None
 
 
 async def has_deferrable_checks(sql: SqlSession) -> bool:
@@ -127,10 +146,12 @@ async def has_deferrable_checks(sql: SqlSession) -> bool:
                                    "tgdeferrable)"))
 
 
-async def rewind_origin(sql: SqlSession, origin: str, lsn: int) -> None:
-    """Put the origin's progress back to ``lsn`` after a COMMIT failed past its
-    ``pg_replication_origin_xact_setup``: ``pg_replication_origin_advance`` refuses an origin
-    a session holds (ours too), so the session lets go of it and takes it again."""
+async def rewind_origin(sql: SqlSession, origin: str, lsn: int,
+                        why: str = "after a failed commit") -> None:
+    """Put the origin's progress back to ``lsn`` after a transaction ended past its
+    ``pg_replication_origin_xact_setup`` without committing: ``pg_replication_origin_advance``
+    refuses an origin a session holds (ours too), so the session lets go of it and takes it
+    again."""
     await sql.execute("select pg_replication_origin_session_reset()")
     await sql.fetchval("select pg_replication_origin_advance($1, $2::text::pg_lsn)", origin,
                        format_lsn(lsn))
@@ -138,7 +159,7 @@ async def rewind_origin(sql: SqlSession, origin: str, lsn: int) -> None:
     # the failed transaction's LSN stays the session's until the next setup: a commit
     # without one (snapshot rows) would move the origin there again
     await sql.execute("select pg_replication_origin_xact_reset()")
-    log.event(_log, "replication origin put back after a failed commit", origin=origin,
+    log.event(_log, f"replication origin put back {why}", origin=origin,
               origin_progress=format_lsn(lsn), level=logging.WARNING)
 
 

@@ -19,13 +19,16 @@ Rules:
   failed script forgets it (the batch stays next) and it is made again.
 * The origin moves only with a committed transaction (``actors.apply.target``): its setup
   is the last statement before COMMIT, so a transaction that fails never moves it (nor the
-  offsets in the progress table, which roll back with it); a COMMIT that fails after it
-  puts the origin back. When the transaction's last statement executes a prepared one-row
-  statement (and the target has no deferrable checks to force first), the setup is folded
-  into it (``router.apply.batches.with_origin``: evaluated after that change and its check), so a
-  one-row transaction is three statements, not four.
+  progress row, which rolls back with it); a COMMIT that fails after it puts the origin
+  back. Every target transaction upserts the progress row (its commit LSN) in the setup's
+  statement, evaluated before the setup: a restart puts back an origin that an abort after
+  the setup moved (the client gone before COMMIT). When the transaction's last statement
+  executes a prepared one-row statement (and the target has no deferrable checks to force
+  first), the row and the setup are folded into it (``router.apply.batches.with_origin``:
+  evaluated after that change and its check), so a one-row transaction is three
+  statements.
 * The last transaction of a batch that carries restart offsets also writes them to the
-  progress table, so they commit with it.
+  progress row, so they commit with it; the others leave the row's offsets.
 * Any SQL error of the fast path (a conflict, a missing column…) rolls back the transaction
   it hit; the transactions before it are committed (the session's origin progress says
   which). That one is applied again change by change under ``target.conflict``
@@ -57,8 +60,8 @@ from ..services import log
 from ..services.sql import SqlSession
 from .inbox import CAUGHT_UP, STREAM_ROWS, Inbox, streamed
 from .rows import ChangeByChange, connection_lost, rollback
-from .target import (has_deferrable_checks, load_table, progress_statement, rewind_origin,
-                     session_progress)
+from .target import (has_deferrable_checks, load_table, offsets_json, progress_statement,
+                     progress_upsert, rewind_origin, session_progress)
 
 _log = log.get("applier")
 #: scheduling rounds given to a script to reach the target's socket (trio-asyncio hands it
@@ -174,12 +177,17 @@ class WriterActor:
                 t_schema, t_name = self.table_map.get((schema, name), (schema, name))
                 self._tables[(schema, name)] = await load_table(self.sql, t_schema, t_name)
 
-    def _origin(self, txn: SourceTransaction) -> str:
-        """The origin setup, preceded by the deferred checks: the last statements before
-        COMMIT, so nothing but COMMIT itself can fail after them."""
+    def _progress(self, lsn: str, offsets: str) -> str:
+        return progress_upsert(self.cfg.target, lsn, offsets)
+
+    def _origin(self, txn: SourceTransaction, offsets: str | None) -> str:
+        """The progress row and the origin setup (one statement: the setup after the row),
+        preceded by the deferred checks: the last statements before COMMIT, so nothing but
+        COMMIT itself can fail after them."""
         setup = self.prepared.execute(
-            ("origin",), [format_lsn(txn.commit_lsn), txn.commit_time],
-            lambda: "select pg_replication_origin_xact_setup($1::pg_lsn, $2::timestamptz)")
+            ("origin",), [format_lsn(txn.commit_lsn), txn.commit_time, offsets],
+            lambda: (f"with _p as ({self._progress('$1', '$3')}) select "
+                     "pg_replication_origin_xact_setup($1::pg_lsn, $2::timestamptz) from _p"))
         return ("set constraints all immediate;" if self.deferrable else "") + setup + ";"
 
     async def _execute(self, script: str) -> None:
@@ -195,11 +203,8 @@ class WriterActor:
             self.prepared.new = []
             await self._execute(";".join(new))
 
-    def _end(self, txn: SourceTransaction, with_progress: bool) -> str:
-        tail = ""
-        if with_progress and txn.resume is not None:
-            tail = progress_statement(self.cfg.target, txn.commit_lsn, txn.resume) + ";"
-        return tail + self._origin(txn) + "commit;"
+    def _end(self, txn: SourceTransaction, offsets: str | None) -> str:
+        return self._origin(txn, offsets) + "commit;"
 
     async def apply(self, batch: list[SourceTransaction]) -> None:
         if batch[0].snapshot:
@@ -370,19 +375,17 @@ class WriterActor:
             txn = batch[j - 1]
             parts.append("begin;")
             folded = None
+            # every transaction moves the progress row to its LSN; the offsets it carries
+            offsets = offsets_json(batch[last].resume) if i <= last < j else None
             if j - i == 1 and stmts and not self.deferrable:
                 folded = with_origin(stmts[-1], self.prepared, format_lsn(txn.commit_lsn),
-                                     txn.commit_time)
-            # the progress row first: the origin setup is the transaction's last statement
-            if i <= last < j:
-                parts.append(progress_statement(self.cfg.target, batch[last].commit_lsn,
-                                                batch[last].resume) + ";")
+                                     txn.commit_time, self._progress, offsets)
             if folded is not None:
                 stmts[-1] = folded
             for stmt in stmts:
                 parts.append(stmt)
                 parts.append(";")
-            parts.append("commit;" if folded is not None else self._end(txn, False))
+            parts.append("commit;" if folded is not None else self._end(txn, offsets))
         return parts, group_end, None
 
     async def _stream(self, txn: SourceTransaction) -> None:
@@ -395,7 +398,7 @@ class WriterActor:
             if rows >= STREAM_ROWS:
                 await self._send(parts)
                 parts, rows = [], 0
-        parts.append(self._end(txn, True))
+        parts.append(self._end(txn, offsets_json(txn.resume)))
         await self._send(parts)
 
     async def _send(self, parts: list[str], ahead: bool = False) -> None:

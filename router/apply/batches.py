@@ -31,8 +31,8 @@ Rules:
 * A run of one row (the common small transaction) executes a prepared statement of its
   shape (``Prepared``: the caller PREPAREs what ``new`` lists before sending the script), so
   the server neither parses nor plans it again: ``execute pgr_3('7', 'x')``.
-* The origin setup of a one-row transaction can be folded into its statement
-  (``with_origin``): ``begin; execute; commit``, one statement less, which is what the
+* The progress row and origin setup of a one-row transaction can be folded into its
+  statement (``with_origin``): ``begin; execute; commit``, one statement less, which is what the
   server's time per one-row transaction went to (each statement of a script pays its own
   start, snapshot and portal; measured, the extended protocol's pipeline mode with the same
   statements cost the server as much as this script). It is evaluated only after the change
@@ -134,16 +134,20 @@ def _expect(dml: str, n: int) -> str:
 _STRICT_ONE = " select 1 / (count(*) = 1)::int from _w"
 
 
-def with_origin(stmt: str, prepared: Prepared, lsn: str, commit_time: str | None) -> str | None:
+def with_origin(stmt: str, prepared: Prepared, lsn: str, commit_time: str | None,
+                progress, offsets: str | None) -> str | None:
     """A one-row statement (``_one``'s ``execute``) of a ``plain`` table folded with the
-    transaction's ``pg_replication_origin_xact_setup``: a one-row transaction is ``begin;
-    this; commit``. The setup is called by the projection, after the change ran (an insert's
-    unique violation raises there) and after ``HAVING`` checked that it touched its one
-    row. Checks that run at the end of a statement (foreign keys, constraint triggers) would
-    come after the setup: ``HAVING`` also fails, before the setup, when the table has
-    triggers or rules by now (made while the applier runs; its catalog is read after the
-    statement's lock, which such DDL waits for), and the caller applies that transaction
-    another way. None for any other statement (the caller sends the setup on its own)."""
+    transaction's progress row and ``pg_replication_origin_xact_setup``: a one-row
+    transaction is ``begin; this; commit``. ``progress(lsn, offsets)``: the progress row's
+    upsert (``returning 1``) of those SQL expressions; ``offsets``: the restart offsets' JSON,
+    None to leave the row's. The setup is called by the projection, after the change and the
+    upsert ran (an insert's unique violation raises there) and after ``HAVING`` checked that
+    it touched its one row. Checks that run at the end of a statement (foreign keys,
+    constraint triggers) would come after the setup: ``HAVING`` also fails, before the setup,
+    when the table has triggers or rules by now (made while the applier runs; its catalog is
+    read after the statement's lock, which such DDL waits for), and the caller applies that
+    transaction another way. None for any other statement (the caller sends the setup on
+    its own)."""
     if type(stmt) is not Execute or stmt.table is None or not stmt.table.plain:
         return None
     body = prepared.body(stmt.name)
@@ -156,12 +160,13 @@ def with_origin(stmt: str, prepared: Prepared, lsn: str, commit_time: str | None
     n, table = len(stmt.values), stmt.table.sql_name
 
     def folded():
-        return (f"{cte} select pg_replication_origin_xact_setup(${n + 1}::pg_lsn, "
-                f"${n + 2}::timestamptz) from _w having 1 / (count(*) = 1 and not (select "
-                f"relhastriggers or relhasrules from pg_class where oid = "
-                f"{literal(table)}::regclass))::int = 1")
-    return prepared.execute(stmt.key + ("origin",), stmt.values + [lsn, commit_time], folded,
-                            f"{stmt.args}, {literal(lsn)}, {literal(commit_time)}")
+        return (f"{cte}, _p as ({progress(f'${n + 1}', f'${n + 3}')}) select "
+                f"pg_replication_origin_xact_setup(${n + 1}::pg_lsn, ${n + 2}::timestamptz) "
+                f"from _w, _p having 1 / (count(*) = 1 and not (select relhastriggers or "
+                f"relhasrules from pg_class where oid = {literal(table)}::regclass))::int = 1")
+    return prepared.execute(stmt.key + ("origin",), stmt.values + [lsn, commit_time, offsets],
+                            folded, f"{stmt.args}, {literal(lsn)}, {literal(commit_time)}, "
+                            f"{literal(offsets)}")
 
 
 class _Run:

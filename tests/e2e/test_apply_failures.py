@@ -122,15 +122,20 @@ def test_an_origin_setup_folded_into_a_one_row_statement_moves_only_when_it_appl
     triggers fail the statement before the setup)."""
     import json
 
+    from actors.apply.target import progress_upsert
     from router.apply.batches import Prepared, statements, with_origin
     from router.apply.reassembly import _decode_data
     from router.apply.statements import TargetTable
+    from router.config.applier import ApplyTarget
 
     dsn = node_db("pg3", "f")
     origin = f"fold_{uuid.uuid4().hex[:8]}"
     node_db.origins.append((node_db.nodes["pg3"], origin))
     sql(dsn, "create table u (id int primary key, v text); create table p (id int primary key);"
-             "create table k (id int primary key references p, v text)")
+             "create table k (id int primary key references p, v text);"
+             "create table prog (origin text primary key, commit_lsn pg_lsn not null, "
+             "offsets jsonb not null, updated_at timestamptz not null default now())")
+    target = ApplyTarget(dsn=dsn, origin=origin, progress_table="public.prog")
     sql(dsn, "select pg_replication_origin_create(%s)", origin)
     cols = {"id": "integer", "v": "text"}
     tables = {("public", "u"): TargetTable("public", "u", cols, ("id",), plain=True),
@@ -148,7 +153,9 @@ def test_an_origin_setup_folded_into_a_one_row_statement_moves_only_when_it_appl
         record = _decode_data(json.dumps({"op": op, "before": before, "after": after,
                                           "source": {"schema": "public", "table": table}}))
         (stmt,) = statements([("x", record)], tables, prepared)
-        folded = with_origin(stmt, prepared, f"0/{lsn[0]:X}", "2026-01-01 00:00:00+00")
+        folded = with_origin(stmt, prepared, f"0/{lsn[0]:X}", "2026-01-01 00:00:00+00",
+                             lambda at, offsets: progress_upsert(target, at, offsets),
+                             '{"x": %d}' % lsn[0] if lsn[0] in (0x300, 0x400) else None)
         assert folded is not None
         for text in prepared.new:
             cur.execute(text)
@@ -158,7 +165,14 @@ def test_an_origin_setup_folded_into_a_one_row_statement_moves_only_when_it_appl
         except psycopg2.Error:
             cur.execute("rollback")
         cur.execute("select pg_replication_origin_session_progress(false)::text")
-        return cur.fetchone()[0]
+        progress = cur.fetchone()[0]
+        # the progress row moves with the origin, in the same statement
+        cur.execute("select commit_lsn::text, offsets::text from prog")
+        assert cur.fetchall() == [(progress, offsets[progress])]
+        return progress
+    # the offsets the row holds after each: 0/300 and 0/400 carry theirs, the others keep
+    # the row's (the first one's insert: none)
+    offsets = {"0/200": "{}", "0/400": '{"x": 1024}', "0/700": '{"x": 1024}'}
     try:
         cur.execute("select pg_replication_origin_session_setup(%s)", (origin,))
         assert apply("c", "u", None, {"id": 1, "v": "a"}) == "0/200"
