@@ -8,8 +8,7 @@ psycopg2's ``LogicalReplicationConnection`` in async mode, waited on with
   standby status loop is a task of its own, so it answers while a batch is routed); when
   nothing more is buffered, the batch carries the server's position
   (``cursor.wal_end``) as a keepalive candidate — in band, so it is confirmed only after
-  everything read before it. The reader then waits for the socket without a timeout: the
-  server's keepalives wake it, and the status loop's idle updates ask for one.
+  everything read before it.
 * Keepalives that ask for a reply are answered by psycopg2 inside ``read_message`` with the
   confirmed position we last gave it (the status update's flush field). Standby status
   updates carry the confirmed LSN from the confirm actor, sent when it moves (at most every
@@ -127,10 +126,7 @@ class SlotReader:
         #: (router.delivery.ha)
         self.holds = holds
         self._stop = trio.Event()
-        #: the read loop's cancel scope, cancelled only while it waits for the socket
-        #: (``_idle``): one scope for the whole loop, no scope and no deadline per wait
-        self._waiting = trio.CancelScope()
-        self._idle = False
+        self._waiting: trio.CancelScope | None = None  # the read loop's wait for the socket
         self._conn = None
         self._cur = None
         self._last_status = 0.0
@@ -139,7 +135,7 @@ class SlotReader:
 
     def stop_reading(self) -> None:
         self._stop.set()
-        if self._idle:  # the read loop waits for the socket: end the wait and the loop
+        if self._waiting is not None:  # the read loop waits for the socket: end the wait
             self._waiting.cancel()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -178,7 +174,7 @@ class SlotReader:
         fd = self._conn.fileno()
         last_marker = 0
         stats = self.stats
-        with self._waiting, self.out:
+        with self.out:
             while not self._stop.is_set():
                 batch, exhausted = drain(cur.read_message, MAX_BATCH_MESSAGES,
                                          MAX_BATCH_BYTES)
@@ -198,16 +194,12 @@ class SlotReader:
                     if stats is not None:
                         stats.server_lsn = max(stats.server_lsn, wal_end)
                     await self.out.send(WalBatch([], wal_end))
-                if self._stop.is_set():
-                    break
-                # no timeout (a deadline per wait cost a trickle of one-row transactions
-                # 20-35 us each): the server's keepalives wake it, the status loop's idle
-                # updates ask for one; ``stop_reading`` cancels the wait
-                self._idle = True
-                try:
-                    await trio.lowlevel.wait_readable(fd)
-                finally:
-                    self._idle = False
+                # one cancel scope, no task: ``stop_reading`` cancels it (a trickle of
+                # transactions waits here once each)
+                with trio.move_on_after(self.status_interval / 2) as self._waiting:
+                    if not self._stop.is_set():
+                        await trio.lowlevel.wait_readable(fd)
+                self._waiting = None
 
     async def _status_loop(self) -> None:
         """Send standby status updates until the confirm actor closes the mailbox."""
