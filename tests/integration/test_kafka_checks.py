@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from actors.kafka.admin import wait_led_kafka_python
 from actors.services import preflight
 from actors.services.preflight import Topic, kafka_findings
 
@@ -29,6 +30,9 @@ def existing(kafka_bootstrap):
     name = f"checks-{uuid.uuid4().hex[:8]}"
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     admin.create_topics([NewTopic(name, 2, 1, topic_configs={"retention.ms": "60000"})])
+    # served before the checks look for it: CreateTopics returns before every broker's
+    # metadata has the topic, and a check that does not see it yet finds nothing to say
+    wait_led_kafka_python(admin, {name: 2}, 30)
     try:
         yield name
     finally:
