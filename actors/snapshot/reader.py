@@ -218,7 +218,8 @@ def _qualified(table: tuple[str, str]) -> str:
 class ShapeCheck:
     """Whether a table's columns (``jobs.SHAPE``: names, types, modifiers; and partition
     parents) are still those of the catalog the initial snapshot was planned from
-    (``before``: ``jobs.table_shapes``, read in the exported snapshot with that catalog). An ALTER TABLE that keeps the file (ADD, DROP or RENAME COLUMN,
+    (``before``: ``jobs.table_shapes``, read in the exported snapshot with that catalog).
+    An ALTER TABLE that keeps the file (ADD, DROP or RENAME COLUMN,
     a wider varchar) is invisible to ``TableReader.rewritten``, but the snapshot's read
     would name the columns the catalog had. Asked once the reader holds the table's lock
     (no ALTER TABLE commits after it), in a session of its own: the reader's transaction

@@ -16,11 +16,10 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from actors.kafka.kafka_python import KafkaPythonClient
-from actors.kafka.librdkafka import RdKafkaClient
 from router.routing.topics import TopicSpec
 from tests.helpers import unique
-from tests.integration.test_new_topic_leader import PARTITIONS, drop_topics, unserved
+from tests.integration.test_new_topic_leader import (PARTITIONS, client_and_probe, drop_topics,
+                                                    unserved)
 
 pytestmark = pytest.mark.services
 
@@ -33,11 +32,8 @@ AT_ONCE = 30
     ("kafka-python", False)], ids=["librdkafka-found", "librdkafka-listed", "kafka-python"])
 def test_a_topic_made_by_another_client_is_served_when_ensure_topics_returns(
         client_name, listed, kafka_bootstrap):
-    client = (RdKafkaClient if client_name == "librdkafka" else KafkaPythonClient)(
-        kafka_bootstrap)
+    client, probe = client_and_probe(client_name, kafka_bootstrap)
     other = AdminClient({"bootstrap.servers": kafka_bootstrap})  # an operator's, no wait
-    probe = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    probe.list_topics(timeout=10)  # connected before the first question
     made: list[str] = []
     try:
         failures = []

@@ -45,6 +45,15 @@ def unserved(probe: AdminClient, topics: list[str]) -> list[str]:
     return out
 
 
+def client_and_probe(client_name: str, bootstrap: str):
+    """The router's client of that library, and a plain admin client connected to ask
+    ``unserved`` before the first question."""
+    client = (RdKafkaClient if client_name == "librdkafka" else KafkaPythonClient)(bootstrap)
+    probe = AdminClient({"bootstrap.servers": bootstrap})
+    probe.list_topics(timeout=10)
+    return client, probe
+
+
 def drop_topics(bootstrap: str, made: list[str]) -> None:
     """Deletes those of ``made`` that exist."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="pgrouter-test")
@@ -57,10 +66,7 @@ def drop_topics(bootstrap: str, made: list[str]) -> None:
 @pytest.mark.parametrize("client_name", ["librdkafka", "kafka-python"])
 def test_a_made_topic_is_served_by_its_leader_when_ensure_topics_returns(
         client_name, kafka_bootstrap):
-    client = (RdKafkaClient if client_name == "librdkafka" else KafkaPythonClient)(
-        kafka_bootstrap)
-    probe = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    probe.list_topics(timeout=10)  # connected before the first question
+    client, probe = client_and_probe(client_name, kafka_bootstrap)
     made: list[str] = []
     try:
         failures = []
